@@ -1,0 +1,17 @@
+# One command per job; each does its own set-up (scripts/setup.sh is idempotent).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test test-heavy commongen
+
+setup:
+	bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -n 2 -m "not heavy"
+
+test-heavy: setup
+	$(PY) -m pytest -m heavy
+
+commongen: setup
+	$(PY) -m experiments.commongen

@@ -1,0 +1,45 @@
+"""Exceptions raised by ctrlg. All are ``ValueError`` subclasses whose message names the
+offending input, so callers can catch ``ValueError`` or the specific class."""
+
+__all__ = [
+    "CtrlgError",
+    "ConstraintError",
+    "UnsatisfiableConstraintError",
+    "VocabularyMismatchError",
+    "HMMParameterError",
+    "CheckpointError",
+    "RegexError",
+    "UnsupportedRegexError",
+]
+
+
+class CtrlgError(ValueError):
+    """Base class of every error ctrlg raises on bad input."""
+
+
+class ConstraintError(CtrlgError):
+    """A malformed automaton or builder argument (empty phrase, token out of range, ...)."""
+
+
+class UnsatisfiableConstraintError(ConstraintError):
+    """The constraint's language is empty, or cannot be met within the token budget."""
+
+
+class VocabularyMismatchError(CtrlgError):
+    """Two objects (DFA, HMM, LM, tokenizer) disagree on the vocabulary."""
+
+
+class HMMParameterError(CtrlgError):
+    """HMM parameters that are not probability distributions (NaN, negative, rows not summing to 1)."""
+
+
+class CheckpointError(CtrlgError):
+    """A checkpoint that is truncated, corrupt, or made for another tokenizer."""
+
+
+class RegexError(CtrlgError):
+    """An empty or syntactically invalid regular expression."""
+
+
+class UnsupportedRegexError(RegexError):
+    """A regex construct that is not regular (backreferences, lookaround, ...)."""

@@ -1,0 +1,238 @@
+"""The hidden Markov model that approximates the LM (Ctrl-G §3, GeLaTo).
+
+Generative process over token sequences x_1..x_n with hidden states z_t ∈ [0, h)::
+
+    z_1 ~ initial,   z_{t+1} ~ transition[z_t, :],   x_t ~ emission[z_t, :]
+
+Parameters are probabilities in float32: ``initial`` [h], ``transition`` [h, h] (rows sum to 1),
+``emission`` [h, V] (rows sum to 1). ``log_prob`` runs the *scaled* forward algorithm
+(Rabiner 1989, §V.A): the forward vector is renormalised at every step and the log of each
+normaliser is accumulated, so it is numerically safe for any length.
+
+Checkpoints are a safetensors file (``model.safetensors``) plus ``config.json`` (hidden size,
+vocab size, tokenizer identity, training config); never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
+
+__all__ = ["HMM", "tokenizer_fingerprint"]
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+FORMAT_VERSION = 1
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A stable hash of a tokenizer's vocabulary (token strings in id order), used to check that a
+    checkpoint is used with the tokenizer it was made for."""
+    vocab = tokenizer.get_vocab()
+    ordered = sorted(vocab.items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256()
+    for token, index in ordered:
+        digest.update(f"{index}\t{token}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:16]
+
+
+def _check_distribution(name: str, tensor: torch.Tensor, atol: float = 1e-3) -> None:
+    if not torch.isfinite(tensor).all():
+        raise HMMParameterError(f"HMM parameter '{name}' contains NaN or infinite values")
+    if (tensor < 0).any():
+        raise HMMParameterError(f"HMM parameter '{name}' has negative probabilities")
+    sums = tensor.sum(-1, dtype=torch.float64)
+    worst = (sums - 1).abs().max().item()
+    if worst > atol:
+        raise HMMParameterError(
+            f"HMM parameter '{name}': rows must sum to 1, but one sums to "
+            f"{sums.flatten()[(sums - 1).abs().flatten().argmax()].item():.6f}")
+
+
+class HMM(torch.nn.Module):
+    """A discrete HMM with probability-space parameters (see module docstring).
+
+    Use :meth:`from_params` to build one; ``hmm.initial``, ``hmm.transition`` and
+    ``hmm.emission`` are float32 buffers that move with ``hmm.to(device)``.
+    """
+
+    def __init__(self, initial: torch.Tensor, transition: torch.Tensor, emission: torch.Tensor,
+                 config: dict[str, Any] | None = None):
+        super().__init__()
+        self.register_buffer("initial", initial)
+        self.register_buffer("transition", transition)
+        self.register_buffer("emission", emission)
+        self.config: dict[str, Any] = dict(config or {})
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_params(cls, initial, transition, emission, *, config: dict[str, Any] | None = None,
+                    normalize: bool = False, atol: float = 1e-3) -> "HMM":
+        """Build from probabilities ``initial`` [h], ``transition`` [h, h], ``emission`` [h, V].
+
+        Raises HMMParameterError on NaN/negative entries, bad shapes, or rows that do not sum to 1
+        (within ``atol``). Rows are renormalised in float64 to remove rounding; with
+        ``normalize=True`` arbitrary non-negative rows are accepted and normalised.
+        """
+        tensors = {}
+        for name, value in (("initial", initial), ("transition", transition), ("emission", emission)):
+            t = torch.as_tensor(value)
+            if not t.is_floating_point():
+                t = t.double()
+            tensors[name] = t
+        pi, A, B = tensors["initial"], tensors["transition"], tensors["emission"]
+        if pi.ndim != 1:
+            raise HMMParameterError(f"initial must be [h], got shape {tuple(pi.shape)}")
+        h = pi.shape[0]
+        if A.shape != (h, h):
+            raise HMMParameterError(f"transition must be [{h}, {h}], got shape {tuple(A.shape)}")
+        if B.ndim != 2 or B.shape[0] != h:
+            raise HMMParameterError(f"emission must be [{h}, V], got shape {tuple(B.shape)}")
+        for name, t in tensors.items():
+            if normalize:
+                if not torch.isfinite(t).all() or (t < 0).any():
+                    raise HMMParameterError(f"HMM parameter '{name}' has NaN, infinite or negative values")
+                if (t.sum(-1) <= 0).any():
+                    raise HMMParameterError(f"HMM parameter '{name}' has an all-zero row")
+            else:
+                _check_distribution(name, t, atol)
+        out = [(t.double() / t.double().sum(-1, keepdim=True)).float() for t in (pi, A, B)]
+        return cls(*out, config=config)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def hidden_size(self) -> int:
+        return int(self.initial.shape[0])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.emission.shape[1])
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def log_prob(self, ids, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """log p_hmm(x_1:n) for each row of ``ids`` [B, n] (scaled forward algorithm).
+
+        ``mask`` [B, n] (optional, bool) marks real tokens; masked positions (a right-padded
+        suffix) contribute nothing, so rows of different lengths can share a batch.
+        Returns float32 [B] (accumulated in float64).
+        """
+        ids = torch.as_tensor(ids, device=self.emission.device)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise VocabularyMismatchError(
+                f"token ids must lie in [0, {self.vocab_size}) for this HMM; got range "
+                f"[{int(ids.min())}, {int(ids.max())}]")
+        B, n = ids.shape
+        total = torch.zeros(B, dtype=torch.float64, device=ids.device)
+        if n == 0:
+            return total.float()
+        if mask is None:
+            mask = torch.ones(B, n, dtype=torch.bool, device=ids.device)
+        emission_t = self.emission.T  # [V, h]
+        alpha = self.initial.expand(B, -1) * emission_t[ids[:, 0]]
+        for t in range(n):
+            if t > 0:
+                step = (alpha @ self.transition) * emission_t[ids[:, t]]
+                alpha = torch.where(mask[:, t, None], step, alpha)
+            norm = alpha.sum(-1)
+            keep = mask[:, t]
+            safe = torch.where(keep, norm, torch.ones_like(norm))
+            total += torch.where(keep, safe.double().log(), torch.zeros_like(total))
+            alpha = alpha / safe.clamp_min(torch.finfo(alpha.dtype).tiny)[:, None]
+        return total.float()
+
+    @torch.no_grad()
+    def sample(self, num_samples: int, length: int, *, seed: int | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw ``num_samples`` token sequences of ``length`` tokens: int64 [num_samples, length]."""
+        if generator is None:
+            generator = torch.Generator(device=self.emission.device)
+            if seed is not None:
+                generator.manual_seed(int(seed))
+        out = torch.empty(num_samples, length, dtype=torch.long, device=self.emission.device)
+        z = torch.multinomial(self.initial.expand(num_samples, -1), 1, generator=generator)[:, 0]
+        for t in range(length):
+            out[:, t] = torch.multinomial(self.emission[z], 1, generator=generator)[:, 0]
+            if t + 1 < length:
+                z = torch.multinomial(self.transition[z], 1, generator=generator)[:, 0]
+        return out
+
+    # ------------------------------------------------------------------ vocabulary checks
+    def check_vocab(self, vocab_size: int | None = None, *, tokenizer=None, what: str = "LM") -> None:
+        """Raise VocabularyMismatchError unless this HMM fits a vocabulary of ``vocab_size`` tokens
+        (an LM's output size) and, if given, the ``tokenizer`` it was distilled with."""
+        if vocab_size is not None and int(vocab_size) != self.vocab_size:
+            raise VocabularyMismatchError(
+                f"the HMM has vocabulary size {self.vocab_size} but the {what} has {int(vocab_size)}")
+        if tokenizer is not None:
+            expected = self.config.get("tokenizer_hash")
+            if expected and expected != tokenizer_fingerprint(tokenizer):
+                raise VocabularyMismatchError(
+                    f"the HMM was distilled for tokenizer {self.config.get('tokenizer_name', '?')!r} "
+                    f"(vocabulary hash {expected}), which differs from the given tokenizer "
+                    f"{getattr(tokenizer, 'name_or_path', '?')!r} (hash {tokenizer_fingerprint(tokenizer)})")
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
+        """Write ``path/model.safetensors`` and ``path/config.json``. ``dtype=torch.bfloat16``
+        halves the file (parameters are renormalised in float32 on load)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
+                   for name in ("initial", "transition", "emission")}
+        save_file(tensors, str(path / WEIGHTS_NAME), metadata={"format": "ctrlg-hmm"})
+        config = dict(self.config)
+        config.update(format_version=FORMAT_VERSION, hidden_size=self.hidden_size,
+                      vocab_size=self.vocab_size, dtype=str(dtype).replace("torch.", ""))
+        (path / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, tokenizer=None, device: str | torch.device = "cpu") -> "HMM":
+        """Load a checkpoint written by :meth:`save`. With ``tokenizer``, check it matches."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
+        if not config_file.is_file() or not weights_file.is_file():
+            raise CheckpointError(f"{path} is not an HMM checkpoint: expected {CONFIG_NAME} and {WEIGHTS_NAME}")
+        try:
+            config = json.loads(config_file.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{config_file} is not valid JSON ({err})") from None
+        try:
+            tensors = load_file(str(weights_file))
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"{weights_file} is truncated or corrupt ({err})") from None
+        missing = {"initial", "transition", "emission"} - tensors.keys()
+        if missing:
+            raise CheckpointError(f"{weights_file} lacks tensors {sorted(missing)}")
+        h, V = config.get("hidden_size"), config.get("vocab_size")
+        if tuple(tensors["emission"].shape) != (h, V):
+            raise CheckpointError(
+                f"{weights_file}: emission has shape {tuple(tensors['emission'].shape)} but "
+                f"{CONFIG_NAME} says hidden_size={h}, vocab_size={V}")
+        tolerance = 1e-3 if tensors["emission"].dtype == torch.float32 else 5e-2
+        try:
+            hmm = cls.from_params(tensors["initial"].double(), tensors["transition"].double(),
+                                  tensors["emission"].double(), config=config, atol=tolerance)
+        except HMMParameterError as err:
+            raise CheckpointError(f"{weights_file}: {err}") from None
+        if tokenizer is not None:
+            hmm.check_vocab(tokenizer=tokenizer)
+        return hmm.to(device)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}"
