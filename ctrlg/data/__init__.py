@@ -1,0 +1,18 @@
+"""Dataset readers (bundled offline copies, with the Hugging Face hub path kept for users) and the
+ILM-style hierarchical masking used by the infilling experiment."""
+
+from ctrlg.data._files import BUNDLED_DIR, DatasetError, bundled_path, read_jsonl
+from ctrlg.data.commongen import (CommonGenExample, load_commongen, load_commongen_hub,
+                                  parse_concept_set)
+from ctrlg.data.infill_mask import (Granularity, MaskedDocument, MaskedSpan,
+                                    calibrate_mask_probability, mask_document, mask_hierarchical,
+                                    mask_ratio, parse_hierarchy)
+from ctrlg.data.lambada import LambadaExample, load_lambada, load_lambada_passages
+
+__all__ = [
+    "BUNDLED_DIR", "DatasetError", "bundled_path", "read_jsonl",
+    "CommonGenExample", "load_commongen", "load_commongen_hub", "parse_concept_set",
+    "Granularity", "MaskedDocument", "MaskedSpan", "calibrate_mask_probability", "mask_document",
+    "mask_hierarchical", "mask_ratio", "parse_hierarchy",
+    "LambadaExample", "load_lambada", "load_lambada_passages",
+]
