@@ -1,0 +1,434 @@
+"""DFA × HMM guidance tables for Ctrl-G (Zhang et al. 2024, §3): p_hmm(α | x≤t, v) for every v.
+
+Notation. The HMM (``ctrlg.hmm.model``) has initial π [h], transition A [h, h], emission B [h, V];
+it sees only the *generated* tokens (never the prompt), so the hidden state of generated token 1
+is drawn from π. The budget is ``n = max_tokens``; a generation is a token sequence y that ends at
+an EOS token (inclusive) or after n tokens, and it is *accepted* iff the DFA accepts y. EOS is
+terminal: emitting EOS from DFA state s is worth ``[δ(s, EOS) accepting]`` whatever the HMM would
+do next, and EOS is only allowed once ``min_tokens`` tokens have been generated.
+
+Backward tables. W_r(s, z) = P_hmm(accepted | DFA state s, r tokens left, z = hidden state of the
+token just emitted; the next token is drawn z' ~ A[z], v ~ B[z']). W_0(s, ·) = [s accepting], and
+
+    g_s(z')  = M_s(z') · W_{r-1}(default(s), z')                      (all non-exception tokens)
+             + Σ_{v ∈ exc(s)} B[z', v] · W_{r-1}(δ(s, v), z')          (sparse exceptions)
+             + [EOS allowed] · Σ_{e ∈ EOS} B[z', e] · [δ(s, e) accepting] (terminal EOS)
+    W_r(s)   = A · g_s                      i.e. for all states at once  W_r = G · Aᵀ  ((S×h)·(h×h))
+
+with M_s(z') = Σ_{v ∉ exc(s) ∪ EOS} B[z', v] = rowsum(B)[z'] − Σ_{v ∈ exc(s) ∪ EOS} B[z', v]
+(computed in float64 and clamped at 0). This is DESIGN.md's identity with the default's share
+written as a non-negative mass, so no term cancels. One step costs O(S·h² + E·h).
+
+Scaling. Each row is stored as W_r(s, ·) = exp(c_r(s)) · Ŵ_r(s, ·) with max_z Ŵ_r(s, z) = 1 and
+c_r(s) in float64. A step rescales every term of g_s to the common scale m_s = max of the scales
+of the states it mixes, so probabilities like 1e-3000 (n ≤ 1024, V ~ 5e4) never underflow.
+
+Exact feasibility. F_r(s) = "some token sequence of ≤ r tokens from s is accepted" is computed from
+the DFA alone (booleans, no floats): F_0 = accepting, F_r(s) = [some non-exception token exists ∧
+F_{r-1}(default(s))] ∨ ∃ v ∈ exc(s): F_{r-1}(δ(s, v)) ∨ [EOS allowed ∧ ∃ e: δ(s, e) accepting].
+Tokens into states with ¬F_{r-1} get probability exactly 0; feasible tokens whose float weight
+underflowed get a floor (``ratio_floor``) instead, so the guarantee never depends on rounding.
+
+Per generated token (row in DFA state s, prior p over the hidden state of the token being
+generated, r tokens left including this one):
+
+    P(v | x≤t)    = (p B)[v]
+    P(v, α | x≤t) = ((p ⊙ W_{r-1}(default(s))) B)[v]           for non-exception v
+                  = p · (B[:, v] ⊙ W_{r-1}(δ(s, v)))           for v ∈ exc(s)
+                  = P(e | x≤t) · [EOS allowed ∧ δ(s, e) accepting]  for v = e ∈ EOS
+
+costing O(h·V + h·|exc(s)|) — independent of S and t. After choosing v the forward message is
+updated: q ∝ p ⊙ B[:, v], p_next = q A (O(h²)).
+
+Insertion (Ctrl-G §5). With a suffix σ (token ids), the HMM must emit σ right after the generated
+middle y, and α = "the DFA accepts y" ∧ "σ follows": W_0(s, z) = [s accepting] · P_hmm(σ | z),
+where P_hmm(σ | z) = Σ_{z'} A[z, z'] S(z') and S(z') = P_hmm(σ | hidden state of σ_1 is z').
+EOS then means "the middle ends here and σ takes its place": its term in g_s is
+[∃ e: δ(s, e) accepting] · S(z'), and P(e, α | x≤t) = [δ(s, e) accepting] · (p · S).
+So W_n sums p_hmm(y σ) over every accepted middle y (of every admissible length).
+
+Logical mode (``hmm=None``): only F is built; guidance is 0 on feasible tokens and −inf on the
+others (what Outlines / guidance do).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+
+__all__ = [
+    "GuideTables",
+    "build_tables",
+    "backward_step_reference",
+    "forward_update",
+    "RATIO_FLOOR_GAP",
+]
+
+#: A feasible token whose float weight underflowed gets a log-ratio this much below the smallest
+#: finite log-ratio of its row (or 0 when none is finite), so it stays possible but negligible.
+RATIO_FLOOR_GAP = 50.0
+
+
+def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_default: torch.Tensor,
+                            nonexc_mass: torch.Tensor, exc_src: torch.Tensor, exc_dst: torch.Tensor,
+                            exc_emission: torch.Tensor, coef_exc: torch.Tensor,
+                            eos_term: torch.Tensor, coef_eos: torch.Tensor,
+                            transition: torch.Tensor) -> torch.Tensor:
+    """One step of the backward recurrence, unnormalised: returns G · Aᵀ ([S, h], float32) where
+
+    G[s] = coef_default[s] · Ŵ[default[s]] ⊙ M[s]
+         + Σ_{k: exc_src[k] = s} coef_exc[k] · B[:, tok_k] ⊙ Ŵ[exc_dst[k]]
+         + coef_eos[s] · eos_term[s]
+
+    ``w_prev`` [S, h] is Ŵ_{r-1}, ``exc_emission`` [E, h] holds B[:, tok_k] for each exception,
+    the ``coef_*`` are the rescaling factors exp(c_{r-1}(·) − m_s) (0 for infeasible states).
+    This plain-torch version is the reference for ``ctrlg.kernels.backward_table``.
+    """
+    g = (coef_default[:, None] * w_prev[default]) * nonexc_mass
+    if exc_src.numel():
+        g.index_add_(0, exc_src, coef_exc[:, None] * exc_emission * w_prev[exc_dst])
+    g += coef_eos[:, None] * eos_term
+    return g @ transition.T
+
+
+def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch.Tensor,
+                   emission: torch.Tensor) -> torch.Tensor:
+    """Filtering step: q ∝ p ⊙ B[:, v]; returns p_next = q A ([R, h]). Rows where the HMM gives
+    the chosen token probability 0 keep p A (the HMM cannot explain the token; we move on)."""
+    q = priors * emission[:, tokens].T
+    norm = q.sum(-1, keepdim=True)
+    q = torch.where(norm > 0, q / norm.clamp_min(torch.finfo(q.dtype).tiny), priors)
+    out = q @ transition
+    return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
+
+
+def _as_token_list(values, name: str, vocab_size: int) -> list[int]:
+    if values is None:
+        return []
+    if isinstance(values, (int, np.integer)):
+        values = [int(values)]
+    out = [int(v) for v in values]
+    for v in out:
+        if not 0 <= v < vocab_size:
+            raise ConstraintError(f"{name} contains token id {v}, outside [0, {vocab_size})")
+    return out
+
+
+def _step_many(dfa: TokenDFA, states: np.ndarray, token: int) -> np.ndarray:
+    """δ(s, token) for every s in ``states`` (vectorised CSR lookup)."""
+    V = dfa.vocab_size
+    src = np.repeat(np.arange(dfa.num_states, dtype=np.int64), np.diff(dfa.exc_ptr))
+    keys = src * V + dfa.exc_tokens  # sorted: states ascending, tokens sorted within a state
+    query = states.astype(np.int64) * V + token
+    idx = np.searchsorted(keys, query)
+    idx_c = np.minimum(idx, max(len(keys) - 1, 0))
+    found = (idx < len(keys)) & (keys[idx_c] == query) if len(keys) else np.zeros(len(states), bool)
+    out = dfa.default[states].copy()
+    out[found] = dfa.exc_next[idx_c[found]]
+    return out
+
+
+@dataclass
+class _Exceptions:
+    """Regular (non-EOS) exception edges in CSR order."""
+
+    ptr: np.ndarray   # [S + 1]
+    src: np.ndarray   # [E]
+    tok: np.ndarray   # [E]
+    dst: np.ndarray   # [E]
+
+
+class GuideTables:
+    """Backward tables W_r (r = 0..n) and exact feasibility F_r for one DFA and one HMM.
+
+    Build with :func:`build_tables`. Rows of a batch that share a DFA share one ``GuideTables``.
+    Tensors live on the HMM's device (CUDA works; the recurrence then uses the Triton kernel).
+
+    Attributes:
+        feasible: bool numpy [n + 1, S], F_r(s).
+        w_hat: float32 [n + 1, S, h], Ŵ_r (``None`` in logical mode).
+        log_scale: float64 [n + 1, S], c_r (−inf where W_r(s) = 0).
+    """
+
+    def __init__(self, dfa: TokenDFA, hmm=None, max_tokens: int = 32, *, min_tokens: int = 0,
+                 eos_token_id: int | Sequence[int] | None = None,
+                 suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
+                 progress: bool = False):
+        if not isinstance(dfa, TokenDFA):
+            raise ConstraintError(f"expected a TokenDFA, got {type(dfa).__name__}")
+        if int(max_tokens) < 1:
+            raise ConstraintError(f"max_tokens must be ≥ 1, got {max_tokens}")
+        if not 0 <= int(min_tokens) <= int(max_tokens):
+            raise ConstraintError(f"min_tokens must lie in [0, max_tokens={max_tokens}], got {min_tokens}")
+        if hmm is not None and hmm.vocab_size != dfa.vocab_size:
+            raise VocabularyMismatchError(
+                f"the DFA has vocabulary size {dfa.vocab_size} but the HMM has {hmm.vocab_size}")
+        self.dfa, self.hmm = dfa, hmm
+        self.max_tokens, self.min_tokens = int(max_tokens), int(min_tokens)
+        self.eos_ids = _as_token_list(eos_token_id, "eos_token_id", dfa.vocab_size)
+        self.suffix_ids = _as_token_list(suffix_ids, "suffix_ids", dfa.vocab_size)
+        if suffix_ids is not None and not self.suffix_ids:
+            raise ConstraintError("suffix_ids must be a non-empty token sequence (or None)")
+        if self.suffix_ids and hmm is None:
+            raise ConstraintError("an insertion suffix needs an HMM (it is not a DFA constraint)")
+        self.vocab_size = dfa.vocab_size
+        self._prepare_dfa()
+        self._build_feasibility()
+        self.w_hat = self.log_scale = None
+        if hmm is not None:
+            self._build_tables(use_kernel, progress)
+
+    # ------------------------------------------------------------------ structure
+    def _prepare_dfa(self) -> None:
+        dfa, S, V = self.dfa, self.dfa.num_states, self.dfa.vocab_size
+        src = np.repeat(np.arange(S, dtype=np.int64), np.diff(dfa.exc_ptr))
+        keep = ~np.isin(dfa.exc_tokens, np.asarray(self.eos_ids, dtype=np.int64))
+        src, tok, dst = src[keep], dfa.exc_tokens[keep], dfa.exc_next[keep]
+        ptr = np.zeros(S + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=S), out=ptr[1:])
+        self.exc = _Exceptions(ptr=ptr, src=src, tok=tok, dst=dst)
+        n_eos = len(self.eos_ids)
+        all_states = np.arange(S, dtype=np.int64)
+        self.eos_next = np.stack([_step_many(dfa, all_states, e) for e in self.eos_ids], axis=1) \
+            if n_eos else np.zeros((S, 0), dtype=np.int64)
+        self.eos_accept = dfa.accepting[self.eos_next] if n_eos else np.zeros((S, 0), dtype=bool)
+        self.has_default = (V - np.diff(ptr) - n_eos) > 0
+
+    def eos_allowed(self, remaining: int) -> bool:
+        """Whether EOS may be the next token when ``remaining`` tokens are left (including it)."""
+        return bool(self.eos_ids) and self.max_tokens - int(remaining) >= self.min_tokens
+
+    def _build_feasibility(self) -> None:
+        n, S = self.max_tokens, self.dfa.num_states
+        exc = self.exc
+        eos_any = self.eos_accept.any(axis=1)
+        F = np.zeros((n + 1, S), dtype=bool)
+        F[0] = self.dfa.accepting
+        for r in range(1, n + 1):
+            prev = F[r - 1]
+            f = self.has_default & prev[self.dfa.default]
+            if len(exc.src):
+                f |= np.bincount(exc.src, weights=prev[exc.dst], minlength=S) > 0
+            if self.eos_allowed(r):
+                f |= eos_any
+            F[r] = f
+        self.feasible = F
+
+    def check_satisfiable(self, state: int | None = None) -> None:
+        """Raise UnsatisfiableConstraintError unless acceptance is possible within n tokens."""
+        s = self.dfa.initial if state is None else int(state)
+        if not self.feasible[self.max_tokens, s]:
+            raise UnsatisfiableConstraintError(
+                f"the constraint {self.dfa!r} cannot be satisfied within max_new_tokens="
+                f"{self.max_tokens} tokens" + (f" (min_new_tokens={self.min_tokens})" if self.min_tokens else ""))
+
+    # ------------------------------------------------------------------ backward tables
+    def _build_tables(self, use_kernel: bool | None, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        hmm, dfa, exc = self.hmm, self.dfa, self.exc
+        device, n, S, h = hmm.emission.device, self.max_tokens, dfa.num_states, hmm.hidden_size
+        A, B = hmm.transition.float(), hmm.emission.float()
+        self._transition, self._emission = A, B
+        tensor = lambda a: torch.tensor(a, device=device)  # noqa: E731
+        self._default_t = tensor(dfa.default)
+        self._exc_src_t, self._exc_dst_t = tensor(exc.src), tensor(exc.dst)
+        self._exc_tok_t = tensor(exc.tok)
+        self._exc_emission = B[:, self._exc_tok_t].T.contiguous()  # [E, h]
+        # M_s = rowsum(B) - Σ_{exc(s) ∪ EOS} B[:, v], in float64, clamped at 0.
+        mass = B.double().sum(1).expand(S, h).clone()
+        for lo in range(0, len(exc.src), 4096):
+            mass.index_add_(0, self._exc_src_t[lo:lo + 4096], -self._exc_emission[lo:lo + 4096].double())
+        if self.eos_ids:
+            mass -= B[:, self.eos_ids].double().sum(1)
+        self._nonexc_mass = mass.clamp_min_(0).float()
+        # EOS terminal term and its log scale (0 without suffix).
+        eos_accept = tensor(self.eos_accept)
+        if self.suffix_ids:
+            s_hat, s_log = self._suffix_first(A, B)
+            self._suffix_hat, self._suffix_log = s_hat, s_log
+            self._eos_term = eos_accept.any(1).float()[:, None] * s_hat[None]
+            eos_log = s_log
+        else:
+            self._eos_term = (eos_accept.float() @ B[:, self.eos_ids].T) if self.eos_ids \
+                else torch.zeros(S, h, device=device)
+            eos_log = 0.0
+        eos_live = tensor(self.eos_accept.any(1) if self.eos_ids else np.zeros(S, bool))
+
+        w_hat = torch.zeros(n + 1, S, h, device=device)
+        log_scale = torch.full((n + 1, S), -math.inf, dtype=torch.float64, device=device)
+        acc = tensor(dfa.accepting)
+        if self.suffix_ids:  # W_0(s) = [acc] · A S
+            w0 = A @ (self._suffix_hat)
+            mx = w0.max()
+            w_hat[0, acc] = w0 / mx
+            log_scale[0, acc] = self._suffix_log + math.log(float(mx))
+        else:
+            w_hat[0, acc] = 1.0
+            log_scale[0, acc] = 0.0
+
+        step = backward_step_reference
+        if use_kernel is None:
+            use_kernel = device.type == "cuda"
+        if use_kernel:
+            from ctrlg.kernels.backward_table import backward_step
+            step = backward_step
+        has_default = tensor(self.has_default)
+        feasible = tensor(self.feasible)
+        tiny_log = math.log(torch.finfo(torch.float32).tiny)
+        for r in tqdm(range(1, n + 1), desc="guide tables", disable=not progress, leave=False):
+            c = log_scale[r - 1]
+            c_default = torch.where(has_default, c[self._default_t], -math.inf)
+            m = c_default.clone()
+            if len(exc.src):
+                m.scatter_reduce_(0, self._exc_src_t, c[self._exc_dst_t], reduce="amax")
+            eos_ok = self.eos_allowed(r)
+            if eos_ok:
+                m = torch.where(eos_live, torch.clamp_min(m, eos_log), m)
+            m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            coef_default = torch.exp(c_default - m_safe).float()
+            coef_exc = torch.exp(c[self._exc_dst_t] - m_safe[self._exc_src_t]).float()
+            coef_eos = (torch.exp(eos_log - m_safe) * eos_live).float() if eos_ok \
+                else torch.zeros(S, device=device)
+            raw = step(w_hat[r - 1], self._default_t, coef_default, self._nonexc_mass,
+                       self._exc_src_t, self._exc_dst_t, self._exc_emission, coef_exc,
+                       self._eos_term, coef_eos, A)
+            mx = raw.amax(1)
+            ok = (mx > 0) & torch.isfinite(m) & torch.isfinite(mx)
+            w_hat[r] = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
+            log_scale[r] = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
+            # Feasible states whose weight underflowed: an (over-)estimate, never exactly 0.
+            lost = feasible[r] & ~ok
+            if bool(lost.any()):
+                w_hat[r, lost] = 1.0
+                log_scale[r, lost] = m_safe[lost] + tiny_log
+        self.w_hat, self.log_scale = w_hat, log_scale
+
+    def _suffix_first(self, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """S(z) = P_hmm(σ | hidden state of σ_1 is z), scaled: returns (Ŝ with max 1, log scale)."""
+        log_scale = 0.0
+        b = B[:, self.suffix_ids[-1]].clone()
+        for tok in reversed(self.suffix_ids[:-1]):
+            b = B[:, tok] * (A @ b)
+            mx = float(b.max())
+            if mx <= 0:
+                break
+            b, log_scale = b / mx, log_scale + math.log(mx)
+        mx = float(b.max())
+        if mx <= 0:
+            return torch.zeros_like(b), -math.inf
+        return b / mx, log_scale + math.log(mx)
+
+    # ------------------------------------------------------------------ per-token queries
+    def initial_prior(self, num_rows: int = 1) -> torch.Tensor:
+        """The prior over the hidden state of generated token 1: π, repeated ``num_rows`` times."""
+        return self.hmm.initial.float().expand(num_rows, -1).clone()
+
+    def _row_exceptions(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row index, exception index) pairs for the regular exceptions of each row's state."""
+        lo, hi = self.exc.ptr[states], self.exc.ptr[states + 1]
+        counts = hi - lo
+        rows = np.repeat(np.arange(len(states)), counts)
+        starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        return rows, starts + np.arange(counts.sum())
+
+    def token_feasible(self, states, remaining) -> torch.Tensor:
+        """Exact bool mask [R, V]: token v keeps acceptance possible (r tokens left incl. v)."""
+        states = np.asarray(states, dtype=np.int64).reshape(-1)
+        remaining = np.broadcast_to(np.asarray(remaining, dtype=np.int64), states.shape)
+        if np.any(remaining < 1) or np.any(remaining > self.max_tokens):
+            raise ConstraintError(f"remaining must lie in [1, {self.max_tokens}], got {remaining.tolist()}")
+        F, R = self.feasible, len(states)
+        mask = np.repeat(F[remaining - 1, self.dfa.default[states]][:, None], self.vocab_size, axis=1)
+        rows, k = self._row_exceptions(states)
+        mask[rows, self.exc.tok[k]] = F[remaining[rows] - 1, self.exc.dst[k]]
+        for j, e in enumerate(self.eos_ids):
+            allowed = np.array([self.eos_allowed(r) for r in remaining])
+            mask[:, e] = allowed & self.eos_accept[states, j]
+        device = self.hmm.emission.device if self.hmm is not None else "cpu"
+        return torch.as_tensor(mask, device=device)
+
+    def token_weights(self, states, priors: torch.Tensor, remaining) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log P(v, α | x≤t), log P(v | x≤t)), both float32 [R, V], for rows in DFA ``states``
+        with priors ``priors`` [R, h] (normalised) and ``remaining`` tokens left (incl. v).
+
+        Raw values: −inf where the float product is 0 (infeasible or underflowed); combine with
+        :meth:`token_feasible` (see :meth:`log_ratio`)."""
+        if self.hmm is None:
+            raise ConstraintError("token_weights needs an HMM; these tables are logical-only")
+        states = np.asarray(states, dtype=np.int64).reshape(-1)
+        remaining = np.broadcast_to(np.asarray(remaining, dtype=np.int64), states.shape)
+        if np.any(remaining < 1) or np.any(remaining > self.max_tokens):
+            raise ConstraintError(f"remaining must lie in [1, {self.max_tokens}], got {remaining.tolist()}")
+        dev = priors.device
+        R = len(states)
+        rr = torch.as_tensor(remaining - 1, device=dev)
+        d = self._default_t[torch.as_tensor(states, device=dev)]
+        w_default = self.w_hat[rr, d]                                    # [R, h]
+        c_default = self.log_scale[rr, d]                                # [R] float64
+        both = torch.cat([priors, priors * w_default]) @ self._emission  # [2R, V]: one pass over B
+        marginal, joint = both[:R], both[R:]
+        log_marginal = torch.log(marginal)
+        log_joint = torch.log(joint) + c_default.float()[:, None]
+        log_joint[~torch.isfinite(c_default)] = -math.inf
+        rows, k = self._row_exceptions(states)
+        if len(rows):
+            rows_t, k_t = torch.as_tensor(rows, device=dev), torch.as_tensor(k, device=dev)
+            dst = self._exc_dst_t[k_t]
+            val = (priors[rows_t] * self._exc_emission[k_t] * self.w_hat[rr[rows_t], dst]).sum(-1)
+            log_joint[rows_t, self._exc_tok_t[k_t]] = torch.log(val) + self.log_scale[rr[rows_t], dst].float()
+        for j, e in enumerate(self.eos_ids):
+            allowed = torch.as_tensor([self.eos_allowed(r) for r in remaining], device=dev) \
+                & torch.as_tensor(self.eos_accept[states, j], device=dev)
+            if self.suffix_ids:
+                value = torch.log(priors @ self._suffix_hat) + self._suffix_log
+            else:
+                value = log_marginal[:, e]
+            log_joint[:, e] = torch.where(allowed, value, -math.inf)
+        return log_joint, log_marginal
+
+    def log_ratio(self, states, priors: torch.Tensor | None, remaining) -> torch.Tensor:
+        """Ctrl-G's guidance term log p_hmm(α | x≤t, v) = log P(v, α | x≤t) − log P(v | x≤t),
+        float32 [R, V]: −inf exactly on infeasible tokens; feasible tokens whose weight underflowed
+        get the row's smallest finite log-ratio minus ``RATIO_FLOOR_GAP``. In logical mode
+        (no HMM, or ``priors=None``) it is 0 on feasible tokens."""
+        mask = self.token_feasible(states, remaining)
+        if self.hmm is None or priors is None:
+            zero = torch.zeros(mask.shape, device=mask.device)
+            return torch.where(mask, zero, -math.inf)
+        log_joint, log_marginal = self.token_weights(states, priors, remaining)
+        ratio = log_joint - log_marginal.clamp_min(math.log(torch.finfo(torch.float32).tiny))
+        finite = torch.isfinite(ratio) & mask
+        lowest = torch.where(finite, ratio, math.inf).amin(1, keepdim=True)
+        floor = torch.where(torch.isfinite(lowest), lowest - RATIO_FLOOR_GAP, 0.0)
+        ratio = torch.where(finite, ratio, floor)
+        return torch.where(mask, ratio, -math.inf)
+
+    def log_prob_accept(self, state: int | None = None, prior: torch.Tensor | None = None,
+                        remaining: int | None = None) -> float:
+        """log P_hmm(α) from a DFA state and prior (defaults: the start of generation)."""
+        s = self.dfa.initial if state is None else int(state)
+        p = self.initial_prior() if prior is None else prior.reshape(1, -1)
+        r = self.max_tokens if remaining is None else int(remaining)
+        if not self.feasible[r, s]:
+            return -math.inf
+        log_joint, _ = self.token_weights([s], p, r)
+        return float(torch.logsumexp(log_joint.double(), dim=1))
+
+    def advance(self, priors: torch.Tensor, tokens) -> torch.Tensor:
+        """Forward messages after emitting ``tokens`` [R]: see :func:`forward_update`."""
+        tokens = torch.as_tensor(tokens, device=priors.device).reshape(-1)
+        return forward_update(priors, tokens, self._transition, self._emission)
+
+
+def build_tables(hmm, dfa: TokenDFA, max_tokens: int, **kwargs) -> GuideTables:
+    """Backward tables for ``dfa`` under ``hmm`` with budget ``max_tokens`` (see GuideTables).
+    ``hmm=None`` gives logical-only tables (feasibility only)."""
+    return GuideTables(dfa, hmm, max_tokens, **kwargs)
