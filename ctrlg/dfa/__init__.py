@@ -2,6 +2,15 @@
 minimisation and the regex compiler. See :class:`ctrlg.dfa.core.TokenDFA` for the representation.
 """
 
-from ctrlg.dfa.core import DFABuilder, TokenDFA
+from ctrlg.dfa.builders import (any_phrase, banned_phrases, eos, exact, length, phrase,
+                                starts_with, universal)
+from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA, token_classes
+from ctrlg.dfa.minimize import minimize
+from ctrlg.dfa.ops import complement, concat, intersect, union
 
-__all__ = ["DFABuilder", "TokenDFA"]
+__all__ = [
+    "DFABuilder", "TokenDFA", "TokenClasses", "token_classes",
+    "phrase", "any_phrase", "starts_with", "exact", "universal", "length", "eos",
+    "banned_phrases",
+    "intersect", "union", "complement", "concat", "minimize",
+]

@@ -24,9 +24,9 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 
-__all__ = ["TokenDFA", "DFABuilder"]
+__all__ = ["TokenDFA", "DFABuilder", "TokenClasses", "token_classes"]
 
 
 def _as_index_array(values, name: str) -> np.ndarray:
@@ -79,6 +79,17 @@ class TokenDFA:
                               ("exc_tokens", self.exc_tokens, self.vocab_size)):
             if arr.size and (arr.min() < 0 or arr.max() >= hi):
                 raise ConstraintError(f"{name} has entries outside [0, {hi})")
+        if self.exc_tokens.size > 1:
+            increasing = np.diff(self.exc_tokens) > 0
+            # positions where a new state's exception list starts need not increase
+            starts = self.exc_ptr[1:-1]
+            starts = starts[(starts > 0) & (starts < self.exc_tokens.size)]
+            increasing[starts - 1] = True
+            if not increasing.all():
+                raise ConstraintError("exception tokens must be sorted and unique within each state")
+        if self.exc_tokens.size and np.any(self.exc_next == self.default[self.exception_states()]):
+            raise ConstraintError("an exception's successor equals its state's default successor "
+                                  "(use DFABuilder, which drops such exceptions)")
         for arr in (self.accepting, self.default, self.exc_ptr, self.exc_tokens, self.exc_next):
             arr.setflags(write=False)
 
@@ -144,6 +155,10 @@ class TokenDFA:
     def is_accepting(self, state: int) -> bool:
         return bool(self.accepting[state])
 
+    def exception_states(self) -> np.ndarray:
+        """int64 [E]: the state each stored exception belongs to (aligned with ``exc_tokens``)."""
+        return np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr))
+
     def exceptions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, successors) of the exception edges of ``state``."""
         lo, hi = self.exc_ptr[state], self.exc_ptr[state + 1]
@@ -151,6 +166,8 @@ class TokenDFA:
 
     def step(self, state: int, token: int) -> int:
         """δ(state, token)."""
+        if not 0 <= state < self.num_states:
+            raise ConstraintError(f"state {state} out of range [0, {self.num_states})")
         if not 0 <= token < self.vocab_size:
             raise ConstraintError(f"token id {token} out of range [0, {self.vocab_size})")
         lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
@@ -183,35 +200,13 @@ class TokenDFA:
 
     def live_states(self) -> np.ndarray:
         """Bool [S]: states from which some accepting state is reachable (reverse BFS)."""
-        S = self.num_states
-        src = np.concatenate([np.arange(S), np.repeat(np.arange(S), np.diff(self.exc_ptr))])
-        dst = np.concatenate([self.default, self.exc_next])
-        order = np.argsort(dst, kind="stable")
-        src, dst = src[order], dst[order]
-        ptr = np.searchsorted(dst, np.arange(S + 1))
-        live = self.accepting.copy()
-        stack = list(np.nonzero(live)[0])
-        while stack:
-            t = stack.pop()
-            for s in src[ptr[t]:ptr[t + 1]]:
-                if not live[s]:
-                    live[s] = True
-                    stack.append(s)
-        return live
+        src, dst = self._edge_list()
+        return reachable_mask(np.nonzero(self.accepting)[0], dst, src, self.num_states)
 
     def reachable_states(self) -> np.ndarray:
         """Bool [S]: states reachable from the initial state (BFS)."""
-        seen = np.zeros(self.num_states, dtype=bool)
-        seen[self.initial] = True
-        stack = [self.initial]
-        while stack:
-            s = stack.pop()
-            _, nxt = self.exceptions(s)
-            for t in (self.default[s], *nxt):
-                if not seen[t]:
-                    seen[t] = True
-                    stack.append(int(t))
-        return seen
+        src, dst = self._edge_list()
+        return reachable_mask(np.array([self.initial]), src, dst, self.num_states)
 
     def dead_states(self) -> np.ndarray:
         """Bool [S]: states from which acceptance is impossible."""
@@ -232,46 +227,109 @@ class TokenDFA:
         """Equivalent DFA with only reachable states, where all states that cannot reach
         acceptance are merged into one dead state (absorbing, non-accepting).
 
-        State ids are renumbered in BFS order from the initial state, so the result is
-        deterministic. The language is unchanged.
+        State ids are renumbered in BFS order from the initial state (successors visited in
+        increasing state order), so the result is deterministic. The language is unchanged.
+        Vectorised over the CSR arrays: O(S + E) numpy work.
         """
+        S = self.num_states
         live = self.live_states()
-        dead_needed = False
-        order: dict[int, int] = {}
-        queue = [self.initial] if live[self.initial] else []
-        if not queue:
+        if not live[self.initial]:
             return _empty_dfa(self.vocab_size)
-        order[self.initial] = 0
-        head = 0
-        rows: list[tuple[int, list[int], list[int]]] = []
-        while head < len(queue):
-            s = queue[head]
-            head += 1
-            tokens, nxt = self.exceptions(s)
-            targets = [int(self.default[s])] + nxt.tolist()
-            for t in targets:
-                if live[t] and t not in order:
-                    order[t] = len(queue)
-                    queue.append(t)
-            rows.append((int(self.default[s]), tokens.tolist(), nxt.tolist()))
-        dead = len(queue)
-        builder = DFABuilder(self.vocab_size)
-        for _ in range(len(queue)):
-            builder.add_state()
-        for new, (old_default, tokens, nxt) in enumerate(rows):
-            d = order.get(old_default, dead)
-            dead_needed |= d == dead
-            exc = {}
-            for tok, t in zip(tokens, nxt):
-                tt = order.get(t, dead)
-                dead_needed |= tt == dead
-                exc[tok] = tt
-            builder.set_transitions(new, d, exc)
-            if self.accepting[queue[new]]:
-                builder.set_accepting(new)
-        if dead_needed:
-            builder.add_state()  # the dead state: absorbing by default
-        return builder.build(initial=0)
+        src, dst = self._edge_list()
+        keep = live[src] & live[dst]
+        order = bfs_order(self.initial, src[keep], dst[keep], S)
+        n = len(order)
+        dead = n
+        new_id = np.full(S, dead, dtype=np.int64)
+        new_id[order] = np.arange(n, dtype=np.int64)
+        default = new_id[self.default[order]]
+        lengths = np.diff(self.exc_ptr)[order]
+        idx = ragged_indices(self.exc_ptr[:-1][order], lengths)
+        tokens = self.exc_tokens[idx]
+        nxt = new_id[self.exc_next[idx]]
+        owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        kept = nxt != default[owner]
+        tokens, nxt, owner = tokens[kept], nxt[kept], owner[kept]
+        accepting = self.accepting[order]
+        if np.any(default == dead) or np.any(nxt == dead):
+            default = np.append(default, dead)
+            accepting = np.append(accepting, False)
+            n += 1
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
+        return TokenDFA(self.vocab_size, 0, accepting, default, ptr, tokens, nxt)
+
+    def _edge_list(self) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of all distinct transitions, default edges included."""
+        S = self.num_states
+        src = np.concatenate([np.arange(S, dtype=np.int64), self.exception_states()])
+        dst = np.concatenate([self.default, self.exc_next])
+        pairs = np.unique(src * S + dst)
+        return pairs // S, pairs % S
+
+    # ------------------------------------------------------------------ token classes
+    def class_table(self, classes: "TokenClasses") -> np.ndarray:
+        """Dense successor table ``[S, C]`` over token classes: ``table[s, c] = δ(s, v)`` for any
+        token ``v`` of class ``c``. ``classes`` must refine this DFA's token behaviour (e.g.
+        :func:`token_classes` computed with this DFA among its arguments)."""
+        if classes.vocab_size != self.vocab_size:
+            raise VocabularyMismatchError(
+                f"token classes are over {classes.vocab_size} tokens, the DFA over {self.vocab_size}")
+        dtype = np.int32 if self.num_states < 2**31 else np.int64
+        table = np.repeat(self.default.astype(dtype)[:, None], classes.num_classes, axis=1)
+        table[self.exception_states(), classes.class_of_token[self.exc_tokens]] = self.exc_next
+        return table
+
+    @classmethod
+    def from_class_table(cls, table, accepting, classes: "TokenClasses",
+                         initial: int = 0) -> "TokenDFA":
+        """Expand a successor table over token classes ``[S, C]`` into the per-token
+        default-plus-exceptions form. The default of each state is the successor shared by the
+        most tokens (class sizes as weights), which minimises the stored exceptions."""
+        table = np.asarray(table, dtype=np.int64)
+        S, C = table.shape
+        if C != classes.num_classes:
+            raise ConstraintError(f"class table has {C} columns, expected {classes.num_classes}")
+        V = classes.vocab_size
+        sizes = classes.sizes
+        # weighted mode of each row: group (state, successor) pairs and sum class sizes
+        keys = (np.arange(S, dtype=np.int64)[:, None] * S + table).ravel()
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        weight = np.bincount(inverse.ravel(), weights=np.tile(sizes, S), minlength=len(uniq))
+        owner, succ = uniq // S, uniq % S
+        best = np.lexsort((succ, -weight, owner))
+        first = np.ones(len(best), dtype=bool)
+        first[1:] = owner[best][1:] != owner[best][:-1]
+        default = np.empty(S, dtype=np.int64)
+        default[owner[best][first]] = succ[best][first]
+        is_exc = table != default[:, None]                      # [S, C]
+        counts = (is_exc * sizes[None, :]).sum(axis=1)          # exceptions per state
+        ptr = np.zeros(S + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        exc_tokens = np.empty(ptr[-1], dtype=np.int64)
+        exc_next = np.empty(ptr[-1], dtype=np.int64)
+        big = counts * 16 > V       # many exceptions: a mask over the vocabulary is cheaper
+        for s in np.nonzero(big)[0]:
+            tokens = np.nonzero(is_exc[s][classes.class_of_token])[0]
+            exc_tokens[ptr[s]:ptr[s + 1]] = tokens
+            exc_next[ptr[s]:ptr[s + 1]] = table[s][classes.class_of_token[tokens]]
+        small = ~big & (counts > 0)
+        if small.any():
+            st, cl = np.nonzero(is_exc & small[:, None])
+            lengths = sizes[cl]
+            idx = ragged_indices(classes.members_ptr[cl], lengths)
+            tokens = classes.members[idx]
+            owner_s = np.repeat(st, lengths)
+            nxt = np.repeat(table[st, cl], lengths)
+            order = np.lexsort((tokens, owner_s))
+            tokens, owner_s, nxt = tokens[order], owner_s[order], nxt[order]
+            small_counts = np.where(small, counts, 0)
+            group_start = np.cumsum(small_counts) - small_counts
+            pos = ptr[owner_s] + np.arange(len(tokens)) - group_start[owner_s]
+            exc_tokens[pos] = tokens
+            exc_next[pos] = nxt
+        return cls(V, int(initial), np.asarray(accepting, dtype=bool).copy(), default, ptr,
+                   exc_tokens, exc_next)
 
     def __repr__(self) -> str:
         return (f"TokenDFA(states={self.num_states}, exceptions={self.num_exceptions}, "
@@ -360,3 +418,127 @@ class DFABuilder:
             exc_tokens=exc_tokens,
             exc_next=exc_next,
         )
+
+
+# ---------------------------------------------------------------------- token classes
+@dataclass(frozen=True, eq=False)
+class TokenClasses:
+    """A partition of the vocabulary into classes of tokens that behave identically in a set of
+    DFAs (same successor from every state). Tokens that are an exception nowhere form one class.
+
+    Attributes:
+        class_of_token: int64 [V], the class id of each token.
+        members_ptr: int64 [C + 1], CSR pointers into ``members``.
+        members: int64 [V], the tokens of each class, sorted within a class.
+    """
+
+    class_of_token: np.ndarray
+    members_ptr: np.ndarray
+    members: np.ndarray
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.class_of_token)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.members_ptr) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """int64 [C]: number of tokens in each class."""
+        return np.diff(self.members_ptr)
+
+    @property
+    def representatives(self) -> np.ndarray:
+        """int64 [C]: the smallest token of each class."""
+        return self.members[self.members_ptr[:-1]]
+
+    def tokens(self, c: int) -> np.ndarray:
+        return self.members[self.members_ptr[c]:self.members_ptr[c + 1]]
+
+    @classmethod
+    def from_labels(cls, labels) -> "TokenClasses":
+        """Classes from arbitrary per-token labels; class ids follow first occurrence."""
+        labels = np.asarray(labels)
+        _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        class_of_token = rank[inverse.ravel()]
+        members = np.argsort(class_of_token, kind="stable").astype(np.int64)
+        ptr = np.zeros(len(first) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(class_of_token, minlength=len(first)), out=ptr[1:])
+        return cls(class_of_token, ptr, members)
+
+
+def check_same_vocab(dfas: Sequence[TokenDFA]) -> int:
+    """The common vocabulary size of ``dfas``; VocabularyMismatchError if they differ."""
+    if not dfas:
+        raise ConstraintError("at least one DFA is required")
+    for d in dfas:
+        if not isinstance(d, TokenDFA):
+            raise ConstraintError(f"expected a TokenDFA, got {type(d).__name__}")
+    sizes = sorted({d.vocab_size for d in dfas})
+    if len(sizes) > 1:
+        raise VocabularyMismatchError(
+            f"DFAs have different vocabulary sizes {sizes}; operands must share one vocabulary")
+    return sizes[0]
+
+
+def token_classes(*dfas: TokenDFA) -> TokenClasses:
+    """Partition ``[0, V)`` into classes of tokens with identical exception signatures across all
+    states of all ``dfas`` (hence identical transitions everywhere). Exact, O(E log E + V)."""
+    V = check_same_vocab(dfas)
+    offsets = np.cumsum([0] + [d.num_states for d in dfas])
+    state = np.concatenate([d.exception_states() + o for d, o in zip(dfas, offsets)])
+    token = np.concatenate([d.exc_tokens for d in dfas])
+    nxt = np.concatenate([d.exc_next for d in dfas])
+    if token.size == 0:
+        return TokenClasses.from_labels(np.zeros(V, dtype=np.int64))
+    order = np.lexsort((state, token))
+    token = token[order]
+    pairs = np.ascontiguousarray(np.stack([state[order], nxt[order]], axis=1))
+    bounds = np.searchsorted(token, np.arange(V + 1))
+    signature_id: dict[bytes, int] = {b"": 0}
+    labels = np.zeros(V, dtype=np.int64)
+    for v in np.nonzero(bounds[1:] > bounds[:-1])[0].tolist():
+        key = pairs[bounds[v]:bounds[v + 1]].tobytes()
+        labels[v] = signature_id.setdefault(key, len(signature_id))
+    return TokenClasses.from_labels(labels)
+
+
+# ---------------------------------------------------------------------- array helpers
+def ragged_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[i], starts[i] + lengths[i])`` over i, vectorised."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def bfs_order(source: int, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Nodes reachable from ``source`` along edges ``src → dst``, in breadth-first order
+    (scipy.sparse.csgraph; deterministic)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    graph = csr_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(num_nodes, num_nodes))
+    graph.sort_indices()
+    return breadth_first_order(graph, int(source), directed=True, return_predecessors=False
+                               ).astype(np.int64)
+
+
+def reachable_mask(sources: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                   num_nodes: int) -> np.ndarray:
+    """Bool [num_nodes]: nodes reachable from any of ``sources`` along edges ``src → dst``."""
+    mask = np.zeros(num_nodes, dtype=bool)
+    if len(sources) == 0:
+        return mask
+    hub = num_nodes  # a virtual node with an edge to every source
+    order = bfs_order(hub, np.concatenate([src, np.full(len(sources), hub)]),
+                      np.concatenate([dst, sources]), num_nodes + 1)
+    mask[order[order < num_nodes]] = True
+    return mask

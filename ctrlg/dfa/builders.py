@@ -1,0 +1,236 @@
+"""Token-level constraint builders: phrases, phrase sets, length ranges, EOS discipline.
+
+* :func:`phrase` — the Knuth–Morris–Pratt automaton: state j = length of the longest prefix of
+  the pattern that is a suffix of the input; δ(j, p[j]) = j+1 and δ(j, a) = δ(fail(j), a)
+  otherwise, so only the pattern's own tokens are exceptions (k+1 states for a k-token phrase).
+* :func:`any_phrase` — the Aho–Corasick automaton of a phrase set: the trie with failure links,
+  where a node is a match if it or any node on its failure chain ends a phrase (so a phrase
+  contained in another one, e.g. ``[2, 3]`` inside ``[12, 3]`` or ``[2]`` inside ``[1, 2, 3]``,
+  is still detected). Matching is absorbing: once a phrase occurred, the DFA accepts forever.
+* :func:`length` — ``min_tokens ≤ n ≤ max_tokens``.
+* :func:`eos` — after EOS only EOS (optionally: EOS required at the end).
+* :func:`banned_phrases` — the complement of :func:`any_phrase`.
+* :func:`starts_with`, :func:`exact`, :func:`universal` — anchored phrases, one exact sequence, Σ*.
+
+Every builder validates its input and raises :class:`~ctrlg.errors.ConstraintError` (a
+``ValueError``) naming the offending phrase or token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ctrlg.dfa.core import DFABuilder, TokenDFA
+from ctrlg.errors import ConstraintError
+
+__all__ = ["phrase", "any_phrase", "length", "eos", "banned_phrases", "starts_with", "exact",
+           "universal"]
+
+
+def _check_vocab_size(vocab_size) -> int:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) \
+            or vocab_size <= 0:
+        raise ConstraintError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    return int(vocab_size)
+
+
+def _check_phrase(tokens, vocab_size: int, what: str = "phrase") -> list[int]:
+    if isinstance(tokens, (str, bytes)):
+        raise ConstraintError(f"{what} must be a sequence of token ids, got the string {tokens!r}"
+                              " (encode it with the tokenizer first)")
+    try:
+        ids = [t for t in tokens]
+    except TypeError:
+        raise ConstraintError(f"{what} must be a sequence of token ids, got {tokens!r}") from None
+    if not ids:
+        raise ConstraintError(f"empty {what}: a {what} needs at least one token")
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise ConstraintError(f"{what} {ids!r} contains {t!r}, which is not a token id")
+        if not 0 <= t < vocab_size:
+            raise ConstraintError(
+                f"{what} {ids!r} contains token id {t} out of range [0, {vocab_size})")
+        out.append(int(t))
+    return out
+
+
+def _check_phrases(phrases, vocab_size: int) -> list[list[int]]:
+    if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Iterable):
+        raise ConstraintError(f"phrases must be a list of token-id lists, got {phrases!r}")
+    checked = [_check_phrase(p, vocab_size) for p in phrases]
+    if not checked:
+        raise ConstraintError("phrases is empty: give at least one phrase")
+    return checked
+
+
+def universal(vocab_size: int) -> TokenDFA:
+    """Σ*: accepts every token sequence (one accepting, absorbing state)."""
+    builder = DFABuilder(_check_vocab_size(vocab_size))
+    builder.add_state(accepting=True)
+    return builder.build()
+
+
+def phrase(tokens: Sequence[int], vocab_size: int) -> TokenDFA:
+    """Accepts the token sequences that contain ``tokens`` as a contiguous subsequence
+    (KMP automaton, ``len(tokens) + 1`` states, exceptions only on the phrase's tokens)."""
+    V = _check_vocab_size(vocab_size)
+    p = _check_phrase(tokens, V)
+    k = len(p)
+    builder = DFABuilder(V)
+    for j in range(k + 1):
+        builder.add_state(accepting=(j == k), default=0 if j < k else k)
+    rows: list[dict[int, int]] = [{p[0]: 1}]
+    restart = 0
+    for j in range(1, k):
+        row = dict(rows[restart])
+        row[p[j]] = j + 1
+        rows.append(row)
+        restart = rows[restart].get(p[j], 0)
+    for j, row in enumerate(rows):
+        builder.set_transitions(j, 0, row)
+    return builder.build()
+
+
+def _trie(phrases: list[list[int]]) -> tuple[list[dict[int, int]], list[bool]]:
+    children: list[dict[int, int]] = [{}]
+    terminal = [False]
+    for p in phrases:
+        node = 0
+        for t in p:
+            nxt = children[node].get(t)
+            if nxt is None:
+                nxt = len(children)
+                children[node][t] = nxt
+                children.append({})
+                terminal.append(False)
+            node = nxt
+        terminal[node] = True
+    return children, terminal
+
+
+def any_phrase(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
+    """Accepts the token sequences that contain at least one of ``phrases`` (Aho–Corasick).
+
+    Output propagation along failure links makes a phrase that occurs inside another one count
+    (``any_phrase([[12, 3], [2, 3]])`` accepts both ``[12, 3]`` and ``[2, 3]``).
+    """
+    V = _check_vocab_size(vocab_size)
+    children, terminal = _trie(_check_phrases(phrases, V))
+    n = len(children)
+    fail = [0] * n
+    match = list(terminal)
+    delta: list[dict[int, int] | None] = [None] * n
+    delta[0] = dict(children[0])
+    queue = deque()
+    for child in children[0].values():
+        queue.append(child)
+    while queue:
+        node = queue.popleft()
+        match[node] = match[node] or match[fail[node]]
+        row = dict(delta[fail[node]])
+        row.update(children[node])
+        delta[node] = row
+        for t, child in children[node].items():
+            fail[child] = delta[fail[node]].get(t, 0)
+            queue.append(child)
+    # all matching nodes collapse into one absorbing accepting state
+    ids: dict[int, int] = {}
+    for node in range(n):
+        if not match[node]:
+            ids[node] = len(ids)
+    accept = len(ids)
+    builder = DFABuilder(V)
+    for node in ids:
+        builder.add_state(default=ids[0])
+    builder.add_state(accepting=True)
+    for node, s in ids.items():
+        row = {t: ids.get(nxt, accept) for t, nxt in delta[node].items()}
+        builder.set_transitions(s, ids[0], row)
+    return builder.build(initial=ids[0] if 0 in ids else accept).trim()
+
+
+def starts_with(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
+    """Accepts the token sequences that begin with at least one of ``phrases`` (a trie whose
+    terminal nodes are absorbing accepting states; every other token leads to a dead state)."""
+    V = _check_vocab_size(vocab_size)
+    children, terminal = _trie(_check_phrases(phrases, V))
+    builder = DFABuilder(V)
+    dead = len(children)
+    for node in range(len(children)):
+        if terminal[node]:
+            builder.add_state(accepting=True)           # absorbing
+        else:
+            builder.add_state(default=dead)
+            builder.set_transitions(node, dead, children[node])
+    builder.add_state()                                   # dead, absorbing
+    return builder.build().trim()
+
+
+def exact(tokens: Sequence[int], vocab_size: int) -> TokenDFA:
+    """Accepts exactly one token sequence."""
+    V = _check_vocab_size(vocab_size)
+    p = _check_phrase(tokens, V, "sequence")
+    k = len(p)
+    builder = DFABuilder(V)
+    dead = k + 1
+    for j in range(k + 1):
+        builder.add_state(accepting=(j == k), default=dead)
+        if j < k:
+            builder.set_edge(j, p[j], j + 1)
+    builder.add_state()
+    return builder.build()
+
+
+def length(min_tokens: int = 0, max_tokens: int | None = None, *, vocab_size: int) -> TokenDFA:
+    """Accepts the sequences of ``min_tokens ≤ n ≤ max_tokens`` tokens (no upper bound when
+    ``max_tokens`` is None). Every token, EOS included, counts."""
+    V = _check_vocab_size(vocab_size)
+    for name, value in (("min_tokens", min_tokens), ("max_tokens", max_tokens)):
+        if value is None and name == "max_tokens":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConstraintError(f"{name} must be a non-negative int, got {value!r}")
+    if max_tokens is not None and max_tokens < min_tokens:
+        raise ConstraintError(f"length range is empty: min_tokens={min_tokens} > "
+                              f"max_tokens={max_tokens}")
+    builder = DFABuilder(V)
+    if max_tokens is None:
+        for i in range(min_tokens + 1):
+            builder.add_state(accepting=(i == min_tokens), default=min(i + 1, min_tokens))
+    else:
+        for i in range(max_tokens + 2):
+            builder.add_state(accepting=(min_tokens <= i <= max_tokens),
+                              default=min(i + 1, max_tokens + 1))
+    return builder.build()
+
+
+def eos(eos_token_id: int, vocab_size: int, required: bool = False) -> TokenDFA:
+    """EOS discipline: once ``eos_token_id`` occurred, only EOS may follow.
+
+    With ``required=True`` the sequence must also end with EOS (so it contains at least one).
+    Intersect with another constraint to make the EOS-terminated generation satisfy it; EOS is
+    an ordinary token for the other automata (it is in none of their phrases and counts for
+    :func:`length`).
+    """
+    V = _check_vocab_size(vocab_size)
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer)) \
+            or not 0 <= eos_token_id < V:
+        raise ConstraintError(f"eos_token_id {eos_token_id!r} out of range [0, {V})")
+    builder = DFABuilder(V)
+    before = builder.add_state(accepting=not required)
+    after = builder.add_state(accepting=True)
+    dead = builder.add_state()
+    builder.set_transitions(before, before, {int(eos_token_id): after})
+    builder.set_transitions(after, dead, {int(eos_token_id): after})
+    return builder.build(initial=before)
+
+
+def banned_phrases(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
+    """Accepts the token sequences that contain none of ``phrases``."""
+    from ctrlg.dfa.ops import complement
+
+    return complement(any_phrase(phrases, vocab_size))

@@ -1,0 +1,62 @@
+"""DFA minimisation over token classes (Moore's partition refinement, vectorised with numpy).
+
+Tokens with identical exception signatures in every state behave identically, so the automaton
+is first rewritten over its token classes (:func:`ctrlg.dfa.core.token_classes`): a dense table
+``[S, C]`` with C usually far below V (all tokens that are an exception nowhere form one class).
+
+After dropping unreachable states, Moore's algorithm refines the partition {accepting,
+non-accepting}: two states stay in one block iff they are in the same block and, for every class,
+their successors are in the same block. Each round is one ``np.unique`` over the rows
+``(block[s], block[δ(s, c)] for c)``; the partition is stable after at most S rounds. The stable
+partition is the Myhill–Nerode equivalence on reachable states, so the quotient automaton is the
+unique minimal complete DFA for the language (all dead states collapse into one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ctrlg.dfa.core import TokenDFA, bfs_order, token_classes
+
+__all__ = ["minimize", "moore_partition"]
+
+
+def moore_partition(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """Block id of every state in the coarsest partition that separates accepting from
+    non-accepting states and is compatible with the successor table ``[S, C]``."""
+    block = np.unique(np.asarray(accepting, dtype=np.int64), return_inverse=True)[1].ravel()
+    count = int(block.max()) + 1
+    while True:
+        signature = np.concatenate([block[:, None], block[table]], axis=1)
+        _, new_block = np.unique(signature, axis=0, return_inverse=True)
+        new_block = new_block.ravel()
+        new_count = int(new_block.max()) + 1
+        if new_count == count:
+            return block
+        block, count = new_block, new_count
+
+
+def minimize(dfa: TokenDFA) -> TokenDFA:
+    """The minimal complete DFA accepting the same language (states renumbered in BFS order from
+    the initial state; at most one dead state)."""
+    classes = token_classes(dfa)
+    table = dfa.class_table(classes).astype(np.int64)
+    S, C = table.shape
+    src = np.repeat(np.arange(S, dtype=np.int64), C)
+    reach = bfs_order(dfa.initial, src, table.ravel(), S)       # reachable states only
+    old_to_sub = np.full(S, -1, dtype=np.int64)
+    old_to_sub[reach] = np.arange(len(reach))
+    sub = old_to_sub[table[reach]]
+    block = moore_partition(sub, dfa.accepting[reach])
+    nblocks = int(block.max()) + 1
+    representative = np.zeros(nblocks, dtype=np.int64)
+    representative[block[::-1]] = np.arange(len(block))[::-1]      # first state of each block
+    quotient = block[sub[representative]]
+    accepting = dfa.accepting[reach][representative]
+    initial = int(block[0])
+    # renumber blocks in BFS order for a deterministic, readable result
+    order = bfs_order(initial, np.repeat(np.arange(nblocks), C), quotient.ravel(), nblocks)
+    new_id = np.empty(nblocks, dtype=np.int64)
+    new_id[order] = np.arange(nblocks)
+    table = new_id[quotient[order]]
+    return TokenDFA.from_class_table(table, accepting[order], classes, 0)

@@ -1,0 +1,205 @@
+"""Boolean operations on token DFAs: intersection, union, complement and concatenation.
+
+Every operation works on **token classes** (:func:`ctrlg.dfa.core.token_classes`): tokens whose
+transitions agree in every state of every operand are one letter of a small alphabet, so a
+product never iterates over the vocabulary. Products are built over **reachable pairs only**:
+starting from (initial₁, initial₂), a breadth-first search over the class-level successor tables
+(vectorised with numpy, one frontier at a time) discovers exactly the pairs some token string
+reaches; a k-ary operation folds binary products, whose reachable pairs are projections of the
+k-ary product's reachable tuples, so no intermediate exceeds the final product.
+
+Results are trimmed (unreachable states dropped, every state that cannot reach acceptance merged
+into one absorbing dead state) and expanded back to the per-token default-plus-exceptions form.
+
+Concatenation L₁·L₂ uses the subset construction over (state of D₁, set of D₂ states), and Ctrl-G's
+Proposition 4.1 fast path when every accepting state of D₁ leads only to dead states: then a
+string has at most one split point, so D₁'s accepting states can simply be replaced by D₂'s
+initial state (|Q₁| + |Q₂| states, no subsets).
+
+By default an operation whose result accepts nothing raises
+:class:`~ctrlg.errors.UnsatisfiableConstraintError`; pass ``allow_empty=True`` to get the empty
+automaton instead (useful while composing).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
+                            reachable_mask, token_classes)
+from ctrlg.errors import UnsatisfiableConstraintError
+
+__all__ = ["intersect", "union", "complement", "concat", "product"]
+
+
+# ---------------------------------------------------------------------- class-level helpers
+def trim_table(table: np.ndarray, accepting: np.ndarray, initial: int):
+    """Trim a class-level automaton: keep states reachable from ``initial`` that can reach
+    acceptance, renumbered in BFS order (initial = 0), plus one absorbing dead state if any
+    transition leads to a dead state. Returns ``(table, accepting)`` or ``None`` when the language
+    is empty."""
+    S, C = table.shape
+    pairs = np.unique(np.arange(S, dtype=np.int64)[:, None] * S + table)
+    src, dst = pairs // S, pairs % S
+    live = reachable_mask(np.nonzero(accepting)[0], dst, src, S)
+    if not live[initial]:
+        return None
+    keep = live[src] & live[dst]
+    order = bfs_order(initial, src[keep], dst[keep], S)
+    n = len(order)
+    new_id = np.full(S, n, dtype=np.int64)
+    new_id[order] = np.arange(n, dtype=np.int64)
+    out = new_id[table[order]]
+    acc = np.asarray(accepting, dtype=bool)[order]
+    if np.any(out == n):
+        out = np.vstack([out, np.full((1, C), n, dtype=np.int64)])
+        acc = np.append(acc, False)
+    return out, acc
+
+
+def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: TokenClasses,
+           allow_empty: bool, what: str) -> TokenDFA:
+    """Trim a class-level automaton and expand it to a :class:`TokenDFA`."""
+    trimmed = trim_table(np.asarray(table, dtype=np.int64), accepting, initial)
+    if trimmed is None:
+        if not allow_empty:
+            raise UnsatisfiableConstraintError(
+                f"the {what} is unsatisfiable: its automaton accepts no token sequence")
+        empty = np.zeros((1, classes.num_classes), dtype=np.int64)
+        return TokenDFA.from_class_table(empty, [False], classes, 0)
+    table, acc = trimmed
+    return TokenDFA.from_class_table(table, acc, classes, 0)
+
+
+def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2: np.ndarray,
+                    i2: int, rule: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+    """Class-level product over reachable pairs only (frontier BFS on pair keys s1·S2 + s2)."""
+    S2 = np.int64(t2.shape[0])
+    t1 = t1.astype(np.int64)
+    t2 = t2.astype(np.int64)
+    start = np.array([i1 * S2 + i2], dtype=np.int64)
+    reached = start
+    frontier = start
+    while frontier.size:
+        succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
+        frontier = np.setdiff1d(succ, reached, assume_unique=True)
+        reached = np.union1d(reached, frontier)
+    table = np.searchsorted(reached, t1[reached // S2] * S2 + t2[reached % S2])
+    accepting = rule(a1[reached // S2], a2[reached % S2])
+    initial = int(np.searchsorted(reached, start[0]))
+    return table, accepting, initial
+
+
+def product(dfas: Sequence[TokenDFA], rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
+            what: str, allow_empty: bool = False) -> TokenDFA:
+    """Fold binary products of ``dfas`` with the accepting rule ``rule(acc1, acc2)``; each
+    intermediate is trimmed, so its dead states are merged (valid for monotone rules such as
+    ``and``/``or``, where a pair with all components dead stays dead)."""
+    check_same_vocab(dfas)
+    classes = token_classes(*dfas)
+    tables = [d.class_table(classes) for d in dfas]
+    table, acc, init = tables[0].astype(np.int64), dfas[0].accepting.copy(), dfas[0].initial
+    for d, t in zip(dfas[1:], tables[1:]):
+        table, acc, init = _binary_product(table, acc, init, t, d.accepting, d.initial, rule)
+        trimmed = trim_table(table, acc, init)
+        if trimmed is None:
+            break
+        (table, acc), init = trimmed, 0
+    return finish(table, acc, init, classes, allow_empty, what)
+
+
+# ---------------------------------------------------------------------- public operations
+def intersect(*dfas: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+    """A DFA accepting the token sequences accepted by **all** of ``dfas`` (product automaton
+    over reachable state tuples). Raises UnsatisfiableConstraintError if no sequence is accepted,
+    unless ``allow_empty``."""
+    return product(dfas, np.logical_and, "intersection", allow_empty)
+
+
+def union(*dfas: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+    """A DFA accepting the token sequences accepted by **any** of ``dfas``."""
+    return product(dfas, np.logical_or, "union", allow_empty)
+
+
+def complement(dfa: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+    """A DFA accepting exactly the token sequences ``dfa`` rejects (the automaton is complete,
+    so flipping the accepting states suffices)."""
+    check_same_vocab([dfa])
+    classes = token_classes(dfa)
+    return finish(dfa.class_table(classes), ~dfa.accepting, dfa.initial, classes, allow_empty,
+                  "complement")
+
+
+def concat(*dfas: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+    """A DFA for the concatenation L₁·L₂·…: sequences that split into consecutive pieces, the
+    i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring)."""
+    check_same_vocab(dfas)
+    result = dfas[0].trim()
+    for d in dfas[1:]:
+        result = _concat2(result, d.trim())
+    if not allow_empty:
+        result.require_nonempty("concatenation")
+    return result
+
+
+def accepting_states_lead_only_to_dead(dfa: TokenDFA) -> bool:
+    """Ctrl-G Proposition 4.1's condition: no token leads from an accepting state to a state from
+    which acceptance is still possible (so each string has at most one accepted prefix)."""
+    live = dfa.live_states()
+    if live[dfa.default[dfa.accepting]].any():
+        return False
+    return not live[dfa.exc_next[dfa.accepting[dfa.exception_states()]]].any()
+
+
+def _concat2(d1: TokenDFA, d2: TokenDFA) -> TokenDFA:
+    classes = token_classes(d1, d2)
+    t1 = d1.class_table(classes).astype(np.int64)
+    t2 = d2.class_table(classes).astype(np.int64)
+    S1 = d1.num_states
+    if accepting_states_lead_only_to_dead(d1):
+        # Proposition 4.1: an accepting state of D1 behaves as D2's initial state.
+        table = np.vstack([t1, t2 + S1])
+        accepting = np.concatenate([np.zeros(S1, dtype=bool), d2.accepting])
+        acc1 = np.nonzero(d1.accepting)[0]
+        table[acc1] = t2[d2.initial] + S1
+        accepting[acc1] = d2.accepting[d2.initial]
+        return finish(table, accepting, d1.initial, classes, True, "concatenation")
+    return _concat_subsets(d1, d2, t1, t2, classes)
+
+
+def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
+                    classes: TokenClasses) -> TokenDFA:
+    """Subset construction: state (q1, set of D2 states running on suffixes after a split)."""
+    C = classes.num_classes
+    acc1, i2 = d1.accepting, d2.initial
+    live2 = d2.live_states()
+
+    def close(q1: int, subset: frozenset) -> tuple:
+        # D2 runs that can no longer accept are dropped: they never contribute
+        subset = frozenset(q for q in subset if live2[q])
+        return (q1, subset | {i2}) if acc1[q1] and live2[i2] else (q1, subset)
+
+    start = close(d1.initial, frozenset())
+    ids = {start: 0}
+    states = [start]
+    rows = []
+    head = 0
+    while head < len(states):
+        q1, subset = states[head]
+        head += 1
+        members = np.fromiter(sorted(subset), dtype=np.int64, count=len(subset))
+        nxt_sets = t2[members] if len(members) else np.zeros((0, C), dtype=np.int64)
+        row = np.empty(C, dtype=np.int64)
+        for c in range(C):
+            key = close(int(t1[q1, c]), frozenset(nxt_sets[:, c].tolist()))
+            if key not in ids:
+                ids[key] = len(states)
+                states.append(key)
+            row[c] = ids[key]
+        rows.append(row)
+    table = np.vstack(rows)
+    accepting = np.array([bool(d2.accepting[list(sub)].any()) if sub else False
+                          for _, sub in states])
+    return finish(table, accepting, 0, classes, True, "concatenation")
