@@ -1,0 +1,304 @@
+"""Regex AST → byte-level DFA over the 256 byte values.
+
+Three classical steps:
+
+1. **UTF-8 encoding of code-point sets** (as in Rust's ``utf8-ranges``): a set of code-point
+   ranges is split into sequences of byte ranges ``[b1_lo-b1_hi][b2_lo-b2_hi]...`` so that a code
+   point is in the set iff its UTF-8 encoding matches one of the sequences.
+2. **Thompson's construction** of an ε-NFA whose edges are labelled by byte ranges.
+3. **Subset construction** (Rabin–Scott) into a complete DFA ``table[q, byte]`` followed by
+   **Moore's partition refinement** to the minimal DFA.
+
+State 0 of every :class:`ByteDFA` is the dead (absorbing, non-accepting) state, so ``table``
+can be used without bounds checks: ``table[0, :] == 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
+from ctrlg.errors import RegexError
+
+__all__ = ["ByteDFA", "ByteNFA", "compile_bytes_dfa", "utf8_sequences", "DEAD"]
+
+DEAD = 0
+MAX_NFA_STATES = 500_000
+MAX_DFA_STATES = 200_000
+
+_UTF8_LIMITS = ((0x0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF))
+
+
+# ---------------------------------------------------------------------- UTF-8 byte ranges
+def _encode(cp: int) -> bytes:
+    return chr(cp).encode("utf-8", "surrogatepass")
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Byte-range sequences whose union is exactly the UTF-8 encodings of code points
+    ``lo..hi`` (inclusive). Surrogates must already be removed."""
+    out: list[list[tuple[int, int]]] = []
+    stack = [(lo, hi)]
+    while stack:
+        lo, hi = stack.pop()
+        # split at encoding-length boundaries
+        split = False
+        for a, b in _UTF8_LIMITS:
+            if lo <= b < hi and lo >= a:
+                stack.append((b + 1, hi))
+                stack.append((lo, b))
+                split = True
+                break
+        if split:
+            continue
+        if hi <= 0x7F:
+            out.append([(lo, hi)])
+            continue
+        # split so that all but a prefix of bytes span full continuation ranges
+        done = False
+        for i in range(1, 4):
+            mask = (1 << (6 * i)) - 1
+            if lo & ~mask != hi & ~mask:
+                if lo & mask != 0:
+                    stack.append(((lo | mask) + 1, hi))
+                    stack.append((lo, lo | mask))
+                    done = True
+                    break
+                if hi & mask != mask:
+                    stack.append((hi & ~mask, hi))
+                    stack.append((lo, (hi & ~mask) - 1))
+                    done = True
+                    break
+        if done:
+            continue
+        a, b = _encode(lo), _encode(hi)
+        assert len(a) == len(b)
+        out.append([(x, y) for x, y in zip(a, b)])
+    out.sort()
+    return out
+
+
+# ---------------------------------------------------------------------- Thompson NFA
+class ByteNFA:
+    """ε-NFA with byte-range edges. ``edges[s]`` = list of ``(lo, hi, target)``,
+    ``eps[s]`` = list of ε-targets."""
+
+    def __init__(self):
+        self.edges: list[list[tuple[int, int, int]]] = []
+        self.eps: list[list[int]] = []
+
+    def add_state(self) -> int:
+        if len(self.edges) >= MAX_NFA_STATES:
+            raise RegexError(f"regex automaton exceeds {MAX_NFA_STATES} NFA states; "
+                             "reduce repetition bounds")
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    def build(self, node: Node, start: int, end: int) -> None:
+        """Add a fragment from ``start`` to ``end`` recognising ``node``."""
+        if isinstance(node, CharSet):
+            self._charset(node, start, end)
+        elif isinstance(node, Concat):
+            if not node.items:
+                self.eps[start].append(end)
+                return
+            cur = start
+            for k, item in enumerate(node.items):
+                nxt = end if k == len(node.items) - 1 else self.add_state()
+                self.build(item, cur, nxt)
+                cur = nxt
+        elif isinstance(node, Alternation):
+            for item in node.items:
+                s, e = self.add_state(), self.add_state()
+                self.eps[start].append(s)
+                self.build(item, s, e)
+                self.eps[e].append(end)
+        elif isinstance(node, Repeat):
+            cur = start
+            for _ in range(node.min):
+                nxt = self.add_state()
+                self.build(node.item, cur, nxt)
+                cur = nxt
+            if node.max is None:
+                loop_s, loop_e = self.add_state(), self.add_state()
+                self.eps[cur].append(loop_s)
+                self.build(node.item, loop_s, loop_e)
+                self.eps[loop_e].append(loop_s)
+                self.eps[loop_s].append(end)
+            else:
+                for _ in range(node.max - node.min):
+                    self.eps[cur].append(end)
+                    nxt = self.add_state()
+                    self.build(node.item, cur, nxt)
+                    cur = nxt
+                self.eps[cur].append(end)
+        else:  # pragma: no cover - parser produces only the node types above
+            raise TypeError(f"unknown regex node {node!r}")
+
+    def _charset(self, node: CharSet, start: int, end: int) -> None:
+        # share intermediate states by byte-prefix (a trie of byte-range sequences)
+        trie: dict[tuple[tuple[int, int], ...], int] = {(): start}
+        for lo, hi in node.ranges:
+            for seq in utf8_sequences(lo, hi):
+                for k in range(len(seq)):
+                    key = tuple(seq[:k + 1])
+                    if k == len(seq) - 1:
+                        self.edges[trie[tuple(seq[:k])]].append((seq[k][0], seq[k][1], end))
+                    elif key not in trie:
+                        t = self.add_state()
+                        trie[key] = t
+                        self.edges[trie[tuple(seq[:k])]].append((seq[k][0], seq[k][1], t))
+
+
+# ---------------------------------------------------------------------- DFA
+@dataclass(frozen=True)
+class ByteDFA:
+    """A complete DFA over bytes. ``table`` int32 [Q, 256]; state 0 is dead; ``initial`` is the
+    start state; ``accepting`` bool [Q]."""
+
+    table: np.ndarray
+    accepting: np.ndarray
+    initial: int
+
+    @property
+    def num_states(self) -> int:
+        return self.table.shape[0]
+
+    def run(self, data: bytes, state: int | None = None) -> int:
+        q = self.initial if state is None else state
+        for b in data:
+            q = int(self.table[q, b])
+        return q
+
+    def fullmatch(self, data: bytes) -> bool:
+        return bool(self.accepting[self.run(data)])
+
+    def live(self) -> np.ndarray:
+        """Bool [Q]: states from which an accepting state is reachable."""
+        return _live(self.table, self.accepting)
+
+    def is_empty(self) -> bool:
+        return not bool(self.live()[self.initial])
+
+
+def _live(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    live = accepting.copy()
+    while True:
+        new = live | live[table].any(axis=1)
+        if (new == live).all():
+            return live
+        live = new
+
+
+def _closure(nfa: ByteNFA, states) -> frozenset[int]:
+    seen = set(states)
+    stack = list(states)
+    while stack:
+        s = stack.pop()
+        for t in nfa.eps[s]:
+            if t not in seen:
+                seen.add(t)
+                stack.append(t)
+    return frozenset(seen)
+
+
+def determinize(nfa: ByteNFA, start: int, accept: int) -> ByteDFA:
+    """Subset construction; state 0 is the dead state (the empty set)."""
+    init = _closure(nfa, [start])
+    index: dict[frozenset[int], int] = {frozenset(): DEAD, init: 1}
+    order = [frozenset(), init]
+    rows = [np.zeros(256, dtype=np.int32)]
+    head = 1
+    while head < len(order):
+        subset = order[head]
+        head += 1
+        row = np.zeros(256, dtype=np.int32)
+        edges = [e for s in subset for e in nfa.edges[s]]
+        if edges:
+            cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+            for a, b in zip(cuts, cuts[1:]):
+                targets = [t for lo, hi, t in edges if lo <= a and b - 1 <= hi]
+                if not targets:
+                    continue
+                target = _closure(nfa, targets)
+                q = index.get(target)
+                if q is None:
+                    q = len(order)
+                    if q >= MAX_DFA_STATES:
+                        raise RegexError(f"regex byte DFA exceeds {MAX_DFA_STATES} states")
+                    index[target] = q
+                    order.append(target)
+                row[a:b] = q
+        rows.append(row)
+    table = np.stack(rows)
+    accepting = np.array([accept in s for s in order], dtype=bool)
+    return ByteDFA(table=table, accepting=accepting, initial=1)
+
+
+def minimize(dfa: ByteDFA) -> ByteDFA:
+    """Moore's partition refinement, then renumbering in BFS order from the initial state
+    (dead state first, id 0). Unreachable states are dropped; all dead states merge into 0."""
+    live = dfa.live()
+    table = np.where(live[dfa.table], dfa.table, DEAD)
+    table[~live] = DEAD
+    # bytes that act identically in every state form one column (byte class)
+    _, first_cols = np.unique(table.T, axis=0, return_index=True)
+    compact = table[:, np.sort(first_cols)]
+    # initial partition: dead / live-accepting / live-rejecting
+    block = np.where(~live, 0, np.where(dfa.accepting, 1, 2)).astype(np.int64)
+    num_blocks = len(np.unique(block))
+    while True:
+        signature = np.ascontiguousarray(
+            np.concatenate([block[:, None], block[compact]], axis=1))
+        keys = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1])))
+        _, new_block = np.unique(keys.reshape(-1), return_inverse=True)
+        new_block = new_block.reshape(-1).astype(np.int64)
+        count = int(new_block.max()) + 1
+        block = new_block
+        if count == num_blocks:
+            break
+        num_blocks = count
+    # BFS renumbering: the dead block (state 0 of determinize is the empty set) gets id 0
+    rep: dict[int, int] = {}
+    for q in range(dfa.num_states):
+        rep.setdefault(int(block[q]), q)
+    new_id = {int(block[DEAD]): 0}
+    queue = [int(block[dfa.initial])]
+    new_id.setdefault(queue[0], 1)
+    head = 0
+    while head < len(queue):
+        b = queue[head]
+        head += 1
+        for t in block[table[rep[b]]].tolist():
+            if t not in new_id:
+                new_id[t] = len(new_id)
+                queue.append(t)
+    Q = len(new_id)
+    new_table = np.zeros((Q, 256), dtype=np.int32)
+    accepting = np.zeros(Q, dtype=bool)
+    lookup = np.zeros(int(block.max()) + 1, dtype=np.int32)
+    for b, nid in new_id.items():
+        lookup[b] = nid
+    for b, nid in new_id.items():
+        q = rep[b]
+        new_table[nid] = lookup[block[table[q]]]
+        accepting[nid] = bool(dfa.accepting[q] and live[q])
+    new_table[0] = 0
+    return ByteDFA(table=new_table, accepting=accepting, initial=int(new_id[int(block[dfa.initial])]))
+
+
+def compile_ast(node: Node) -> ByteDFA:
+    nfa = ByteNFA()
+    start, accept = nfa.add_state(), nfa.add_state()
+    nfa.build(node, start, accept)
+    return minimize(determinize(nfa, start, accept))
+
+
+def compile_bytes_dfa(pattern: str) -> ByteDFA:
+    """Minimal byte-level DFA of the full-match language of ``pattern`` (UTF-8 encoded).
+
+    Raises RegexError / UnsupportedRegexError (see :mod:`ctrlg.dfa.regex_syntax`)."""
+    return compile_ast(parse(pattern))

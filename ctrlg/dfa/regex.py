@@ -1,0 +1,130 @@
+"""Regex → token DFA over a tokenizer's vocabulary (the Outlines index, as a :class:`TokenDFA`).
+
+``regex(pattern, tokenizer, encodings="all")`` accepts exactly the token sequences whose bytes,
+concatenated, are the UTF-8 encoding of a string ``s`` with ``re.fullmatch(pattern, s)``,
+optionally followed by EOS tokens:
+
+    L_tok = { t_1..t_n (EOS)* : bytes(t_1)···bytes(t_n) = utf8(s), s ∈ L(pattern) }.
+
+Construction. The pattern's minimal byte DFA ``(Q, δ, q0, F)`` (:mod:`ctrlg.dfa.bytes_dfa`)
+gives the token DFA directly: its states are ``Q`` (0 = dead) plus one *ended* state, and
+
+    δ_tok(q, t) = δ*(q, bytes(t))      if that byte path never dies,
+    δ_tok(q, EOS) = ended              for q ∈ F,   δ_tok(ended, EOS) = ended,
+
+every other token going to the dead state (the default successor). The exception lists are found
+by walking a byte trie of the vocabulary from every state at once (:func:`vocab_trie.walk`).
+Byte-level BPE (``Ġ``), byte-fallback ``<0x..>`` tokens and tokens holding partial UTF-8
+sequences need no special case: a token is just its bytes, and the byte DFA only accepts valid
+UTF-8, so any accepted concatenation decodes to a matching string. Accepting states are ``F``
+and *ended*: a sequence is accepted whether or not it ends with EOS.
+
+``encodings="canonical"`` keeps only the tokenizer's own segmentation; see
+:mod:`ctrlg.dfa.canonical`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ctrlg.dfa.bytes_dfa import ByteDFA, compile_bytes_dfa
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.vocab_trie import VocabTrie, vocab_trie, walk
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+
+__all__ = ["regex", "token_dfa_from_bytes_dfa", "ENCODINGS"]
+
+ENCODINGS = ("all", "canonical")
+_AUTO = object()
+
+
+def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO,
+          vocab_size: int | None = None, max_pair_checks: int = 5_000_000) -> TokenDFA:
+    """Compile ``pattern`` (full-match semantics) into a :class:`TokenDFA` over the vocabulary.
+
+    Args:
+        pattern: a regular expression in the syntax of :mod:`ctrlg.dfa.regex_syntax`.
+        tokenizer: a ``transformers`` tokenizer, a :class:`VocabTrie`, or a list of token bytes.
+        encodings: ``"all"`` — every token sequence that decodes to a matching string;
+            ``"canonical"`` — only ``tokenizer.encode(s, add_special_tokens=False)`` for matching
+            strings ``s`` (needs a ``transformers`` tokenizer).
+        eos_token_id: the EOS token allowed (repeatedly) after a full match; default the
+            tokenizer's ``eos_token_id``; ``None`` disables EOS edges.
+        vocab_size: V of the DFA (default: the tokenizer's vocabulary size); may exceed it when
+            the LM's embedding matrix is padded.
+        max_pair_checks: canonical mode only; raise instead of checking more token pairs.
+
+    Raises:
+        RegexError / UnsupportedRegexError: empty, invalid or non-regular pattern.
+        VocabularyMismatchError: the vocabulary cannot be decoded to bytes.
+        UnsatisfiableConstraintError: no token sequence spells a matching string.
+        ConstraintError: bad ``encodings`` or ``vocab_size``.
+    """
+    if encodings not in ENCODINGS:
+        raise ConstraintError(f"encodings must be one of {ENCODINGS}, got {encodings!r}")
+    bdfa = compile_bytes_dfa(pattern)
+    if encodings == "canonical":
+        from ctrlg.dfa.canonical import canonical_token_dfa
+
+        return canonical_token_dfa(bdfa, tokenizer, eos_token_id=eos_token_id,
+                                   vocab_size=vocab_size, max_pair_checks=max_pair_checks,
+                                   what=f"regex {pattern!r}")
+    return token_dfa_from_bytes_dfa(bdfa, vocab_trie(tokenizer), eos_token_id=eos_token_id,
+                                    vocab_size=vocab_size, what=f"regex {pattern!r}")
+
+
+def resolve_eos(trie: VocabTrie, eos_token_id) -> int | None:
+    return trie.eos_token_id if eos_token_id is _AUTO else eos_token_id
+
+
+def resolve_vocab_size(trie: VocabTrie, vocab_size: int | None, eos: int | None) -> int:
+    V = trie.vocab_size if vocab_size is None else int(vocab_size)
+    if V < trie.vocab_size:
+        raise ConstraintError(
+            f"vocab_size={vocab_size} is smaller than the tokenizer's {trie.vocab_size} tokens")
+    if eos is not None and not 0 <= eos < V:
+        raise ConstraintError(f"eos_token_id {eos} out of range [0, {V})")
+    return V
+
+
+def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AUTO,
+                             vocab_size: int | None = None, what: str = "pattern") -> TokenDFA:
+    """The all-encodings token DFA of a byte DFA (module docstring). States: byte-DFA states
+    (0 dead) plus ``ended`` = Q."""
+    eos = resolve_eos(trie, eos_token_id)
+    V = resolve_vocab_size(trie, vocab_size, eos)
+    live = bdfa.live()
+    if not live[bdfa.initial]:
+        raise UnsatisfiableConstraintError(f"the {what} matches no string")
+    Q = bdfa.num_states
+    sources = np.nonzero(live)[0]
+    src, tok, end = walk(trie, bdfa.table, live, sources)
+    ended = Q
+    if eos is not None:
+        acc = np.nonzero(bdfa.accepting & live)[0]
+        src = np.concatenate([src, acc, [ended]])
+        tok = np.concatenate([tok, np.full(len(acc) + 1, eos)])
+        end = np.concatenate([end, np.full(len(acc) + 1, ended)])
+        # an EOS with bytes (rare) must not also be a byte edge
+        order = np.lexsort((tok, src))
+        src, tok, end = src[order], tok[order], end[order]
+        keep = np.ones(len(src), dtype=bool)
+        dup = (src[1:] == src[:-1]) & (tok[1:] == tok[:-1])
+        keep[:-1][dup] = False   # keep the EOS edge (appended last, so sorted last by stability)
+        src, tok, end = src[keep], tok[keep], end[keep]
+    S = Q + 1
+    exc_ptr = np.searchsorted(src, np.arange(S + 1)).astype(np.int64)
+    accepting = np.zeros(S, dtype=bool)
+    accepting[:Q] = bdfa.accepting & live
+    accepting[ended] = eos is not None
+    dfa = TokenDFA(vocab_size=V, initial=int(bdfa.initial), accepting=accepting,
+                   default=np.zeros(S, dtype=np.int64), exc_ptr=exc_ptr,
+                   exc_tokens=tok.astype(np.int64), exc_next=end.astype(np.int64))
+    if not _reaches_acceptance(dfa):
+        raise UnsatisfiableConstraintError(
+            f"the {what} matches strings, but no token sequence of this vocabulary spells one")
+    return dfa
+
+
+def _reaches_acceptance(dfa: TokenDFA) -> bool:
+    return not dfa.is_empty()

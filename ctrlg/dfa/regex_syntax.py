@@ -1,0 +1,446 @@
+"""Regular-expression parser: pattern string → abstract syntax tree over Unicode code points.
+
+A small recursive-descent parser for the *regular* subset of Python's ``re`` syntax. Python's
+``re`` module compiles to a backtracking program and cannot give an automaton, and
+``interegular`` rejects several constructs we need (and is an extra dependency), so the parser
+is hand-written; it produces an AST that :mod:`ctrlg.dfa.bytes_dfa` turns into a byte-level DFA.
+
+Grammar (precedence from loosest to tightest)::
+
+    alternation := concat ('|' concat)*
+    concat      := repeat*
+    repeat      := atom quantifier?          quantifier := (* | + | ? | {m} | {m,} | {,n} | {m,n}) '?'?
+    atom        := literal | escape | '.' | class | '(' alternation ')' | '(?:' alternation ')'
+                 | '(?P<name>' alternation ')'
+
+Supported syntax (the language is what Python's ``re.fullmatch`` matches, with flags 0):
+
+* literals (any code point), ``.`` (any code point except ``\\n``);
+* escapes ``\\d \\D \\w \\W \\s \\S`` (Unicode semantics, as Python's ``re`` on ``str``),
+  ``\\t \\n \\r \\f \\v \\a \\0``, ``\\xhh``, ``\\uhhhh``, ``\\Uhhhhhhhh``, ``\\N{NAME}``,
+  and any escaped punctuation (``\\. \\* \\[`` ...);
+* classes ``[...]`` with ranges, negation ``[^...]`` and the escapes above inside;
+* groups ``(...)``, ``(?:...)``, ``(?P<name>...)`` and comments ``(?#...)``;
+* alternation ``|`` (a true union: ``a|ab`` matches both ``a`` and ``ab``);
+* quantifiers ``* + ? {m} {m,} {,n} {m,n}``; lazy variants (``*?`` ...) denote the same language;
+* anchors ``^``/``\\A`` at the very start and ``$``/``\\Z`` at the very end (no-ops under the
+  full-match semantics).
+
+Rejected with :class:`~ctrlg.errors.UnsupportedRegexError` naming the construct (they are not
+regular, or need context the automaton does not see): backreferences (``\\1``, ``(?P=name)``,
+``\\k<name>``), lookahead/lookbehind (``(?=``, ``(?!``, ``(?<=``, ``(?<!``), atomic groups
+``(?>``, possessive quantifiers (``*+`` ...), conditionals ``(?(``, word boundaries ``\\b \\B``,
+inline flags ``(?i)`` ..., Unicode properties ``\\p{..}`` and anchors in the middle of a pattern.
+Syntax errors and empty patterns raise :class:`~ctrlg.errors.RegexError`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ctrlg.errors import RegexError, UnsupportedRegexError
+
+__all__ = [
+    "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY",
+    "parse", "MAX_CODE_POINT", "class_ranges",
+]
+
+MAX_CODE_POINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)  # not encodable in UTF-8; never part of a match
+MAX_REPEAT = 1000              # larger bounds would blow the automaton up
+
+
+# ---------------------------------------------------------------------- AST
+class Node:
+    """Base class of AST nodes."""
+
+
+@dataclass(frozen=True)
+class CharSet(Node):
+    """One code point from a union of inclusive ranges ``((lo, hi), ...)``, sorted, disjoint."""
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Concat(Node):
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Alternation(Node):
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Repeat(Node):
+    """``item`` repeated between ``min`` and ``max`` times (``max=None``: unbounded)."""
+    item: Node
+    min: int
+    max: int | None
+
+
+EMPTY = Concat(())  # the empty string
+
+
+# ---------------------------------------------------------------------- code-point ranges
+def normalize_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Sort, merge and remove surrogates from a list of inclusive code-point ranges."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    cleaned = []
+    s_lo, s_hi = SURROGATES
+    for lo, hi in out:
+        if hi < s_lo or lo > s_hi:
+            cleaned.append((lo, hi))
+        else:
+            if lo < s_lo:
+                cleaned.append((lo, s_lo - 1))
+            if hi > s_hi:
+                cleaned.append((s_hi + 1, hi))
+    return tuple(cleaned)
+
+
+def complement_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    out = []
+    nxt = 0
+    for lo, hi in normalize_ranges(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODE_POINT:
+        out.append((nxt, MAX_CODE_POINT))
+    return normalize_ranges(out)
+
+
+def _mask_to_ranges(mask: np.ndarray) -> tuple[tuple[int, int], ...]:
+    padded = np.concatenate([[False], mask, [False]]).astype(np.int8)
+    edges = np.diff(padded)
+    starts = np.nonzero(edges == 1)[0]
+    ends = np.nonzero(edges == -1)[0] - 1
+    return normalize_ranges(zip(starts.tolist(), ends.tolist()))
+
+
+@lru_cache(maxsize=None)
+def class_ranges(letter: str) -> tuple[tuple[int, int], ...]:
+    """Code-point ranges of ``\\d``, ``\\w`` or ``\\s`` exactly as Python's ``re`` defines them
+    for ``str`` patterns: ``str.isdecimal``, ``str.isalnum() or '_'``, ``str.isspace`` (the
+    predicates ``re`` uses; the tests check them against ``re``), vectorised with ``np.char``."""
+    code_points = np.arange(MAX_CODE_POINT + 1, dtype=np.uint32)
+    code_points[SURROGATES[0]:SURROGATES[1] + 1] = ord("!")  # removed by normalize_ranges
+    chars = code_points.view("<U1")
+    if letter == "d":
+        mask = np.char.isdecimal(chars)
+    elif letter == "s":
+        mask = np.char.isspace(chars)
+    elif letter == "w":
+        mask = np.char.isalnum(chars) | (chars == "_")
+    else:
+        raise KeyError(letter)
+    return _mask_to_ranges(np.asarray(mask, dtype=bool))
+
+
+def _class_escape(letter: str) -> tuple[tuple[int, int], ...] | None:
+    if letter in "dws":
+        return class_ranges(letter)
+    if letter in "DWS":
+        return complement_ranges(class_ranges(letter.lower()))
+    return None
+
+
+DOT_RANGES = complement_ranges([(ord("\n"), ord("\n"))])
+SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+
+
+# ---------------------------------------------------------------------- parser
+class _Parser:
+    def __init__(self, pattern: str):
+        self.p = pattern
+        self.i = 0
+
+    # -- helpers
+    def error(self, message: str, cls=RegexError):
+        raise cls(f"{message} at position {self.i} in regex {self.p!r}")
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.p[j] if j < len(self.p) else ""
+
+    def startswith(self, s: str) -> bool:
+        return self.p.startswith(s, self.i)
+
+    # -- grammar
+    def parse(self) -> Node:
+        node = self.alternation(top=True)
+        if self.i != len(self.p):
+            if self.peek() == ")":
+                self.error("unbalanced parenthesis ')'")
+            self.error(f"unexpected {self.peek()!r}")
+        return node
+
+    def alternation(self, top: bool = False) -> Node:
+        branches = [self.concat(top)]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.concat(top))
+        return branches[0] if len(branches) == 1 else Alternation(tuple(branches))
+
+    def concat(self, top: bool) -> Node:
+        items: list[Node] = []
+        while self.i < len(self.p) and self.peek() not in "|)":
+            node = self.repeat(top)
+            if node is not None:
+                items.append(node)
+        return items[0] if len(items) == 1 else Concat(tuple(items))
+
+    def repeat(self, top: bool) -> Node | None:
+        start = self.i
+        atom = self.atom(top)
+        if atom is None:
+            if self.peek() in ("*", "+", "?") or self._quantifier_ahead():
+                self.i = start if self.i == start else self.i
+                self.error("nothing to repeat")
+            return None
+        quantified = False
+        while True:
+            c = self.peek()
+            if c in ("*", "+", "?"):
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+                self.i += 1
+            elif c == "{" and self._quantifier_ahead():
+                lo, hi = self._braces()
+            else:
+                return atom
+            if quantified:
+                self.i -= 1
+                self.error("multiple repeat")
+            quantified = True
+            if self.peek() == "?":        # lazy: same language
+                self.i += 1
+            elif self.peek() == "+":
+                self.error("possessive quantifier (e.g. '*+') is not supported",
+                           UnsupportedRegexError)
+            atom = Repeat(atom, lo, hi)
+
+    def _quantifier_ahead(self) -> bool:
+        return re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:]) is not None and \
+            re.match(r"\{\}|\{,\}", self.p[self.i:]) is None
+
+    def _braces(self) -> tuple[int, int | None]:
+        m = re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:])
+        assert m is not None
+        lo = int(m.group(1)) if m.group(1) else 0
+        if m.group(2) is None:
+            hi: int | None = lo
+        else:
+            hi = int(m.group(3)) if m.group(3) else None
+        if hi is not None and hi < lo:
+            self.error(f"min repeat greater than max repeat in {m.group(0)!r}")
+        if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
+            self.error(f"repetition bound {m.group(0)!r} exceeds {MAX_REPEAT}")
+        self.i += m.end()
+        return lo, hi
+
+    def atom(self, top: bool) -> Node | None:
+        c = self.peek()
+        if c == "(":
+            return self.group()
+        if c == "[":
+            return CharSet(self.char_class())
+        if c == ".":
+            self.i += 1
+            return CharSet(DOT_RANGES)
+        if c == "^":
+            if not (top and self.i == 0):
+                self.error("anchor '^' is only supported at the start of the pattern",
+                           UnsupportedRegexError)
+            self.i += 1
+            return None
+        if c == "$":
+            if not (top and self.i == len(self.p) - 1):
+                self.error("anchor '$' is only supported at the end of the pattern",
+                           UnsupportedRegexError)
+            self.i += 1
+            return None
+        if c in ("*", "+", "?"):
+            self.error("nothing to repeat")
+        if c == "{" and self._quantifier_ahead():
+            self.error("nothing to repeat")
+        if c == "\\":
+            if self.startswith("\\A"):
+                if not (top and self.i == 0):
+                    self.error("anchor '\\A' is only supported at the start of the pattern",
+                               UnsupportedRegexError)
+                self.i += 2
+                return None
+            if self.startswith("\\Z"):
+                if not (top and self.i == len(self.p) - 2):
+                    self.error("anchor '\\Z' is only supported at the end of the pattern",
+                               UnsupportedRegexError)
+                self.i += 2
+                return None
+            return CharSet(self.escape(in_class=False))
+        self.i += 1
+        return CharSet(((ord(c), ord(c)),))
+
+    def group(self) -> Node | None:
+        start = self.i
+        self.i += 1
+        if self.peek() == "?":
+            rest = self.p[self.i:]
+            unsupported = [("?=", "lookahead '(?='"), ("?!", "negative lookahead '(?!'"),
+                           ("?<=", "lookbehind '(?<='"), ("?<!", "negative lookbehind '(?<!'"),
+                           ("?>", "atomic group '(?>'"), ("?(", "conditional '(?('"),
+                           ("?P=", "backreference '(?P='")]
+            for prefix, name in unsupported:
+                if rest.startswith(prefix):
+                    self.i = start
+                    self.error(f"{name} is not supported (not a regular construct)",
+                               UnsupportedRegexError)
+            if rest.startswith("?:"):
+                self.i += 2
+            elif rest.startswith("?#"):
+                end = self.p.find(")", self.i)
+                if end < 0:
+                    self.error("missing ), unterminated comment")
+                self.i = end + 1
+                return None
+            elif rest.startswith("?P<") or rest.startswith("?<"):
+                m = re.match(r"\?P?<([A-Za-z_]\w*)>", rest)
+                if m is None:
+                    self.error("bad group name")
+                self.i += m.end()
+            else:
+                self.i = start
+                self.error("inline flags and other '(?...' extensions are not supported",
+                           UnsupportedRegexError)
+        node = self.alternation()
+        if self.peek() != ")":
+            self.i = start
+            self.error("missing ), unterminated subpattern")
+        self.i += 1
+        return node
+
+    def escape(self, in_class: bool) -> tuple[tuple[int, int], ...]:
+        """Parse an escape starting at a backslash; return its code-point ranges."""
+        self.i += 1
+        c = self.peek()
+        if c == "":
+            self.error("bad escape (end of pattern)")
+        self.i += 1
+        cls = _class_escape(c)
+        if cls is not None:
+            return cls
+        if c in SIMPLE_ESCAPES:
+            return _point(ord(SIMPLE_ESCAPES[c]))
+        if c == "b" and in_class:
+            return _point(8)
+        if c in "bB":
+            self.i -= 2
+            self.error(f"word boundary '\\{c}' is not supported", UnsupportedRegexError)
+        if c == "0":
+            m = re.match(r"[0-7]{0,2}", self.p[self.i:])
+            self.i += m.end()
+            return _point(int("0" + m.group(0), 8))
+        if c.isdigit():
+            self.i -= 2
+            self.error(f"backreference '\\{c}' is not supported (not a regular construct)",
+                       UnsupportedRegexError)
+        if c == "k" and self.peek() == "<":
+            self.i -= 2
+            self.error("backreference '\\k<...>' is not supported", UnsupportedRegexError)
+        if c in "pP":
+            self.i -= 2
+            self.error(f"Unicode property '\\{c}{{...}}' is not supported", UnsupportedRegexError)
+        if c in "xuU":
+            width = {"x": 2, "u": 4, "U": 8}[c]
+            digits = self.p[self.i:self.i + width]
+            if len(digits) != width or not re.fullmatch(r"[0-9a-fA-F]+", digits):
+                self.i -= 2
+                self.error(f"incomplete escape '\\{c}{digits}'")
+            self.i += width
+            value = int(digits, 16)
+            if value > MAX_CODE_POINT:
+                self.error(f"bad escape '\\{c}{digits}' (beyond U+10FFFF)")
+            return _point(value)
+        if c == "N":
+            m = re.match(r"\{([^}]*)\}", self.p[self.i:])
+            if m is None:
+                self.error("missing '{' after \\N")
+            try:
+                value = ord(unicodedata.lookup(m.group(1)))
+            except KeyError:
+                self.error(f"undefined character name {m.group(1)!r}")
+            self.i += m.end()
+            return _point(value)
+        if c.isascii() and c.isalnum():
+            self.i -= 2
+            self.error(f"bad escape '\\{c}'")
+        return _point(ord(c))
+
+    def char_class(self) -> tuple[tuple[int, int], ...]:
+        start = self.i
+        self.i += 1
+        negate = self.peek() == "^"
+        if negate:
+            self.i += 1
+        ranges: list[tuple[int, int]] = []
+        first = True
+        while True:
+            c = self.peek()
+            if c == "":
+                self.i = start
+                self.error("unterminated character set")
+            if c == "]" and not first:
+                self.i += 1
+                break
+            first = False
+            lo_ranges = self._class_item()
+            if self.peek() == "-" and self.peek(1) not in ("]", ""):
+                if len(lo_ranges) != 1 or lo_ranges[0][0] != lo_ranges[0][1]:
+                    self.error("bad character range (a class escape cannot start a range)")
+                self.i += 1
+                hi_ranges = self._class_item()
+                if len(hi_ranges) != 1 or hi_ranges[0][0] != hi_ranges[0][1]:
+                    self.error("bad character range (a class escape cannot end a range)")
+                lo, hi = lo_ranges[0][0], hi_ranges[0][0]
+                if hi < lo:
+                    self.error(f"bad character range {chr(lo)!r}-{chr(hi)!r}")
+                ranges.append((lo, hi))
+            else:
+                ranges.extend(lo_ranges)
+        result = normalize_ranges(ranges)
+        return complement_ranges(result) if negate else result
+
+    def _class_item(self) -> tuple[tuple[int, int], ...]:
+        c = self.peek()
+        if c == "\\":
+            return self.escape(in_class=True)
+        self.i += 1
+        return _point(ord(c))
+
+
+def _point(cp: int) -> tuple[tuple[int, int], ...]:
+    return normalize_ranges([(cp, cp)])
+
+
+def parse(pattern: str) -> Node:
+    """Parse ``pattern`` into an AST (see the module docstring for the supported syntax).
+
+    Raises:
+        RegexError: the pattern is empty, not a string, or syntactically invalid.
+        UnsupportedRegexError: the pattern uses a non-regular construct (named in the message).
+    """
+    if not isinstance(pattern, str):
+        raise RegexError(f"regex pattern must be a str, got {type(pattern).__name__}")
+    if pattern == "":
+        raise RegexError("regex pattern is empty")
+    return _Parser(pattern).parse()

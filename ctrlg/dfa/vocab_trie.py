@@ -1,0 +1,169 @@
+"""A byte trie over a tokenizer's vocabulary, built once per tokenizer and cached.
+
+Compiling a regex to a token DFA walks this trie from every state of the regex's byte DFA at once
+(:func:`walk`): a level-synchronous, vectorised depth-first search over ``trie ∩ byte-DFA`` that
+prunes a branch as soon as the byte DFA dies, so its cost is the number of (DFA state, trie node)
+pairs that stay alive, not ``states × vocabulary × token length``.
+
+Arrays (CSR): node ``n`` has children ``child_node[child_ptr[n]:child_ptr[n+1]]`` reached by
+bytes ``child_byte[...]``, and the token ids whose bytes end exactly at ``n`` are
+``node_tokens[tok_ptr[n]:tok_ptr[n+1]]`` (several ids can share bytes, e.g. ``A`` and the
+byte-fallback ``<0x41>``). Tokens with no bytes (special tokens) are left out.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ctrlg.errors import VocabularyMismatchError
+
+__all__ = ["VocabTrie", "vocab_trie", "walk"]
+
+
+@dataclass(frozen=True, eq=False)
+class VocabTrie:
+    token_bytes: tuple[bytes, ...]
+    child_ptr: np.ndarray
+    child_byte: np.ndarray
+    child_node: np.ndarray
+    tok_ptr: np.ndarray
+    node_tokens: np.ndarray
+    eos_token_id: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_bytes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.child_ptr) - 1
+
+    @classmethod
+    def from_token_bytes(cls, token_bytes: Sequence[bytes], eos_token_id: int | None = None
+                         ) -> "VocabTrie":
+        """Build the trie; ``token_bytes[i]`` are the bytes token id ``i`` decodes to."""
+        tb = tuple(bytes(t) for t in token_bytes)
+        if not tb:
+            raise VocabularyMismatchError("the vocabulary is empty")
+        order = sorted((t, i) for i, t in enumerate(tb) if t)
+        # nodes are created in lexicographic (pre-)order of the sorted byte strings
+        parent: list[int] = [-1]
+        via: list[int] = [-1]
+        depth_path: list[int] = [0]      # node ids along the current path
+        prev = b""
+        node_of: list[int] = []
+        for t, _ in order:
+            common = 0
+            while common < min(len(prev), len(t)) and prev[common] == t[common]:
+                common += 1
+            del depth_path[common + 1:]
+            for b in t[common:]:
+                n = len(parent)
+                parent.append(depth_path[-1])
+                via.append(b)
+                depth_path.append(n)
+            node_of.append(depth_path[len(t)])
+            prev = t
+        num_nodes = len(parent)
+        parent_arr = np.asarray(parent[1:], dtype=np.int64)
+        child_nodes = np.arange(1, num_nodes, dtype=np.int64)
+        # children of each node are contiguous and sorted by byte because of the pre-order
+        order_idx = np.argsort(parent_arr, kind="stable")
+        child_node = child_nodes[order_idx]
+        child_byte = np.asarray(via[1:], dtype=np.int64)[order_idx]
+        child_ptr = np.searchsorted(parent_arr[order_idx], np.arange(num_nodes + 1))
+        tok_node = np.asarray(node_of, dtype=np.int64)
+        tok_ids = np.asarray([i for _, i in order], dtype=np.int64)
+        o = np.argsort(tok_node, kind="stable")
+        node_tokens = tok_ids[o]
+        tok_ptr = np.searchsorted(tok_node[o], np.arange(num_nodes + 1))
+        return cls(tb, child_ptr.astype(np.int64), child_byte, child_node,
+                   tok_ptr.astype(np.int64), node_tokens, eos_token_id)
+
+
+_CACHE: "weakref.WeakKeyDictionary[object, VocabTrie]" = weakref.WeakKeyDictionary()
+_CACHE_BY_ID: dict[int, VocabTrie] = {}
+_CACHE_BY_FINGERPRINT: dict[str, VocabTrie] = {}
+
+
+def vocab_trie(tokenizer) -> VocabTrie:
+    """The (cached) :class:`VocabTrie` of a ``transformers`` tokenizer, a :class:`VocabTrie`
+    (returned as is) or a list of token byte strings (EOS unknown).
+
+    Raises VocabularyMismatchError when the tokenizer's vocabulary cannot be decoded to bytes.
+    """
+    if isinstance(tokenizer, VocabTrie):
+        return tokenizer
+    if isinstance(tokenizer, (list, tuple)):
+        if not all(isinstance(t, (bytes, bytearray)) for t in tokenizer):
+            raise VocabularyMismatchError("a vocabulary given as a list must hold bytes objects")
+        return VocabTrie.from_token_bytes(tokenizer)
+    try:
+        cached = _CACHE.get(tokenizer)
+    except TypeError:
+        cached = _CACHE_BY_ID.get(id(tokenizer))
+    if cached is not None:
+        return cached
+    from ctrlg.vocab import VocabularyIndex
+
+    try:
+        index = VocabularyIndex.for_tokenizer(tokenizer)
+    except VocabularyMismatchError:
+        raise
+    except Exception as exc:  # a tokenizer whose vocabulary has no byte decoding
+        raise VocabularyMismatchError(
+            f"cannot decode the vocabulary of {type(tokenizer).__name__} to bytes: {exc}") from exc
+    trie = _CACHE_BY_FINGERPRINT.get(index.fingerprint)
+    if trie is None:
+        trie = VocabTrie.from_token_bytes(index.tokens, eos_token_id=index.eos_token_id)
+        _CACHE_BY_FINGERPRINT[index.fingerprint] = trie
+    try:
+        _CACHE[tokenizer] = trie
+    except TypeError:
+        _CACHE_BY_ID[id(tokenizer)] = trie
+    return trie
+
+
+def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All (source state, token, end state) such that the token's bytes lead the byte DFA
+    ``table`` [Q, 256] from ``source`` to a live state ``end`` without passing a dead state.
+
+    Level-synchronous search over the trie for all sources at once; returns three int64 arrays
+    sorted by (source, token).
+    """
+    table = np.asarray(table, dtype=np.int64)
+    src = np.asarray(sources, dtype=np.int64)
+    state = src.copy()
+    node = np.zeros(len(src), dtype=np.int64)
+    out_src, out_tok, out_end = [], [], []
+    ptr, cbyte, cnode = trie.child_ptr, trie.child_byte, trie.child_node
+    tptr, ntok = trie.tok_ptr, trie.node_tokens
+    while len(src):
+        counts = ptr[node + 1] - ptr[node]
+        rep = np.repeat(np.arange(len(src)), counts)
+        if not len(rep):
+            break
+        offsets = np.arange(len(rep)) - np.repeat(np.cumsum(counts) - counts, counts)
+        edge = ptr[node][rep] + offsets
+        new_state = table[state[rep], cbyte[edge]]
+        keep = live[new_state]
+        src, state, node = src[rep][keep], new_state[keep], cnode[edge][keep]
+        # tokens ending at the new nodes
+        tcounts = tptr[node + 1] - tptr[node]
+        trep = np.repeat(np.arange(len(src)), tcounts)
+        if len(trep):
+            toffsets = np.arange(len(trep)) - np.repeat(np.cumsum(tcounts) - tcounts, tcounts)
+            out_src.append(src[trep])
+            out_tok.append(ntok[tptr[node][trep] + toffsets])
+            out_end.append(state[trep])
+    if not out_src:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    s, t, e = np.concatenate(out_src), np.concatenate(out_tok), np.concatenate(out_end)
+    order = np.lexsort((t, s))
+    return s[order], t[order], e[order]
