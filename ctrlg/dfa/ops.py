@@ -104,8 +104,8 @@ def product(dfas: Sequence[TokenDFA], rule: Callable[[np.ndarray, np.ndarray], n
     for d, t in zip(dfas[1:], tables[1:]):
         table, acc, init = _binary_product(table, acc, init, t, d.accepting, d.initial, rule)
         trimmed = trim_table(table, acc, init)
-        if trimmed is None:
-            break
+        if trimmed is None:     # empty so far: one dead state (an intersection stays empty)
+            trimmed = np.zeros((1, classes.num_classes), dtype=np.int64), np.zeros(1, dtype=bool)
         (table, acc), init = trimmed, 0
     return finish(table, acc, init, classes, allow_empty, what)
 
