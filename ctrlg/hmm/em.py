@@ -1,0 +1,281 @@
+"""Baum-Welch (EM) for the HMM on fixed-length token sequences, in torch (CPU or CUDA).
+
+E-step (scaled forward-backward, Rabiner 1989 §V.A), for a batch x [n, L] and E_t = B[:, x_t]::
+
+    α̂_1 ∝ π ⊙ E_1,            α̂_t ∝ (α̂_{t-1} A) ⊙ E_t,          c_t = normaliser of α̂_t
+    β̂_L = 1,                  β̂_t = A (E_{t+1} ⊙ β̂_{t+1}) / c_{t+1}
+    γ_t = α̂_t ⊙ β̂_t,         Σ_t ξ_t = A ⊙ Σ_t α̂_tᵀ (E_{t+1} ⊙ β̂_{t+1} / c_{t+1})
+    log p(x) = Σ_t log c_t
+
+Expected counts: initial Σ γ_1, transition Σ_t ξ_t, emission scatter-add of γ_t into column x_t.
+
+M-step with a pseudocount c (a symmetric Dirichlet prior; MAP-EM)::
+
+    π ∝ N_π + c/h,   A_i· ∝ N_A,i· + c/h,   B_i· ∝ N_B,i· + c/V
+
+States listed in ``config["eos_pad_state"]`` keep their rows (emit EOS, stay; see lvd.py).
+
+Mini-batch schedule (as Ctrl-G's training script): the training data is split into ``num_chunks``
+equal chunks; ``schedule = [(steps, chunks), ...]`` runs, for each pair, ``steps`` EM steps each of
+which takes the next ``chunks`` chunks (cycling through the data), computes their expected counts
+and replaces the parameters by the M-step of those counts. Early steps on few chunks move fast;
+the final pairs with ``chunks = num_chunks`` are full-batch EM, which never lowers the
+(penalised) training log-likelihood. The held-out log-likelihood is recorded after every step.
+
+``reduce`` (e.g. an all-reduce across processes, :mod:`ctrlg.hmm.distributed`) is applied to the
+summed counts before each M-step, so several processes with disjoint data shards compute exactly
+the single-process update.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ctrlg.errors import CtrlgError
+from ctrlg.hmm.model import HMM
+
+__all__ = ["ExpectedCounts", "estep_torch", "forward_loglik", "m_step", "expected_counts",
+           "baum_welch", "EMHistory", "parse_schedule"]
+
+
+@dataclass
+class ExpectedCounts:
+    """Sufficient statistics of one E-step: initial [h], transition [h, h], emission [h, V],
+    total log-likelihood and number of sequences / tokens it covers."""
+    initial: torch.Tensor
+    transition: torch.Tensor
+    emission: torch.Tensor
+    loglik: torch.Tensor  # float64 scalar tensor
+    sequences: torch.Tensor  # float64 scalar tensor
+    tokens: torch.Tensor  # float64 scalar tensor
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.initial, self.transition, self.emission, self.loglik, self.sequences, self.tokens]
+
+    def add_(self, other: "ExpectedCounts") -> "ExpectedCounts":
+        for mine, theirs in zip(self.tensors(), other.tensors()):
+            mine += theirs
+        return self
+
+    @classmethod
+    def zeros(cls, h: int, V: int, device) -> "ExpectedCounts":
+        z = lambda *s, d=torch.float32: torch.zeros(*s, dtype=d, device=device)  # noqa: E731
+        return cls(z(h), z(h, h), z(h, V), z((), d=torch.float64), z((), d=torch.float64),
+                   z((), d=torch.float64))
+
+
+def _check_tokens(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 2 or tokens.shape[1] == 0:
+        raise CtrlgError(f"token batches must be [n, L] with L ≥ 1; got shape {tuple(tokens.shape)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        from ctrlg.errors import VocabularyMismatchError
+        raise VocabularyMismatchError(f"token ids must lie in [0, {vocab_size}); got range "
+                                      f"[{int(tokens.min())}, {int(tokens.max())}]")
+    return tokens.long()
+
+
+def estep_torch(initial: torch.Tensor, transition: torch.Tensor, emission: torch.Tensor,
+                tokens: torch.Tensor) -> ExpectedCounts:
+    """Expected counts of one batch ``tokens`` [n, L] (module equations), plain torch."""
+    n, L = tokens.shape
+    h, V = emission.shape
+    tiny = torch.finfo(torch.float32).tiny
+    E = emission.T[tokens]  # [n, L, h]
+    alpha = torch.empty(L, n, h, dtype=torch.float32, device=emission.device)
+    norm = torch.empty(L, n, dtype=torch.float32, device=emission.device)
+    a = initial[None] * E[:, 0]
+    for t in range(L):
+        if t > 0:
+            a = (a @ transition) * E[:, t]
+        c = a.sum(-1).clamp_min(tiny)
+        a = a / c[:, None]
+        alpha[t], norm[t] = a, c
+    beta = torch.empty_like(alpha)
+    beta[L - 1] = 1.0
+    weighted = torch.empty_like(alpha)  # E_{t+1} ⊙ β̂_{t+1} / c_{t+1}, for t+1 = 1..L-1
+    for t in range(L - 2, -1, -1):
+        w = E[:, t + 1] * beta[t + 1] / norm[t + 1][:, None]
+        weighted[t + 1] = w
+        beta[t] = w @ transition.T
+    gamma = alpha * beta  # [L, n, h]
+    if L > 1:
+        xi = alpha[:-1].reshape(-1, h).T @ weighted[1:].reshape(-1, h)
+        trans_counts = transition * xi
+    else:
+        trans_counts = torch.zeros_like(transition)
+    emit_t = torch.zeros(V, h, dtype=torch.float32, device=emission.device)
+    emit_t.index_add_(0, tokens.T.reshape(-1), gamma.reshape(-1, h))
+    return ExpectedCounts(gamma[0].sum(0), trans_counts, emit_t.T.contiguous(),
+                          norm.double().log().sum(), torch.tensor(float(n), dtype=torch.float64),
+                          torch.tensor(float(n * L), dtype=torch.float64))
+
+
+def forward_loglik(hmm: HMM, tokens: torch.Tensor, *, batch_size: int = 1024) -> torch.Tensor:
+    """Total log p_hmm over the rows of ``tokens`` [N, L] (scaled forward, float64 sum)."""
+    tokens = _check_tokens(tokens, hmm.vocab_size)
+    total = torch.zeros((), dtype=torch.float64)
+    for s in range(0, tokens.shape[0], batch_size):
+        total += hmm.log_prob(tokens[s:s + batch_size].to(hmm.emission.device)).double().sum().cpu()
+    return total
+
+
+def _estep_fn(backend: str) -> Callable:
+    if backend == "torch":
+        return estep_torch
+    if backend == "triton":
+        from ctrlg.kernels.em_estep import estep_triton
+        return estep_triton
+    raise CtrlgError(f"unknown E-step backend {backend!r}; use 'torch' or 'triton'")
+
+
+def expected_counts(hmm: HMM, tokens: torch.Tensor, *, batch_size: int = 256,
+                    backend: str = "torch") -> ExpectedCounts:
+    """Sum of the expected counts over the rows of ``tokens`` [N, L], in batches."""
+    tokens = _check_tokens(tokens, hmm.vocab_size)
+    fn = _estep_fn(backend)
+    device = hmm.emission.device
+    total = ExpectedCounts.zeros(hmm.hidden_size, hmm.vocab_size, device)
+    for s in range(0, tokens.shape[0], batch_size):
+        total.add_(fn(hmm.initial, hmm.transition, hmm.emission, tokens[s:s + batch_size].to(device)))
+    return total
+
+
+def _fixed_states(hmm: HMM) -> list[int]:
+    state = hmm.config.get("eos_pad_state")
+    return [] if state is None else [int(state)]
+
+
+def m_step(hmm: HMM, counts: ExpectedCounts, *, pseudocount: float) -> HMM:
+    """MAP M-step (module equation); rows of fixed states (EOS padding) are kept."""
+    if pseudocount < 0:
+        raise CtrlgError(f"pseudocount must be ≥ 0, got {pseudocount}")
+    h, V = hmm.hidden_size, hmm.vocab_size
+    pi = counts.initial.double() + pseudocount / h
+    A = counts.transition.double() + pseudocount / h
+    B = counts.emission.double() + pseudocount / V
+    for s in _fixed_states(hmm):
+        A[s] = hmm.transition[s].double()
+        B[s] = hmm.emission[s].double()
+    # rows that received no mass (state never visited, no pseudocount) keep their old values
+    for new, old in ((A, hmm.transition), (B, hmm.emission)):
+        dead = new.sum(-1) <= 0
+        if dead.any():
+            new[dead] = old[dead].double()
+    if pi.sum() <= 0:
+        pi = hmm.initial.double()
+    pi, A, B = pi / pi.sum(), A / A.sum(-1, keepdim=True), B / B.sum(-1, keepdim=True)
+    out = HMM(pi.float(), A.float(), B.float(), config=dict(hmm.config))
+    return out
+
+
+def log_prior(hmm: HMM, pseudocount: float) -> float:
+    """log of the (unnormalised) Dirichlet prior the M-step maximises with the likelihood."""
+    if pseudocount == 0:
+        return 0.0
+    h, V = hmm.hidden_size, hmm.vocab_size
+    fixed = set(_fixed_states(hmm))
+    free = [i for i in range(h) if i not in fixed]
+    tiny = 1e-30
+    total = pseudocount / h * hmm.initial.double().clamp_min(tiny).log().sum()
+    total += pseudocount / h * hmm.transition[free].double().clamp_min(tiny).log().sum()
+    total += pseudocount / V * hmm.emission[free].double().clamp_min(tiny).log().sum()
+    return float(total)
+
+
+def parse_schedule(schedule) -> list[tuple[int, int]]:
+    """``[(steps, chunks), ...]`` from a list of pairs or a string "10:1,5:4,5:16"."""
+    if isinstance(schedule, str):
+        try:
+            pairs = [tuple(int(v) for v in item.split(":")) for item in schedule.split(",") if item.strip()]
+        except ValueError:
+            raise CtrlgError(f"EM schedule {schedule!r} must look like 'steps:chunks,steps:chunks'") from None
+    else:
+        pairs = [tuple(int(v) for v in item) for item in schedule]
+    if not pairs or any(len(p) != 2 or p[0] < 0 or p[1] <= 0 for p in pairs):
+        raise CtrlgError(f"EM schedule {schedule!r} must be non-empty (steps ≥ 0, chunks ≥ 1) pairs")
+    return [(p[0], p[1]) for p in pairs]
+
+
+@dataclass
+class EMHistory:
+    """Per-step record: ``train_ll`` is the mean log-likelihood per token of the step's chunks
+    under the parameters *before* the step; ``heldout_ll`` is the held-out mean log-likelihood per
+    token *after* it (index 0 = the initial model)."""
+    step: list[int] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
+    train_ll: list[float] = field(default_factory=list)
+    heldout_ll: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    tokens_per_second: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {k: list(v) for k, v in self.__dict__.items()}
+
+
+def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num_chunks: int = 1,
+               pseudocount: float = 1.0, heldout_tokens: torch.Tensor | None = None,
+               batch_size: int = 256, backend: str = "torch", device: str | torch.device | None = None,
+               seed: int = 0, reduce: Callable[[ExpectedCounts], None] | None = None,
+               progress: bool | None = None,
+               callback: Callable[[int, HMM, EMHistory], None] | None = None) -> tuple[HMM, EMHistory]:
+    """Run the mini-batch EM schedule (module docstring) from ``hmm``; returns the trained HMM and
+    its :class:`EMHistory`. ``seed`` fixes the shuffle that forms the chunks."""
+    schedule = parse_schedule(schedule)
+    train_tokens = _check_tokens(train_tokens, hmm.vocab_size)
+    if heldout_tokens is not None:
+        heldout_tokens = _check_tokens(heldout_tokens, hmm.vocab_size)
+    if num_chunks <= 0 or num_chunks > max(1, train_tokens.shape[0]):
+        raise CtrlgError(f"num_chunks must be in [1, {train_tokens.shape[0]}] (number of training "
+                         f"sequences); got {num_chunks}")
+    if device is not None:
+        hmm = hmm.to(device)
+    dev = hmm.emission.device
+    order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(int(seed)))
+    chunks = [train_tokens[idx] for idx in torch.tensor_split(order, num_chunks)]
+    history = EMHistory()
+
+    def heldout() -> float:
+        if heldout_tokens is None or heldout_tokens.numel() == 0:
+            return float("nan")
+        return float(forward_loglik(hmm, heldout_tokens) / heldout_tokens.numel())
+
+    history.step.append(0), history.chunks.append(0), history.train_ll.append(float("nan"))
+    history.heldout_ll.append(heldout()), history.seconds.append(0.0)
+    history.tokens_per_second.append(float("nan"))
+    total_steps = sum(s for s, _ in schedule)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    bar = tqdm(total=total_steps, desc="EM", unit="step", disable=not progress)
+    cursor, step = 0, 0
+    for steps, per_step in schedule:
+        per_step = min(per_step, num_chunks)
+        for _ in range(steps):
+            start = time.perf_counter()
+            batch = torch.cat([chunks[(cursor + j) % num_chunks] for j in range(per_step)])
+            cursor = (cursor + per_step) % num_chunks
+            counts = expected_counts(hmm, batch, batch_size=batch_size, backend=backend)
+            if reduce is not None:
+                reduce(counts)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            elapsed = time.perf_counter() - start
+            hmm = m_step(hmm, counts, pseudocount=pseudocount)
+            step += 1
+            history.step.append(step), history.chunks.append(per_step)
+            history.train_ll.append(float(counts.loglik / counts.tokens.clamp_min(1)))
+            history.heldout_ll.append(heldout())
+            history.seconds.append(elapsed)
+            history.tokens_per_second.append(float(counts.tokens) / max(elapsed, 1e-9))
+            bar.update(1)
+            bar.set_postfix(train=f"{history.train_ll[-1]:.3f}", heldout=f"{history.heldout_ll[-1]:.3f}")
+            if callback is not None:
+                callback(step, hmm, history)
+    bar.close()
+    return hmm, history
