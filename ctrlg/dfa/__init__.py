@@ -14,3 +14,7 @@ __all__ = [
     "banned_phrases",
     "intersect", "union", "complement", "concat", "minimize",
 ]
+from ctrlg.dfa.words import (commongen_constraint, count_words, inflections, keywords,
+                             word_count)
+
+__all__ += ["commongen_constraint", "count_words", "inflections", "keywords", "word_count"]

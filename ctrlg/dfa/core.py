@@ -12,14 +12,25 @@ Most constraints touch few tokens per state, so the automaton costs O(S + E) mem
 O(S·V) of a dense table, and the Ctrl-G guide can use the identity (DESIGN.md)
 ``Σ_v B[:, v] W(δ(s, v)) = W(default(s)) + Σ_{v∈exc(s)} B[:, v] ⊙ (W(δ(s, v)) − W(default(s)))``.
 
+**Letters (token classes).** Some constraints touch *many* tokens in every state: a word counter
+must separate the ~17k continuation pieces of SmolLM2 from the ~32k ``Ġword`` pieces in each of
+its states. Such automata are stored over a small alphabet of **letters**: ``letter_of_token[v]``
+maps each token to a letter, and the default-plus-exceptions arrays are over letters
+(``letter_exc``/``letter_next``, CSR ``letter_ptr``). All tokens of a letter behave identically.
+Then ``Σ_v B[:, v] W(δ(s, v)) = Σ_a B̄[:, a] W(δ(s, a))`` with ``B̄[:, a] = Σ_{v: letter(v)=a}
+B[:, v]`` — the guide pays O(letters) instead of O(tokens) per state. The per-token view
+(``exc_ptr``, ``exc_tokens``, ``exc_next``, :meth:`exceptions`) is still available and is
+materialised lazily on first use (it can be large: prefer the letter arrays for big automata).
+An automaton without letters (``letter_of_token is None``) is the special case letter = token.
+
 Exceptions whose successor equals the default are never stored (the representation is canonical
-given the transition function), so two automata with the same transition function compare equal
-array-wise.
+given the transition function and the default), so equal automata compare equal array-wise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -36,30 +47,36 @@ def _as_index_array(values, name: str) -> np.ndarray:
     return array
 
 
-@dataclass(frozen=True, eq=False)
 class TokenDFA:
-    """A complete DFA over token ids in default-plus-exceptions (CSR) form.
+    """A complete DFA over token ids in default-plus-exceptions (CSR) form, optionally over
+    letters (token classes).
 
-    Attributes:
+    Constructor arguments (all stored read-only):
         vocab_size: V, the size of the token alphabet.
         initial: the start state.
         accepting: bool array [S].
         default: int64 array [S], the successor for every non-exception token.
         exc_ptr: int64 array [S + 1], CSR row pointers into the exception arrays.
-        exc_tokens: int64 array [E], exception tokens, sorted within each state.
-        exc_next: int64 array [E], the successor for each exception token.
+        exc_tokens: int64 array [E], exception tokens (letters if ``letter_of_token`` is given),
+            sorted within each state.
+        exc_next: int64 array [E], the successor for each exception.
+        letter_of_token: optional int64 array [V] mapping each token to its letter in [0, A).
     """
 
-    vocab_size: int
-    initial: int
-    accepting: np.ndarray
-    default: np.ndarray
-    exc_ptr: np.ndarray
-    exc_tokens: np.ndarray
-    exc_next: np.ndarray
+    def __init__(self, vocab_size: int, initial: int, accepting, default, exc_ptr, exc_tokens,
+                 exc_next, letter_of_token=None):
+        self.vocab_size = int(vocab_size)
+        self.initial = int(initial)
+        self.accepting = np.asarray(accepting, dtype=bool)
+        self.default = _as_index_array(default, "default")
+        self.letter_ptr = _as_index_array(exc_ptr, "exc_ptr")
+        self.letter_exc = _as_index_array(exc_tokens, "exc_tokens")
+        self.letter_next = _as_index_array(exc_next, "exc_next")
+        self.letter_of_token = (None if letter_of_token is None
+                                else _as_index_array(letter_of_token, "letter_of_token"))
+        self._validate()
 
-    # ------------------------------------------------------------------ construction
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         S = len(self.default)
         if self.vocab_size <= 0:
             raise ConstraintError(f"vocab_size must be positive, got {self.vocab_size}")
@@ -67,37 +84,50 @@ class TokenDFA:
             raise ConstraintError("a DFA needs at least one state")
         if not 0 <= self.initial < S:
             raise ConstraintError(f"initial state {self.initial} out of range [0, {S})")
-        if self.accepting.shape != (S,) or self.exc_ptr.shape != (S + 1,):
+        if self.accepting.shape != (S,) or self.letter_ptr.shape != (S + 1,):
             raise ConstraintError("accepting/exc_ptr shapes do not match the number of states")
-        if self.exc_tokens.shape != self.exc_next.shape:
+        if self.letter_exc.shape != self.letter_next.shape:
             raise ConstraintError("exc_tokens and exc_next must have the same length")
-        if self.exc_ptr[0] != 0 or self.exc_ptr[-1] != len(self.exc_tokens):
+        if self.letter_ptr[0] != 0 or self.letter_ptr[-1] != len(self.letter_exc):
             raise ConstraintError("exc_ptr must start at 0 and end at the number of exceptions")
-        if np.any(np.diff(self.exc_ptr) < 0):
+        if np.any(np.diff(self.letter_ptr) < 0):
             raise ConstraintError("exc_ptr must be non-decreasing")
-        for name, arr, hi in (("default", self.default, S), ("exc_next", self.exc_next, S),
-                              ("exc_tokens", self.exc_tokens, self.vocab_size)):
+        alphabet = self.vocab_size
+        if self.letter_of_token is not None:
+            if self.letter_of_token.shape != (self.vocab_size,):
+                raise ConstraintError(f"letter_of_token must have one entry per token "
+                                      f"({self.vocab_size}), got shape {self.letter_of_token.shape}")
+            if self.letter_of_token.size and self.letter_of_token.min() < 0:
+                raise ConstraintError("letter_of_token has negative entries")
+            alphabet = int(self.letter_of_token.max()) + 1
+        name = "exc_tokens" if self.letter_of_token is None else "exception letters"
+        for what, arr, hi in (("default", self.default, S), ("exc_next", self.letter_next, S),
+                              (name, self.letter_exc, alphabet)):
             if arr.size and (arr.min() < 0 or arr.max() >= hi):
-                raise ConstraintError(f"{name} has entries outside [0, {hi})")
-        if self.exc_tokens.size > 1:
-            increasing = np.diff(self.exc_tokens) > 0
+                raise ConstraintError(f"{what} has entries outside [0, {hi})")
+        if self.letter_exc.size > 1:
+            increasing = np.diff(self.letter_exc) > 0
             # positions where a new state's exception list starts need not increase
-            starts = self.exc_ptr[1:-1]
-            starts = starts[(starts > 0) & (starts < self.exc_tokens.size)]
+            starts = self.letter_ptr[1:-1]
+            starts = starts[(starts > 0) & (starts < self.letter_exc.size)]
             increasing[starts - 1] = True
             if not increasing.all():
                 raise ConstraintError("exception tokens must be sorted and unique within each state")
-        if self.exc_tokens.size and np.any(self.exc_next == self.default[self.exception_states()]):
+        if self.letter_exc.size and np.any(self.letter_next == self.default[self._letter_states]):
             raise ConstraintError("an exception's successor equals its state's default successor "
                                   "(use DFABuilder, which drops such exceptions)")
-        for arr in (self.accepting, self.default, self.exc_ptr, self.exc_tokens, self.exc_next):
-            arr.setflags(write=False)
+        for arr in (self.accepting, self.default, self.letter_ptr, self.letter_exc,
+                    self.letter_next, self.letter_of_token):
+            if arr is not None:
+                arr.setflags(write=False)
 
+    # ------------------------------------------------------------------ construction
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "TokenDFA":
         """Rebuild from :meth:`to_arrays` output (e.g. loaded from safetensors or ``np.load``)."""
         try:
             meta = np.asarray(arrays["meta"], dtype=np.int64)
+            letters = arrays["letter_of_token"] if "letter_of_token" in arrays else None
             return cls(
                 vocab_size=int(meta[0]),
                 initial=int(meta[1]),
@@ -106,20 +136,25 @@ class TokenDFA:
                 exc_ptr=_as_index_array(arrays["exc_ptr"], "exc_ptr").copy(),
                 exc_tokens=_as_index_array(arrays["exc_tokens"], "exc_tokens").copy(),
                 exc_next=_as_index_array(arrays["exc_next"], "exc_next").copy(),
+                letter_of_token=None if letters is None else np.asarray(letters).copy(),
             )
         except KeyError as missing:
             raise ConstraintError(f"DFA arrays lack the field {missing}") from None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """Plain numpy arrays (for caching with ``np.savez`` or safetensors)."""
-        return {
+        """Plain numpy arrays (for caching with ``np.savez`` or safetensors); the stored
+        (letter-level) exceptions, plus ``letter_of_token`` when the DFA has letters."""
+        out = {
             "meta": np.array([self.vocab_size, self.initial], dtype=np.int64),
             "accepting": self.accepting.astype(np.uint8),
             "default": self.default,
-            "exc_ptr": self.exc_ptr,
-            "exc_tokens": self.exc_tokens,
-            "exc_next": self.exc_next,
+            "exc_ptr": self.letter_ptr,
+            "exc_tokens": self.letter_exc,
+            "exc_next": self.letter_next,
         }
+        if self.letter_of_token is not None:
+            out["letter_of_token"] = self.letter_of_token
+        return out
 
     @classmethod
     def from_dense(cls, table, accepting, initial: int = 0) -> "TokenDFA":
@@ -143,6 +178,62 @@ class TokenDFA:
             builder.set_accepting(int(s))
         return builder.build(initial=initial)
 
+    # ------------------------------------------------------------------ letters
+    @property
+    def has_letters(self) -> bool:
+        """Whether exceptions are stored over letters (token classes) rather than tokens."""
+        return self.letter_of_token is not None
+
+    @property
+    def num_letters(self) -> int:
+        """Size of the stored alphabet (V when the DFA has no letters)."""
+        if self.letter_of_token is None:
+            return self.vocab_size
+        return int(self.letter_of_token.max()) + 1
+
+    @cached_property
+    def letter_members(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr [A + 1], tokens [V])``: the tokens of each letter, sorted (CSR)."""
+        if self.letter_of_token is None:
+            return (np.arange(self.vocab_size + 1, dtype=np.int64),
+                    np.arange(self.vocab_size, dtype=np.int64))
+        A = self.num_letters
+        tokens = np.argsort(self.letter_of_token, kind="stable").astype(np.int64)
+        ptr = np.zeros(A + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.letter_of_token, minlength=A), out=ptr[1:])
+        return ptr, tokens
+
+    @cached_property
+    def _letter_states(self) -> np.ndarray:
+        return np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.letter_ptr))
+
+    # ------------------------------------------------------------------ per-token view
+    @cached_property
+    def _token_exceptions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.letter_of_token is None:
+            return self.letter_ptr, self.letter_exc, self.letter_next
+        ptr, tokens, nxt = expand_letters(self.letter_ptr, self.letter_exc, self.letter_next,
+                                          *self.letter_members, self.letter_of_token)
+        for arr in (ptr, tokens, nxt):
+            arr.setflags(write=False)
+        return ptr, tokens, nxt
+
+    @property
+    def exc_ptr(self) -> np.ndarray:
+        """int64 [S + 1]: CSR pointers of the per-token exceptions."""
+        return self._token_exceptions[0]
+
+    @property
+    def exc_tokens(self) -> np.ndarray:
+        """int64 [E]: per-token exceptions, sorted within each state (materialised lazily for a
+        DFA with letters)."""
+        return self._token_exceptions[1]
+
+    @property
+    def exc_next(self) -> np.ndarray:
+        """int64 [E]: successor of each per-token exception."""
+        return self._token_exceptions[2]
+
     # ------------------------------------------------------------------ queries
     @property
     def num_states(self) -> int:
@@ -150,19 +241,43 @@ class TokenDFA:
 
     @property
     def num_exceptions(self) -> int:
-        return len(self.exc_tokens)
+        """Number of (state, token) exceptions in the per-token view."""
+        if self.letter_of_token is None:
+            return len(self.letter_exc)
+        sizes = np.diff(self.letter_members[0])
+        return int(sizes[self.letter_exc].sum())
+
+    @property
+    def num_stored_exceptions(self) -> int:
+        """Number of stored exceptions (over letters when the DFA has them)."""
+        return len(self.letter_exc)
 
     def is_accepting(self, state: int) -> bool:
         return bool(self.accepting[state])
 
     def exception_states(self) -> np.ndarray:
-        """int64 [E]: the state each stored exception belongs to (aligned with ``exc_tokens``)."""
+        """int64 [E]: the state each per-token exception belongs to (aligned with ``exc_tokens``)."""
+        if self.letter_of_token is None:
+            return self._letter_states
         return np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr))
 
     def exceptions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, successors) of the exception edges of ``state``."""
-        lo, hi = self.exc_ptr[state], self.exc_ptr[state + 1]
-        return self.exc_tokens[lo:hi], self.exc_next[lo:hi]
+        lo, hi = self.letter_ptr[state], self.letter_ptr[state + 1]
+        letters, nxt = self.letter_exc[lo:hi], self.letter_next[lo:hi]
+        if self.letter_of_token is None:
+            return letters, nxt
+        mptr, members = self.letter_members
+        sizes = mptr[letters + 1] - mptr[letters]
+        tokens = members[ragged_indices(mptr[letters], sizes)]
+        succ = np.repeat(nxt, sizes)
+        order = np.argsort(tokens, kind="stable")
+        return tokens[order], succ[order]
+
+    def letter_exceptions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(letters, successors) of the stored exceptions of ``state``."""
+        lo, hi = self.letter_ptr[state], self.letter_ptr[state + 1]
+        return self.letter_exc[lo:hi], self.letter_next[lo:hi]
 
     def step(self, state: int, token: int) -> int:
         """δ(state, token)."""
@@ -170,10 +285,11 @@ class TokenDFA:
             raise ConstraintError(f"state {state} out of range [0, {self.num_states})")
         if not 0 <= token < self.vocab_size:
             raise ConstraintError(f"token id {token} out of range [0, {self.vocab_size})")
-        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
-        k = lo + int(np.searchsorted(self.exc_tokens[lo:hi], token))
-        if k < hi and self.exc_tokens[k] == token:
-            return int(self.exc_next[k])
+        key = token if self.letter_of_token is None else int(self.letter_of_token[token])
+        lo, hi = int(self.letter_ptr[state]), int(self.letter_ptr[state + 1])
+        k = lo + int(np.searchsorted(self.letter_exc[lo:hi], key))
+        if k < hi and self.letter_exc[k] == key:
+            return int(self.letter_next[k])
         return int(self.default[state])
 
     def run(self, tokens: Iterable[int], state: int | None = None) -> int:
@@ -189,14 +305,28 @@ class TokenDFA:
 
     def successors(self, state: int) -> np.ndarray:
         """Dense successor row ``[V]`` of one state (O(V); for tests and small vocabularies)."""
-        row = np.full(self.vocab_size, self.default[state], dtype=np.int64)
-        tokens, nxt = self.exceptions(state)
-        row[tokens] = nxt
-        return row
+        letters, nxt = self.letter_exceptions(state)
+        row = np.full(self.num_letters, self.default[state], dtype=np.int64)
+        row[letters] = nxt
+        return row if self.letter_of_token is None else row[self.letter_of_token]
 
     def dense(self) -> np.ndarray:
         """Dense transition table ``[S, V]`` (O(S·V) memory; for tests and small vocabularies)."""
         return np.stack([self.successors(s) for s in range(self.num_states)])
+
+    def letter_table(self) -> np.ndarray:
+        """Dense successor table over letters ``[S, A]`` (A = V without letters)."""
+        table = np.repeat(self.default[:, None], self.num_letters, axis=1)
+        table[self._letter_states, self.letter_exc] = self.letter_next
+        return table
+
+    def _edge_list(self) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of all distinct transitions, default edges included."""
+        S = self.num_states
+        src = np.concatenate([np.arange(S, dtype=np.int64), self._letter_states])
+        dst = np.concatenate([self.default, self.letter_next])
+        pairs = np.unique(src * S + dst)
+        return pairs // S, pairs % S
 
     def live_states(self) -> np.ndarray:
         """Bool [S]: states from which some accepting state is reachable (reverse BFS)."""
@@ -217,7 +347,7 @@ class TokenDFA:
         return not bool(np.any(self.reachable_states() & self.accepting))
 
     def require_nonempty(self, what: str = "constraint") -> "TokenDFA":
-        """Return self, or raise a ConstraintError if the language is empty."""
+        """Return self, or raise UnsatisfiableConstraintError if the language is empty."""
         if self.is_empty():
             raise UnsatisfiableConstraintError(
                 f"the {what} is unsatisfiable: its automaton accepts no token sequence")
@@ -229,7 +359,7 @@ class TokenDFA:
 
         State ids are renumbered in BFS order from the initial state (successors visited in
         increasing state order), so the result is deterministic. The language is unchanged.
-        Vectorised over the CSR arrays: O(S + E) numpy work.
+        Vectorised over the CSR arrays: O(S + E) numpy work; letters are kept.
         """
         S = self.num_states
         live = self.live_states()
@@ -243,10 +373,10 @@ class TokenDFA:
         new_id = np.full(S, dead, dtype=np.int64)
         new_id[order] = np.arange(n, dtype=np.int64)
         default = new_id[self.default[order]]
-        lengths = np.diff(self.exc_ptr)[order]
-        idx = ragged_indices(self.exc_ptr[:-1][order], lengths)
-        tokens = self.exc_tokens[idx]
-        nxt = new_id[self.exc_next[idx]]
+        lengths = np.diff(self.letter_ptr)[order]
+        idx = ragged_indices(self.letter_ptr[:-1][order], lengths)
+        tokens = self.letter_exc[idx]
+        nxt = new_id[self.letter_next[idx]]
         owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
         kept = nxt != default[owner]
         tokens, nxt, owner = tokens[kept], nxt[kept], owner[kept]
@@ -257,17 +387,27 @@ class TokenDFA:
             n += 1
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
-        return TokenDFA(self.vocab_size, 0, accepting, default, ptr, tokens, nxt)
-
-    def _edge_list(self) -> tuple[np.ndarray, np.ndarray]:
-        """(src, dst) of all distinct transitions, default edges included."""
-        S = self.num_states
-        src = np.concatenate([np.arange(S, dtype=np.int64), self.exception_states()])
-        dst = np.concatenate([self.default, self.exc_next])
-        pairs = np.unique(src * S + dst)
-        return pairs // S, pairs % S
+        return TokenDFA(self.vocab_size, 0, accepting, default, ptr, tokens, nxt,
+                        self.letter_of_token)
 
     # ------------------------------------------------------------------ token classes
+    def behaviour_labels(self) -> np.ndarray:
+        """int64 [V]: equal labels ⇔ the tokens have the same successor in every state
+        (label 0 for tokens that are an exception nowhere, if any)."""
+        A = self.num_letters
+        state, letter, nxt = self._letter_states, self.letter_exc, self.letter_next
+        labels = np.zeros(A, dtype=np.int64)
+        if letter.size:
+            order = np.lexsort((state, letter))
+            letter = letter[order]
+            pairs = np.ascontiguousarray(np.stack([state[order], nxt[order]], axis=1))
+            bounds = np.searchsorted(letter, np.arange(A + 1))
+            signature_id: dict[bytes, int] = {b"": 0}
+            for a in np.nonzero(bounds[1:] > bounds[:-1])[0].tolist():
+                key = pairs[bounds[a]:bounds[a + 1]].tobytes()
+                labels[a] = signature_id.setdefault(key, len(signature_id))
+        return labels if self.letter_of_token is None else labels[self.letter_of_token]
+
     def class_table(self, classes: "TokenClasses") -> np.ndarray:
         """Dense successor table ``[S, C]`` over token classes: ``table[s, c] = δ(s, v)`` for any
         token ``v`` of class ``c``. ``classes`` must refine this DFA's token behaviour (e.g.
@@ -275,24 +415,23 @@ class TokenDFA:
         if classes.vocab_size != self.vocab_size:
             raise VocabularyMismatchError(
                 f"token classes are over {classes.vocab_size} tokens, the DFA over {self.vocab_size}")
-        dtype = np.int32 if self.num_states < 2**31 else np.int64
-        table = np.repeat(self.default.astype(dtype)[:, None], classes.num_classes, axis=1)
-        table[self.exception_states(), classes.class_of_token[self.exc_tokens]] = self.exc_next
+        if self.letter_of_token is not None:
+            return self.letter_table()[:, self.letter_of_token[classes.representatives]]
+        table = np.repeat(self.default[:, None], classes.num_classes, axis=1)
+        table[self._letter_states, classes.class_of_token[self.letter_exc]] = self.letter_next
         return table
 
     @classmethod
     def from_class_table(cls, table, accepting, classes: "TokenClasses",
                          initial: int = 0) -> "TokenDFA":
-        """Expand a successor table over token classes ``[S, C]`` into the per-token
-        default-plus-exceptions form. The default of each state is the successor shared by the
-        most tokens (class sizes as weights), which minimises the stored exceptions."""
+        """A DFA with letters = ``classes`` from a successor table over classes ``[S, C]``. The
+        default of each state is the successor shared by the most tokens (class sizes as
+        weights), which minimises the per-token exceptions. Nothing is expanded per token."""
         table = np.asarray(table, dtype=np.int64)
         S, C = table.shape
         if C != classes.num_classes:
             raise ConstraintError(f"class table has {C} columns, expected {classes.num_classes}")
-        V = classes.vocab_size
         sizes = classes.sizes
-        # weighted mode of each row: group (state, successor) pairs and sum class sizes
         keys = (np.arange(S, dtype=np.int64)[:, None] * S + table).ravel()
         uniq, inverse = np.unique(keys, return_inverse=True)
         weight = np.bincount(inverse.ravel(), weights=np.tile(sizes, S), minlength=len(uniq))
@@ -302,44 +441,69 @@ class TokenDFA:
         first[1:] = owner[best][1:] != owner[best][:-1]
         default = np.empty(S, dtype=np.int64)
         default[owner[best][first]] = succ[best][first]
-        is_exc = table != default[:, None]                      # [S, C]
-        counts = (is_exc * sizes[None, :]).sum(axis=1)          # exceptions per state
+        state, letter = np.nonzero(table != default[:, None])
         ptr = np.zeros(S + 1, dtype=np.int64)
-        np.cumsum(counts, out=ptr[1:])
-        exc_tokens = np.empty(ptr[-1], dtype=np.int64)
-        exc_next = np.empty(ptr[-1], dtype=np.int64)
-        big = counts * 16 > V       # many exceptions: a mask over the vocabulary is cheaper
-        for s in np.nonzero(big)[0]:
-            tokens = np.nonzero(is_exc[s][classes.class_of_token])[0]
-            exc_tokens[ptr[s]:ptr[s + 1]] = tokens
-            exc_next[ptr[s]:ptr[s + 1]] = table[s][classes.class_of_token[tokens]]
-        small = ~big & (counts > 0)
-        if small.any():
-            st, cl = np.nonzero(is_exc & small[:, None])
-            lengths = sizes[cl]
-            idx = ragged_indices(classes.members_ptr[cl], lengths)
-            tokens = classes.members[idx]
-            owner_s = np.repeat(st, lengths)
-            nxt = np.repeat(table[st, cl], lengths)
-            order = np.lexsort((tokens, owner_s))
-            tokens, owner_s, nxt = tokens[order], owner_s[order], nxt[order]
-            small_counts = np.where(small, counts, 0)
-            group_start = np.cumsum(small_counts) - small_counts
-            pos = ptr[owner_s] + np.arange(len(tokens)) - group_start[owner_s]
-            exc_tokens[pos] = tokens
-            exc_next[pos] = nxt
-        return cls(V, int(initial), np.asarray(accepting, dtype=bool).copy(), default, ptr,
-                   exc_tokens, exc_next)
+        np.cumsum(np.bincount(state, minlength=S), out=ptr[1:])
+        return cls(classes.vocab_size, int(initial), np.asarray(accepting, dtype=bool).copy(),
+                   default, ptr, letter.astype(np.int64), table[state, letter],
+                   classes.class_of_token)
+
+    def without_letters(self) -> "TokenDFA":
+        """The same automaton with per-token exceptions stored directly."""
+        if self.letter_of_token is None:
+            return self
+        return TokenDFA(self.vocab_size, self.initial, self.accepting.copy(), self.default.copy(),
+                        self.exc_ptr.copy(), self.exc_tokens.copy(), self.exc_next.copy())
 
     def __repr__(self) -> str:
-        return (f"TokenDFA(states={self.num_states}, exceptions={self.num_exceptions}, "
-                f"vocab_size={self.vocab_size}, accepting={int(self.accepting.sum())})")
+        letters = f", letters={self.num_letters}" if self.letter_of_token is not None else ""
+        return (f"TokenDFA(states={self.num_states}, exceptions={self.num_exceptions}"
+                f"{letters}, vocab_size={self.vocab_size}, "
+                f"accepting={int(self.accepting.sum())})")
 
 
 def _empty_dfa(vocab_size: int) -> TokenDFA:
     builder = DFABuilder(vocab_size)
     builder.add_state()
     return builder.build(initial=0)
+
+
+def expand_letters(ptr, letters, nxt, members_ptr, members, letter_of_token):
+    """Per-token CSR exceptions ``(ptr, tokens, next)`` from letter-level ones."""
+    S = len(ptr) - 1
+    V = len(letter_of_token)
+    sizes = members_ptr[1:] - members_ptr[:-1]
+    state = np.repeat(np.arange(S, dtype=np.int64), np.diff(ptr))
+    counts = np.bincount(state, weights=sizes[letters], minlength=S).astype(np.int64)
+    out_ptr = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(counts, out=out_ptr[1:])
+    out_tokens = np.empty(out_ptr[-1], dtype=np.int64)
+    out_next = np.empty(out_ptr[-1], dtype=np.int64)
+    big = counts * 16 > V       # many exceptions: a mask over the vocabulary is cheaper
+    A = len(sizes)
+    for s in np.nonzero(big)[0]:
+        lo, hi = ptr[s], ptr[s + 1]
+        row = np.full(A, -1, dtype=np.int64)
+        row[letters[lo:hi]] = nxt[lo:hi]
+        per_token = row[letter_of_token]
+        tokens = np.nonzero(per_token >= 0)[0]
+        out_tokens[out_ptr[s]:out_ptr[s + 1]] = tokens
+        out_next[out_ptr[s]:out_ptr[s + 1]] = per_token[tokens]
+    small = ~big[state]
+    if small.any():
+        st, lt, nx = state[small], letters[small], nxt[small]
+        lengths = sizes[lt]
+        tokens = members[ragged_indices(members_ptr[lt], lengths)]
+        owner = np.repeat(st, lengths)
+        succ = np.repeat(nx, lengths)
+        order = np.lexsort((tokens, owner))
+        tokens, owner, succ = tokens[order], owner[order], succ[order]
+        small_counts = np.where(big, 0, counts)
+        group_start = np.cumsum(small_counts) - small_counts
+        pos = out_ptr[owner] + np.arange(len(tokens)) - group_start[owner]
+        out_tokens[pos] = tokens
+        out_next[pos] = succ
+    return out_ptr, out_tokens, out_next
 
 
 class DFABuilder:
@@ -420,6 +584,7 @@ class DFABuilder:
         )
 
 
+
 # ---------------------------------------------------------------------- token classes
 @dataclass(frozen=True, eq=False)
 class TokenClasses:
@@ -486,25 +651,16 @@ def check_same_vocab(dfas: Sequence[TokenDFA]) -> int:
 
 
 def token_classes(*dfas: TokenDFA) -> TokenClasses:
-    """Partition ``[0, V)`` into classes of tokens with identical exception signatures across all
-    states of all ``dfas`` (hence identical transitions everywhere). Exact, O(E log E + V)."""
+    """Partition ``[0, V)`` into the coarsest classes of tokens that behave identically in every
+    state of every one of ``dfas``: each DFA labels tokens by their exception signature
+    (:meth:`TokenDFA.behaviour_labels`, O(E log E) over its stored exceptions), and the classes are
+    the distinct label tuples."""
     V = check_same_vocab(dfas)
-    offsets = np.cumsum([0] + [d.num_states for d in dfas])
-    state = np.concatenate([d.exception_states() + o for d, o in zip(dfas, offsets)])
-    token = np.concatenate([d.exc_tokens for d in dfas])
-    nxt = np.concatenate([d.exc_next for d in dfas])
-    if token.size == 0:
-        return TokenClasses.from_labels(np.zeros(V, dtype=np.int64))
-    order = np.lexsort((state, token))
-    token = token[order]
-    pairs = np.ascontiguousarray(np.stack([state[order], nxt[order]], axis=1))
-    bounds = np.searchsorted(token, np.arange(V + 1))
-    signature_id: dict[bytes, int] = {b"": 0}
-    labels = np.zeros(V, dtype=np.int64)
-    for v in np.nonzero(bounds[1:] > bounds[:-1])[0].tolist():
-        key = pairs[bounds[v]:bounds[v + 1]].tobytes()
-        labels[v] = signature_id.setdefault(key, len(signature_id))
-    return TokenClasses.from_labels(labels)
+    labels = [d.behaviour_labels() for d in dfas]
+    if len(labels) == 1:
+        return TokenClasses.from_labels(labels[0])
+    joint = np.unique(np.stack(labels, axis=1), axis=0, return_inverse=True)[1].ravel()
+    return TokenClasses.from_labels(joint)
 
 
 # ---------------------------------------------------------------------- array helpers
@@ -521,14 +677,27 @@ def ragged_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def bfs_order(source: int, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
     """Nodes reachable from ``source`` along edges ``src → dst``, in breadth-first order
-    (scipy.sparse.csgraph; deterministic)."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import breadth_first_order
-
-    graph = csr_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(num_nodes, num_nodes))
-    graph.sort_indices()
-    return breadth_first_order(graph, int(source), directed=True, return_predecessors=False
-                               ).astype(np.int64)
+    (children of earlier nodes first, each node's children by increasing id). Vectorised one
+    BFS level at a time."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    ptr = np.searchsorted(src, np.arange(num_nodes + 1))
+    seen = np.zeros(num_nodes, dtype=bool)
+    seen[source] = True
+    levels = [np.array([source], dtype=np.int64)]
+    frontier = levels[0]
+    while frontier.size:
+        children = dst[ragged_indices(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
+        children = children[~seen[children]]
+        if not children.size:
+            break
+        _, first = np.unique(children, return_index=True)
+        frontier = children[np.sort(first)]
+        seen[frontier] = True
+        levels.append(frontier)
+    return np.concatenate(levels)
 
 
 def reachable_mask(sources: np.ndarray, src: np.ndarray, dst: np.ndarray,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ctrlg.dfa.core import TokenDFA, bfs_order, token_classes
 
-__all__ = ["minimize", "moore_partition"]
+__all__ = ["minimize", "minimize_table", "moore_partition"]
 
 
 def moore_partition(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
@@ -36,27 +36,33 @@ def moore_partition(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
         block, count = new_block, new_count
 
 
-def minimize(dfa: TokenDFA) -> TokenDFA:
-    """The minimal complete DFA accepting the same language (states renumbered in BFS order from
-    the initial state; at most one dead state)."""
-    classes = token_classes(dfa)
-    table = dfa.class_table(classes).astype(np.int64)
+def minimize_table(table: np.ndarray, accepting: np.ndarray, initial: int):
+    """Minimise a class-level automaton ``[S, C]``: returns ``(table, accepting)`` of the minimal
+    complete DFA with initial state 0 and states in BFS order."""
+    table = np.asarray(table, dtype=np.int64)
+    accepting = np.asarray(accepting, dtype=bool)
     S, C = table.shape
     src = np.repeat(np.arange(S, dtype=np.int64), C)
-    reach = bfs_order(dfa.initial, src, table.ravel(), S)       # reachable states only
+    reach = bfs_order(initial, src, table.ravel(), S)            # reachable states only
     old_to_sub = np.full(S, -1, dtype=np.int64)
     old_to_sub[reach] = np.arange(len(reach))
     sub = old_to_sub[table[reach]]
-    block = moore_partition(sub, dfa.accepting[reach])
+    block = moore_partition(sub, accepting[reach])
     nblocks = int(block.max()) + 1
     representative = np.zeros(nblocks, dtype=np.int64)
     representative[block[::-1]] = np.arange(len(block))[::-1]      # first state of each block
     quotient = block[sub[representative]]
-    accepting = dfa.accepting[reach][representative]
-    initial = int(block[0])
-    # renumber blocks in BFS order for a deterministic, readable result
-    order = bfs_order(initial, np.repeat(np.arange(nblocks), C), quotient.ravel(), nblocks)
+    block_accepting = accepting[reach][representative]
+    start = int(block[0])
+    order = bfs_order(start, np.repeat(np.arange(nblocks), C), quotient.ravel(), nblocks)
     new_id = np.empty(nblocks, dtype=np.int64)
     new_id[order] = np.arange(nblocks)
-    table = new_id[quotient[order]]
-    return TokenDFA.from_class_table(table, accepting[order], classes, 0)
+    return new_id[quotient[order]], block_accepting[order]
+
+
+def minimize(dfa: TokenDFA) -> TokenDFA:
+    """The minimal complete DFA accepting the same language (states renumbered in BFS order from
+    the initial state; at most one dead state)."""
+    classes = token_classes(dfa)
+    table, accepting = minimize_table(dfa.class_table(classes), dfa.accepting, dfa.initial)
+    return TokenDFA.from_class_table(table, accepting, classes, 0)

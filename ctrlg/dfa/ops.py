@@ -29,6 +29,7 @@ import numpy as np
 
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
                             reachable_mask, token_classes)
+from ctrlg.dfa.minimize import minimize_table
 from ctrlg.errors import UnsatisfiableConstraintError
 
 __all__ = ["intersect", "union", "complement", "concat", "product"]
@@ -59,17 +60,26 @@ def trim_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     return out, acc
 
 
-def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: TokenClasses,
-           allow_empty: bool, what: str) -> TokenDFA:
-    """Trim a class-level automaton and expand it to a :class:`TokenDFA`."""
+def reduce_table(table: np.ndarray, accepting: np.ndarray, initial: int, minimal: bool):
+    """Minimise (``minimal``) or trim a class-level automaton; returns ``(table, accepting)``
+    with initial state 0 (a single non-accepting state when the language is empty)."""
+    if minimal:
+        return minimize_table(table, accepting, initial)
     trimmed = trim_table(np.asarray(table, dtype=np.int64), accepting, initial)
     if trimmed is None:
-        if not allow_empty:
-            raise UnsatisfiableConstraintError(
-                f"the {what} is unsatisfiable: its automaton accepts no token sequence")
-        empty = np.zeros((1, classes.num_classes), dtype=np.int64)
-        return TokenDFA.from_class_table(empty, [False], classes, 0)
-    table, acc = trimmed
+        return np.zeros((1, table.shape[1]), dtype=np.int64), np.zeros(1, dtype=bool)
+    return trimmed
+
+
+def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: TokenClasses,
+           allow_empty: bool, what: str, minimal: bool = True) -> TokenDFA:
+    """Minimise (or trim) a class-level automaton and wrap it as a :class:`TokenDFA` whose
+    letters are ``classes``. Raises UnsatisfiableConstraintError for an empty language unless
+    ``allow_empty``."""
+    table, acc = reduce_table(table, accepting, initial, minimal)
+    if not acc.any() and not allow_empty:
+        raise UnsatisfiableConstraintError(
+            f"the {what} is unsatisfiable: its automaton accepts no token sequence")
     return TokenDFA.from_class_table(table, acc, classes, 0)
 
 
@@ -93,52 +103,49 @@ def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2:
 
 
 def product(dfas: Sequence[TokenDFA], rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
-            what: str, allow_empty: bool = False) -> TokenDFA:
-    """Fold binary products of ``dfas`` with the accepting rule ``rule(acc1, acc2)``; each
-    intermediate is trimmed, so its dead states are merged (valid for monotone rules such as
-    ``and``/``or``, where a pair with all components dead stays dead)."""
+            what: str, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
+    """Fold binary products of ``dfas`` with the accepting rule ``rule(acc1, acc2)``. Each
+    intermediate is minimised (or, with ``minimal=False``, trimmed: its dead states merged),
+    valid for monotone rules such as ``and``/``or``, where a tuple of dead states stays dead."""
     check_same_vocab(dfas)
     classes = token_classes(*dfas)
     tables = [d.class_table(classes) for d in dfas]
-    table, acc, init = tables[0].astype(np.int64), dfas[0].accepting.copy(), dfas[0].initial
+    table, acc = reduce_table(tables[0], dfas[0].accepting, dfas[0].initial, minimal)
     for d, t in zip(dfas[1:], tables[1:]):
-        table, acc, init = _binary_product(table, acc, init, t, d.accepting, d.initial, rule)
-        trimmed = trim_table(table, acc, init)
-        if trimmed is None:     # empty so far: one dead state (an intersection stays empty)
-            trimmed = np.zeros((1, classes.num_classes), dtype=np.int64), np.zeros(1, dtype=bool)
-        (table, acc), init = trimmed, 0
-    return finish(table, acc, init, classes, allow_empty, what)
+        table, acc, init = _binary_product(table, acc, 0, t, d.accepting, d.initial, rule)
+        table, acc = reduce_table(table, acc, init, minimal)
+    return finish(table, acc, 0, classes, allow_empty, what, minimal)
 
 
 # ---------------------------------------------------------------------- public operations
-def intersect(*dfas: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+def intersect(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
     """A DFA accepting the token sequences accepted by **all** of ``dfas`` (product automaton
-    over reachable state tuples). Raises UnsatisfiableConstraintError if no sequence is accepted,
-    unless ``allow_empty``."""
-    return product(dfas, np.logical_and, "intersection", allow_empty)
+    over reachable state tuples; minimised unless ``minimal=False``). Raises
+    UnsatisfiableConstraintError if no sequence is accepted, unless ``allow_empty``."""
+    return product(dfas, np.logical_and, "intersection", allow_empty, minimal)
 
 
-def union(*dfas: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+def union(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
     """A DFA accepting the token sequences accepted by **any** of ``dfas``."""
-    return product(dfas, np.logical_or, "union", allow_empty)
+    return product(dfas, np.logical_or, "union", allow_empty, minimal)
 
 
-def complement(dfa: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+def complement(dfa: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
     """A DFA accepting exactly the token sequences ``dfa`` rejects (the automaton is complete,
     so flipping the accepting states suffices)."""
     check_same_vocab([dfa])
     classes = token_classes(dfa)
     return finish(dfa.class_table(classes), ~dfa.accepting, dfa.initial, classes, allow_empty,
-                  "complement")
+                  "complement", minimal)
 
 
-def concat(*dfas: TokenDFA, allow_empty: bool = False) -> TokenDFA:
+def concat(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
     """A DFA for the concatenation L₁·L₂·…: sequences that split into consecutive pieces, the
     i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring)."""
     check_same_vocab(dfas)
     result = dfas[0].trim()
     for d in dfas[1:]:
-        result = _concat2(result, d.trim())
+        result = _concat2(result, d.trim(), minimal)
     if not allow_empty:
         result.require_nonempty("concatenation")
     return result
@@ -153,7 +160,7 @@ def accepting_states_lead_only_to_dead(dfa: TokenDFA) -> bool:
     return not live[dfa.exc_next[dfa.accepting[dfa.exception_states()]]].any()
 
 
-def _concat2(d1: TokenDFA, d2: TokenDFA) -> TokenDFA:
+def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool) -> TokenDFA:
     classes = token_classes(d1, d2)
     t1 = d1.class_table(classes).astype(np.int64)
     t2 = d2.class_table(classes).astype(np.int64)
@@ -165,12 +172,12 @@ def _concat2(d1: TokenDFA, d2: TokenDFA) -> TokenDFA:
         acc1 = np.nonzero(d1.accepting)[0]
         table[acc1] = t2[d2.initial] + S1
         accepting[acc1] = d2.accepting[d2.initial]
-        return finish(table, accepting, d1.initial, classes, True, "concatenation")
-    return _concat_subsets(d1, d2, t1, t2, classes)
+        return finish(table, accepting, d1.initial, classes, True, "concatenation", minimal)
+    return _concat_subsets(d1, d2, t1, t2, classes, minimal)
 
 
 def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
-                    classes: TokenClasses) -> TokenDFA:
+                    classes: TokenClasses, minimal: bool) -> TokenDFA:
     """Subset construction: state (q1, set of D2 states running on suffixes after a split)."""
     C = classes.num_classes
     acc1, i2 = d1.accepting, d2.initial
@@ -202,4 +209,4 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
     table = np.vstack(rows)
     accepting = np.array([bool(d2.accepting[list(sub)].any()) if sub else False
                           for _, sub in states])
-    return finish(table, accepting, 0, classes, True, "concatenation")
+    return finish(table, accepting, 0, classes, True, "concatenation", minimal)

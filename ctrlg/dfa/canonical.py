@@ -1,0 +1,227 @@
+"""Canonical-encoding token DFAs: only the tokenizer's own segmentation of each matching string.
+
+Definition. A token sequence ``t = t_1..t_n`` (no special tokens) is **canonical** for a
+tokenizer iff ``b = bytes(t_1)···bytes(t_n)`` is valid UTF-8 and
+
+    tokenizer.encode(b.decode("utf-8"), add_special_tokens=False) == [t_1, ..., t_n].
+
+``regex(pattern, tokenizer, encodings="canonical")`` accepts exactly the canonical sequences
+whose string fully matches ``pattern`` (optionally followed by EOS tokens).
+
+Characterisation used (byte-level BPE with a GPT-2-style pre-tokenizer). BPE encodes each
+pre-token independently, no token spans a pre-token boundary, and within a pre-token a token
+sequence is the BPE encoding iff every adjacent pair is (the bigram property of BPE: Berglund
+& van der Merwe 2023; Vieira et al. 2025, "Language models over canonical byte-pair
+encodings"). The pre-tokenizer's split decisions between two tokens are visible in the pair as
+well (``"a"+" b"`` splits, ``" "+"b"`` does not), so we use the **bigram test**:
+
+    t is canonical  ⇔  [t_1] is canonical  and  every pair [t_i, t_{i+1}] is canonical,
+
+where a pair is canonical iff ``encode(bytes(t_i) + bytes(t_{i+1})) == [t_i, t_{i+1}]``. When the
+pair's bytes are not valid UTF-8 (a multi-byte character split across more than two tokens) the
+pair lies inside one pre-token and only the BPE model decides:
+``model.tokenize(byte_level(bytes)) == [t_i, t_{i+1}]``. The tests check the characterisation
+against ``tokenizer.encode`` by enumeration on the SmolLM2 tokenizer, in both directions.
+
+Construction (Tran-Thien's CartesianMerge, restricted to reachable pairs). The product of the
+all-encodings token DFA (state ``q``) with "the last token read" (``a``): states ``(q, a)``,
+``δ((q, a), t) = (δ(q, t), t)`` if the pair ``(a, t)`` is canonical. Only pairs reachable from
+the start are built, level by level, and each level's unknown pairs are checked with one batched
+``encode_batch`` call; results are cached per tokenizer. States with identical outgoing edges are
+merged by :func:`ctrlg.dfa.minimize`. The number of pair checks is bounded by
+``max_pair_checks``; beyond it a :class:`~ctrlg.errors.ConstraintError` is raised (regexes over
+large token classes such as ``[a-z]+`` can need millions of pairs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ctrlg.dfa.bytes_dfa import ByteDFA
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+
+__all__ = ["canonical_token_dfa", "PairChecker", "is_canonical"]
+
+START = -1
+
+
+class PairChecker:
+    """Cached canonicality tests of single tokens and token pairs for one byte-level BPE
+    tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer):
+        from ctrlg.vocab import VocabularyIndex, bytes_to_unicode
+
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise VocabularyMismatchError(
+                f"canonical encodings need a fast (Rust-backed) tokenizer; got "
+                f"{type(tokenizer).__name__}")
+        self.index = VocabularyIndex.for_tokenizer(tokenizer)
+        if self.index.kind != "byte_level":
+            raise VocabularyMismatchError(
+                f"canonical encodings support byte-level BPE tokenizers; this tokenizer's "
+                f"decoder is {self.index.kind!r}")
+        self.backend = backend
+        self.tokens = self.index.tokens
+        self.byte_char = bytes_to_unicode()
+        self.pair_cache: dict[tuple[int, int], bool] = {}
+        self.single_cache: dict[int, bool] = {}
+
+    def _encode_many(self, chunks: list[bytes]) -> list[list[int] | None]:
+        """Canonical ids of each byte string (None where the check cannot apply)."""
+        out: list[list[int] | None] = [None] * len(chunks)
+        texts, where = [], []
+        for k, data in enumerate(chunks):
+            try:
+                texts.append(data.decode("utf-8"))
+                where.append(k)
+            except UnicodeDecodeError:
+                mapped = "".join(self.byte_char[b] for b in data)
+                out[k] = [tok.id for tok in self.backend.model.tokenize(mapped)]
+        if texts:
+            for k, enc in zip(where, self.backend.encode_batch(texts, add_special_tokens=False)):
+                out[k] = enc.ids
+        return out
+
+    def singles(self, tokens) -> np.ndarray:
+        """Bool per token: ``encode(bytes(t)) == [t]``."""
+        todo = sorted({int(t) for t in tokens if int(t) not in self.single_cache})
+        if todo:
+            results = self._encode_many([self.tokens[t] for t in todo])
+            for t, ids in zip(todo, results):
+                self.single_cache[t] = ids == [t]
+        return np.array([self.single_cache[int(t)] for t in tokens], dtype=bool)
+
+    def pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """Bool per pair: ``encode(bytes(a) + bytes(b)) == [a, b]``."""
+        keys = list(zip(left.tolist(), right.tolist()))
+        todo = sorted({k for k in keys if k not in self.pair_cache})
+        if todo:
+            results = self._encode_many([self.tokens[a] + self.tokens[b] for a, b in todo])
+            for (a, b), ids in zip(todo, results):
+                self.pair_cache[(a, b)] = ids == [a, b]
+        return np.fromiter((self.pair_cache[k] for k in keys), dtype=bool, count=len(keys))
+
+
+_CHECKERS: dict[str, PairChecker] = {}
+
+
+def pair_checker(tokenizer) -> PairChecker:
+    """The cached :class:`PairChecker` of a tokenizer (keyed by its vocabulary fingerprint)."""
+    from ctrlg.vocab import VocabularyIndex
+
+    fingerprint = VocabularyIndex.for_tokenizer(tokenizer).fingerprint
+    checker = _CHECKERS.get(fingerprint)
+    if checker is None:
+        checker = _CHECKERS[fingerprint] = PairChecker(tokenizer)
+    return checker
+
+
+def is_canonical(ids, tokenizer) -> bool:
+    """Whether ``ids`` is the tokenizer's own encoding of its decoded string (the definition in
+    the module docstring, evaluated directly with ``tokenizer.encode``)."""
+    from ctrlg.vocab import VocabularyIndex
+
+    data = VocabularyIndex.for_tokenizer(tokenizer).decode_bytes(ids)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return list(tokenizer.encode(text, add_special_tokens=False)) == [int(i) for i in ids]
+
+
+def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: int | None,
+                        max_pair_checks: int = 5_000_000, what: str = "pattern") -> TokenDFA:
+    """The canonical-encodings token DFA of the byte DFA ``bdfa`` (module docstring)."""
+    from ctrlg.dfa.minimize import minimize
+    from ctrlg.dfa.regex import resolve_eos, token_dfa_from_bytes_dfa
+    from ctrlg.dfa.vocab_trie import vocab_trie
+
+    checker = pair_checker(tokenizer)
+    trie = vocab_trie(tokenizer)
+    all_dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
+                                       vocab_size=vocab_size, what=what)
+    eos = resolve_eos(trie, eos_token_id)
+    byte_accepting = np.zeros(all_dfa.num_states, dtype=bool)
+    byte_accepting[:bdfa.num_states] = bdfa.accepting
+
+    def out_edges(q: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens, nxt = all_dfa.exceptions(q)
+        if eos is not None:
+            keep = tokens != eos
+            tokens, nxt = tokens[keep], nxt[keep]
+        return tokens, nxt
+
+    # product states (q, last token); id 0 = dead, 1 = start, then discovery order; ended last
+    ids: dict[tuple[int, int], int] = {(all_dfa.initial, START): 1}
+    keys: list[tuple[int, int]] = [(0, START), (all_dfa.initial, START)]
+    edges_src: list[np.ndarray] = []
+    edges_tok: list[np.ndarray] = []
+    edges_dst_q: list[np.ndarray] = []
+    frontier = [1]
+    checks = 0
+    while frontier:
+        src_l, tok_l, nq_l, last_l = [], [], [], []
+        for sid in frontier:
+            q, last = keys[sid]
+            tokens, nxt = out_edges(q)
+            src_l.append(np.full(len(tokens), sid, dtype=np.int64))
+            tok_l.append(tokens)
+            nq_l.append(nxt)
+            last_l.append(np.full(len(tokens), last, dtype=np.int64))
+        src = np.concatenate(src_l)
+        tok = np.concatenate(tok_l)
+        nq = np.concatenate(nq_l)
+        last = np.concatenate(last_l)
+        checks += len(tok)
+        if checks > max_pair_checks:
+            raise ConstraintError(
+                f"the canonical automaton of the {what} needs more than max_pair_checks="
+                f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit")
+        ok = np.zeros(len(tok), dtype=bool)
+        first = last == START
+        if first.any():
+            ok[first] = checker.singles(tok[first])
+        if (~first).any():
+            ok[~first] = checker.pairs(last[~first], tok[~first])
+        src, tok, nq = src[ok], tok[ok], nq[ok]
+        frontier = []
+        dst = np.empty(len(tok), dtype=np.int64)
+        for k, key in enumerate(zip(nq.tolist(), tok.tolist())):
+            sid = ids.get(key)
+            if sid is None:
+                sid = ids[key] = len(keys)
+                keys.append(key)
+                frontier.append(sid)
+            dst[k] = sid
+        edges_src.append(src)
+        edges_tok.append(tok)
+        edges_dst_q.append(dst)
+    S = len(keys) + 1
+    ended = S - 1
+    src = np.concatenate(edges_src)
+    tok = np.concatenate(edges_tok)
+    dst = np.concatenate(edges_dst_q)
+    accepting = np.zeros(S, dtype=bool)
+    accepting[:-1] = [byte_accepting[q] for q, _ in keys]
+    accepting[0] = False
+    if eos is not None:
+        acc = np.nonzero(accepting)[0]
+        src = np.concatenate([src, acc, [ended]])
+        tok = np.concatenate([tok, np.full(len(acc) + 1, eos)])
+        dst = np.concatenate([dst, np.full(len(acc) + 1, ended)])
+        accepting[ended] = True
+    order = np.lexsort((tok, src))
+    src, tok, dst = src[order], tok[order], dst[order]
+    dfa = TokenDFA(vocab_size=all_dfa.vocab_size, initial=1, accepting=accepting,
+                   default=np.zeros(S, dtype=np.int64),
+                   exc_ptr=np.searchsorted(src, np.arange(S + 1)).astype(np.int64),
+                   exc_tokens=tok.astype(np.int64), exc_next=dst.astype(np.int64))
+    if dfa.is_empty():
+        raise UnsatisfiableConstraintError(
+            f"the {what} matches strings, but none has a canonical tokenization here")
+    if dfa.num_states * min(dfa.num_exceptions, dfa.vocab_size) <= 20_000_000:
+        dfa = minimize(dfa)   # merges (q, a) states with identical futures
+    return dfa

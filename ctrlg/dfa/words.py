@@ -1,0 +1,267 @@
+"""Tokenizer-aware constraints on the decoded text: word counts, keywords, CommonGen.
+
+**Word rule.** The decoded text is the concatenation of the tokens' bytes
+(:func:`ctrlg.vocab.token_bytes`; special tokens such as EOS contribute nothing). A *word* is a
+maximal run of non-whitespace bytes (ASCII whitespace: space, ``\\t \\n \\r \\v \\f``) that
+contains at least one letter or digit; every byte ≥ 0x80 counts as a letter, so non-ASCII
+scripts and partial UTF-8 tokens work. Pure punctuation (``","``, ``" -"``, ``"..."``) is not a
+word, but punctuation attached to a word (``"field,"``, ``"(look"``) belongs to it.
+:func:`count_words` is this rule on a string.
+
+**Word-count DFA.** While reading tokens the automaton tracks (words so far, mode) where mode ∈
+{outside a run, in a run without a letter yet, in a run that already counted}. A token's effect is
+a function of the mode only: the number of words it completes-or-starts (a token may hold several
+words, e.g. ``" of the"``) and the mode afterwards. Tokens with the same effect form one class
+(a handful for real vocabularies: continuation pieces, ``Ġword`` / ``▁word`` pieces, punctuation,
+multi-word pieces, specials), so the automaton is built over classes and expanded once.
+
+**Keywords.** A keyword group is a list of surface forms (e.g. the inflections of one concept);
+the group is satisfied when the token sequence contains the tokenization of one form *as the
+tokenizer produces it in running text*: after a space (``Ġstand`` / ``▁stand``, found anywhere,
+Aho–Corasick) or at the very start of the generation without a space (anchored); each form is
+also tried with its first letter capitalised. Groups are combined by intersection.
+
+**CommonGen.** :func:`commongen_constraint` = keywords for every concept (all inflections, via
+``lemminflect``) ∧ ``min_words ≤ words ≤ max_words`` ∧ the EOS discipline of
+:func:`ctrlg.dfa.eos` (after EOS only EOS; by default EOS must end the generation).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+
+from ctrlg.dfa.builders import any_phrase, eos as eos_discipline, starts_with
+from ctrlg.dfa.core import TokenClasses, TokenDFA
+from ctrlg.dfa.ops import finish, intersect, union
+from ctrlg.errors import ConstraintError
+
+__all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "inflections",
+           "parse_concepts", "commongen_constraint"]
+
+_WORD_BYTE = re.compile(rb"[0-9A-Za-z\x80-\xff]")
+# a token's effect depends only on its "shape": whitespace → " ", letters/digits → "a", other → "."
+_SHAPE = bytes((32 if bytes([b]).isspace() else
+                97 if _WORD_BYTE.match(bytes([b])) else 46) for b in range(256))
+_REPEAT = re.compile(rb"(.)\1+")
+_OUTSIDE, _IN_RUN, _IN_WORD = 0, 1, 2      # the three modes of the word-count automaton
+_POS = {"N": "NOUN", "V": "VERB", "A": "ADJ", "J": "ADJ", "R": "ADV"}
+
+
+def count_words(text: str | bytes) -> int:
+    """Number of words in ``text`` under the module's rule (runs of non-whitespace containing a
+    letter or digit)."""
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    return sum(1 for run in data.split() if _WORD_BYTE.search(run))
+
+
+def _token_effect(data: bytes) -> tuple[int, ...]:
+    """(Δwords, mode') for each of the three modes before the token, flattened."""
+    if not data:
+        return (0, _OUTSIDE, 0, _IN_RUN, 0, _IN_WORD)
+    runs = data.split()
+    lead_space = data[:1].isspace()
+    trail_space = data[-1:].isspace()
+    has_word = [bool(_WORD_BYTE.search(r)) for r in runs]
+    effect = []
+    for mode in (_OUTSIDE, _IN_RUN, _IN_WORD):
+        delta = 0
+        last = mode if not lead_space else _OUTSIDE
+        for i, word in enumerate(has_word):
+            continuing = i == 0 and not lead_space and mode != _OUTSIDE
+            if continuing:
+                if mode == _IN_RUN and word:
+                    delta += 1
+                last = _IN_WORD if (word or mode == _IN_WORD) else _IN_RUN
+            else:
+                delta += word
+                last = _IN_WORD if word else _IN_RUN
+        if trail_space:
+            last = _OUTSIDE
+        effect += [delta, last]
+    return tuple(effect)
+
+
+def _shape(data: bytes) -> bytes:
+    return _REPEAT.sub(rb"\1", data.translate(_SHAPE))
+
+
+def _vocabulary(tokenizer, vocab_size: int | None) -> list[bytes]:
+    from ctrlg.vocab import token_bytes
+
+    tokens = token_bytes(tokenizer)
+    if vocab_size is None:
+        return tokens
+    if vocab_size < len(tokens):
+        raise ConstraintError(f"vocab_size={vocab_size} is smaller than the tokenizer's "
+                              f"{len(tokens)} tokens")
+    return tokens + [b""] * (vocab_size - len(tokens))      # padded ids: no text
+
+
+def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
+               vocab_size: int | None = None) -> TokenDFA:
+    """Accepts the token sequences whose decoded text has ``min_words ≤ words ≤ max_words``
+    words (no upper bound when ``max_words`` is None). ``vocab_size`` (default: the tokenizer's)
+    may exceed the tokenizer's size when the LM pads its vocabulary; padded ids add no text."""
+    for name, value in (("min_words", min_words), ("max_words", max_words)):
+        if value is None and name == "max_words":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConstraintError(f"{name} must be a non-negative int, got {value!r}")
+    if max_words is not None and max_words < min_words:
+        raise ConstraintError(f"word range is empty: min_words={min_words} > max_words={max_words}")
+    tokens = _vocabulary(tokenizer, vocab_size)
+    return _word_count_from_bytes(tokens, min_words, max_words)
+
+
+def _word_count_from_bytes(tokens: Sequence[bytes], min_words: int,
+                           max_words: int | None) -> TokenDFA:
+    shape_ids: dict[bytes, int] = {}
+    effects: dict[tuple, int] = {}
+    labels = np.empty(len(tokens), dtype=np.int64)
+    for i, data in enumerate(tokens):
+        shape = _shape(data)
+        label = shape_ids.get(shape)
+        if label is None:
+            label = effects.setdefault(_token_effect(shape), len(effects))
+            shape_ids[shape] = label
+        labels[i] = label
+    classes = TokenClasses.from_labels(labels)
+    # effect of each class, in class order
+    by_label = {label: effect for effect, label in effects.items()}
+    class_effect = np.array([by_label[labels[t]] for t in classes.representatives],
+                            dtype=np.int64).reshape(-1, 3, 2)             # [C, mode, (Δ, mode')]
+    cap = max_words + 1 if max_words is not None else min_words          # saturating counter
+    counts = np.arange(cap + 1)
+    # state id = count * 3 + mode
+    count_next = np.minimum(counts[:, None, None] + class_effect[None, :, :, 0].transpose(0, 2, 1),
+                            cap)                                          # [count, mode, C]
+    table = count_next * 3 + class_effect[None, :, :, 1].transpose(0, 2, 1)
+    table = table.reshape(-1, classes.num_classes)
+    words = np.repeat(counts, 3)
+    accepting = (words >= min_words) & ((words <= max_words) if max_words is not None else True)
+    return finish(table, accepting, 0, classes, False, "word-count constraint")
+
+
+def _vocab_size(tokenizer, vocab_size: int | None) -> int:
+    size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+    if vocab_size is None:
+        return size
+    if vocab_size < size:
+        raise ConstraintError(f"vocab_size={vocab_size} is smaller than the tokenizer's "
+                              f"{size} tokens")
+    return int(vocab_size)
+
+
+def _in_context(tokenizer, text: str) -> list[int]:
+    """Token ids of ``" " + text`` as the tokenizer produces them after a preceding word."""
+    context = "a"
+    head = tokenizer.encode(context, add_special_tokens=False)
+    full = tokenizer.encode(context + " " + text, add_special_tokens=False)
+    if full[:len(head)] == head and len(full) > len(head):
+        return list(full[len(head):])
+    return list(tokenizer.encode(" " + text, add_special_tokens=False))
+
+
+def keyword_phrases(tokenizer, forms: Sequence[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """``(anywhere, at_start)``: the token sequences of each form (and its capitalised variant)
+    after a space, and without a space at the start of the text."""
+    if isinstance(forms, str) or not forms:
+        raise ConstraintError(f"a keyword group must be a non-empty list of strings, got {forms!r}")
+    anywhere: list[list[int]] = []
+    at_start: list[list[int]] = []
+    for form in forms:
+        if not isinstance(form, str) or not form.strip() or form != form.strip():
+            raise ConstraintError(f"keyword {form!r} must be a non-empty string without "
+                                  "surrounding whitespace")
+        for variant in dict.fromkeys([form, form[:1].upper() + form[1:]]):
+            spaced = _in_context(tokenizer, variant)
+            initial = list(tokenizer.encode(variant, add_special_tokens=False))
+            if spaced and spaced not in anywhere:
+                anywhere.append(spaced)
+            if initial and initial not in at_start:
+                at_start.append(initial)
+    return anywhere, at_start
+
+
+def keywords(tokenizer, groups: Sequence[Sequence[str]], *,
+             vocab_size: int | None = None) -> TokenDFA:
+    """Accepts the token sequences that contain, for **every** group, at least one of the
+    group's surface forms as a word (see the module docstring)."""
+    if isinstance(groups, str) or not groups:
+        raise ConstraintError(f"groups must be a non-empty list of keyword lists, got {groups!r}")
+    V = _vocab_size(tokenizer, vocab_size)
+    dfas = []
+    for group in groups:
+        anywhere, at_start = keyword_phrases(tokenizer, group)
+        parts = [any_phrase(anywhere, V)] if anywhere else []
+        if at_start:
+            parts.append(starts_with(at_start, V))
+        dfas.append(parts[0] if len(parts) == 1 else union(*parts))
+    return dfas[0] if len(dfas) == 1 else intersect(*dfas)
+
+
+def inflections(word: str, pos: str | None = None) -> list[str]:
+    """The word and its inflections (lemminflect), e.g. ``"stand", "V"`` → stand, stands, stood,
+    standing; ``"field", "N"`` → field, fields. ``pos`` is a CommonGen tag (N, V, A/J, R), a
+    universal POS tag (NOUN, VERB, ADJ, ADV) or None for every part of speech."""
+    import lemminflect
+
+    if not isinstance(word, str) or not word.strip():
+        raise ConstraintError(f"inflections needs a non-empty word, got {word!r}")
+    word = word.strip()
+    upos = None
+    if pos is not None:
+        upos = _POS.get(pos.upper(), pos.upper())
+        if upos not in set(_POS.values()):
+            raise ConstraintError(f"unknown part of speech {pos!r}; use one of N, V, A, R")
+    lemmas = [word]
+    for found in lemminflect.getAllLemmas(word, upos=upos).values() if upos else \
+            lemminflect.getAllLemmas(word).values():
+        lemmas.extend(found)
+    forms = [word]
+    for lemma in dict.fromkeys(lemmas):
+        table = lemminflect.getAllInflections(lemma, upos=upos) if upos else \
+            lemminflect.getAllInflections(lemma)
+        if not table and upos is not None:
+            table = lemminflect.getAllInflectionsOOV(lemma, upos=upos)
+        forms.append(lemma)
+        for values in table.values():
+            forms.extend(values)
+    return list(dict.fromkeys(forms))
+
+
+def parse_concepts(concepts: str | Sequence[str]) -> list[tuple[str, str | None]]:
+    """``"field_N#look_V"`` or ``["field_N", "look_V"]`` → ``[("field", "N"), ("look", "V")]``
+    (a concept without ``_POS`` gets None)."""
+    items = concepts.split("#") if isinstance(concepts, str) else list(concepts)
+    out = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise ConstraintError(f"empty concept in {concepts!r}")
+        word, _, pos = item.strip().rpartition("_")
+        out.append((word, pos) if word else (pos, None))
+    if not out:
+        raise ConstraintError(f"no concepts in {concepts!r}")
+    return out
+
+
+def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: int = 1,
+                         max_words: int | None = None, *, eos_token_id: int | None = None,
+                         require_eos: bool = True, vocab_size: int | None = None) -> TokenDFA:
+    """The CommonGen constraint: every concept appears in some inflection ∧ ``min_words ≤ words ≤
+    max_words`` ∧ after EOS only EOS (``require_eos``: the generation must end with EOS).
+
+    ``concepts``: ``"field_N#look_V#stand_V"`` or a list of ``word_POS`` strings.
+    ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
+    """
+    groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
+    V = _vocab_size(tokenizer, vocab_size)
+    parts = [keywords(tokenizer, groups, vocab_size=V),
+             word_count(tokenizer, min_words, max_words, vocab_size=V)]
+    eos_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+    if eos_id is not None:
+        parts.append(eos_discipline(int(eos_id), V, required=require_eos))
+    return intersect(*parts)
