@@ -47,6 +47,13 @@ EOS then means "the middle ends here and σ takes its place": its term in g_s is
 [∃ e: δ(s, e) accepting] · S(z'), and P(e, α | x≤t) = [δ(s, e) accepting] · (p · S).
 So W_n sums p_hmm(y σ) over every accepted middle y (of every admissible length).
 
+Letters (token classes, ``TokenDFA.letter_of_token``). Exceptions may be stored per letter a (a
+set of tokens that behave alike). The recurrence then uses B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], so
+a step costs O(S·h² + E_letters·h). Per token, exceptional letters with at most V/16 tokens are
+handled token by token (p · (B[:, v] ⊙ W(t))); larger letters are grouped by successor t and get one
+extra row (p ⊙ W_{r-1}(t)) in the single [rows, h]·[h, V] product, so a row costs
+O(h·V·(2 + #large-letter successors) + h·#small-letter tokens) — B is still read once.
+
 Logical mode (``hmm=None``): only F is built; guidance is 0 on feasible tokens and −inf on the
 others (what Outlines / guidance do).
 """
@@ -122,26 +129,38 @@ def _as_token_list(values, name: str, vocab_size: int) -> list[int]:
 
 
 def _step_many(dfa: TokenDFA, states: np.ndarray, token: int) -> np.ndarray:
-    """δ(s, token) for every s in ``states`` (vectorised CSR lookup)."""
-    V = dfa.vocab_size
-    src = np.repeat(np.arange(dfa.num_states, dtype=np.int64), np.diff(dfa.exc_ptr))
-    keys = src * V + dfa.exc_tokens  # sorted: states ascending, tokens sorted within a state
-    query = states.astype(np.int64) * V + token
-    idx = np.searchsorted(keys, query)
-    idx_c = np.minimum(idx, max(len(keys) - 1, 0))
-    found = (idx < len(keys)) & (keys[idx_c] == query) if len(keys) else np.zeros(len(states), bool)
+    """δ(s, token) for every s in ``states`` (vectorised CSR lookup, letters aware)."""
+    A = dfa.num_letters
+    letter = token if dfa.letter_of_token is None else int(dfa.letter_of_token[token])
+    src = np.repeat(np.arange(dfa.num_states, dtype=np.int64), np.diff(dfa.letter_ptr))
+    keys = src * A + dfa.letter_exc  # sorted: states ascending, letters sorted within a state
+    query = states.astype(np.int64) * A + letter
     out = dfa.default[states].copy()
-    out[found] = dfa.exc_next[idx_c[found]]
+    if len(keys):
+        idx = np.searchsorted(keys, query)
+        idx_c = np.minimum(idx, len(keys) - 1)
+        found = (idx < len(keys)) & (keys[idx_c] == query)
+        out[found] = dfa.letter_next[idx_c[found]]
     return out
+
+
+def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(starts[i], starts[i] + lengths[i])."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
 
 
 @dataclass
 class _Exceptions:
-    """Regular (non-EOS) exception edges in CSR order."""
+    """Regular exception edges (over letters; letter = token for DFAs without letters), CSR order.
+    Letters made only of EOS tokens are dropped (EOS is handled by the terminal term)."""
 
     ptr: np.ndarray   # [S + 1]
     src: np.ndarray   # [E]
-    tok: np.ndarray   # [E]
+    tok: np.ndarray   # [E] letter ids
     dst: np.ndarray   # [E]
 
 
@@ -188,18 +207,27 @@ class GuideTables:
     # ------------------------------------------------------------------ structure
     def _prepare_dfa(self) -> None:
         dfa, S, V = self.dfa, self.dfa.num_states, self.dfa.vocab_size
-        src = np.repeat(np.arange(S, dtype=np.int64), np.diff(dfa.exc_ptr))
-        keep = ~np.isin(dfa.exc_tokens, np.asarray(self.eos_ids, dtype=np.int64))
-        src, tok, dst = src[keep], dfa.exc_tokens[keep], dfa.exc_next[keep]
+        self.members_ptr, self.members = dfa.letter_members
+        eos = np.asarray(self.eos_ids, dtype=np.int64)
+        letter_of = dfa.letter_of_token
+        size = np.diff(self.members_ptr).astype(np.int64)
+        if len(eos):  # tokens of each letter that are not EOS
+            np.subtract.at(size, eos if letter_of is None else letter_of[eos], 1)
+        self.letter_size = size
+        src = np.repeat(np.arange(S, dtype=np.int64), np.diff(dfa.letter_ptr))
+        keep = size[dfa.letter_exc] > 0
+        src, tok, dst = src[keep], dfa.letter_exc[keep], dfa.letter_next[keep]
         ptr = np.zeros(S + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=S), out=ptr[1:])
         self.exc = _Exceptions(ptr=ptr, src=src, tok=tok, dst=dst)
+        self.large_letter = size > max(V // 16, 1) if dfa.has_letters else np.zeros(len(size), bool)
         n_eos = len(self.eos_ids)
         all_states = np.arange(S, dtype=np.int64)
         self.eos_next = np.stack([_step_many(dfa, all_states, e) for e in self.eos_ids], axis=1) \
             if n_eos else np.zeros((S, 0), dtype=np.int64)
         self.eos_accept = dfa.accepting[self.eos_next] if n_eos else np.zeros((S, 0), dtype=bool)
-        self.has_default = (V - np.diff(ptr) - n_eos) > 0
+        covered = np.bincount(src, weights=size[tok], minlength=S) if len(src) else np.zeros(S)
+        self.has_default = (V - covered - n_eos) > 0
 
     def eos_allowed(self, remaining: int) -> bool:
         """Whether EOS may be the next token when ``remaining`` tokens are left (including it)."""
@@ -241,7 +269,14 @@ class GuideTables:
         self._default_t = tensor(dfa.default)
         self._exc_src_t, self._exc_dst_t = tensor(exc.src), tensor(exc.dst)
         self._exc_tok_t = tensor(exc.tok)
-        self._exc_emission = B[:, self._exc_tok_t].T.contiguous()  # [E, h]
+        if dfa.has_letters:  # B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v]
+            letter_emission = torch.zeros(h, dfa.num_letters, device=device)
+            letter_emission.index_add_(1, tensor(dfa.letter_of_token), B)
+            for e in self.eos_ids:
+                letter_emission[:, int(dfa.letter_of_token[e])] -= B[:, e]
+            self._exc_emission = letter_emission.clamp_min_(0)[:, self._exc_tok_t].T.contiguous()
+        else:
+            self._exc_emission = B[:, self._exc_tok_t].T.contiguous()  # [E, h]
         # M_s = rowsum(B) - Σ_{exc(s) ∪ EOS} B[:, v], in float64, clamped at 0.
         mass = B.double().sum(1).expand(S, h).clone()
         for lo in range(0, len(exc.src), 4096):
@@ -335,22 +370,34 @@ class GuideTables:
         """(row index, exception index) pairs for the regular exceptions of each row's state."""
         lo, hi = self.exc.ptr[states], self.exc.ptr[states + 1]
         counts = hi - lo
-        rows = np.repeat(np.arange(len(states)), counts)
-        starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-        return rows, starts + np.arange(counts.sum())
+        return np.repeat(np.arange(len(states)), counts), _ragged(lo, counts)
 
-    def token_feasible(self, states, remaining) -> torch.Tensor:
-        """Exact bool mask [R, V]: token v keeps acceptance possible (r tokens left incl. v)."""
+    def _expand(self, rows: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-token view of letter exceptions: (row, token, exception index) for every token of
+        each exception's letter (EOS tokens included; callers override EOS columns last)."""
+        letters = self.exc.tok[k]
+        starts = self.members_ptr[letters]
+        sizes = self.members_ptr[letters + 1] - starts
+        idx = _ragged(starts, sizes)
+        return np.repeat(rows, sizes), self.members[idx], np.repeat(k, sizes)
+
+    def _check_remaining(self, states, remaining) -> tuple[np.ndarray, np.ndarray]:
         states = np.asarray(states, dtype=np.int64).reshape(-1)
         remaining = np.broadcast_to(np.asarray(remaining, dtype=np.int64), states.shape)
         if np.any(remaining < 1) or np.any(remaining > self.max_tokens):
             raise ConstraintError(f"remaining must lie in [1, {self.max_tokens}], got {remaining.tolist()}")
-        F, R = self.feasible, len(states)
+        return states, remaining
+
+    def token_feasible(self, states, remaining) -> torch.Tensor:
+        """Exact bool mask [R, V]: token v keeps acceptance possible (r tokens left incl. v)."""
+        states, remaining = self._check_remaining(states, remaining)
+        F = self.feasible
         mask = np.repeat(F[remaining - 1, self.dfa.default[states]][:, None], self.vocab_size, axis=1)
         rows, k = self._row_exceptions(states)
-        mask[rows, self.exc.tok[k]] = F[remaining[rows] - 1, self.exc.dst[k]]
+        trows, tokens, tk = self._expand(rows, k)
+        mask[trows, tokens] = F[remaining[trows] - 1, self.exc.dst[tk]]
+        allowed = np.array([self.eos_allowed(r) for r in remaining], dtype=bool)
         for j, e in enumerate(self.eos_ids):
-            allowed = np.array([self.eos_allowed(r) for r in remaining])
             mask[:, e] = allowed & self.eos_accept[states, j]
         device = self.hmm.emission.device if self.hmm is not None else "cpu"
         return torch.as_tensor(mask, device=device)
@@ -363,30 +410,44 @@ class GuideTables:
         :meth:`token_feasible` (see :meth:`log_ratio`)."""
         if self.hmm is None:
             raise ConstraintError("token_weights needs an HMM; these tables are logical-only")
-        states = np.asarray(states, dtype=np.int64).reshape(-1)
-        remaining = np.broadcast_to(np.asarray(remaining, dtype=np.int64), states.shape)
-        if np.any(remaining < 1) or np.any(remaining > self.max_tokens):
-            raise ConstraintError(f"remaining must lie in [1, {self.max_tokens}], got {remaining.tolist()}")
+        states, remaining = self._check_remaining(states, remaining)
         dev = priors.device
         R = len(states)
-        rr = torch.as_tensor(remaining - 1, device=dev)
+        rr_np = remaining - 1
+        rr = torch.as_tensor(rr_np, device=dev)
         d = self._default_t[torch.as_tensor(states, device=dev)]
         w_default = self.w_hat[rr, d]                                    # [R, h]
         c_default = self.log_scale[rr, d]                                # [R] float64
-        both = torch.cat([priors, priors * w_default]) @ self._emission  # [2R, V]: one pass over B
-        marginal, joint = both[:R], both[R:]
+        rows, k = self._row_exceptions(states)
+        large = self.large_letter[self.exc.tok[k]]
+        # large letters: one extra row p ⊙ Ŵ(t) per distinct (row, successor t)
+        lrows, lk = rows[large], k[large]
+        pairs, inverse = np.unique(np.stack([lrows, self.exc.dst[lk]]), axis=1, return_inverse=True)
+        pairs_t = torch.as_tensor(pairs, device=dev)
+        extra = priors[pairs_t[0]] * self.w_hat[rr[pairs_t[0]], pairs_t[1]]
+        both = torch.cat([priors, priors * w_default, extra]) @ self._emission  # one pass over B
+        marginal, joint = both[:R], both[R:2 * R]
         log_marginal = torch.log(marginal)
         log_joint = torch.log(joint) + c_default.float()[:, None]
         log_joint[~torch.isfinite(c_default)] = -math.inf
-        rows, k = self._row_exceptions(states)
-        if len(rows):
-            rows_t, k_t = torch.as_tensor(rows, device=dev), torch.as_tensor(k, device=dev)
-            dst = self._exc_dst_t[k_t]
-            val = (priors[rows_t] * self._exc_emission[k_t] * self.w_hat[rr[rows_t], dst]).sum(-1)
-            log_joint[rows_t, self._exc_tok_t[k_t]] = torch.log(val) + self.log_scale[rr[rows_t], dst].float()
+        if len(lrows):
+            trows, tokens, tk = self._expand(lrows, lk)
+            pair_of = np.repeat(np.asarray(inverse).reshape(-1), np.diff(self.members_ptr)[self.exc.tok[lk]])
+            pair_t = torch.as_tensor(pair_of, device=dev)
+            tok_t = torch.as_tensor(tokens, device=dev)
+            vals = both[2 * R + pair_t, tok_t]
+            scale = self.log_scale[rr[pairs_t[0][pair_t]], pairs_t[1][pair_t]].float()
+            log_joint[torch.as_tensor(trows, device=dev), tok_t] = torch.log(vals) + scale
+        srows, sk = rows[~large], k[~large]
+        if len(srows):
+            trows, tokens, tk = self._expand(srows, sk)
+            rows_t, tok_t = torch.as_tensor(trows, device=dev), torch.as_tensor(tokens, device=dev)
+            dst = self._exc_dst_t[torch.as_tensor(tk, device=dev)]
+            val = (priors[rows_t] * self._emission[:, tok_t].T * self.w_hat[rr[rows_t], dst]).sum(-1)
+            log_joint[rows_t, tok_t] = torch.log(val) + self.log_scale[rr[rows_t], dst].float()
+        allowed_rows = torch.as_tensor([self.eos_allowed(r) for r in remaining], device=dev)
         for j, e in enumerate(self.eos_ids):
-            allowed = torch.as_tensor([self.eos_allowed(r) for r in remaining], device=dev) \
-                & torch.as_tensor(self.eos_accept[states, j], device=dev)
+            allowed = allowed_rows & torch.as_tensor(self.eos_accept[states, j], device=dev)
             if self.suffix_ids:
                 value = torch.log(priors @ self._suffix_hat) + self._suffix_log
             else:

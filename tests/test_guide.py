@@ -29,6 +29,28 @@ def random_dfa(S, V, seed):
     return TokenDFA.from_dense(table, accepting, initial=0)
 
 
+def random_letter_dfa(S, V, seed):
+    """A random DFA stored over letters (token classes): tokens of a letter behave alike."""
+    rng = np.random.default_rng(seed)
+    letter_of_token = rng.integers(0, 3, size=V)
+    letter_of_token[:3] = [0, 1, 2]
+    A = 3
+    table = rng.integers(0, S, size=(S, A))
+    accepting = rng.random(S) < 0.4
+    accepting[rng.integers(S)] = True
+    default = table[:, 0].copy()
+    ptr, exc, nxt = [0], [], []
+    for s in range(S):
+        for a in range(A):
+            if table[s, a] != default[s]:
+                exc.append(a)
+                nxt.append(table[s, a])
+        ptr.append(len(exc))
+    dfa = TokenDFA(V, 0, accepting, default, ptr, exc, nxt, letter_of_token=letter_of_token)
+    assert dfa.has_letters and np.array_equal(dfa.dense(), table[:, letter_of_token])
+    return dfa
+
+
 def seq_prob(hmm, seq):
     """p_hmm(x_1..x_k) in float64 (k ≥ 0)."""
     pi, A, B = (t.double() for t in (hmm.initial, hmm.transition, hmm.emission))
@@ -79,6 +101,9 @@ CASES = [  # (S, V, h, n, min_tokens, eos, suffix, seed)
     (4, 3, 3, 3, 0, [2], [1, 0], 3),
     (3, 4, 2, 3, 1, [], [2], 4),
     (5, 4, 3, 3, 0, [1, 3], None, 5),
+    (3, 5, 2, 3, 0, [4], None, 6),      # letters (token classes) from here on
+    (4, 5, 3, 3, 1, [3], [1], 7),
+    (3, 4, 2, 3, 0, [], None, 8),
 ]
 
 
@@ -86,7 +111,8 @@ CASES = [  # (S, V, h, n, min_tokens, eos, suffix, seed)
 def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, seed):
     hmm = random_hmm(h, V, seed)
     for dfa_seed in range(3):
-        dfa = random_dfa(S, V, 100 * seed + dfa_seed)
+        make = random_letter_dfa if seed >= 6 else random_dfa
+        dfa = make(S, V, 100 * seed + dfa_seed)
         weights = brute_weights(hmm, dfa, n, m, eos, suffix)
         tables = build_tables(hmm, dfa, n, min_tokens=m, eos_token_id=eos or None, suffix_ids=suffix)
         total = sum(weights.values())
