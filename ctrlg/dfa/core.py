@@ -659,8 +659,28 @@ def token_classes(*dfas: TokenDFA) -> TokenClasses:
     labels = [d.behaviour_labels() for d in dfas]
     if len(labels) == 1:
         return TokenClasses.from_labels(labels[0])
-    joint = np.unique(np.stack(labels, axis=1), axis=0, return_inverse=True)[1].ravel()
-    return TokenClasses.from_labels(joint)
+    return TokenClasses.from_labels(combine_labels(labels))
+
+
+def combine_labels(labels: Sequence[np.ndarray]) -> np.ndarray:
+    """Dense ids of the distinct tuples ``(labels[0][i], labels[1][i], ...)`` of non-negative
+    int labels."""
+    joint = _dense_ids(np.asarray(labels[0], dtype=np.int64))
+    for lab in labels[1:]:
+        lab = _dense_ids(np.asarray(lab, dtype=np.int64))
+        joint = _dense_ids(joint * (int(lab.max()) + 1) + lab)
+    return joint
+
+
+def _dense_ids(keys: np.ndarray) -> np.ndarray:
+    """Map non-negative int keys to 0..K-1 preserving order (a lookup table when the key range
+    is small, else a sort)."""
+    top = int(keys.max()) + 1 if keys.size else 0
+    if top <= 4 * max(keys.size, 1):
+        present = np.zeros(top, dtype=np.int64)
+        present[keys] = 1
+        return (np.cumsum(present) - 1)[keys]
+    return np.unique(keys, return_inverse=True)[1].ravel()
 
 
 # ---------------------------------------------------------------------- array helpers

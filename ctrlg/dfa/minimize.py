@@ -6,8 +6,9 @@ is first rewritten over its token classes (:func:`ctrlg.dfa.core.token_classes`)
 
 After dropping unreachable states, Moore's algorithm refines the partition {accepting,
 non-accepting}: two states stay in one block iff they are in the same block and, for every class,
-their successors are in the same block. Each round is one ``np.unique`` over the rows
-``(block[s], block[δ(s, c)] for c)``; the partition is stable after at most S rounds. The stable
+their successors are in the same block. Each round gives the rows
+``(block[s], block[δ(s, c)] for c)`` dense ids (one ``np.unique`` over the rows viewed as
+byte strings); the partition is stable after at most S rounds. The stable
 partition is the Myhill–Nerode equivalence on reachable states, so the quotient automaton is the
 unique minimal complete DFA for the language (all dead states collapse into one).
 """
@@ -21,15 +22,20 @@ from ctrlg.dfa.core import TokenDFA, bfs_order, token_classes
 __all__ = ["minimize", "minimize_table", "moore_partition"]
 
 
+def _row_ids(rows: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of a 2-D int array (rows compared as byte strings)."""
+    rows = np.ascontiguousarray(rows)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    return np.unique(keys, return_inverse=True)[1].ravel()
+
+
 def moore_partition(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
     """Block id of every state in the coarsest partition that separates accepting from
     non-accepting states and is compatible with the successor table ``[S, C]``."""
     block = np.unique(np.asarray(accepting, dtype=np.int64), return_inverse=True)[1].ravel()
     count = int(block.max()) + 1
     while True:
-        signature = np.concatenate([block[:, None], block[table]], axis=1)
-        _, new_block = np.unique(signature, axis=0, return_inverse=True)
-        new_block = new_block.ravel()
+        new_block = _row_ids(np.concatenate([block[:, None], block[table]], axis=1))
         new_count = int(new_block.max()) + 1
         if new_count == count:
             return block

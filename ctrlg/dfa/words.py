@@ -45,7 +45,6 @@ _WORD_BYTE = re.compile(rb"[0-9A-Za-z\x80-\xff]")
 # a token's effect depends only on its "shape": whitespace → " ", letters/digits → "a", other → "."
 _SHAPE = bytes((32 if bytes([b]).isspace() else
                 97 if _WORD_BYTE.match(bytes([b])) else 46) for b in range(256))
-_REPEAT = re.compile(rb"(.)\1+")
 _OUTSIDE, _IN_RUN, _IN_WORD = 0, 1, 2      # the three modes of the word-count automaton
 _POS = {"N": "NOUN", "V": "VERB", "A": "ADJ", "J": "ADJ", "R": "ADV"}
 
@@ -84,10 +83,6 @@ def _token_effect(data: bytes) -> tuple[int, ...]:
     return tuple(effect)
 
 
-def _shape(data: bytes) -> bytes:
-    return _REPEAT.sub(rb"\1", data.translate(_SHAPE))
-
-
 def _vocabulary(tokenizer, vocab_size: int | None) -> list[bytes]:
     from ctrlg.vocab import token_bytes
 
@@ -105,6 +100,12 @@ def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
     """Accepts the token sequences whose decoded text has ``min_words ≤ words ≤ max_words``
     words (no upper bound when ``max_words`` is None). ``vocab_size`` (default: the tokenizer's)
     may exceed the tokenizer's size when the LM pads its vocabulary; padded ids add no text."""
+    _check_word_range(min_words, max_words)
+    tokens = _vocabulary(tokenizer, vocab_size)
+    return _word_count_from_bytes(tokens, min_words, max_words)
+
+
+def _check_word_range(min_words, max_words) -> None:
     for name, value in (("min_words", min_words), ("max_words", max_words)):
         if value is None and name == "max_words":
             continue
@@ -112,8 +113,6 @@ def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
             raise ConstraintError(f"{name} must be a non-negative int, got {value!r}")
     if max_words is not None and max_words < min_words:
         raise ConstraintError(f"word range is empty: min_words={min_words} > max_words={max_words}")
-    tokens = _vocabulary(tokenizer, vocab_size)
-    return _word_count_from_bytes(tokens, min_words, max_words)
 
 
 def _word_count_from_bytes(tokens: Sequence[bytes], min_words: int,
@@ -122,7 +121,7 @@ def _word_count_from_bytes(tokens: Sequence[bytes], min_words: int,
     effects: dict[tuple, int] = {}
     labels = np.empty(len(tokens), dtype=np.int64)
     for i, data in enumerate(tokens):
-        shape = _shape(data)
+        shape = data.translate(_SHAPE)
         label = shape_ids.get(shape)
         if label is None:
             label = effects.setdefault(_token_effect(shape), len(effects))
@@ -143,16 +142,6 @@ def _word_count_from_bytes(tokens: Sequence[bytes], min_words: int,
     words = np.repeat(counts, 3)
     accepting = (words >= min_words) & ((words <= max_words) if max_words is not None else True)
     return finish(table, accepting, 0, classes, False, "word-count constraint")
-
-
-def _vocab_size(tokenizer, vocab_size: int | None) -> int:
-    size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
-    if vocab_size is None:
-        return size
-    if vocab_size < size:
-        raise ConstraintError(f"vocab_size={vocab_size} is smaller than the tokenizer's "
-                              f"{size} tokens")
-    return int(vocab_size)
 
 
 def _in_context(tokenizer, text: str) -> list[int]:
@@ -190,9 +179,12 @@ def keywords(tokenizer, groups: Sequence[Sequence[str]], *,
              vocab_size: int | None = None) -> TokenDFA:
     """Accepts the token sequences that contain, for **every** group, at least one of the
     group's surface forms as a word (see the module docstring)."""
+    return _keywords(tokenizer, groups, len(_vocabulary(tokenizer, vocab_size)))
+
+
+def _keywords(tokenizer, groups, V: int) -> TokenDFA:
     if isinstance(groups, str) or not groups:
         raise ConstraintError(f"groups must be a non-empty list of keyword lists, got {groups!r}")
-    V = _vocab_size(tokenizer, vocab_size)
     dfas = []
     for group in groups:
         anywhere, at_start = keyword_phrases(tokenizer, group)
@@ -258,9 +250,10 @@ def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: in
     ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
     """
     groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
-    V = _vocab_size(tokenizer, vocab_size)
-    parts = [keywords(tokenizer, groups, vocab_size=V),
-             word_count(tokenizer, min_words, max_words, vocab_size=V)]
+    _check_word_range(min_words, max_words)
+    tokens = _vocabulary(tokenizer, vocab_size)
+    V = len(tokens)
+    parts = [_keywords(tokenizer, groups, V), _word_count_from_bytes(tokens, min_words, max_words)]
     eos_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
         parts.append(eos_discipline(int(eos_id), V, required=require_eos))
