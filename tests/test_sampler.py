@@ -170,9 +170,15 @@ def test_generate_with_random_lm_sampling_and_beams_always_accepts(constraint, n
     ids = torch.tensor([[1], [2]])
     kw = dict(num_beams=beams, num_return_sequences=beams, do_sample=False) if beams > 1 else \
         dict(do_sample=True, top_k=3, top_p=0.9, temperature=0.7)
-    raw = lm.generate(ids, max_new_tokens=n, logits_processor=[proc],
-                      attention_mask=torch.ones_like(ids), **kw)
-    for row in raw[:, 1:].tolist():
+    raw = lm.generate(ids, max_new_tokens=n, logits_processor=[proc], return_dict_in_generate=True,
+                      output_scores=True, attention_mask=torch.ones_like(ids), **kw)
+    # beam search must keep num_beams beams even when fewer continuations are feasible: those
+    # beams score −inf and are not outputs of the guided distribution
+    finite = torch.isfinite(raw.sequences_scores) if beams > 1 else torch.ones(len(raw.sequences), dtype=bool)
+    assert finite.reshape(2, -1).any(1).all()
+    for row, ok in zip(raw.sequences[:, 1:].tolist(), finite.tolist()):
+        if not ok:
+            continue
         y = []
         for t in row:
             y.append(t)
