@@ -97,3 +97,18 @@ def minimal_state_count(dfa: TokenDFA) -> int:
         if not any((p, q) not in distinct for q in classes):
             classes.append(p)
     return len(classes)
+
+
+@st.composite
+def lettered_dfas(draw, vocab_size: int | None = None, max_states: int = 4,
+                  max_vocab: int = 5) -> TokenDFA:
+    """A random DFA stored over letters: a random DFA over A letters plus a random surjective
+    map from V ≥ A tokens to letters."""
+    V = vocab_size if vocab_size is not None else draw(st.integers(1, max_vocab))
+    A = draw(st.integers(1, V))
+    base = draw(token_dfas(vocab_size=A, max_states=max_states))
+    letters = np.array(list(range(A)) + draw(st.lists(st.integers(0, A - 1), min_size=V - A,
+                                                       max_size=V - A)), dtype=np.int64)
+    letters = letters[np.array(draw(st.permutations(range(V))), dtype=np.int64)]
+    return TokenDFA(V, base.initial, base.accepting, base.default, base.letter_ptr,
+                    base.letter_exc, base.letter_next, letter_of_token=letters)

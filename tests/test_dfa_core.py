@@ -198,3 +198,57 @@ def test_token_classes_vocab_mismatch():
     b.add_state()
     with pytest.raises(VocabularyMismatchError, match=r"\[3, 5\]"):
         token_classes(a, b.build())
+
+
+# ---------------------------------------------------------------------- letters
+from dfa_strategies import lettered_dfas  # noqa: E402
+
+
+@settings(max_examples=80, deadline=None)
+@given(lettered_dfas())
+def test_lettered_dfa_per_token_view(d):
+    table = d.dense()
+    letter_table = d.letter_table()
+    assert (table == letter_table[:, d.letter_of_token]).all()
+    # the lazily materialised per-token CSR arrays describe the same transition function
+    for s in range(d.num_states):
+        row = np.full(d.vocab_size, d.default[s])
+        lo, hi = d.exc_ptr[s], d.exc_ptr[s + 1]
+        assert (np.diff(d.exc_tokens[lo:hi]) > 0).all()
+        row[d.exc_tokens[lo:hi]] = d.exc_next[lo:hi]
+        assert (row == table[s]).all()
+        tokens, nxt = d.exceptions(s)
+        assert tokens.tolist() == d.exc_tokens[lo:hi].tolist()
+        assert (nxt != d.default[s]).all()
+        for v in range(d.vocab_size):
+            assert d.step(s, v) == table[s, v]
+    assert d.num_exceptions == len(d.exc_tokens) == len(d.exception_states())
+    plain = d.without_letters()
+    assert not plain.has_letters and (plain.dense() == table).all()
+    assert (language(d.trim(), 4) == language(d, 4)).all()
+    assert d.trim().has_letters or d.is_empty()
+
+
+@settings(max_examples=40, deadline=None)
+@given(lettered_dfas(), st.data())
+def test_lettered_round_trip_and_classes(d, data):
+    again = TokenDFA.from_arrays(d.to_arrays())
+    assert again.has_letters and (again.dense() == d.dense()).all()
+    other = data.draw(token_dfas(vocab_size=d.vocab_size, max_states=3))
+    classes = token_classes(d, other)
+    columns = np.concatenate([d.dense(), other.dense()], axis=0).T
+    for u in range(d.vocab_size):
+        for v in range(d.vocab_size):
+            same = classes.class_of_token[u] == classes.class_of_token[v]
+            assert same == bool((columns[u] == columns[v]).all())
+    assert (d.class_table(classes)[:, classes.class_of_token] == d.dense()).all()
+
+
+def test_lettered_validation():
+    with pytest.raises(ConstraintError, match="one entry per token"):
+        TokenDFA(**_arrays(letter_of_token=np.array([0, 1])))
+    with pytest.raises(ConstraintError, match="exception letters"):
+        TokenDFA(**_arrays(letter_of_token=np.array([0, 1, 1])))   # letter 2 does not exist
+    d = TokenDFA(**_arrays(exc_tokens=np.array([1]), letter_of_token=np.array([0, 1, 1])))
+    assert d.accepts([2]) and d.accepts([1]) and not d.accepts([0])
+    assert d.num_exceptions == 2 and d.num_stored_exceptions == 1
