@@ -126,28 +126,30 @@ def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     tokens = torch.full((B, length), pad_id, dtype=torch.long, device=device)
     logprob = torch.zeros(B, length, dtype=torch.float32, device=device)
     hidden = None
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    rows = torch.arange(B, device=device)  # the rows still sampling (finished rows are dropped)
     for t in range(length):
         out = backbone(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                        past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         state = out.last_hidden_state[:, -1]
-        logits = head(state).float()
-        logp = torch.log_softmax(logits, -1)
+        logp = torch.log_softmax(head(state).float(), -1)
         drawn = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
         if return_hidden:
             if hidden is None:
                 hidden = torch.zeros(B, length, state.shape[-1], dtype=state.dtype, device=device)
-            hidden[:, t] = state
-        tokens[:, t] = torch.where(finished, torch.full_like(drawn, pad_id), drawn)
-        logprob[:, t] = torch.where(finished, torch.zeros_like(logprob[:, t]),
-                                    logp.gather(1, drawn[:, None])[:, 0])
-        finished |= torch.isin(drawn, eos)
-        if bool(finished.all()):
+            hidden[rows, t] = state
+        tokens[rows, t] = drawn
+        logprob[rows, t] = logp.gather(1, drawn[:, None])[:, 0]
+        going = ~torch.isin(drawn, eos)
+        if not bool(going.any()):
             break
+        if not bool(going.all()):
+            keep = going.nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            rows, drawn, mask, step_pos = rows[keep], drawn[keep], mask[keep], step_pos[keep]
         step_ids = drawn[:, None]
         step_pos = step_pos[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], 1)
+        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=device)], 1)
     result = {"tokens": tokens, "logprob": logprob}
     if return_hidden:
         result["hidden"] = hidden
@@ -211,7 +213,9 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
     meta_file = out_dir / META_NAME
     if meta_file.is_file():
         old = json.loads(meta_file.read_text())
-        clash = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
+        # chunk i depends on (seed, chunk_size, prompts, i) only, so num_sequences may change
+        clash = {k: (old.get(k), v) for k, v in meta.items()
+                 if k != "num_sequences" and old.get(k) != v}
         if clash:
             raise CtrlgError(f"{out_dir} holds samples made with other settings {clash}; "
                              f"use another directory to sample afresh")
@@ -235,6 +239,12 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
             start, stop = chunk * chunk_size, min(num_sequences, (chunk + 1) * chunk_size)
             path = out_dir / f"chunk_{chunk:05d}.safetensors"
             if path.is_file():
+                from safetensors import safe_open
+                with safe_open(str(path), "pt") as handle:
+                    rows_on_disk = handle.get_slice("tokens").get_shape()[0]
+                if rows_on_disk != stop - start:
+                    raise CtrlgError(f"{path} holds {rows_on_disk} sequences, expected "
+                                     f"{stop - start}; sample into a fresh directory")
                 bar.update(stop - start)
                 continue
             generator = torch.Generator(device=device)
