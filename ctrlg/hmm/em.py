@@ -223,10 +223,15 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
                pseudocount: float = 1.0, heldout_tokens: torch.Tensor | None = None,
                batch_size: int = 256, backend: str = "torch", device: str | torch.device | None = None,
                seed: int = 0, reduce: Callable[[ExpectedCounts], None] | None = None,
+               shard: tuple[int, int] | None = None,
                progress: bool | None = None,
                callback: Callable[[int, HMM, EMHistory], None] | None = None) -> tuple[HMM, EMHistory]:
     """Run the mini-batch EM schedule (module docstring) from ``hmm``; returns the trained HMM and
-    its :class:`EMHistory`. ``seed`` fixes the shuffle that forms the chunks."""
+    its :class:`EMHistory`. ``seed`` fixes the shuffle that forms the chunks.
+
+    ``shard=(rank, world_size)`` keeps only rows ``rank::world_size`` of every chunk (the chunks
+    themselves are formed from all of ``train_tokens``, identically in every process); with
+    ``reduce`` summing the counts over processes, each step is the full single-process step."""
     schedule = parse_schedule(schedule)
     train_tokens = _check_tokens(train_tokens, hmm.vocab_size)
     if heldout_tokens is not None:
@@ -239,6 +244,11 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
     dev = hmm.emission.device
     order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(int(seed)))
     chunks = [train_tokens[idx] for idx in torch.tensor_split(order, num_chunks)]
+    if shard is not None:
+        rank, world = shard
+        if not 0 <= rank < world:
+            raise CtrlgError(f"shard must be (rank, world_size) with 0 ≤ rank < world_size; got {shard}")
+        chunks = [c[rank::world] for c in chunks]
     history = EMHistory()
 
     def heldout() -> float:
