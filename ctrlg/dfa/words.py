@@ -29,6 +29,7 @@ also tried with its first letter capitalised. Groups are combined by intersectio
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -83,10 +84,25 @@ def _token_effect(data: bytes) -> tuple[int, ...]:
     return tuple(effect)
 
 
-def _vocabulary(tokenizer, vocab_size: int | None) -> list[bytes]:
+_TOKEN_BYTES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _token_bytes(tokenizer) -> list[bytes]:
+    """:func:`ctrlg.vocab.token_bytes`, memoised per tokenizer object (and its length)."""
     from ctrlg.vocab import token_bytes
 
-    tokens = token_bytes(tokenizer)
+    try:
+        cached = _TOKEN_BYTES.get(tokenizer)
+    except TypeError:                                   # not weak-referenceable
+        return token_bytes(tokenizer)
+    if cached is None or cached[0] != len(tokenizer):
+        cached = (len(tokenizer), token_bytes(tokenizer))
+        _TOKEN_BYTES[tokenizer] = cached
+    return cached[1]
+
+
+def _vocabulary(tokenizer, vocab_size: int | None) -> list[bytes]:
+    tokens = _token_bytes(tokenizer)
     if vocab_size is None:
         return tokens
     if vocab_size < len(tokens):
