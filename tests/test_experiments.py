@@ -99,3 +99,20 @@ def test_infill_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path, capsys):
             assert found >= 0, fragment
             position = found + len(fragment)
     assert "BLEU-4" in capsys.readouterr().out
+
+
+def test_runtime_smoke(tiny_lm_dir, tmp_path, capsys):
+    from experiments import runtime
+
+    cfg = compose("runtime", [f"model.name={tiny_lm_dir}", "hmm.hidden_size=4",
+                              "concepts=[field_N,stand_V]", "dfa_sweep.max_words=[2,4]",
+                              "dfa_sweep.max_new_tokens=6", "length_sweep.max_new_tokens=[4,8]",
+                              "length_sweep.max_words=4"])
+    result = runtime.run(cfg, tmp_path)
+    assert [r["max_words"] for r in result["dfa_sweep"]] == [2, 4]
+    assert result["dfa_sweep"][0]["dfa_states"] < result["dfa_sweep"][1]["dfa_states"]
+    assert [r["max_new_tokens"] for r in result["length_sweep"]] == [4, 8]
+    assert all(r["lm_ms"] > 0 and r["ctrlg_ms"] > 0 for r in result["length_sweep"])
+    assert (tmp_path / "runtime.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "runtime.json").read_text())["hidden_size"] == 4
+    assert "vs sequence length" in capsys.readouterr().out
