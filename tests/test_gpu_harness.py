@@ -24,12 +24,13 @@ SECTIONS = ("em_estep", "backward_table", "guidance_overhead", "distill_at_scale
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """Run ``python -m benchmarks.gpu --device cpu --size tiny`` once in a subprocess (so that
-    TRITON_INTERPRET=1 is set before Triton is imported) and load its JSON."""
+    TRITON_INTERPRET=1 is set before Triton is imported) and load its JSON. One torch thread: the
+    shapes are tiny, and on a busy 2-core machine OpenMP hand-offs cost more than the work."""
     out = tmp_path_factory.mktemp("gpu_bench")
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--size", "tiny",
-                           "--out", str(out), "--work-dir", str(out / "work")],
+                           "--threads", "1", "--out", str(out), "--work-dir", str(out / "work")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(out.glob("gpu_*_tiny.json"))

@@ -36,6 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="override the hidden sizes of the E-step / backward-table / guidance sections")
     parser.add_argument("--distill-hidden", type=int, default=None, help="h of the distilled HMM")
     parser.add_argument("--distill-sequences", type=int, default=None, help="N training samples")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads for CPU work (default: torch's choice)")
     parser.add_argument("--no-merge", action="store_true",
                         help="overwrite the result files instead of keeping sections not run now")
     return parser.parse_args(argv)
@@ -55,6 +57,8 @@ def main(argv=None) -> int:
     from benchmarks.gpu.report import write_results
     from benchmarks.gpu.timing import device_name
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("--device cuda, but torch sees no CUDA device; use --device cpu", file=sys.stderr)

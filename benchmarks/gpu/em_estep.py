@@ -114,7 +114,11 @@ def run(size: str, device: torch.device, *, seed: int = 0, peak=None, hidden_siz
     V, n, L = params["vocab_size"], params["batch"], params["length"]
     rows, skipped = [], []
     try:
-        from ctrlg.kernels.em_estep import estep_triton
+        from ctrlg.kernels.em_estep import estep_triton, triton_available
+        if not triton_available(device):  # the launcher would silently fall back to torch
+            estep_triton = None
+            skipped.append({"impl": "triton", "reason": f"Triton cannot run on {device} "
+                            "(no CUDA and TRITON_INTERPRET is not 1)"})
     except ImportError as err:  # the kernel module or Triton is missing
         estep_triton = None
         skipped.append({"impl": "triton", "reason": f"ctrlg.kernels.em_estep unavailable ({err})"})
