@@ -7,14 +7,13 @@ from ctrlg.dfa.builders import (any_phrase, banned_phrases, eos, exact, length, 
 from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA, token_classes
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.ops import complement, concat, intersect, union
+from ctrlg.dfa.words import (commongen_constraint, count_words, inflections, keywords,
+                             word_count)
 
 __all__ = [
     "DFABuilder", "TokenDFA", "TokenClasses", "token_classes",
     "phrase", "any_phrase", "starts_with", "exact", "universal", "length", "eos",
-    "banned_phrases",
+    "banned_phrases", "word_count", "keywords", "inflections", "count_words",
+    "commongen_constraint",
     "intersect", "union", "complement", "concat", "minimize",
 ]
-from ctrlg.dfa.words import (commongen_constraint, count_words, inflections, keywords,
-                             word_count)
-
-__all__ += ["commongen_constraint", "count_words", "inflections", "keywords", "word_count"]

@@ -6,10 +6,15 @@ product never iterates over the vocabulary. Products are built over **reachable 
 starting from (initial₁, initial₂), a breadth-first search over the class-level successor tables
 (vectorised with numpy, one frontier at a time) discovers exactly the pairs some token string
 reaches; a k-ary operation folds binary products, whose reachable pairs are projections of the
-k-ary product's reachable tuples, so no intermediate exceeds the final product.
+k-ary product's reachable tuples, so no intermediate has more states than there are reachable
+k-tuples.
 
-Results are trimmed (unreachable states dropped, every state that cannot reach acceptance merged
-into one absorbing dead state) and expanded back to the per-token default-plus-exceptions form.
+Results are **minimal** (Moore refinement over the class table, :mod:`ctrlg.dfa.minimize`; with
+``minimal=False`` only trimmed: unreachable states dropped, every state that cannot reach
+acceptance merged into one absorbing dead state) and are returned **over letters**: the token
+classes become the result's letters, so nothing is expanded per token (the per-token view is
+materialised only if a caller asks for ``exc_tokens``). Memory and time are O(S·C) for S result
+states and C classes, plus O(V + E) to compute the classes.
 
 Concatenation L₁·L₂ uses the subset construction over (state of D₁, set of D₂ states), and Ctrl-G's
 Proposition 4.1 fast path when every accepting state of D₁ leads only to dead states: then a
