@@ -11,7 +11,8 @@ from ctrlg import dfa
 from ctrlg.dfa import token_classes
 from ctrlg.dfa.ops import _concat_subsets, accepting_states_lead_only_to_dead
 from ctrlg.errors import UnsatisfiableConstraintError, VocabularyMismatchError
-from dfa_strategies import all_sequences, language, minimal_state_count, token_dfas
+from dfa_strategies import (all_sequences, language, lettered_dfas, minimal_state_count,
+                            token_dfas)
 
 MAX_LEN = 6
 
@@ -164,3 +165,19 @@ def test_intersection_of_keyword_phrases_counts_only_reachable_pairs():
     assert both.num_states == dfa.minimize(both).num_states
     seq = list(itertools.chain.from_iterable([2 * i, 2 * i + 1] for i in range(6)))
     assert both.accepts(seq) and not both.accepts(seq[:-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda V: st.tuples(lettered_dfas(vocab_size=V),
+                                                      token_dfas(vocab_size=V, max_states=3))))
+def test_ops_on_operands_with_letters(pair):
+    a, b = pair                    # a is stored over letters, b per token
+    la, lb = language(a, 5), language(b, 5)
+    assert (language(dfa.intersect(a, b, allow_empty=True), 5) == (la & lb)).all()
+    assert (language(dfa.union(b, a, allow_empty=True), 5) == (la | lb)).all()
+    assert (language(dfa.complement(a, allow_empty=True), 5) == ~la).all()
+    m = dfa.minimize(a)
+    assert (language(m, 5) == la).all() and m.num_states == minimal_state_count(a)
+    seqs = all_sequences(a.vocab_size, 5)
+    want = concat_reference(accepted_set(a, 5), accepted_set(b, 5), seqs)
+    assert (language(dfa.concat(a, b, allow_empty=True), 5) == want).all()

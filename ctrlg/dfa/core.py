@@ -41,7 +41,8 @@ __all__ = ["TokenDFA", "DFABuilder", "TokenClasses", "token_classes"]
 
 
 def _as_index_array(values, name: str) -> np.ndarray:
-    array = np.asarray(values, dtype=np.int64)
+    """A private int64 copy (the DFA marks its arrays read-only; callers' arrays stay writable)."""
+    array = np.array(values, dtype=np.int64, copy=True)
     if array.ndim != 1:
         raise ConstraintError(f"{name} must be one-dimensional, got shape {array.shape}")
     return array
@@ -67,7 +68,7 @@ class TokenDFA:
                  exc_next, letter_of_token=None):
         self.vocab_size = int(vocab_size)
         self.initial = int(initial)
-        self.accepting = np.asarray(accepting, dtype=bool)
+        self.accepting = np.array(accepting, dtype=bool, copy=True)
         self.default = _as_index_array(default, "default")
         self.letter_ptr = _as_index_array(exc_ptr, "exc_ptr")
         self.letter_exc = _as_index_array(exc_tokens, "exc_tokens")
