@@ -81,6 +81,7 @@ __all__ = [
 #: A feasible token whose float weight underflowed gets a log-ratio this much below the smallest
 #: finite log-ratio of its row (or 0 when none is finite), so it stays possible but negligible.
 RATIO_FLOOR_GAP = 50.0
+_CHUNK = 4096
 
 
 def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_default: torch.Tensor,
@@ -98,18 +99,21 @@ def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_de
     the ``coef_*`` are the rescaling factors exp(c_{r-1}(·) − m_s) (0 for infeasible states).
     This plain-torch version is the reference for ``ctrlg.kernels.backward_table``.
     """
-    g = (coef_default[:, None] * w_prev[default]) * nonexc_mass
-    if exc_src.numel():
-        g.index_add_(0, exc_src, coef_exc[:, None] * exc_emission * w_prev[exc_dst])
-    g += coef_eos[:, None] * eos_term
-    return g @ transition.T
+    g = w_prev[default].float().mul_(coef_default[:, None]).mul_(nonexc_mass)
+    for lo in range(0, exc_src.numel(), _CHUNK):  # chunks keep the [E, h] temporaries small
+        hi = lo + _CHUNK
+        term = w_prev[exc_dst[lo:hi]].float().mul_(exc_emission[lo:hi]).mul_(coef_exc[lo:hi, None])
+        g.index_add_(0, exc_src[lo:hi], term)
+    g.add_(eos_term * coef_eos[:, None])
+    return g @ transition.T.float()
 
 
 def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch.Tensor,
-                   emission: torch.Tensor) -> torch.Tensor:
-    """Filtering step: q ∝ p ⊙ B[:, v]; returns p_next = q A ([R, h]). Rows where the HMM gives
-    the chosen token probability 0 keep p A (the HMM cannot explain the token; we move on)."""
-    q = priors * emission[:, tokens].T
+                   emission_t: torch.Tensor) -> torch.Tensor:
+    """Filtering step: q ∝ p ⊙ B[:, v]; returns p_next = q A ([R, h]). ``emission_t`` is Bᵀ
+    [V, h] (rows are contiguous). Rows where the HMM gives the chosen token probability 0 keep
+    p A (the HMM cannot explain the token; we move on)."""
+    q = priors * emission_t[tokens]
     norm = q.sum(-1, keepdim=True)
     q = torch.where(norm > 0, q / norm.clamp_min(torch.finfo(q.dtype).tiny), priors)
     out = q @ transition
@@ -264,7 +268,9 @@ class GuideTables:
         hmm, dfa, exc = self.hmm, self.dfa, self.exc
         device, n, S, h = hmm.emission.device, self.max_tokens, dfa.num_states, hmm.hidden_size
         A, B = hmm.transition.float(), hmm.emission.float()
-        self._transition, self._emission = A, B
+        self._transition = A
+        # Bᵀ [V, h]: per-token columns of B are contiguous rows here; p B = (Bᵀ pᵀ)ᵀ (one pass).
+        self._emission_t = B.T.contiguous()
         tensor = lambda a: torch.tensor(a, device=device)  # noqa: E731
         self._default_t = tensor(dfa.default)
         self._exc_src_t, self._exc_dst_t = tensor(exc.src), tensor(exc.dst)
@@ -408,13 +414,17 @@ class GuideTables:
 
         Raw values: −inf where the float product is 0 (infeasible or underflowed); combine with
         :meth:`token_feasible` (see :meth:`log_ratio`)."""
+        return self._weights(states, priors, remaining, ratio=False)
+
+    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool):
+        """Shared body of :meth:`token_weights` and :meth:`log_ratio`. With ``ratio`` it returns
+        log(P(v, α | x≤t) / P(v | x≤t)) directly (one log per entry instead of two)."""
         if self.hmm is None:
-            raise ConstraintError("token_weights needs an HMM; these tables are logical-only")
+            raise ConstraintError("token weights need an HMM; these tables are logical-only")
         states, remaining = self._check_remaining(states, remaining)
         dev = priors.device
         R = len(states)
-        rr_np = remaining - 1
-        rr = torch.as_tensor(rr_np, device=dev)
+        rr = torch.as_tensor(remaining - 1, device=dev)
         d = self._default_t[torch.as_tensor(states, device=dev)]
         w_default = self.w_hat[rr, d]                                    # [R, h]
         c_default = self.log_scale[rr, d]                                # [R] float64
@@ -425,35 +435,48 @@ class GuideTables:
         pairs, inverse = np.unique(np.stack([lrows, self.exc.dst[lk]]), axis=1, return_inverse=True)
         pairs_t = torch.as_tensor(pairs, device=dev)
         extra = priors[pairs_t[0]] * self.w_hat[rr[pairs_t[0]], pairs_t[1]]
-        both = torch.cat([priors, priors * w_default, extra]) @ self._emission  # one pass over B
+        stacked = torch.cat([priors, priors * w_default, extra])
+        both = (self._emission_t @ stacked.T).T                          # one pass over B
         marginal, joint = both[:R], both[R:2 * R]
-        log_marginal = torch.log(marginal)
-        log_joint = torch.log(joint) + c_default.float()[:, None]
-        log_joint[~torch.isfinite(c_default)] = -math.inf
+
+        def log_of(values, row_idx, tok_idx, scale):
+            if ratio:
+                values = values / marginal[row_idx, tok_idx]
+            return torch.log(values) + scale
+
+        if ratio:
+            out = torch.log(joint / marginal) + c_default.float()[:, None]
+            log_marginal = None
+        else:
+            log_marginal = torch.log(marginal)
+            out = torch.log(joint) + c_default.float()[:, None]
+        out[~torch.isfinite(c_default)] = -math.inf
         if len(lrows):
             trows, tokens, tk = self._expand(lrows, lk)
             pair_of = np.repeat(np.asarray(inverse).reshape(-1), np.diff(self.members_ptr)[self.exc.tok[lk]])
             pair_t = torch.as_tensor(pair_of, device=dev)
-            tok_t = torch.as_tensor(tokens, device=dev)
+            tok_t, rows_t = torch.as_tensor(tokens, device=dev), torch.as_tensor(trows, device=dev)
             vals = both[2 * R + pair_t, tok_t]
             scale = self.log_scale[rr[pairs_t[0][pair_t]], pairs_t[1][pair_t]].float()
-            log_joint[torch.as_tensor(trows, device=dev), tok_t] = torch.log(vals) + scale
+            out[rows_t, tok_t] = log_of(vals, rows_t, tok_t, scale)
         srows, sk = rows[~large], k[~large]
         if len(srows):
             trows, tokens, tk = self._expand(srows, sk)
             rows_t, tok_t = torch.as_tensor(trows, device=dev), torch.as_tensor(tokens, device=dev)
             dst = self._exc_dst_t[torch.as_tensor(tk, device=dev)]
-            val = (priors[rows_t] * self._emission[:, tok_t].T * self.w_hat[rr[rows_t], dst]).sum(-1)
-            log_joint[rows_t, tok_t] = torch.log(val) + self.log_scale[rr[rows_t], dst].float()
-        allowed_rows = torch.as_tensor([self.eos_allowed(r) for r in remaining], device=dev)
+            val = (priors[rows_t] * self._emission_t[tok_t] * self.w_hat[rr[rows_t], dst]).sum(-1)
+            out[rows_t, tok_t] = log_of(val, rows_t, tok_t, self.log_scale[rr[rows_t], dst].float())
+        if self.eos_ids:
+            allowed_rows = torch.as_tensor([self.eos_allowed(r) for r in remaining], device=dev)
+            suffix_value = (torch.log(priors @ self._suffix_hat) + self._suffix_log) if self.suffix_ids else None
         for j, e in enumerate(self.eos_ids):
             allowed = allowed_rows & torch.as_tensor(self.eos_accept[states, j], device=dev)
-            if self.suffix_ids:
-                value = torch.log(priors @ self._suffix_hat) + self._suffix_log
+            if suffix_value is not None:
+                value = suffix_value - (torch.log(marginal[:, e]) if ratio else 0.0)
             else:
-                value = log_marginal[:, e]
-            log_joint[:, e] = torch.where(allowed, value, -math.inf)
-        return log_joint, log_marginal
+                value = torch.zeros(R, device=dev) if ratio else log_marginal[:, e]
+            out[:, e] = torch.where(allowed, value, -math.inf)
+        return out if ratio else (out, log_marginal)
 
     def log_ratio(self, states, priors: torch.Tensor | None, remaining) -> torch.Tensor:
         """Ctrl-G's guidance term log p_hmm(α | x≤t, v) = log P(v, α | x≤t) − log P(v | x≤t),
@@ -464,13 +487,15 @@ class GuideTables:
         if self.hmm is None or priors is None:
             zero = torch.zeros(mask.shape, device=mask.device)
             return torch.where(mask, zero, -math.inf)
-        log_joint, log_marginal = self.token_weights(states, priors, remaining)
-        ratio = log_joint - log_marginal.clamp_min(math.log(torch.finfo(torch.float32).tiny))
-        finite = torch.isfinite(ratio) & mask
-        lowest = torch.where(finite, ratio, math.inf).amin(1, keepdim=True)
-        floor = torch.where(torch.isfinite(lowest), lowest - RATIO_FLOOR_GAP, 0.0)
-        ratio = torch.where(finite, ratio, floor)
-        return torch.where(mask, ratio, -math.inf)
+        ratio = self._weights(states, priors, remaining, ratio=True)
+        finite = torch.isfinite(ratio)
+        lost = mask & ~finite
+        if bool(lost.any()):  # underflow on a feasible token: floor it (rare)
+            good = finite & mask
+            lowest = torch.where(good, ratio, math.inf).amin(1, keepdim=True)
+            floor = torch.where(torch.isfinite(lowest), lowest - RATIO_FLOOR_GAP, 0.0)
+            ratio = torch.where(lost, floor, ratio)
+        return ratio.masked_fill_(~mask, -math.inf)
 
     def log_prob_accept(self, state: int | None = None, prior: torch.Tensor | None = None,
                         remaining: int | None = None) -> float:
@@ -486,7 +511,7 @@ class GuideTables:
     def advance(self, priors: torch.Tensor, tokens) -> torch.Tensor:
         """Forward messages after emitting ``tokens`` [R]: see :func:`forward_update`."""
         tokens = torch.as_tensor(tokens, device=priors.device).reshape(-1)
-        return forward_update(priors, tokens, self._transition, self._emission)
+        return forward_update(priors, tokens, self._transition, self._emission_t)
 
 
 def build_tables(hmm, dfa: TokenDFA, max_tokens: int, **kwargs) -> GuideTables:
