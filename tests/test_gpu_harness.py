@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a folder of the repository, not an installed package
@@ -114,7 +115,7 @@ def test_fraction_of_peak_arithmetic():
     assert fraction_of_bandwidth(3.35e12 / 2, peak) == pytest.approx(0.5)
     # backward step: S = 1000, h = 4096 in 1 ms -> 2·S·h² FLOPs (+ gathers) per ms
     timing = Timing(1e-3, 1e-3, 1e-3, [1e-3])
-    row = backward_table._row("triton", __import__("torch").bfloat16, 1000, 4096, 6000, timing, peak)
+    row = backward_table._row("triton", torch.bfloat16, 1000, 4096, 6000, timing, peak)
     flops = 2 * 1000 * 4096**2 + 3 * 1000 * 4096 + 3 * 6000 * 4096
     assert row["tflops"] == pytest.approx(flops / 1e-3 / 1e12)
     assert row["fraction_of_peak"]["bf16"] == pytest.approx(flops / 1e-3 / 989e12)
