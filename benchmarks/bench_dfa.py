@@ -6,8 +6,11 @@ Measures, in one process on CPU:
    4 concepts (DESIGN.md's target: ≤ 1 s, ≤ 50 MB; the published implementation: 787 states,
    311 s, 4.2 GB) and for 5 concepts — states, stored (letter) exceptions, per-token exceptions,
    letters, build time and peak Python memory (tracemalloc);
-2. the same 4-concept constraint built by a per-token reference: a product over reachable pairs
-   that iterates over the union of the two states' exception *tokens* (no letters), as a ratio;
+   — with the end-of-word check for keywords (the default) and without it (``whole_word=False``,
+   the variant comparable to the published automaton);
+2. the 4-concept constraint without the end-of-word check built by a per-token reference: a
+   product over reachable pairs that iterates over the union of the two states' exception
+   *tokens* (no letters), as a ratio, and checked to accept the same language;
 3. the intersection of 10 keyword DFAs: states of the full product (Π |Q_i|) vs the reachable
    pairs our product visits (``minimal=False``) vs the minimal DFA, and the build time.
 
@@ -113,10 +116,14 @@ def main() -> None:
     rows = []
     results: dict = {"vocab_size": len(token_bytes(tokenizer)), "vocab_index_s": vocab_index_s}
 
-    for name, concepts in (("commongen_4", CONCEPTS_4), ("commongen_5", CONCEPTS_5)):
+    for name, concepts, whole in (("commongen_4", CONCEPTS_4, True),
+                                  ("commongen_4_no_word_end", CONCEPTS_4, False),
+                                  ("commongen_5", CONCEPTS_5, True)):
         d, seconds, peak = measure(
-            lambda c=concepts: dfa.commongen_constraint(tokenizer, c, min_words=5, max_words=20))
-        entry = {"concepts": concepts, "states": d.num_states, "letters": d.num_letters,
+            lambda c=concepts, w=whole: dfa.commongen_constraint(tokenizer, c, min_words=5,
+                                                                 max_words=20, whole_word=w))
+        entry = {"concepts": concepts, "whole_word": whole, "states": d.num_states,
+                 "letters": d.num_letters,
                  "stored_exceptions": d.num_stored_exceptions,
                  "per_token_exceptions": d.num_exceptions, "build_s": seconds, "peak_mb": peak}
         results[name] = entry
@@ -126,7 +133,7 @@ def main() -> None:
     if not args.quick:
         groups = [dfa.inflections(w, p) for w, p in
                   (c.split("_") for c in CONCEPTS_4.split("#"))]
-        parts = (dfa.keywords(tokenizer, groups), dfa.word_count(tokenizer, 5, 20),
+        parts = (dfa.keywords(tokenizer, groups, whole_word=False), dfa.word_count(tokenizer, 5, 20),
                  dfa.eos(tokenizer.eos_token_id, len(token_bytes(tokenizer)), required=True))
 
         def per_token():
@@ -140,7 +147,8 @@ def main() -> None:
         ref_s = time.perf_counter() - start
         ref_states = ref.num_states
         ref_min = dfa.minimize(ref).num_states
-        ours = dfa.commongen_constraint(tokenizer, CONCEPTS_4, min_words=5, max_words=20)
+        ours = dfa.commongen_constraint(tokenizer, CONCEPTS_4, min_words=5, max_words=20,
+                                        whole_word=False)
         same_language = (dfa.intersect(ref, dfa.complement(ours, allow_empty=True),
                                        allow_empty=True).is_empty()
                          and dfa.intersect(ours, dfa.complement(ref, allow_empty=True),
@@ -148,8 +156,8 @@ def main() -> None:
         results["commongen_4_per_token_reference"] = {
             "states_trimmed": ref_states, "states_minimal": ref_min,
             "exceptions": ref.num_exceptions, "build_s": ref_s, "same_language": same_language,
-            "ratio_vs_ours": ref_s / results["commongen_4"]["build_s"]}
-        rows.append(("commongen_4 (per-token ref)", ref_states, ref.num_exceptions,
+            "ratio_vs_ours": ref_s / results["commongen_4_no_word_end"]["build_s"]}
+        rows.append(("commongen_4_no_word_end (per-token ref)", ref_states, ref.num_exceptions,
                      ref.num_exceptions, ref_s, float("nan")))
 
     keyword_dfas = [dfa.keywords(tokenizer, [dfa.inflections(w)]) for w in KEYWORDS_10]
@@ -170,19 +178,20 @@ def main() -> None:
 
     print(f"vocabulary index (once per tokenizer): {vocab_index_s:.2f} s; V = "
           f"{results['vocab_size']}")
-    header = f"{'automaton':36} {'states':>12} {'stored exc':>11} {'token exc':>11} " \
+    header = f"{'automaton':42} {'states':>12} {'stored exc':>11} {'token exc':>11} " \
              f"{'build s':>8} {'peak MB':>8}"
     print(header)
     print("-" * len(header))
     fmt = lambda v, f: ("" if v is None else (f.format(v) if v == v else "-"))  # noqa: E731
     for name, states, stored, per_token, seconds, peak in rows:
-        print(f"{name:36} {states:>12,} {fmt(stored, '{:,}'):>11} {fmt(per_token, '{:,}'):>11} "
+        print(f"{name:42} {states:>12,} {fmt(stored, '{:,}'):>11} {fmt(per_token, '{:,}'):>11} "
               f"{fmt(seconds, '{:.3f}'):>8} {fmt(peak, '{:.1f}'):>8}")
     if "commongen_4_per_token_reference" in results:
         r = results["commongen_4_per_token_reference"]
-        print(f"per-token reference / ours (4 concepts): {r['ratio_vs_ours']:.1f}x build time; "
-              f"reference minimal states {r['states_minimal']} vs ours "
-              f"{results['commongen_4']['states']}; same language: {r['same_language']}")
+        print(f"per-token reference / ours (4 concepts, no word-end check): "
+              f"{r['ratio_vs_ours']:.1f}x build time; reference minimal states "
+              f"{r['states_minimal']} vs ours {results['commongen_4_no_word_end']['states']}; "
+              f"same language: {r['same_language']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "bench_dfa.json"
     out.write_text(json.dumps(results, indent=2))

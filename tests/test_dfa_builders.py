@@ -57,6 +57,29 @@ def test_any_phrase_keeps_a_pattern_contained_in_another():
     assert d.accepts([1, 2, 1, 4]) and not d.accepts([1, 2, 1, 1])
 
 
+@settings(max_examples=60, deadline=None)
+@given(phrases(V, max_len=3, max_count=3), st.lists(st.booleans(), min_size=V, max_size=V))
+def test_phrases_followed_by_a_boundary(ps, mask):
+    boundary = np.array(mask)
+
+    def followed(s, i, p):
+        end = i + len(p)
+        return tuple(s[i:end]) == tuple(p) and (end == len(s) or boundary[s[end]])
+
+    d = dfa.any_phrase(ps, vocab_size=V, boundary=boundary)
+    want = expected(lambda s: any(followed(s, i, p) for p in ps for i in range(len(s))))
+    assert (language(d, MAX_LEN) == want).all()
+    d = dfa.starts_with(ps, vocab_size=V, boundary=boundary)
+    assert (language(d, MAX_LEN) == expected(lambda s: any(followed(s, 0, p) for p in ps))).all()
+
+
+def test_boundary_mask_is_validated():
+    with pytest.raises(ConstraintError, match="boundary"):
+        dfa.any_phrase([[1]], vocab_size=V, boundary=np.ones(V + 1, dtype=bool))
+    with pytest.raises(ConstraintError, match="boundary"):
+        dfa.starts_with([[1]], vocab_size=V, boundary=[1, 0, 1])
+
+
 @settings(max_examples=40, deadline=None)
 @given(phrases(V, max_len=3, max_count=3))
 def test_banned_phrases_is_the_complement(ps):

@@ -111,13 +111,17 @@ def test_keywords_by_brute_force(tiny_tokenizer):
     groups = [["ab"], ["b", "a"]]
     d = dfa.keywords(tiny_tokenizer, groups)
     phrase_sets = [keyword_phrases(tiny_tokenizer, g) for g in groups]
+    pieces = token_bytes(tiny_tokenizer)
 
-    def contains(seq, p):
-        return any(list(seq[i:i + len(p)]) == p for i in range(len(seq) - len(p) + 1))
+    def ends_word(seq, end):   # the next token cannot continue the word
+        return end == len(seq) or not pieces[seq[end]][:1].isalnum()
+
+    def at(seq, i, p):
+        return list(seq[i:i + len(p)]) == p and ends_word(seq, i + len(p))
 
     def ok(seq):
-        return all(any(contains(seq, p) for p in anywhere)
-                   or any(list(seq[:len(p)]) == p for p in at_start)
+        return all(any(at(seq, i, p) for p in anywhere for i in range(len(seq)))
+                   or any(at(seq, 0, p) for p in at_start)
                    for anywhere, at_start in phrase_sets)
 
     max_len = 4
@@ -132,6 +136,18 @@ def test_keyword_phrases_on_smollm2(smollm2_tokenizer):
     names = [tok.convert_ids_to_tokens(p) for p in anywhere]
     assert ["Ġstand"] in names and ["ĠStand"] in names
     assert ["stand"] in [tok.convert_ids_to_tokens(p) for p in at_start]
+
+
+def test_keywords_must_end_a_word_on_smollm2(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    d = dfa.keywords(tok, [["look"]])
+    look, out = tok.convert_tokens_to_ids(["Ġlook", "out"])
+    assert d.accepts(tok.encode("We look.", add_special_tokens=False))
+    assert d.accepts(tok.encode("We look", add_special_tokens=False))
+    assert d.accepts(tok.encode("look at it", add_special_tokens=False))
+    assert not d.accepts([look, out])                                   # " lookout"
+    assert d.accepts([look, out] + tok.encode(" look", add_special_tokens=False))
+    assert d.accepts([look, tok.eos_token_id])
 
 
 def test_word_count_on_smollm2_sentences(smollm2_tokenizer):

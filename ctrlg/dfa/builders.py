@@ -12,6 +12,10 @@
 * :func:`banned_phrases` — the complement of :func:`any_phrase`.
 * :func:`starts_with`, :func:`exact`, :func:`universal` — anchored phrases, one exact sequence, Σ*.
 
+:func:`any_phrase` and :func:`starts_with` take an optional ``boundary`` mask: an occurrence then
+counts only if it ends the sequence or is followed by a boundary token (a "pending" state per
+match node, built over three kinds of letters: phrase tokens, boundary tokens, the rest).
+
 Every builder validates its input and raises :class:`~ctrlg.errors.ConstraintError` (a
 ``ValueError``) naming the offending phrase or token.
 """
@@ -23,7 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ctrlg.dfa.core import DFABuilder, TokenDFA
+from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA
+from ctrlg.dfa.ops import complement, finish
 from ctrlg.errors import ConstraintError
 
 __all__ = ["phrase", "any_phrase", "length", "eos", "banned_phrases", "starts_with", "exact",
@@ -112,22 +117,17 @@ def _trie(phrases: list[list[int]]) -> tuple[list[dict[int, int]], list[bool]]:
     return children, terminal
 
 
-def any_phrase(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
-    """Accepts the token sequences that contain at least one of ``phrases`` (Aho–Corasick).
-
-    Output propagation along failure links makes a phrase that occurs inside another one count
-    (``any_phrase([[12, 3], [2, 3]])`` accepts both ``[12, 3]`` and ``[2, 3]``).
-    """
-    V = _check_vocab_size(vocab_size)
-    children, terminal = _trie(_check_phrases(phrases, V))
+def _aho_corasick(phrases: list[list[int]]) -> tuple[list[dict[int, int]], list[bool]]:
+    """Goto/failure automaton of the trie: ``delta[node]`` holds the transitions that do not go
+    back to the root; ``match[node]`` is True iff some phrase ends at ``node`` or at a node on its
+    failure chain (output propagation)."""
+    children, terminal = _trie(phrases)
     n = len(children)
     fail = [0] * n
     match = list(terminal)
-    delta: list[dict[int, int] | None] = [None] * n
+    delta: list[dict[int, int]] = [{} for _ in range(n)]
     delta[0] = dict(children[0])
-    queue = deque()
-    for child in children[0].values():
-        queue.append(child)
+    queue = deque(children[0].values())
     while queue:
         node = queue.popleft()
         match[node] = match[node] or match[fail[node]]
@@ -137,9 +137,59 @@ def any_phrase(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
         for t, child in children[node].items():
             fail[child] = delta[fail[node]].get(t, 0)
             queue.append(child)
+    return delta, match
+
+
+def _check_boundary(boundary, vocab_size: int) -> np.ndarray:
+    mask = np.asarray(boundary)
+    if mask.dtype != bool or mask.shape != (vocab_size,):
+        raise ConstraintError(f"boundary must be a bool mask of shape ({vocab_size},), got "
+                              f"dtype {mask.dtype} and shape {mask.shape}")
+    return mask
+
+
+def _with_boundary(rows: list[dict[int, int]], pending: list[bool], fallback: int,
+                   boundary: np.ndarray, what: str) -> TokenDFA:
+    """Class-level automaton for "a pending node followed by a boundary token (or the end)".
+
+    ``rows[u]`` are node u's explicit transitions (all other tokens go to ``fallback``: the root
+    for Aho–Corasick, the dead state for an anchored trie); a pending node accepts at the end of
+    the input and moves to an absorbing accepting state on a boundary token."""
+    tokens = sorted({t for row in rows for t in row})
+    labels = np.where(boundary, 0, 1).astype(np.int64)
+    labels[tokens] = 2 + np.arange(len(tokens))
+    classes = TokenClasses.from_labels(labels)
+    n = len(rows)
+    accept = n
+    table = np.full((n + 1, classes.num_classes), fallback, dtype=np.int64)
+    for u, row in enumerate(rows):
+        if row:
+            table[u, classes.class_of_token[list(row)]] = list(row.values())
+    boundary_classes = boundary[classes.representatives]
+    for u in np.nonzero(pending)[0]:
+        table[u, boundary_classes] = accept
+    table[accept] = accept
+    accepting = np.array(list(pending) + [True])
+    return finish(table, accepting, 0, classes, False, what)
+
+
+def any_phrase(phrases: Sequence[Sequence[int]], vocab_size: int,
+               boundary=None) -> TokenDFA:
+    """Accepts the token sequences that contain at least one of ``phrases`` (Aho–Corasick).
+
+    Output propagation along failure links makes a phrase that occurs inside another one count
+    (``any_phrase([[12, 3], [2, 3]])`` accepts both ``[12, 3]`` and ``[2, 3]``).
+
+    ``boundary`` (optional bool mask [V]): an occurrence counts only if it ends the sequence or
+    the next token is a boundary token (e.g. tokens that cannot continue a word).
+    """
+    V = _check_vocab_size(vocab_size)
+    delta, match = _aho_corasick(_check_phrases(phrases, V))
+    if boundary is not None:
+        return _with_boundary(delta, match, 0, _check_boundary(boundary, V), "phrase constraint")
     # all matching nodes collapse into one absorbing accepting state
     ids: dict[int, int] = {}
-    for node in range(n):
+    for node in range(len(delta)):
         if not match[node]:
             ids[node] = len(ids)
     accept = len(ids)
@@ -153,13 +203,20 @@ def any_phrase(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
     return builder.build(initial=ids[0] if 0 in ids else accept).trim()
 
 
-def starts_with(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
+def starts_with(phrases: Sequence[Sequence[int]], vocab_size: int,
+                boundary=None) -> TokenDFA:
     """Accepts the token sequences that begin with at least one of ``phrases`` (a trie whose
-    terminal nodes are absorbing accepting states; every other token leads to a dead state)."""
+    terminal nodes are absorbing accepting states; every other token leads to a dead state).
+    ``boundary`` as in :func:`any_phrase`: the phrase must end the sequence or be followed by a
+    boundary token."""
     V = _check_vocab_size(vocab_size)
     children, terminal = _trie(_check_phrases(phrases, V))
-    builder = DFABuilder(V)
     dead = len(children)
+    if boundary is not None:
+        rows = [dict(c) for c in children] + [{}]
+        return _with_boundary(rows, terminal + [False], dead, _check_boundary(boundary, V),
+                              "phrase constraint")
+    builder = DFABuilder(V)
     for node in range(len(children)):
         if terminal[node]:
             builder.add_state(accepting=True)           # absorbing
@@ -231,6 +288,4 @@ def eos(eos_token_id: int, vocab_size: int, required: bool = False) -> TokenDFA:
 
 def banned_phrases(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
     """Accepts the token sequences that contain none of ``phrases``."""
-    from ctrlg.dfa.ops import complement
-
     return complement(any_phrase(phrases, vocab_size))

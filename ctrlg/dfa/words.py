@@ -19,7 +19,9 @@ multi-word pieces, specials), so the automaton is built over classes and expande
 the group is satisfied when the token sequence contains the tokenization of one form *as the
 tokenizer produces it in running text*: after a space (``Ġstand`` / ``▁stand``, found anywhere,
 Aho–Corasick) or at the very start of the generation without a space (anchored); each form is
-also tried with its first letter capitalised. Groups are combined by intersection.
+also tried with its first letter capitalised. The form must end a word: the next token (if any)
+must not start with a letter or digit (so ``Ġlook`` + ``out`` does not count as "look").
+Groups are combined by intersection.
 
 **CommonGen.** :func:`commongen_constraint` = keywords for every concept (all inflections, via
 ``lemminflect``) ∧ ``min_words ≤ words ≤ max_words`` ∧ the EOS discipline of
@@ -39,7 +41,7 @@ from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
 
-__all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "inflections",
+__all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary", "inflections",
            "parse_concepts", "commongen_constraint"]
 
 _WORD_BYTE = re.compile(rb"[0-9A-Za-z\x80-\xff]")
@@ -191,22 +193,31 @@ def keyword_phrases(tokenizer, forms: Sequence[str]) -> tuple[list[list[int]], l
     return anywhere, at_start
 
 
-def keywords(tokenizer, groups: Sequence[Sequence[str]], *,
+def keywords(tokenizer, groups: Sequence[Sequence[str]], *, whole_word: bool = True,
              vocab_size: int | None = None) -> TokenDFA:
     """Accepts the token sequences that contain, for **every** group, at least one of the
-    group's surface forms as a word (see the module docstring)."""
-    return _keywords(tokenizer, groups, len(_vocabulary(tokenizer, vocab_size)))
+    group's surface forms as a word (see the module docstring). ``whole_word=False`` drops the
+    end-of-word check (a smaller automaton; ``Ġlook`` + ``out`` then counts as "look")."""
+    return _keywords(tokenizer, groups, _vocabulary(tokenizer, vocab_size), whole_word)
 
 
-def _keywords(tokenizer, groups, V: int) -> TokenDFA:
+def word_boundary(tokens: Sequence[bytes]) -> np.ndarray:
+    """Bool [V]: tokens that cannot continue a word, i.e. whose first byte is not a letter or
+    digit (whitespace, punctuation, and text-less tokens such as EOS)."""
+    return np.array([data[:1].translate(_SHAPE) != b"a" for data in tokens], dtype=bool)
+
+
+def _keywords(tokenizer, groups, tokens: Sequence[bytes], whole_word: bool) -> TokenDFA:
+    V = len(tokens)
     if isinstance(groups, str) or not groups:
         raise ConstraintError(f"groups must be a non-empty list of keyword lists, got {groups!r}")
+    boundary = word_boundary(tokens) if whole_word else None
     dfas = []
     for group in groups:
         anywhere, at_start = keyword_phrases(tokenizer, group)
-        parts = [any_phrase(anywhere, V)] if anywhere else []
+        parts = [any_phrase(anywhere, V, boundary)] if anywhere else []
         if at_start:
-            parts.append(starts_with(at_start, V))
+            parts.append(starts_with(at_start, V, boundary))
         dfas.append(parts[0] if len(parts) == 1 else union(*parts))
     return dfas[0] if len(dfas) == 1 else intersect(*dfas)
 
@@ -258,18 +269,21 @@ def parse_concepts(concepts: str | Sequence[str]) -> list[tuple[str, str | None]
 
 def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: int = 1,
                          max_words: int | None = None, *, eos_token_id: int | None = None,
-                         require_eos: bool = True, vocab_size: int | None = None) -> TokenDFA:
+                         require_eos: bool = True, whole_word: bool = True,
+                         vocab_size: int | None = None) -> TokenDFA:
     """The CommonGen constraint: every concept appears in some inflection ∧ ``min_words ≤ words ≤
     max_words`` ∧ after EOS only EOS (``require_eos``: the generation must end with EOS).
 
     ``concepts``: ``"field_N#look_V#stand_V"`` or a list of ``word_POS`` strings.
     ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
+    ``whole_word`` as in :func:`keywords`.
     """
     groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     _check_word_range(min_words, max_words)
     tokens = _vocabulary(tokenizer, vocab_size)
     V = len(tokens)
-    parts = [_keywords(tokenizer, groups, V), _word_count_from_bytes(tokens, min_words, max_words)]
+    parts = [_keywords(tokenizer, groups, tokens, whole_word),
+             _word_count_from_bytes(tokens, min_words, max_words)]
     eos_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
         parts.append(eos_discipline(int(eos_id), V, required=require_eos))
