@@ -1,0 +1,154 @@
+"""LM sampling for distillation (ctrlg.hmm.sampling) and the pipeline (ctrlg.hmm.distill) on a tiny
+random Llama with a word-level tokenizer."""
+
+import json
+
+import pytest
+import torch
+
+from ctrlg import HMM
+from ctrlg.errors import CtrlgError
+from ctrlg.hmm.sampling import (commongen_prompts, load_chunks, read_prompts, sample_sequences,
+                                sample_to_disk, shared_prefix)
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": EOS, **{f"w{i}": i for i in range(3, 40)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>",
+                                        bos_token="<bos>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # make EOS likely so that rows finish at different times
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight.mean(0)
+        model.lm_head.weight[EOS] *= 3
+    path = tmp_path_factory.mktemp("tiny_lm")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model, tokenizer, path
+
+
+def full_forward_check(model, prompt, tokens, logprob, hidden, hidden_atol=1e-5):
+    n = next((i + 1 for i, x in enumerate(tokens.tolist()) if x == EOS), len(tokens))
+    ids = torch.cat([prompt, tokens[:n]])[None]
+    out = model(ids, output_hidden_states=True)
+    want = torch.log_softmax(out.logits[0, len(prompt) - 1:-1].float(), -1).gather(1, tokens[:n, None])[:, 0]
+    torch.testing.assert_close(logprob[:n], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hidden[:n], out.hidden_states[-1][0, len(prompt) - 1:-1], atol=hidden_atol,
+                               rtol=hidden_atol)
+    assert (tokens[n:] == EOS).all() and (logprob[n:] == 0).all()
+    return n
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("use_prefix", [False, True])
+def test_cached_sampling_matches_full_forward(tiny_lm, use_prefix):
+    model = tiny_lm[0]
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.tensor([20, 21, 22])
+    ids = torch.randint(3, 40, (8, 5), generator=g)
+    mask = torch.ones(8, 5, dtype=torch.long)
+    mask[0, :2] = 0
+    mask[3, :4] = 0
+    ids[mask == 0] = 0
+    res = sample_sequences(model, ids, mask, 10, eos_token_ids=[EOS], generator=g, return_hidden=True,
+                           prefix_ids=prefix if use_prefix else None)
+    lengths = []
+    for b in range(8):
+        prompt = ids[b][mask[b].bool()]
+        if use_prefix:
+            prompt = torch.cat([prefix, prompt])
+        lengths.append(full_forward_check(model, prompt, res["tokens"][b], res["logprob"][b], res["hidden"][b]))
+    assert len(set(lengths)) > 2  # rows finished at different steps (dropping finished rows works)
+
+
+def test_sampling_is_ancestral():
+    """Empirical next-token frequencies match the LM's softmax (no top-k / top-p / temperature)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=6, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, eos_token_id=5)).eval()
+    ids = torch.tensor([[1, 2]]).repeat(4000, 1)
+    res = sample_sequences(model, ids, torch.ones_like(ids), 1, eos_token_ids=[5],
+                           generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        probs = torch.softmax(model(ids[:1]).logits[0, -1], -1)
+    freq = torch.bincount(res["tokens"][:, 0], minlength=6).float() / 4000
+    assert (freq - probs).abs().max() < 0.03
+
+
+def test_sample_to_disk_is_chunked_seeded_and_resumable(tiny_lm, tmp_path):
+    model, tokenizer, _ = tiny_lm
+    prompts = [f"w10 w11 w{i} w{i + 1}" for i in range(3, 30)]
+    kwargs = dict(length=6, chunk_size=4, batch_size=3, seed=5)
+    sample_to_disk(model, tokenizer, prompts, tmp_path / "a", num_sequences=10, **kwargs)
+    sample_to_disk(model, tokenizer, prompts, tmp_path / "b", num_sequences=4, **kwargs)
+    sample_to_disk(model, tokenizer, prompts, tmp_path / "b", num_sequences=10, **kwargs)  # resume
+    a = load_chunks(tmp_path / "a", ("tokens", "logprob", "hidden", "prompt_index"))
+    b = load_chunks(tmp_path / "b", ("tokens", "logprob", "hidden", "prompt_index"))
+    assert a["tokens"].shape == (10, 6) and a["hidden"].shape == (10, 6, 32)
+    assert len(list((tmp_path / "a").glob("chunk_*"))) == 3
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    with torch.no_grad():  # spot-check one row against the full forward pass
+        row = 7
+        prompt = torch.tensor(tokenizer(prompts[int(a["prompt_index"][row])])["input_ids"])
+        full_forward_check(model, prompt, a["tokens"][row], a["logprob"][row], a["hidden"][row].float(),
+                           hidden_atol=2e-3)  # stored as float16
+    with pytest.raises(CtrlgError, match="other settings"):
+        sample_to_disk(model, tokenizer, prompts, tmp_path / "a", num_sequences=10,
+                       **{**kwargs, "length": 7})
+    with pytest.raises(CtrlgError, match="positive"):
+        sample_to_disk(model, tokenizer, prompts, tmp_path / "c", num_sequences=0, length=4)
+
+
+def test_prompt_helpers(tmp_path):
+    assert commongen_prompts(["dog frisbee catch", "", "dog  frisbee catch", "a b"]) == [
+        "Write a sentence using the words: dog, frisbee, catch.", "Write a sentence using the words: a, b."]
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3], [1, 2, 5, 6]]) == [1, 2]
+    assert shared_prefix([[1, 2], [1, 2]]) == [1]  # every suffix keeps at least one token
+    (tmp_path / "p.txt").write_text("a b\n\n c d \n")
+    assert read_prompts(tmp_path / "p.txt") == ["a b", "c d"]
+    with pytest.raises(CtrlgError, match="does not exist"):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(CtrlgError, match="no non-empty lines"):
+        read_prompts(tmp_path / "empty.txt")
+
+
+def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
+    from ctrlg.hmm.distill import distill
+
+    _, tokenizer, path = tiny_lm
+    cfg = {
+        "seed": 0, "device": "cpu", "threads": 1, "hidden_size": 6, "model": {"name": str(path)},
+        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
+                    "heldout_fraction": 0.2},
+        "sampling": {"num_sequences": 24, "heldout_sequences": 8, "length": 5, "batch_size": 8,
+                     "chunk_size": 8, "dir": str(tmp_path / "samples")},
+        "lvd": {"kmeans_iters": 5, "pseudocount": 0.5},
+        "em": {"schedule": [[2, 1], [3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5},
+        "output": {"dir": str(tmp_path / "out"), "dtype": "float32"},
+    }
+    metrics = distill(cfg)
+    ll = metrics["heldout_ll_per_token"]
+    assert ll["hmm"] == pytest.approx(ll["hmm_as_saved"], abs=1e-5)
+    assert ll["lm"] < 0 and ll["unigram"] < 0 and ll["hmm"] < 0
+    curve = json.loads((tmp_path / "out" / "curve.json").read_text())
+    assert curve["step"] == list(range(6)) and curve["heldout_ll"][-1] == pytest.approx(ll["hmm"], abs=1e-5)
+    assert (tmp_path / "out" / "curve.png").stat().st_size > 1000
+    hmm = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
+    assert hmm.hidden_size == 6 and hmm.vocab_size == 40 and hmm.config["eos_pad_state"] == 5
+    assert hmm.emission[5, EOS] == 1.0
