@@ -183,7 +183,7 @@ class GuideTables:
     def __init__(self, dfa: TokenDFA, hmm=None, max_tokens: int = 32, *, min_tokens: int = 0,
                  eos_token_id: int | Sequence[int] | None = None,
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
-                 progress: bool = False):
+                 progress: bool | None = None):
         if not isinstance(dfa, TokenDFA):
             raise ConstraintError(f"expected a TokenDFA, got {type(dfa).__name__}")
         if int(max_tokens) < 1:
@@ -262,7 +262,7 @@ class GuideTables:
                 f"{self.max_tokens} tokens" + (f" (min_new_tokens={self.min_tokens})" if self.min_tokens else ""))
 
     # ------------------------------------------------------------------ backward tables
-    def _build_tables(self, use_kernel: bool | None, progress: bool) -> None:
+    def _build_tables(self, use_kernel: bool | None, progress: bool | None) -> None:
         from tqdm.auto import tqdm
 
         hmm, dfa, exc = self.hmm, self.dfa, self.exc
@@ -324,7 +324,7 @@ class GuideTables:
         has_default = tensor(self.has_default)
         feasible = tensor(self.feasible)
         tiny_log = math.log(torch.finfo(torch.float32).tiny)
-        for r in tqdm(range(1, n + 1), desc="guide tables", disable=not progress, leave=False):
+        for r in tqdm(range(1, n + 1), desc="guide tables", disable=None if progress is None else not progress, leave=False):
             c = log_scale[r - 1]
             c_default = torch.where(has_default, c[self._default_t], -math.inf)
             m = c_default.clone()

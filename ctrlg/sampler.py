@@ -79,6 +79,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         mode: ``"ctrlg"`` or ``"logical"``.
         suffix_ids: insertion suffix (token ids) the HMM must emit after the generation.
         use_kernel: use the Triton backward-table kernel (default: on CUDA).
+        progress: tqdm bar while building tables (default: only on a TTY).
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -87,7 +88,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def __init__(self, hmm, dfa: TokenDFA | Sequence[TokenDFA], prompt_length: int | None = None,
                  max_new_tokens: int = 32, min_new_tokens: int = 0, eos_token_id=None,
                  mode: str = "ctrlg", suffix_ids: Sequence[int] | None = None,
-                 use_kernel: bool | None = None, progress: bool = False):
+                 use_kernel: bool | None = None, progress: bool | None = None):
         if mode not in MODES:
             raise ConstraintError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "ctrlg" and hmm is None:
