@@ -44,7 +44,7 @@ MARKDOWN_COLUMNS = [
     ("impl", "impl", "{}"), ("dtype", "Ŵ, A dtype", "{}"), ("hidden_size", "h", "{}"),
     ("num_states", "S", "{}"), ("median_s", "ms/step", "ms"), ("tflops", "TFLOP/s", "{:.3g}"),
     ("fraction_of_peak.bf16", "of bf16 peak", "pct"), ("fraction_of_peak.fp32", "of fp32 peak", "pct"),
-    ("fraction_of_bandwidth", "of HBM", "pct"), ("speedup_vs_torch", "× torch", "{:.2f}"),
+    ("fraction_of_bandwidth", "of HBM", "pct"), ("speedup_vs_torch", "× torch", "{:.3g}"),
     ("max_rel_err_vs_torch", "max rel err", "{:.1e}"),
 ]
 

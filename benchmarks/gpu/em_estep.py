@@ -46,7 +46,7 @@ MARKDOWN_COLUMNS = [
     ("length", "L", "{}"), ("median_s", "ms/call", "ms"), ("tokens_per_s", "tokens/s", "{:.3g}"),
     ("tflops", "TFLOP/s", "{:.3g}"), ("fraction_of_peak.fp32", "of fp32 peak", "pct"),
     ("fraction_of_peak.tf32", "of tf32 peak", "pct"), ("fraction_of_peak.bf16", "of bf16 peak", "pct"),
-    ("fraction_of_bandwidth", "of HBM", "pct"), ("speedup_vs_torch", "× torch", "{:.2f}"),
+    ("fraction_of_bandwidth", "of HBM", "pct"), ("speedup_vs_torch", "× torch", "{:.3g}"),
     ("max_rel_err_vs_torch", "max rel err", "{:.1e}"),
 ]
 
