@@ -54,7 +54,6 @@ def time_lm_and_guide(model, proc, prompt_ids, steps: int, seed: int = 0):
     ids = torch.tensor([prompt_ids])
     lm_times, guide_times = [], []
     with torch.no_grad():
-        t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True)
         past = out.past_key_values
         logits = out.logits[:, -1].float()
@@ -71,8 +70,7 @@ def time_lm_and_guide(model, proc, prompt_ids, steps: int, seed: int = 0):
             t3 = time.perf_counter()
             out = model(input_ids=nxt, past_key_values=past, use_cache=True)
             t4 = time.perf_counter()
-            if step > 0 or True:
-                lm_times.append(t4 - t3)
+            lm_times.append(t4 - t3)
             past = out.past_key_values
             logits = out.logits[:, -1].float()
     return lm_times, guide_times, ids[0, len(prompt_ids):].tolist()

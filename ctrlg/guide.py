@@ -324,7 +324,9 @@ class GuideTables:
         has_default = tensor(self.has_default)
         feasible = tensor(self.feasible)
         tiny_log = math.log(torch.finfo(torch.float32).tiny)
-        for r in tqdm(range(1, n + 1), desc="guide tables", disable=None if progress is None else not progress, leave=False):
+        bar = tqdm(range(1, n + 1), desc="guide tables", leave=False,
+                   disable=None if progress is None else not progress)
+        for r in bar:
             c = log_scale[r - 1]
             c_default = torch.where(has_default, c[self._default_t], -math.inf)
             m = c_default.clone()

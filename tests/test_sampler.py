@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from ctrlg import HMM, dfa
+from ctrlg import dfa
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor, generate, lm_log_likelihood, rerank
@@ -205,6 +205,21 @@ def test_tiny_llama_sampling_and_beam_search_respect_the_constraint():
         assert all(t < V for g in out for t in g.token_ids)
         scores = [g.lm_log_likelihood for g in out]
         assert scores == sorted(scores, reverse=True)
+
+
+def test_one_dfa_per_input_row_with_several_samples_each():
+    V, n, eos = 5, 4, 4
+    hmm = random_hmm(3, V, 9)
+    lm = HMMForCausalLM.from_hmm(random_hmm(2, V, 10), prompt_length=1, eos_token_id=eos)
+    dfas = [dfa.phrase([1, 1], V), dfa.phrase([2, 3], V), dfa.complement(dfa.phrase([0], V))]
+    proc = ConstraintLogitsProcessor(hmm, dfas, prompt_length=1, max_new_tokens=n, eos_token_id=eos)
+    ids = torch.tensor([[1], [2], [3]])
+    torch.manual_seed(0)
+    out = lm.generate(ids, do_sample=True, num_return_sequences=4, max_new_tokens=n,
+                      logits_processor=[proc], attention_mask=torch.ones_like(ids))
+    for i, row in enumerate(out[:, 1:].tolist()):
+        y = row[:row.index(eos) + 1] if eos in row else row
+        assert dfas[i // 4].accepts(y), (i, y)
 
 
 def test_processor_state_follows_reordered_and_duplicated_beams():
