@@ -7,7 +7,8 @@ import torch
 
 from ctrlg import HMM
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.em import baum_welch, estep_torch, forward_loglik, log_prior, m_step, parse_schedule
+from ctrlg.hmm.em import (baum_welch, estep_torch, forward_loglik, log_prior, m_step, parse_schedule,
+                          unigram_prior)
 from ctrlg.hmm.lvd import count_hmm, kmeans, lvd_init, padding_mask
 
 
@@ -54,16 +55,18 @@ def test_expected_counts_equal_enumeration(h, V, L, seed):
     assert float(got.tokens) == 5 * L and float(got.sequences) == 5
 
 
-@pytest.mark.parametrize("pseudocount", [0.0, 0.5])
-def test_full_batch_em_never_lowers_the_objective(pseudocount):
+@pytest.mark.parametrize("pseudocount, prior", [(0.0, None), (0.5, None), (3.0, "unigram")])
+def test_full_batch_em_never_lowers_the_objective(pseudocount, prior):
+    """Log-likelihood (pseudocount 0) or log-likelihood + log-prior (MAP-EM) never decreases."""
     true = random_hmm(4, 12, seed=10, sharp=3.0)
     data = true.sample(300, 6, seed=0)
     hmm = random_hmm(4, 12, seed=11)
+    u = unigram_prior(data, 12) if prior else None
     objective = []
     for _ in range(15):
-        objective.append(float(forward_loglik(hmm, data)) + log_prior(hmm, pseudocount))
+        objective.append(float(forward_loglik(hmm, data)) + log_prior(hmm, pseudocount, u))
         counts = estep_torch(hmm.initial, hmm.transition, hmm.emission, data)
-        hmm = m_step(hmm, counts, pseudocount=pseudocount)
+        hmm = m_step(hmm, counts, pseudocount=pseudocount, emission_prior=u)
     diffs = torch.tensor(objective).diff()
     assert (diffs >= -1e-3).all(), objective
     assert objective[-1] > objective[0] + 1.0

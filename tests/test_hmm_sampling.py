@@ -80,13 +80,13 @@ def test_sampling_is_ancestral():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=6, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1, eos_token_id=5)).eval()
-    ids = torch.tensor([[1, 2]]).repeat(4000, 1)
+    ids = torch.tensor([[1, 2]]).repeat(2000, 1)
     res = sample_sequences(model, ids, torch.ones_like(ids), 1, eos_token_ids=[5],
                            generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         probs = torch.softmax(model(ids[:1]).logits[0, -1], -1)
-    freq = torch.bincount(res["tokens"][:, 0], minlength=6).float() / 4000
-    assert (freq - probs).abs().max() < 0.03
+    freq = torch.bincount(res["tokens"][:, 0], minlength=6).float() / 2000
+    assert (freq - probs).abs().max() < 0.04
 
 
 def test_sample_to_disk_is_chunked_seeded_and_resumable(tiny_lm, tmp_path):

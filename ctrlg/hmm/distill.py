@@ -9,8 +9,8 @@
 2. initialise the HMM with latent-variable distillation (:mod:`ctrlg.hmm.lvd`);
 3. train it with the mini-batch EM schedule (:mod:`ctrlg.hmm.em`), recording the held-out
    log-likelihood per token after each step;
-4. evaluate on the held-out samples: the HMM, a unigram model (fitted on the same training
-   tokens with the same pseudocount) and the LM itself (Σ log p_lm of the sampled tokens; the
+4. evaluate on the held-out samples: the HMM, a unigram model (add-one-smoothed, fitted on the
+   same training tokens) and the LM itself (Σ log p_lm of the sampled tokens; the
    EOS padding has probability 1), all as mean log-likelihood per token of the padded sequences;
 5. write ``<output.dir>/hmm/{model.safetensors,config.json}``, ``curve.json``, ``curve.png`` and
    ``metrics.json``.
@@ -57,12 +57,11 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     return prompts[:limit] if limit else prompts
 
 
-def unigram_loglik(train_tokens: torch.Tensor, heldout_tokens: torch.Tensor, vocab_size: int,
-                   pseudocount: float) -> float:
-    """Held-out mean log-likelihood per token of the smoothed unigram p(v) ∝ #v + c/V."""
-    counts = torch.bincount(train_tokens.flatten(), minlength=vocab_size).double() + pseudocount / vocab_size
-    logp = (counts / counts.sum()).log()
-    return float(logp[heldout_tokens.flatten()].mean())
+def unigram_loglik(train_tokens: torch.Tensor, heldout_tokens: torch.Tensor, vocab_size: int) -> float:
+    """Held-out mean log-likelihood per token of the add-one-smoothed training unigram."""
+    from ctrlg.hmm.em import unigram_prior
+
+    return float(unigram_prior(train_tokens, vocab_size).log()[heldout_tokens.flatten()].mean())
 
 
 def plot_curve(history: Mapping, path: Path, title: str = "") -> None:
@@ -142,7 +141,8 @@ def distill(cfg: Mapping) -> dict:
     start = time.perf_counter()
     hmm = lvd_init(train["tokens"], train["hidden"], h, V, eos_token_id=eos_id,
                    pseudocount=float(_get(cfg, "lvd.pseudocount", pseudocount)),
-                   kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=hmm_config)
+                   kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=hmm_config,
+                   emission_prior=_get(cfg, "em.emission_prior", "uniform"))
     timings["lvd_s"] = time.perf_counter() - start
     lvd_ll = float(forward_loglik(hmm, heldout["tokens"]) / heldout["tokens"].numel())
     del train["hidden"]
@@ -152,7 +152,8 @@ def distill(cfg: Mapping) -> dict:
         hmm, train["tokens"], schedule=_get(cfg, "em.schedule", "10:1"),
         num_chunks=int(_get(cfg, "em.num_chunks", 1)), pseudocount=pseudocount,
         heldout_tokens=heldout["tokens"], batch_size=int(_get(cfg, "em.batch_size", 256)),
-        backend=_get(cfg, "em.backend", "torch"), device=device, seed=seed)
+        backend=_get(cfg, "em.backend", "torch"), device=device, seed=seed,
+        emission_prior=_get(cfg, "em.emission_prior", "uniform"))
     timings["em_s"] = time.perf_counter() - start
     hmm = hmm.cpu()
 
@@ -163,7 +164,7 @@ def distill(cfg: Mapping) -> dict:
         "heldout_ll_per_token": {
             "hmm": float(forward_loglik(hmm, heldout["tokens"]) / n_tokens),
             "hmm_lvd_init": lvd_ll,
-            "unigram": unigram_loglik(train["tokens"], heldout["tokens"], V, pseudocount),
+            "unigram": unigram_loglik(train["tokens"], heldout["tokens"], V),
             "lm": float(heldout["logprob"].double().sum() / n_tokens),
         },
         "eos_fraction_heldout": float((heldout["tokens"] == eos_id).float().mean()),

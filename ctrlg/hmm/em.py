@@ -9,9 +9,14 @@ E-step (scaled forward-backward, Rabiner 1989 §V.A), for a batch x [n, L] and E
 
 Expected counts: initial Σ γ_1, transition Σ_t ξ_t, emission scatter-add of γ_t into column x_t.
 
-M-step with a pseudocount c (a symmetric Dirichlet prior; MAP-EM)::
+M-step with a pseudocount c (a Dirichlet prior; MAP-EM)::
 
-    π ∝ N_π + c/h,   A_i· ∝ N_A,i· + c/h,   B_i· ∝ N_B,i· + c/V
+    π ∝ N_π + c/h,   A_i· ∝ N_A,i· + c/h,   B_i· ∝ N_B,i· + c·u
+
+where u is the prior's mean over the vocabulary: uniform (u_v = 1/V) or, with
+``emission_prior="unigram"``, the add-one-smoothed unigram of the training tokens — so a state
+that has not yet seen a token backs off to the token's overall frequency rather than to 1/V
+(much better held-out likelihood when V ≫ tokens per state).
 
 States listed in ``config["eos_pad_state"]`` keep their rows (emit EOS, stay; see lvd.py).
 
@@ -41,7 +46,7 @@ from ctrlg.errors import CtrlgError
 from ctrlg.hmm.model import HMM
 
 __all__ = ["ExpectedCounts", "estep_torch", "forward_loglik", "m_step", "expected_counts",
-           "baum_welch", "EMHistory", "parse_schedule"]
+           "baum_welch", "EMHistory", "parse_schedule", "log_prior", "unigram_prior"]
 
 
 @dataclass
@@ -152,14 +157,33 @@ def _fixed_states(hmm: HMM) -> list[int]:
     return [] if state is None else [int(state)]
 
 
-def m_step(hmm: HMM, counts: ExpectedCounts, *, pseudocount: float) -> HMM:
-    """MAP M-step (module equation); rows of fixed states (EOS padding) are kept."""
+def unigram_prior(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Add-one-smoothed unigram distribution of ``tokens`` (float64 [V])."""
+    counts = torch.bincount(torch.as_tensor(tokens).flatten().long().cpu(), minlength=vocab_size).double()
+    return (counts + 1) / (counts.sum() + vocab_size)
+
+
+def _emission_prior(prior: torch.Tensor | None, V: int) -> torch.Tensor | float:
+    if prior is None:
+        return 1.0 / V
+    if prior.shape != (V,):
+        raise CtrlgError(f"emission prior must have shape [{V}], got {tuple(prior.shape)}")
+    return prior.double()
+
+
+def m_step(hmm: HMM, counts: ExpectedCounts, *, pseudocount: float,
+           emission_prior: torch.Tensor | None = None) -> HMM:
+    """MAP M-step (module equation); rows of fixed states (EOS padding) are kept.
+    ``emission_prior`` is the mean u [V] of the emission prior (None: uniform)."""
     if pseudocount < 0:
         raise CtrlgError(f"pseudocount must be ≥ 0, got {pseudocount}")
     h, V = hmm.hidden_size, hmm.vocab_size
     pi = counts.initial.double() + pseudocount / h
     A = counts.transition.double() + pseudocount / h
-    B = counts.emission.double() + pseudocount / V
+    u = _emission_prior(emission_prior, V)
+    if isinstance(u, torch.Tensor):
+        u = u.to(counts.emission.device)
+    B = counts.emission.double() + pseudocount * u
     for s in _fixed_states(hmm):
         A[s] = hmm.transition[s].double()
         B[s] = hmm.emission[s].double()
@@ -175,7 +199,7 @@ def m_step(hmm: HMM, counts: ExpectedCounts, *, pseudocount: float) -> HMM:
     return out
 
 
-def log_prior(hmm: HMM, pseudocount: float) -> float:
+def log_prior(hmm: HMM, pseudocount: float, emission_prior: torch.Tensor | None = None) -> float:
     """log of the (unnormalised) Dirichlet prior the M-step maximises with the likelihood."""
     if pseudocount == 0:
         return 0.0
@@ -185,7 +209,8 @@ def log_prior(hmm: HMM, pseudocount: float) -> float:
     tiny = 1e-30
     total = pseudocount / h * hmm.initial.double().clamp_min(tiny).log().sum()
     total += pseudocount / h * hmm.transition[free].double().clamp_min(tiny).log().sum()
-    total += pseudocount / V * hmm.emission[free].double().clamp_min(tiny).log().sum()
+    u = _emission_prior(emission_prior, V)
+    total += (pseudocount * u * hmm.emission[free].double().clamp_min(tiny).log()).sum()
     return float(total)
 
 
@@ -223,11 +248,12 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
                pseudocount: float = 1.0, heldout_tokens: torch.Tensor | None = None,
                batch_size: int = 256, backend: str = "torch", device: str | torch.device | None = None,
                seed: int = 0, reduce: Callable[[ExpectedCounts], None] | None = None,
-               shard: tuple[int, int] | None = None,
+               shard: tuple[int, int] | None = None, emission_prior: str = "uniform",
                progress: bool | None = None,
                callback: Callable[[int, HMM, EMHistory], None] | None = None) -> tuple[HMM, EMHistory]:
     """Run the mini-batch EM schedule (module docstring) from ``hmm``; returns the trained HMM and
     its :class:`EMHistory`. ``seed`` fixes the shuffle that forms the chunks.
+    ``emission_prior`` is "uniform" or "unigram" (of all of ``train_tokens``; module docstring).
 
     ``shard=(rank, world_size)`` keeps only rows ``rank::world_size`` of every chunk (the chunks
     themselves are formed from all of ``train_tokens``, identically in every process); with
@@ -242,6 +268,12 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
     if device is not None:
         hmm = hmm.to(device)
     dev = hmm.emission.device
+    if emission_prior == "uniform":
+        prior = None
+    elif emission_prior == "unigram":
+        prior = unigram_prior(train_tokens, hmm.vocab_size).to(dev)
+    else:
+        raise CtrlgError(f"emission_prior must be 'uniform' or 'unigram', got {emission_prior!r}")
     order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(int(seed)))
     chunks = [train_tokens[idx] for idx in torch.tensor_split(order, num_chunks)]
     if shard is not None:
@@ -276,7 +308,7 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             elapsed = time.perf_counter() - start
-            hmm = m_step(hmm, counts, pseudocount=pseudocount)
+            hmm = m_step(hmm, counts, pseudocount=pseudocount, emission_prior=prior)
             step += 1
             history.step.append(step), history.chunks.append(per_step)
             history.train_ll.append(float(counts.loglik / counts.tokens.clamp_min(1)))

@@ -8,7 +8,9 @@ and Ctrl-G).
    counting, with a pseudocount (additive smoothing)::
 
        π_i ∝ #{z_1 = i} + c/h,   A_ij ∝ #{z_t = i, z_{t+1} = j} + c/h,
-       B_iv ∝ #{z_t = i, x_t = v} + c/V
+       B_iv ∝ #{z_t = i, x_t = v} + c·u_v
+
+   (u: uniform, or the smoothed unigram of the tokens as in :mod:`ctrlg.hmm.em`)
 
 3. EOS padding: the last state ``h - 1`` is a dedicated *EOS-padding state*: every position after
    a sequence's first EOS is assigned to it; it emits only EOS and transitions only to itself, so
@@ -80,7 +82,8 @@ def padding_mask(tokens: torch.Tensor, eos_token_id: int) -> torch.Tensor:
 
 def count_hmm(states: torch.Tensor, tokens: torch.Tensor, hidden_size: int, vocab_size: int, *,
               pseudocount: float = 1.0, eos_pad_state: int | None = None,
-              eos_token_id: int | None = None, config: dict | None = None) -> HMM:
+              eos_token_id: int | None = None, config: dict | None = None,
+              emission_prior: torch.Tensor | None = None) -> HMM:
     """Maximum-a-posteriori HMM from observed state and token sequences [N, L] (module equation).
     With ``eos_pad_state``, that state's rows are set to "emit EOS, stay" exactly."""
     h, V = hidden_size, vocab_size
@@ -96,7 +99,7 @@ def count_hmm(states: torch.Tensor, tokens: torch.Tensor, hidden_size: int, voca
     emission = torch.zeros(h, V, dtype=torch.float64)
     emission.index_put_((states.flatten(), tokens.flatten()), torch.ones(states.numel(), dtype=torch.float64),
                         accumulate=True)
-    emission += pseudocount / V
+    emission += pseudocount * (1.0 / V if emission_prior is None else emission_prior.double()[None])
     if eos_pad_state is not None:
         if eos_token_id is None:
             raise CtrlgError("eos_pad_state needs eos_token_id")
@@ -112,7 +115,8 @@ def count_hmm(states: torch.Tensor, tokens: torch.Tensor, hidden_size: int, voca
 
 def lvd_init(tokens: torch.Tensor, hidden: torch.Tensor, hidden_size: int, vocab_size: int, *,
              eos_token_id: int | None, pseudocount: float = 1.0, kmeans_iters: int = 20,
-             seed: int = 0, config: dict | None = None, progress: bool = False) -> HMM:
+             seed: int = 0, config: dict | None = None, progress: bool = False,
+             emission_prior: str = "uniform") -> HMM:
     """LVD initialisation (module docstring). ``tokens`` [N, L] EOS-padded samples, ``hidden``
     [N, L, d] the LM states they were sampled from. With ``eos_token_id``, state ``hidden_size-1``
     is the EOS-padding state and ``hidden_size-1`` clusters are fitted; without, all are clusters."""
@@ -131,6 +135,12 @@ def lvd_init(tokens: torch.Tensor, hidden: torch.Tensor, hidden_size: int, vocab
     centroids = kmeans(features, clusters, iters=kmeans_iters, seed=seed, progress=progress)
     states = torch.full(tokens.shape, hidden_size - 1, dtype=torch.long)
     states[~pad] = assign_clusters(features, centroids)
+    from ctrlg.hmm.em import unigram_prior
+
+    if emission_prior not in ("uniform", "unigram"):
+        raise CtrlgError(f"emission_prior must be 'uniform' or 'unigram', got {emission_prior!r}")
+    prior = unigram_prior(tokens, vocab_size) if emission_prior == "unigram" else None
     return count_hmm(states, tokens, hidden_size, vocab_size, pseudocount=pseudocount,
+                     emission_prior=prior,
                      eos_pad_state=None if eos_token_id is None else hidden_size - 1,
                      eos_token_id=eos_token_id, config=config)
