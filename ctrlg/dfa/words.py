@@ -41,8 +41,8 @@ from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
 
-__all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary", "inflections",
-           "parse_concepts", "commongen_constraint"]
+__all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary",
+           "inflections", "parse_concepts", "commongen_constraint"]
 
 _WORD_BYTE = re.compile(rb"[0-9A-Za-z\x80-\xff]")
 # a token's effect depends only on its "shape": whitespace → " ", letters/digits → "a", other → "."
