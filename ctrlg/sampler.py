@@ -230,33 +230,46 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         states = self._states_for(keys)
         self._cache = dict(zip(keys, states))
 
-        out = scores.clone()
         if not active:
-            return out
-        work = scores[:, :V].float()
-        ratio = torch.full((len(active), V), -math.inf, device=scores.device)
+            return scores
+        dev = scores.device
         groups: dict[int, list[int]] = {}
         for j, i in enumerate(active):
             groups.setdefault(self._table_of_dfa[i // per_dfa], []).append(j)
+        ratio = None
         for table_index, js in groups.items():
             table = self.tables[table_index]
-            st = [states[j][0] for j in js]
-            live = [j for j, s in zip(js, st) if table.feasible[remaining, s]]
+            live = [j for j in js if table.feasible[remaining, states[j][0]]]
             if not live:  # rows in dead states (possible only for non-top beams): all −inf
                 continue
-            live_states = [states[j][0] for j in live]
             priors = torch.stack([states[j][1] for j in live]) if self.hmm is not None else None
-            r = table.log_ratio(live_states, priors, remaining)
-            ratio[torch.tensor(live, device=scores.device)] = r.to(scores.device)
-        active_t = torch.tensor(active, device=scores.device)
-        guided = work[active_t] + ratio
-        stuck = ~torch.isfinite(guided).any(1) & torch.isfinite(ratio).any(1)
-        guided = torch.where(stuck[:, None], ratio, guided)
-        dead = ~torch.isfinite(ratio).any(1)
-        normalised = torch.log_softmax(torch.where(dead[:, None], 0.0, guided), dim=-1)
-        normalised = torch.where(dead[:, None], -math.inf, normalised)
-        out[active_t, :V] = normalised.to(out.dtype)
-        out[active_t, V:] = -math.inf
+            r = table.log_ratio([states[j][0] for j in live], priors, remaining).to(dev)
+            if len(live) == len(active):
+                ratio = r
+            else:
+                if ratio is None:
+                    ratio = torch.full((len(active), V), -math.inf, device=dev)
+                ratio[torch.tensor(live, device=dev)] = r
+        if ratio is None:
+            ratio = torch.full((len(active), V), -math.inf, device=dev)
+        everyone = len(active) == B
+        active_t = None if everyone else torch.tensor(active, device=dev)
+        lm = scores[:, :V] if everyone else scores[active_t, :V]
+        guided = lm.float() + ratio
+        lse = torch.logsumexp(guided, 1, keepdim=True)
+        bad = ~torch.isfinite(lse[:, 0])
+        guided = guided - lse
+        if bool(bad.any()):
+            # the LM gives every feasible token probability 0: use the guidance alone; rows in
+            # dead states (no feasible token) stay all −inf
+            fallback = torch.log_softmax(ratio[bad], -1)
+            guided[bad] = torch.nan_to_num(fallback, nan=-math.inf)
+        if everyone and scores.shape[1] == V:
+            return guided.to(scores.dtype)
+        out = scores.clone()
+        rows = slice(None) if everyone else active_t
+        out[rows, :V] = guided.to(out.dtype)
+        out[rows, V:] = -math.inf
         return out
 
 

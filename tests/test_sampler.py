@@ -258,6 +258,14 @@ def test_padded_lm_vocabulary_columns_get_minus_inf_and_narrow_scores_raise():
         proc(torch.tensor([[0]]), torch.zeros(1, 3))
 
 
+def test_lm_that_forbids_every_feasible_token_falls_back_to_the_guide():
+    hmm = random_hmm(2, 4, 0)
+    proc = ConstraintLogitsProcessor(hmm, dfa.phrase([1], 4), prompt_length=1, max_new_tokens=1)
+    scores = torch.tensor([[0.0, -math.inf, 0.0, 0.0]])   # the only feasible token is 1
+    out = proc(torch.tensor([[0]]), scores)
+    assert out[0, 1] == 0.0 and torch.isinf(out[0, [0, 2, 3]]).all()
+
+
 def test_bad_inputs_raise_clear_errors():
     hmm = random_hmm(2, 4, 0)
     lm_small = HMMForCausalLM.from_hmm(random_hmm(2, 3, 1), prompt_length=1)
