@@ -275,6 +275,11 @@ class TokenDFA:
         order = np.argsort(tokens, kind="stable")
         return tokens[order], succ[order]
 
+    def letter_exception_states(self) -> np.ndarray:
+        """int64 [E_letters]: the state each stored exception belongs to (aligned with
+        ``letter_exc``)."""
+        return self._letter_states
+
     def letter_exceptions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(letters, successors) of the stored exceptions of ``state``."""
         lo, hi = self.letter_ptr[state], self.letter_ptr[state + 1]

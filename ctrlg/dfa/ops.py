@@ -162,7 +162,7 @@ def accepting_states_lead_only_to_dead(dfa: TokenDFA) -> bool:
     live = dfa.live_states()
     if live[dfa.default[dfa.accepting]].any():
         return False
-    return not live[dfa.exc_next[dfa.accepting[dfa.exception_states()]]].any()
+    return not live[dfa.letter_next[dfa.accepting[dfa.letter_exception_states()]]].any()
 
 
 def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool) -> TokenDFA:

@@ -232,7 +232,7 @@ def inflections(word: str, pos: str | None = None) -> list[str]:
         raise ConstraintError(f"inflections needs a non-empty word, got {word!r}")
     word = word.strip()
     upos = None
-    if pos is not None:
+    if pos:
         upos = _POS.get(pos.upper(), pos.upper())
         if upos not in set(_POS.values()):
             raise ConstraintError(f"unknown part of speech {pos!r}; use one of N, V, A, R")
