@@ -263,7 +263,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             # the LM gives every feasible token probability 0: use the guidance alone; rows in
             # dead states (no feasible token) stay all −inf
             fallback = torch.log_softmax(ratio[bad], -1)
-            guided[bad] = torch.nan_to_num(fallback, nan=-math.inf)
+            guided[bad] = torch.where(torch.isnan(fallback), -math.inf, fallback)
         if everyone and scores.shape[1] == V:
             return guided.to(scores.dtype)
         out = scores.clone()
