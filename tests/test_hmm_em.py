@@ -156,3 +156,16 @@ def test_kmeans_separates_clusters_and_lvd_init_uses_them():
     assert hmm.emission[3, 0] == 1.0
     with pytest.raises(CtrlgError, match="disagree"):
         lvd_init(tokens, hidden[:, :4], 4, 5, eos_token_id=0)
+
+
+def test_keep_best_returns_the_best_heldout_parameters():
+    true = random_hmm(3, 8, seed=40, sharp=3.0)
+    train, heldout = true.sample(20, 4, seed=5), true.sample(50, 4, seed=6)
+    last, history = baum_welch(random_hmm(3, 8, seed=41), train, schedule=[(6, 1)], pseudocount=0.0,
+                               heldout_tokens=heldout)
+    best, best_history = baum_welch(random_hmm(3, 8, seed=41), train, schedule=[(6, 1)], pseudocount=0.0,
+                                    heldout_tokens=heldout, keep_best=True)
+    step = best_history.best_step
+    assert history.heldout_ll[step] == max(history.heldout_ll)
+    assert float(forward_loglik(best, heldout)) / heldout.numel() == pytest.approx(max(history.heldout_ll))
+    assert history.best_step == 6

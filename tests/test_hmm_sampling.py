@@ -139,7 +139,8 @@ def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
         "sampling": {"num_sequences": 24, "heldout_sequences": 8, "length": 5, "batch_size": 8,
                      "chunk_size": 8, "dir": str(tmp_path / "samples")},
         "lvd": {"kmeans_iters": 5, "pseudocount": 0.5},
-        "em": {"schedule": [[2, 1], [3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5},
+        "em": {"schedule": [[2, 1], [3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
+               "emission_prior": "unigram", "keep_best": True},
         "output": {"dir": str(tmp_path / "out"), "dtype": "float32"},
     }
     metrics = distill(cfg)
@@ -147,7 +148,8 @@ def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
     assert ll["hmm"] == pytest.approx(ll["hmm_as_saved"], abs=1e-5)
     assert ll["lm"] < 0 and ll["unigram"] < 0 and ll["hmm"] < 0
     curve = json.loads((tmp_path / "out" / "curve.json").read_text())
-    assert curve["step"] == list(range(6)) and curve["heldout_ll"][-1] == pytest.approx(ll["hmm"], abs=1e-5)
+    assert curve["step"] == list(range(6)) and curve["best_step"] == metrics["em_best_step"]
+    assert metrics["valid_sequences"] == 4 and metrics["test_sequences"] == 4
     assert (tmp_path / "out" / "curve.png").stat().st_size > 1000
     hmm = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
     assert hmm.hidden_size == 6 and hmm.vocab_size == 40 and hmm.config["eos_pad_state"] == 5

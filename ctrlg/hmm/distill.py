@@ -7,9 +7,10 @@
    EOS-padded sequences of ``sampling.length`` tokens from the LM (:mod:`ctrlg.hmm.sampling`;
    the held-out set uses a disjoint slice of the prompts and another seed; resumable);
 2. initialise the HMM with latent-variable distillation (:mod:`ctrlg.hmm.lvd`);
-3. train it with the mini-batch EM schedule (:mod:`ctrlg.hmm.em`), recording the held-out
+3. train it with the mini-batch EM schedule (:mod:`ctrlg.hmm.em`), recording the validation
    log-likelihood per token after each step;
-4. evaluate on the held-out samples: the HMM, a unigram model (add-one-smoothed, fitted on the
+4. evaluate on the *test* half of the held-out samples (the other half, "valid", gives the EM
+   curve and, with ``em.keep_best``, early stopping): the HMM, a unigram model (add-one-smoothed, fitted on the
    same training tokens) and the LM itself (Σ log p_lm of the sampled tokens; the
    EOS padding has probability 1), all as mean log-likelihood per token of the padded sequences;
 5. write ``<output.dir>/hmm/{model.safetensors,config.json}``, ``curve.json``, ``curve.png`` and
@@ -144,37 +145,47 @@ def distill(cfg: Mapping) -> dict:
                    kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=hmm_config,
                    emission_prior=_get(cfg, "em.emission_prior", "uniform"))
     timings["lvd_s"] = time.perf_counter() - start
-    lvd_ll = float(forward_loglik(hmm, heldout["tokens"]) / heldout["tokens"].numel())
+    # the held-out samples are split in halves: "valid" drives the EM curve (and early stopping
+    # with em.keep_best), "test" gives the reported figures
+    half = heldout["tokens"].shape[0] // 2
+    if half == 0:
+        raise CtrlgError("sampling.heldout_sequences must be at least 2 (valid and test halves)")
+    valid = heldout["tokens"][:half]
+    test = {k: v[half:] for k, v in heldout.items()}
+    lvd_ll = float(forward_loglik(hmm, test["tokens"]) / test["tokens"].numel())
     del train["hidden"]
 
     start = time.perf_counter()
     hmm, history = baum_welch(
         hmm, train["tokens"], schedule=_get(cfg, "em.schedule", "10:1"),
         num_chunks=int(_get(cfg, "em.num_chunks", 1)), pseudocount=pseudocount,
-        heldout_tokens=heldout["tokens"], batch_size=int(_get(cfg, "em.batch_size", 256)),
+        heldout_tokens=valid, batch_size=int(_get(cfg, "em.batch_size", 256)),
         backend=_get(cfg, "em.backend", "torch"), device=device, seed=seed,
-        emission_prior=_get(cfg, "em.emission_prior", "uniform"))
+        emission_prior=_get(cfg, "em.emission_prior", "uniform"),
+        keep_best=bool(_get(cfg, "em.keep_best", False)))
     timings["em_s"] = time.perf_counter() - start
     hmm = hmm.cpu()
 
-    n_tokens = heldout["tokens"].numel()
+    n_tokens = test["tokens"].numel()
     metrics = {
         "hidden_size": h, "vocab_size": V, "train_sequences": int(train["tokens"].shape[0]),
-        "heldout_sequences": int(heldout["tokens"].shape[0]), "length": L,
+        "valid_sequences": int(valid.shape[0]), "test_sequences": int(test["tokens"].shape[0]),
+        "length": L,
         "heldout_ll_per_token": {
-            "hmm": float(forward_loglik(hmm, heldout["tokens"]) / n_tokens),
+            "hmm": float(forward_loglik(hmm, test["tokens"]) / n_tokens),
             "hmm_lvd_init": lvd_ll,
-            "unigram": unigram_loglik(train["tokens"], heldout["tokens"], V),
-            "lm": float(heldout["logprob"].double().sum() / n_tokens),
+            "unigram": unigram_loglik(train["tokens"], test["tokens"], V),
+            "lm": float(test["logprob"].double().sum() / n_tokens),
         },
-        "eos_fraction_heldout": float((heldout["tokens"] == eos_id).float().mean()),
+        "em_best_step": history.best_step,
+        "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
         "timings": timings,
     }
     dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
     hmm.config["metrics"] = metrics["heldout_ll_per_token"]
     hmm.save(out_dir / "hmm", dtype=dtype)
     saved = type(hmm).load(out_dir / "hmm")
-    metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(forward_loglik(saved, heldout["tokens"]) / n_tokens)
+    metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(forward_loglik(saved, test["tokens"]) / n_tokens)
     (out_dir / "curve.json").write_text(json.dumps(history.as_dict(), indent=2))
     plot_curve(history.as_dict(), out_dir / "curve.png",
                title=f"EM, h={h}, N={metrics['train_sequences']}, L={L}")

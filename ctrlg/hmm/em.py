@@ -239,9 +239,10 @@ class EMHistory:
     heldout_ll: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     tokens_per_second: list[float] = field(default_factory=list)
+    best_step: int = 0  # the step whose parameters were returned
 
     def as_dict(self) -> dict:
-        return {k: list(v) for k, v in self.__dict__.items()}
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
 
 
 def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num_chunks: int = 1,
@@ -249,11 +250,15 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
                batch_size: int = 256, backend: str = "torch", device: str | torch.device | None = None,
                seed: int = 0, reduce: Callable[[ExpectedCounts], None] | None = None,
                shard: tuple[int, int] | None = None, emission_prior: str = "uniform",
+               keep_best: bool = False,
                progress: bool | None = None,
                callback: Callable[[int, HMM, EMHistory], None] | None = None) -> tuple[HMM, EMHistory]:
     """Run the mini-batch EM schedule (module docstring) from ``hmm``; returns the trained HMM and
     its :class:`EMHistory`. ``seed`` fixes the shuffle that forms the chunks.
     ``emission_prior`` is "uniform" or "unigram" (of all of ``train_tokens``; module docstring).
+    ``keep_best`` returns the parameters with the best held-out log-likelihood seen (early
+    stopping; the initial model included) instead of the last ones; ``history.best_step`` says
+    which.
 
     ``shard=(rank, world_size)`` keeps only rows ``rank::world_size`` of every chunk (the chunks
     themselves are formed from all of ``train_tokens``, identically in every process); with
@@ -291,6 +296,7 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
     history.step.append(0), history.chunks.append(0), history.train_ll.append(float("nan"))
     history.heldout_ll.append(heldout()), history.seconds.append(0.0)
     history.tokens_per_second.append(float("nan"))
+    best = (history.heldout_ll[0], 0, hmm)
     total_steps = sum(s for s, _ in schedule)
     if progress is None:
         progress = sys.stderr.isatty()
@@ -317,7 +323,14 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
             history.tokens_per_second.append(float(counts.tokens) / max(elapsed, 1e-9))
             bar.update(1)
             bar.set_postfix(train=f"{history.train_ll[-1]:.3f}", heldout=f"{history.heldout_ll[-1]:.3f}")
+            if history.heldout_ll[-1] > best[0]:
+                best = (history.heldout_ll[-1], step, hmm)
             if callback is not None:
                 callback(step, hmm, history)
     bar.close()
+    if keep_best and heldout_tokens is not None and best[2] is not hmm:
+        hmm = best[2]
+        history.best_step = best[1]
+    else:
+        history.best_step = step
     return hmm, history
