@@ -109,6 +109,10 @@ def test_length(lo, hi):
     assert (language(d, MAX_LEN) == want).all()
 
 
+def test_length_accepts_positional_vocab_size():
+    assert (language(dfa.length(1, 2, V), 4) == language(dfa.length(1, 2, vocab_size=V), 4)).all()
+
+
 @pytest.mark.parametrize("required", [False, True])
 def test_eos_discipline(required):
     eos = 2
@@ -142,6 +146,7 @@ def test_universal():
     (lambda: dfa.banned_phrases([[7]], vocab_size=5), "token id 7"),
     (lambda: dfa.length(3, 2, vocab_size=5), "min_tokens=3 > max_tokens=2"),
     (lambda: dfa.length(-1, 2, vocab_size=5), "min_tokens"),
+    (lambda: dfa.length(1, 2), "vocab_size"),
     (lambda: dfa.eos(5, vocab_size=5), "eos_token_id 5"),
     (lambda: dfa.exact([], vocab_size=5), "empty sequence"),
 ])

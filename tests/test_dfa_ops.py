@@ -31,6 +31,9 @@ def test_intersect_and_union(pair):
     inter = dfa.intersect(a, b, allow_empty=True)
     assert (language(inter, MAX_LEN) == (la & lb)).all()
     assert inter.num_states <= a.num_states * b.num_states + 1     # reachable pairs (+ dead)
+    assert inter.dead_states().sum() <= 1 and inter.reachable_states().all()
+    pairs = dfa.intersect(a, b, allow_empty=True, minimal=False)
+    assert (language(pairs, MAX_LEN) == (la & lb)).all() and pairs.dead_states().sum() <= 1
     assert (language(dfa.union(a, b, allow_empty=True), MAX_LEN) == (la | lb)).all()
 
 

@@ -242,9 +242,10 @@ def exact(tokens: Sequence[int], vocab_size: int) -> TokenDFA:
     return builder.build()
 
 
-def length(min_tokens: int = 0, max_tokens: int | None = None, *, vocab_size: int) -> TokenDFA:
+def length(min_tokens: int = 0, max_tokens: int | None = None,
+           vocab_size: int | None = None) -> TokenDFA:
     """Accepts the sequences of ``min_tokens ≤ n ≤ max_tokens`` tokens (no upper bound when
-    ``max_tokens`` is None). Every token, EOS included, counts."""
+    ``max_tokens`` is None). Every token, EOS included, counts. ``vocab_size`` is required."""
     V = _check_vocab_size(vocab_size)
     for name, value in (("min_tokens", min_tokens), ("max_tokens", max_tokens)):
         if value is None and name == "max_tokens":
