@@ -51,14 +51,15 @@ class PairChecker:
     tokenizer (see the module docstring)."""
 
     def __init__(self, tokenizer):
-        from ctrlg.vocab import VocabularyIndex, bytes_to_unicode
+        from ctrlg.dfa.vocab_trie import vocabulary_index
+        from ctrlg.vocab import bytes_to_unicode
 
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise VocabularyMismatchError(
                 f"canonical encodings need a fast (Rust-backed) tokenizer; got "
                 f"{type(tokenizer).__name__}")
-        self.index = VocabularyIndex.for_tokenizer(tokenizer)
+        self.index = vocabulary_index(tokenizer)
         if self.index.kind != "byte_level":
             raise VocabularyMismatchError(
                 f"canonical encodings support byte-level BPE tokenizers; this tokenizer's "
@@ -66,43 +67,96 @@ class PairChecker:
         self.backend = backend
         self.tokens = self.index.tokens
         self.byte_char = bytes_to_unicode()
-        self.pair_cache: dict[tuple[int, int], bool] = {}
-        self.single_cache: dict[int, bool] = {}
+        self.pre_tokenizer = backend.pre_tokenizer
+        self.pair_cache: dict[tuple[int, int], int] = {}
+        self.single_cache: dict[int, int] = {}
+        self._starts_nonspace: np.ndarray | None = None
 
-    def _encode_many(self, chunks: list[bytes]) -> list[list[int] | None]:
-        """Canonical ids of each byte string (None where the check cannot apply)."""
-        out: list[list[int] | None] = [None] * len(chunks)
-        texts, where = [], []
-        for k, data in enumerate(chunks):
-            try:
-                texts.append(data.decode("utf-8"))
-                where.append(k)
-            except UnicodeDecodeError:
-                mapped = "".join(self.byte_char[b] for b in data)
-                out[k] = [tok.id for tok in self.backend.model.tokenize(mapped)]
-        if texts:
-            for k, enc in zip(where, self.backend.encode_batch(texts, add_special_tokens=False)):
-                out[k] = enc.ids
-        return out
+    # -- window checks -------------------------------------------------------------
+    def _bpe_ids(self, data: bytes) -> list[int]:
+        return [t.id for t in self.backend.model.tokenize("".join(self.byte_char[b] for b in data))]
+
+    def _window_ok(self, parts: tuple[bytes, ...], ids: list[int], next_nonspace: bool) -> bool:
+        """Tokens ``ids`` with bytes ``parts`` (one or two) are canonical in a text where they
+        are followed by a non-whitespace character (``next_nonspace``) or not: no pre-token
+        boundary falls strictly inside a token, and tokens inside one pre-token are the BPE
+        bigram (or unigram) of their bytes."""
+        data = b"".join(parts)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:   # inside one multi-byte character: one pre-token
+            return self._bpe_ids(data) == ids
+        if self.pre_tokenizer is not None:
+            pieces = self.pre_tokenizer.pre_tokenize_str(text + ("x" if next_nonspace else ""))
+            char_to_byte = np.concatenate([[0], np.cumsum([len(ch.encode("utf-8"))
+                                                           for ch in text + "x"])])
+            bounds = {int(char_to_byte[start]) for _, (start, _) in pieces}
+        else:
+            bounds = set()
+        cuts = np.cumsum([len(p) for p in parts])
+        begin = 0
+        for end in cuts:
+            if any(begin < b < end for b in bounds):
+                return False   # a token would span a pre-token boundary
+            begin = end
+        if len(parts) == 2 and int(cuts[0]) in bounds:
+            return True        # different pre-tokens: BPE never merges across
+        return self._bpe_ids(data) == ids
+
+    def _verdicts(self, parts: tuple[bytes, ...], ids: list[int]) -> int:
+        """Flag of the last token: REJECT, FREE (any continuation), NEEDS_NONSPACE (only if
+        the next token starts with a non-whitespace character) or NEEDS_OTHER (only if the
+        next token starts with whitespace, or the text ends)."""
+        other = self._window_ok(parts, ids, next_nonspace=False)
+        if not _ends_with_space(parts[-1]):
+            return FREE if other else REJECT
+        nonspace = self._window_ok(parts, ids, next_nonspace=True)
+        return {(True, True): FREE, (True, False): NEEDS_NONSPACE,
+                (False, True): NEEDS_OTHER, (False, False): REJECT}[(nonspace, other)]
 
     def singles(self, tokens) -> np.ndarray:
-        """Bool per token: ``encode(bytes(t)) == [t]``."""
-        todo = sorted({int(t) for t in tokens if int(t) not in self.single_cache})
-        if todo:
-            results = self._encode_many([self.tokens[t] for t in todo])
-            for t, ids in zip(todo, results):
-                self.single_cache[t] = ids == [t]
-        return np.array([self.single_cache[int(t)] for t in tokens], dtype=bool)
+        """Flag (see :meth:`_verdicts`) per token as the first token of a text."""
+        out = np.empty(len(tokens), dtype=np.int8)
+        for k, t in enumerate(np.asarray(tokens).tolist()):
+            flag = self.single_cache.get(t)
+            if flag is None:
+                flag = self.single_cache[t] = self._verdicts((self.tokens[t],), [t])
+            out[k] = flag
+        return out
 
     def pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        """Bool per pair: ``encode(bytes(a) + bytes(b)) == [a, b]``."""
-        keys = list(zip(left.tolist(), right.tolist()))
-        todo = sorted({k for k in keys if k not in self.pair_cache})
-        if todo:
-            results = self._encode_many([self.tokens[a] + self.tokens[b] for a, b in todo])
-            for (a, b), ids in zip(todo, results):
-                self.pair_cache[(a, b)] = ids == [a, b]
-        return np.fromiter((self.pair_cache[k] for k in keys), dtype=bool, count=len(keys))
+        """Flag per pair (a, b): the verdict on b following a."""
+        out = np.empty(len(left), dtype=np.int8)
+        for k, key in enumerate(zip(np.asarray(left).tolist(), np.asarray(right).tolist())):
+            flag = self.pair_cache.get(key)
+            if flag is None:
+                a, b = key
+                flag = self.pair_cache[key] = self._verdicts(
+                    (self.tokens[a], self.tokens[b]), [a, b])
+            out[k] = flag
+        return out
+
+    def starts_nonspace(self, tokens: np.ndarray) -> np.ndarray:
+        if self._starts_nonspace is None:
+            self._starts_nonspace = np.array([_starts_nonspace(t) for t in self.tokens])
+        return self._starts_nonspace[tokens]
+
+
+REJECT, FREE, NEEDS_NONSPACE, NEEDS_OTHER = 0, 1, 2, 3
+
+
+def _ends_with_space(data: bytes) -> bool:
+    text = data.decode("utf-8", errors="ignore")
+    return bool(text) and text[-1].isspace() and data.endswith(text[-1].encode("utf-8"))
+
+
+def _starts_nonspace(data: bytes) -> bool:
+    text = data.decode("utf-8", errors="ignore")
+    if not data:
+        return False
+    if not text or not data.startswith(text[0].encode("utf-8")):
+        return True            # starts inside or with an incomplete multi-byte character
+    return not text[0].isspace()
 
 
 _CHECKERS: dict[str, PairChecker] = {}
@@ -110,9 +164,9 @@ _CHECKERS: dict[str, PairChecker] = {}
 
 def pair_checker(tokenizer) -> PairChecker:
     """The cached :class:`PairChecker` of a tokenizer (keyed by its vocabulary fingerprint)."""
-    from ctrlg.vocab import VocabularyIndex
+    from ctrlg.dfa.vocab_trie import vocabulary_index
 
-    fingerprint = VocabularyIndex.for_tokenizer(tokenizer).fingerprint
+    fingerprint = vocabulary_index(tokenizer).fingerprint
     checker = _CHECKERS.get(fingerprint)
     if checker is None:
         checker = _CHECKERS[fingerprint] = PairChecker(tokenizer)
@@ -122,9 +176,9 @@ def pair_checker(tokenizer) -> PairChecker:
 def is_canonical(ids, tokenizer) -> bool:
     """Whether ``ids`` is the tokenizer's own encoding of its decoded string (the definition in
     the module docstring, evaluated directly with ``tokenizer.encode``)."""
-    from ctrlg.vocab import VocabularyIndex
+    from ctrlg.dfa.vocab_trie import vocabulary_index
 
-    data = VocabularyIndex.for_tokenizer(tokenizer).decode_bytes(ids)
+    data = vocabulary_index(tokenizer).decode_bytes(ids)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -154,42 +208,49 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
             tokens, nxt = tokens[keep], nxt[keep]
         return tokens, nxt
 
-    # product states (q, last token); id 0 = dead, 1 = start, then discovery order; ended last
-    ids: dict[tuple[int, int], int] = {(all_dfa.initial, START): 1}
-    keys: list[tuple[int, int]] = [(0, START), (all_dfa.initial, START)]
+    # product states (q, last token, flag of the last token); id 0 = dead, 1 = start
+    ids: dict[tuple[int, int, int], int] = {(all_dfa.initial, START, FREE): 1}
+    keys: list[tuple[int, int, int]] = [(0, START, REJECT), (all_dfa.initial, START, FREE)]
     edges_src: list[np.ndarray] = []
     edges_tok: list[np.ndarray] = []
     edges_dst_q: list[np.ndarray] = []
     frontier = [1]
     checks = 0
     while frontier:
-        src_l, tok_l, nq_l, last_l = [], [], [], []
+        src_l, tok_l, nq_l, last_l, need_l = [], [], [], [], []
         for sid in frontier:
-            q, last = keys[sid]
+            q, last, flag = keys[sid]
             tokens, nxt = out_edges(q)
             src_l.append(np.full(len(tokens), sid, dtype=np.int64))
             tok_l.append(tokens)
             nq_l.append(nxt)
             last_l.append(np.full(len(tokens), last, dtype=np.int64))
+            need_l.append(np.full(len(tokens), flag, dtype=np.int8))
         src = np.concatenate(src_l)
         tok = np.concatenate(tok_l)
         nq = np.concatenate(nq_l)
         last = np.concatenate(last_l)
+        need = np.concatenate(need_l)
         checks += len(tok)
         if checks > max_pair_checks:
             raise ConstraintError(
                 f"the canonical automaton of the {what} needs more than max_pair_checks="
                 f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit")
-        ok = np.zeros(len(tok), dtype=bool)
-        first = last == START
+        # the previous token's requirement on how this token starts
+        starts = checker.starts_nonspace(tok)
+        ok = ~(((need == NEEDS_NONSPACE) & ~starts) | ((need == NEEDS_OTHER) & starts))
+        flags = np.zeros(len(tok), dtype=np.int8)
+        first = ok & (last == START)
+        rest = ok & (last != START)
         if first.any():
-            ok[first] = checker.singles(tok[first])
-        if (~first).any():
-            ok[~first] = checker.pairs(last[~first], tok[~first])
-        src, tok, nq = src[ok], tok[ok], nq[ok]
+            flags[first] = checker.singles(tok[first])
+        if rest.any():
+            flags[rest] = checker.pairs(last[rest], tok[rest])
+        ok &= flags != REJECT
+        src, tok, nq, flags = src[ok], tok[ok], nq[ok], flags[ok]
         frontier = []
         dst = np.empty(len(tok), dtype=np.int64)
-        for k, key in enumerate(zip(nq.tolist(), tok.tolist())):
+        for k, key in enumerate(zip(nq.tolist(), tok.tolist(), flags.tolist())):
             sid = ids.get(key)
             if sid is None:
                 sid = ids[key] = len(keys)
@@ -205,7 +266,7 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
     tok = np.concatenate(edges_tok)
     dst = np.concatenate(edges_dst_q)
     accepting = np.zeros(S, dtype=bool)
-    accepting[:-1] = [byte_accepting[q] for q, _ in keys]
+    accepting[:-1] = [byte_accepting[q] and flag != NEEDS_NONSPACE for q, _, flag in keys]
     accepting[0] = False
     if eos is not None:
         acc = np.nonzero(accepting)[0]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ctrlg.errors import VocabularyMismatchError
 
-__all__ = ["VocabTrie", "vocab_trie", "walk"]
+__all__ = ["VocabTrie", "vocab_trie", "vocabulary_index", "walk"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +90,36 @@ _CACHE_BY_ID: dict[int, VocabTrie] = {}
 _CACHE_BY_FINGERPRINT: dict[str, VocabTrie] = {}
 
 
+_INDEX_CACHE: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+
+
+def vocabulary_index(tokenizer):
+    """``ctrlg.vocab.VocabularyIndex.for_tokenizer(tokenizer)``, memoised per tokenizer object
+    (hashing the vocabulary for the fingerprint costs ~1 s on a 49k vocabulary).
+
+    Raises VocabularyMismatchError when the vocabulary cannot be decoded to bytes."""
+    try:
+        cached = _INDEX_CACHE.get(tokenizer)
+    except TypeError:
+        cached = None
+    if cached is not None:
+        return cached
+    from ctrlg.vocab import VocabularyIndex
+
+    try:
+        index = VocabularyIndex.for_tokenizer(tokenizer)
+    except VocabularyMismatchError:
+        raise
+    except Exception as exc:  # a tokenizer whose vocabulary has no byte decoding
+        raise VocabularyMismatchError(
+            f"cannot decode the vocabulary of {type(tokenizer).__name__} to bytes: {exc}") from exc
+    try:
+        _INDEX_CACHE[tokenizer] = index
+    except TypeError:
+        pass
+    return index
+
+
 def vocab_trie(tokenizer) -> VocabTrie:
     """The (cached) :class:`VocabTrie` of a ``transformers`` tokenizer, a :class:`VocabTrie`
     (returned as is) or a list of token byte strings (EOS unknown).
@@ -108,15 +138,7 @@ def vocab_trie(tokenizer) -> VocabTrie:
         cached = _CACHE_BY_ID.get(id(tokenizer))
     if cached is not None:
         return cached
-    from ctrlg.vocab import VocabularyIndex
-
-    try:
-        index = VocabularyIndex.for_tokenizer(tokenizer)
-    except VocabularyMismatchError:
-        raise
-    except Exception as exc:  # a tokenizer whose vocabulary has no byte decoding
-        raise VocabularyMismatchError(
-            f"cannot decode the vocabulary of {type(tokenizer).__name__} to bytes: {exc}") from exc
+    index = vocabulary_index(tokenizer)
     trie = _CACHE_BY_FINGERPRINT.get(index.fingerprint)
     if trie is None:
         trie = VocabTrie.from_token_bytes(index.tokens, eos_token_id=index.eos_token_id)

@@ -1,0 +1,79 @@
+"""String-level keyword constraints ("the text contains these strings"), built on the regex
+compiler, e.g. for CommonGen-style concept constraints.
+
+Two readings of "the generation contains keyword w":
+
+* ``encodings="all"`` — the decoded text contains ``w`` as a substring, however the tokens
+  split it (``w`` may start or end inside a token). Compiled from the regex
+  ``[\\s\\S]*<escaped w>[\\s\\S]*`` over all encodings (:func:`ctrlg.dfa.regex`) and minimised,
+  which makes the most common successor of each state its default, so the automaton stays
+  small (about ``len(w)`` states).
+* ``encodings="canonical"`` — the tokenizer's canonical encoding of ``w``
+  (``tokenizer.encode(w, add_special_tokens=False)``) occurs as a contiguous token
+  subsequence (the Ctrl-G/GeLaTo convention; a KMP automaton, :func:`ctrlg.dfa.phrase`).
+  Every such sequence also satisfies the ``"all"`` reading, not conversely.
+
+EOS is unconstrained (any token may follow), so intersect with ``ctrlg.dfa.eos`` or length
+builders as needed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.errors import ConstraintError
+
+__all__ = ["contains", "contains_all", "contains_any"]
+
+
+def _check_keyword(keyword) -> str:
+    if not isinstance(keyword, str) or keyword == "":
+        raise ConstraintError(f"a keyword must be a non-empty string, got {keyword!r}")
+    return keyword
+
+
+def _vocab_size(tokenizer, vocab_size: int | None) -> int:
+    from ctrlg.dfa.vocab_trie import vocab_trie
+
+    return vocab_trie(tokenizer).vocab_size if vocab_size is None else int(vocab_size)
+
+
+def contains(keyword: str, tokenizer, encodings: str = "all", *,
+             vocab_size: int | None = None) -> TokenDFA:
+    """Token sequences whose text contains ``keyword`` (module docstring for the two modes)."""
+    from ctrlg.dfa.builders import phrase
+    from ctrlg.dfa.minimize import minimize
+    from ctrlg.dfa.regex import regex
+
+    keyword = _check_keyword(keyword)
+    if encodings == "all":
+        pattern = r"[\s\S]*" + re.escape(keyword) + r"[\s\S]*"
+        return minimize(regex(pattern, tokenizer, "all", eos_token_id=None, vocab_size=vocab_size))
+    if encodings == "canonical":
+        ids = list(tokenizer.encode(keyword, add_special_tokens=False))
+        return phrase(ids, vocab_size=_vocab_size(tokenizer, vocab_size))
+    raise ConstraintError(f"encodings must be 'all' or 'canonical', got {encodings!r}")
+
+
+def contains_all(keywords: Sequence[str], tokenizer, encodings: str = "all", *,
+                 vocab_size: int | None = None) -> TokenDFA:
+    """The text contains every keyword (in any order)."""
+    from ctrlg.dfa.ops import intersect
+
+    if not keywords:
+        raise ConstraintError("contains_all needs at least one keyword")
+    dfas = [contains(k, tokenizer, encodings, vocab_size=vocab_size) for k in keywords]
+    return dfas[0] if len(dfas) == 1 else intersect(*dfas)
+
+
+def contains_any(keywords: Sequence[str], tokenizer, encodings: str = "all", *,
+                 vocab_size: int | None = None) -> TokenDFA:
+    """The text contains at least one of the keywords."""
+    from ctrlg.dfa.ops import union
+
+    if not keywords:
+        raise ConstraintError("contains_any needs at least one keyword")
+    dfas = [contains(k, tokenizer, encodings, vocab_size=vocab_size) for k in keywords]
+    return dfas[0] if len(dfas) == 1 else union(*dfas)

@@ -1,0 +1,436 @@
+"""ReLM-style regular-expression queries over a language model (Kuchnik et al., MLSys 2023, §3).
+
+A :class:`Query` names a regular language of strings (``pattern``), an optional ``prefix``
+regex that the results start with, a decision rule (``top_k``: every query token must be among
+the LM's k most likely next tokens; prefix tokens are exempt), the token encodings that count
+(``"canonical"`` or ``"all"``, see :func:`ctrlg.dfa.regex`), a token budget, and whether the
+result must end with EOS. Optional preprocessing widens the language to strings within edit
+distance ``k`` (:mod:`ctrlg.relm_edits`) and filters drop results (e.g. containing stop words).
+
+The token sequences x = u·w considered are those with ``decode(u) ∈ L(prefix)`` (tokenised on
+its own) and ``decode(w) ∈ L(pattern)``; their score is
+
+    log p(x) = Σ_i log p_lm(x_i | context, x_<i)   (+ log p_lm(EOS | context, x) if require_eos),
+
+with ``context`` the BOS token (or ``context_ids``). Two traversals:
+
+* :func:`search` — **shortest path**: Dijkstra on edge weights −log p_lm ≥ 0 over the tree of
+  token prefixes, restricted to the automaton's live states. The LM is called on batches of the
+  ``batch_size`` cheapest frontier nodes. A result is yielded when it is the cheapest entry of the
+  priority queue, so results stream in non-increasing probability; it is exact whatever the
+  batch size, because children never cost less than their parents.
+* :func:`sample` — **random sampling** (ReLM §3.3): the prefix is drawn uniformly among the
+  prefix automaton's accepted token paths of at most ``max_tokens`` tokens (walk counts
+  ``N_r(s)`` make the choice unbiased by how many strings each branch holds), then the rest is
+  drawn from the LM restricted to the automaton (and the decision rule): p(v) ∝ p_lm(v) on allowed
+  tokens. At an accepting state, stopping has the LM's EOS probability.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.errors import ConstraintError
+
+__all__ = ["Query", "QueryResult", "search", "sample", "exclude_words", "compile_query"]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A ReLM query (module docstring).
+
+    Attributes:
+        pattern: regex of the query part (full match).
+        prefix: optional regex the result starts with; exempt from the decision rule.
+        top_k: decision rule: query tokens must be among the LM's ``top_k`` most likely tokens
+            (None: all tokens).
+        encodings: ``"canonical"`` (the tokenizer's own segmentation) or ``"all"``.
+        max_tokens: budget for prefix + query tokens (EOS not counted).
+        require_eos: results end with EOS (scored) instead of stopping at any full match.
+        edit_distance / edit_symbols: widen ``pattern`` to strings within this many insertions,
+            deletions and substitutions of one-byte characters (Levenshtein preprocessor).
+        filters: predicates on the result text; results failing one are skipped.
+    """
+
+    pattern: str
+    prefix: str | None = None
+    top_k: int | None = None
+    encodings: str = "canonical"
+    max_tokens: int = 32
+    require_eos: bool = False
+    edit_distance: int = 0
+    edit_symbols: str | None = None
+    filters: tuple[Callable[[str], bool], ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ConstraintError(f"top_k must be a positive int or None, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ConstraintError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+        if self.encodings not in ("canonical", "all"):
+            raise ConstraintError(
+                f"encodings must be 'canonical' or 'all', got {self.encodings!r}")
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """One match: its text, tokens (prefix + query, and EOS if required) and log probability."""
+    text: str
+    token_ids: tuple[int, ...]
+    log_prob: float
+    prefix_length: int
+
+
+def exclude_words(words: Sequence[str], case_sensitive: bool = False) -> Callable[[str], bool]:
+    """A result filter rejecting texts that contain any of ``words`` as a whole word
+    (e.g. stop words)."""
+    import re
+
+    if not words:
+        raise ConstraintError("exclude_words needs at least one word")
+    flags = 0 if case_sensitive else re.IGNORECASE
+    matcher = re.compile(r"\b(?:" + "|".join(re.escape(w) for w in words) + r")\b", flags)
+    return lambda text: matcher.search(text) is None
+
+
+# ---------------------------------------------------------------------- automata
+@dataclass
+class _Automata:
+    prefix: TokenDFA | None
+    query: TokenDFA
+    prefix_live: np.ndarray | None
+    query_live: np.ndarray
+
+
+def _token_dfa(pattern: str, tokenizer, encodings: str, vocab_size: int, edit_distance: int = 0,
+               edit_symbols: str | None = None) -> TokenDFA:
+    from ctrlg.dfa.canonical import canonical_token_dfa
+    from ctrlg.dfa.regex import token_dfa_from_bytes_dfa
+    from ctrlg.dfa.vocab_trie import vocab_trie
+
+    bdfa = compile_bytes_dfa(pattern)
+    if edit_distance:
+        from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
+
+        bdfa = within_edit_distance(bdfa, edit_distance, edit_symbols or DEFAULT_EDIT_SYMBOLS)
+    what = f"regex {pattern!r}"
+    if encodings == "canonical":
+        return canonical_token_dfa(bdfa, tokenizer, eos_token_id=None, vocab_size=vocab_size,
+                                   what=what)
+    return token_dfa_from_bytes_dfa(bdfa, vocab_trie(tokenizer), eos_token_id=None,
+                                    vocab_size=vocab_size, what=what)
+
+
+def compile_query(query: Query, tokenizer, vocab_size: int) -> _Automata:
+    """Token DFAs (without EOS edges) of the query's prefix and pattern."""
+    prefix = None if query.prefix is None else _token_dfa(
+        query.prefix, tokenizer, query.encodings, vocab_size)
+    body = _token_dfa(query.pattern, tokenizer, query.encodings, vocab_size,
+                      query.edit_distance, query.edit_symbols)
+    return _Automata(prefix, body, None if prefix is None else prefix.live_states(),
+                     body.live_states())
+
+
+# Configurations: (phase, state); phase 0 = inside the prefix, 1 = inside the query.
+def _close(autom: _Automata, configs) -> frozenset:
+    out = set(configs)
+    for phase, s in configs:
+        if phase == 0 and autom.prefix.is_accepting(s):
+            out.add((1, autom.query.initial))
+    return frozenset(out)
+
+
+def _initial(autom: _Automata) -> frozenset:
+    if autom.prefix is None:
+        return frozenset({(1, autom.query.initial)})
+    return _close(autom, [(0, autom.prefix.initial)])
+
+
+def _moves(autom: _Automata, configs: frozenset, allowed_query: np.ndarray | None
+           ) -> dict[int, frozenset]:
+    """Token → next configuration set, for tokens keeping some configuration live.
+    ``allowed_query`` (bool [V]) is the decision rule for query-phase moves."""
+    nxt: dict[int, set] = {}
+    for phase, s in configs:
+        dfa, live = ((autom.prefix, autom.prefix_live) if phase == 0
+                     else (autom.query, autom.query_live))
+        tokens, succ = _edges(dfa, live, s)
+        keep = live[succ]
+        if phase == 1 and allowed_query is not None:
+            keep &= allowed_query[tokens]
+        for t, n in zip(tokens[keep].tolist(), succ[keep].tolist()):
+            nxt.setdefault(t, set()).add((phase, n))
+    return {t: _close(autom, c) for t, c in nxt.items()}
+
+
+def _edges(dfa: TokenDFA, live: np.ndarray, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, successors) from state ``s`` that may lead to a live state: the exceptions when
+    the default successor is dead, else the whole dense row."""
+    if live[dfa.default[s]]:
+        return np.arange(dfa.vocab_size), dfa.successors(s)
+    return dfa.exceptions(s)
+
+
+def _accepting(autom: _Automata, configs: frozenset) -> bool:
+    return any(phase == 1 and autom.query.is_accepting(s) for phase, s in configs)
+
+
+# ---------------------------------------------------------------------- LM calls
+def _context(tokenizer, context_ids) -> list[int]:
+    if context_ids is not None:
+        ids = [int(i) for i in context_ids]
+        if not ids:
+            raise ConstraintError("context_ids must hold at least one token")
+        return ids
+    for name in ("bos_token_id", "eos_token_id"):
+        tid = getattr(tokenizer, name, None)
+        if tid is not None:
+            return [int(tid)]
+    raise ConstraintError("the tokenizer has neither BOS nor EOS; pass context_ids")
+
+
+@torch.no_grad()
+def _next_log_probs(model, sequences: list[list[int]]) -> torch.Tensor:
+    """log p_lm(· | sequence) for each sequence, float32 [B, V] (right padding)."""
+    lengths = [len(s) for s in sequences]
+    width = max(lengths)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for r, s in enumerate(sequences):
+        ids[r, :len(s)] = torch.tensor(s)
+        mask[r, :len(s)] = 1
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    last = logits[torch.arange(len(sequences)), torch.tensor(lengths) - 1]
+    return torch.log_softmax(last.float(), dim=-1).cpu()
+
+
+def _vocab_size(model, tokenizer) -> int:
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if size is not None else len(tokenizer)
+
+
+def _topk_mask(log_probs: torch.Tensor, k: int | None) -> np.ndarray | None:
+    if k is None:
+        return None
+    mask = np.zeros(log_probs.shape[-1], dtype=bool)
+    mask[torch.topk(log_probs, min(k, log_probs.shape[-1])).indices.numpy()] = True
+    return mask
+
+
+def _decode(tokenizer, ids) -> str:
+    from ctrlg.dfa.vocab_trie import vocabulary_index
+
+    return vocabulary_index(tokenizer).decode(ids)
+
+
+def _passes(query: Query, text: str) -> bool:
+    return all(f(text) for f in query.filters)
+
+
+# ---------------------------------------------------------------------- shortest path
+def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batch_size: int = 8,
+           context_ids: Sequence[int] | None = None, max_expansions: int = 100_000
+           ) -> Iterator[QueryResult]:
+    """Yield matches of ``query`` in non-increasing probability (Dijkstra; module docstring).
+
+    Args:
+        num_results: stop after this many results (None: exhaust the language within budget).
+        batch_size: frontier nodes expanded per LM call.
+        context_ids: tokens the LM conditions on (default: BOS, else EOS).
+        max_expansions: stop after this many LM-expanded nodes.
+    """
+    if batch_size < 1:
+        raise ConstraintError(f"batch_size must be positive, got {batch_size}")
+    V = _vocab_size(model, tokenizer)
+    autom = compile_query(query, tokenizer, V)
+    context = _context(tokenizer, context_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if query.require_eos and eos is None:
+        raise ConstraintError("require_eos=True but the tokenizer has no eos_token_id")
+    # heap entries: (cost, tie, kind, tokens, configs, prefix_len); kind 0 = result, 1 = node
+    heap: list = []
+    tie = 0
+    start = _initial(autom)
+    heapq.heappush(heap, (0.0, tie, 1, (), start, 0))
+    emitted: set[tuple[int, ...]] = set()
+    produced = expansions = 0
+    while heap:
+        while heap and heap[0][2] == 0:
+            cost, _, _, tokens, _, plen = heapq.heappop(heap)
+            if tokens in emitted:
+                continue
+            emitted.add(tokens)
+            text = _decode(tokenizer, tokens)
+            if _passes(query, text):
+                yield QueryResult(text, tokens, -cost, plen)
+                produced += 1
+                if num_results is not None and produced >= num_results:
+                    return
+        batch = []
+        while heap and heap[0][2] == 1 and len(batch) < batch_size:
+            batch.append(heapq.heappop(heap))
+        if not batch:
+            break
+        expansions += len(batch)
+        if expansions > max_expansions:
+            return
+        log_probs = _next_log_probs(model, [context + list(e[3]) for e in batch])
+        for (cost, _, _, tokens, configs, plen), lp in zip(batch, log_probs):
+            lp_np = lp.numpy()
+            if query.require_eos and _accepting(autom, configs):
+                allowed = _topk_mask(lp, query.top_k)
+                if allowed is None or allowed[eos]:
+                    tie += 1
+                    heapq.heappush(heap, (cost - float(lp_np[eos]), tie, 0, tokens + (eos,),
+                                          configs, plen))
+            if len(tokens) >= query.max_tokens:
+                continue
+            for t, nconf in _moves(autom, configs, _topk_mask(lp, query.top_k)).items():
+                step = -float(lp_np[t])
+                if math.isinf(step):
+                    continue
+                child = tokens + (t,)
+                cplen = len(child) if any(p == 0 for p, _ in nconf) else plen
+                tie += 1
+                heapq.heappush(heap, (cost + step, tie, 1, child, nconf, cplen))
+                if not query.require_eos and _accepting(autom, nconf):
+                    tie += 1
+                    heapq.heappush(heap, (cost + step, tie, 0, child, nconf, cplen))
+    return
+
+
+# ---------------------------------------------------------------------- random sampling
+def _log_walk_counts(dfa: TokenDFA, live: np.ndarray, horizon: int) -> np.ndarray:
+    """log N_r(s) for r = 0..horizon: the number of accepted token paths of length ≤ r from s."""
+    S = dfa.num_states
+    logN = np.full((horizon + 1, S), -np.inf)
+    logN[0, dfa.accepting] = 0.0
+    rows = [_edges(dfa, live, s) for s in range(S)]
+    for r in range(1, horizon + 1):
+        for s in range(S):
+            _, succ = rows[s]
+            terms = logN[r - 1, succ[live[succ]]]
+            if dfa.accepting[s]:
+                terms = np.append(terms, 0.0)
+            if len(terms):
+                logN[r, s] = np.logaddexp.reduce(terms)
+    return logN
+
+
+def _sample_prefix(autom: _Automata, horizon: int, rng: np.random.Generator) -> list[int]:
+    dfa, live = autom.prefix, autom.prefix_live
+    logN = _log_walk_counts(dfa, live, horizon)
+    if not np.isfinite(logN[horizon, dfa.initial]):
+        raise ConstraintError(f"the prefix accepts no token path within {horizon} tokens")
+    s, out = dfa.initial, []
+    for r in range(horizon, 0, -1):
+        tokens, succ = _edges(dfa, live, s)
+        keep = live[succ]
+        tokens, succ = tokens[keep], succ[keep]
+        logits = logN[r - 1, succ]
+        options = list(zip(tokens.tolist(), succ.tolist()))
+        if dfa.accepting[s]:
+            logits = np.append(logits, 0.0)
+            options.append((None, None))
+        p = np.exp(logits - logN[r, s])
+        p = p / p.sum()
+        choice = options[int(rng.choice(len(options), p=p))]
+        if choice[0] is None:
+            return out
+        out.append(choice[0])
+        s = choice[1]
+    return out
+
+
+def sample(model, tokenizer, query: Query, num_samples: int = 10, *, seed: int = 0,
+           batch_size: int = 8, context_ids: Sequence[int] | None = None) -> list[QueryResult]:
+    """Draw ``num_samples`` matches by random sampling (ReLM §3.3; module docstring).
+
+    Samples failing a filter are dropped (so fewer may come back); the same seed gives the same
+    samples on the same machine.
+    """
+    if num_samples < 1:
+        raise ConstraintError(f"num_samples must be positive, got {num_samples}")
+    V = _vocab_size(model, tokenizer)
+    autom = compile_query(query, tokenizer, V)
+    context = _context(tokenizer, context_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    results: list[QueryResult] = []
+    remaining = num_samples
+    while remaining > 0:
+        rows = min(batch_size, remaining)
+        remaining -= rows
+        prefixes = [(_sample_prefix(autom, query.max_tokens, rng) if autom.prefix is not None
+                     else []) for _ in range(rows)]
+        states = []
+        for pre in prefixes:
+            states.append(frozenset({(1, autom.query.initial)}) if autom.prefix is not None
+                          else _initial(autom))
+        seqs = [list(p) for p in prefixes]
+        scores = [0.0] * rows
+        done = [False] * rows
+        if autom.prefix is not None:   # score the prefix tokens
+            for r, pre in enumerate(prefixes):
+                if pre:
+                    lps = _sequence_log_probs(model, context, pre)
+                    scores[r] = float(lps.sum())
+        while not all(done):
+            active = [r for r in range(rows) if not done[r]]
+            log_probs = _next_log_probs(model, [context + seqs[r] for r in active])
+            for r, lp in zip(active, log_probs):
+                moves = {} if len(seqs[r]) >= query.max_tokens else _moves(
+                    autom, states[r], _topk_mask(lp, query.top_k))
+                options = list(moves)
+                weights = [float(lp[t].exp()) for t in options]
+                stop_ok = _accepting(autom, states[r])
+                if stop_ok:
+                    weights.append(float(lp[eos].exp()) if eos is not None else 1.0)
+                    options.append(None)
+                total = sum(weights)
+                if not options:
+                    done[r] = True          # dead end (budget); dropped below
+                    scores[r] = -math.inf
+                    continue
+                if total <= 0:
+                    weights = [1.0] * len(options)
+                    total = float(len(options))
+                probs = torch.tensor(weights, dtype=torch.float64) / total
+                k = int(torch.multinomial(probs, 1, generator=gen))
+                choice = options[k]
+                if choice is None:
+                    done[r] = True
+                    if query.require_eos:
+                        seqs[r].append(eos)
+                        scores[r] += float(lp[eos])
+                    continue
+                seqs[r].append(choice)
+                scores[r] += float(lp[choice])
+                states[r] = moves[choice]
+        for r in range(rows):
+            if math.isinf(scores[r]) and scores[r] < 0:
+                continue
+            text = _decode(tokenizer, seqs[r])
+            if _passes(query, text):
+                results.append(QueryResult(text, tuple(seqs[r]), scores[r], len(prefixes[r])))
+    return results
+
+
+@torch.no_grad()
+def _sequence_log_probs(model, context: list[int], tokens: list[int]) -> torch.Tensor:
+    ids = torch.tensor([context + tokens])
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device)).logits[0].float().cpu()
+    lp = torch.log_softmax(logits, dim=-1)
+    n = len(context)
+    return lp[torch.arange(n - 1, n - 1 + len(tokens)), torch.tensor(tokens)]
