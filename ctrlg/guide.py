@@ -86,7 +86,7 @@ _CHUNK = 4096
 
 def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_default: torch.Tensor,
                             nonexc_mass: torch.Tensor, exc_src: torch.Tensor, exc_dst: torch.Tensor,
-                            exc_emission: torch.Tensor, coef_exc: torch.Tensor,
+                            exc_row: torch.Tensor, emission_rows: torch.Tensor, coef_exc: torch.Tensor,
                             eos_term: torch.Tensor, coef_eos: torch.Tensor,
                             transition: torch.Tensor) -> torch.Tensor:
     """One step of the backward recurrence, unnormalised: returns G · Aᵀ ([S, h], float32) where
@@ -95,14 +95,15 @@ def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_de
          + Σ_{k: exc_src[k] = s} coef_exc[k] · B[:, tok_k] ⊙ Ŵ[exc_dst[k]]
          + coef_eos[s] · eos_term[s]
 
-    ``w_prev`` [S, h] is Ŵ_{r-1}, ``exc_emission`` [E, h] holds B[:, tok_k] for each exception,
+    ``w_prev`` [S, h] is Ŵ_{r-1}; exception k's emission column is ``emission_rows[exc_row[k]]``
+    (``emission_rows`` is Bᵀ [V, h], or the per-letter sums B̄ᵀ [A, h] for DFAs with letters),
     the ``coef_*`` are the rescaling factors exp(c_{r-1}(·) − m_s) (0 for infeasible states).
     This plain-torch version is the reference for ``ctrlg.kernels.backward_table``.
     """
     g = w_prev[default].float().mul_(coef_default[:, None]).mul_(nonexc_mass)
     for lo in range(0, exc_src.numel(), _CHUNK):  # chunks keep the [E, h] temporaries small
         hi = lo + _CHUNK
-        term = w_prev[exc_dst[lo:hi]].float().mul_(exc_emission[lo:hi]).mul_(coef_exc[lo:hi, None])
+        term = w_prev[exc_dst[lo:hi]].float().mul_(emission_rows[exc_row[lo:hi]]).mul_(coef_exc[lo:hi, None])
         g.index_add_(0, exc_src[lo:hi], term)
     g.add_(eos_term * coef_eos[:, None])
     return g @ transition.T.float()
@@ -280,13 +281,14 @@ class GuideTables:
             letter_emission.index_add_(1, tensor(dfa.letter_of_token), B)
             for e in self.eos_ids:
                 letter_emission[:, int(dfa.letter_of_token[e])] -= B[:, e]
-            self._exc_emission = letter_emission.clamp_min_(0)[:, self._exc_tok_t].T.contiguous()
+            self._emission_rows = letter_emission.clamp_min_(0).T.contiguous()  # [A, h]
         else:
-            self._exc_emission = B[:, self._exc_tok_t].T.contiguous()  # [E, h]
+            self._emission_rows = self._emission_t                              # [V, h]
         # M_s = rowsum(B) - Σ_{exc(s) ∪ EOS} B[:, v], in float64, clamped at 0.
         mass = B.double().sum(1).expand(S, h).clone()
         for lo in range(0, len(exc.src), 4096):
-            mass.index_add_(0, self._exc_src_t[lo:lo + 4096], -self._exc_emission[lo:lo + 4096].double())
+            rows = self._emission_rows[self._exc_tok_t[lo:lo + 4096]]
+            mass.index_add_(0, self._exc_src_t[lo:lo + 4096], -rows.double())
         if self.eos_ids:
             mass -= B[:, self.eos_ids].double().sum(1)
         self._nonexc_mass = mass.clamp_min_(0).float()
@@ -341,7 +343,7 @@ class GuideTables:
             coef_eos = (torch.exp(eos_log - m_safe) * eos_live).float() if eos_ok \
                 else torch.zeros(S, device=device)
             raw = step(w_hat[r - 1], self._default_t, coef_default, self._nonexc_mass,
-                       self._exc_src_t, self._exc_dst_t, self._exc_emission, coef_exc,
+                       self._exc_src_t, self._exc_dst_t, self._exc_tok_t, self._emission_rows, coef_exc,
                        self._eos_term, coef_eos, A)
             mx = raw.amax(1)
             ok = (mx > 0) & torch.isfinite(m) & torch.isfinite(mx)

@@ -3,7 +3,7 @@
 For every DFA state s (rows) and hidden state z' (columns)
 
     G[s, z'] = coef_default[s] · Ŵ[default[s], z'] · M[s, z']
-             + Σ_{k ∈ exc(s)} coef_exc[k] · B[z', tok_k] · Ŵ[exc_dst[k], z']
+             + Σ_{k ∈ exc(s)} coef_exc[k] · emission_rows[exc_row[k], z'] · Ŵ[exc_dst[k], z']
              + coef_eos[s] · eos_term[s, z']
     out      = G · Aᵀ        ((S×h)·(h×h), fp32 accumulation)
 
@@ -44,8 +44,9 @@ def triton_available(device: torch.device | str) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _gather_kernel(w_prev, default, coef_default, mass, exc_ptr, exc_dst, exc_emission,
-                       coef_exc, eos_term, coef_eos, g_out, h, BLOCK_H: tl.constexpr):
+    def _gather_kernel(w_prev, default, coef_default, mass, exc_ptr, exc_dst, exc_row,
+                       emission_rows, coef_exc, eos_term, coef_eos, g_out, h,
+                       BLOCK_H: tl.constexpr):
         s = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         in_h = offs < h
@@ -58,7 +59,8 @@ if triton is not None:
         for k in range(lo, hi):
             dst = tl.load(exc_dst + k)
             c = tl.load(coef_exc + k).to(tl.float32)
-            b = tl.load(exc_emission + k * h + offs, mask=in_h, other=0.0).to(tl.float32)
+            row = tl.load(exc_row + k)
+            b = tl.load(emission_rows + row * h + offs, mask=in_h, other=0.0).to(tl.float32)
             w = tl.load(w_prev + dst * h + offs, mask=in_h, other=0.0).to(tl.float32)
             g += c * b * w
         g += tl.load(coef_eos + s).to(tl.float32) \
@@ -85,7 +87,8 @@ if triton is not None:
 
 def backward_step(w_prev: torch.Tensor, default: torch.Tensor, coef_default: torch.Tensor,
                   nonexc_mass: torch.Tensor, exc_src: torch.Tensor, exc_dst: torch.Tensor,
-                  exc_emission: torch.Tensor, coef_exc: torch.Tensor, eos_term: torch.Tensor,
+                  exc_row: torch.Tensor, emission_rows: torch.Tensor, coef_exc: torch.Tensor,
+                  eos_term: torch.Tensor,
                   coef_eos: torch.Tensor, transition: torch.Tensor, *,
                   block_h: int = 128, block_m: int = 32, block_n: int = 32,
                   block_k: int = 32) -> torch.Tensor:
@@ -93,24 +96,27 @@ def backward_step(w_prev: torch.Tensor, default: torch.Tensor, coef_default: tor
     exceptions must be sorted by ``exc_src``, as CSR order gives). Returns float32 [S, h]."""
     if not triton_available(w_prev.device):
         return backward_step_reference(w_prev, default, coef_default, nonexc_mass, exc_src, exc_dst,
-                                       exc_emission, coef_exc, eos_term, coef_eos, transition)
+                                       exc_row, emission_rows, coef_exc, eos_term, coef_eos,
+                                       transition)
     S, h = w_prev.shape
     device = w_prev.device
     exc_ptr = torch.searchsorted(exc_src.contiguous(),
                                  torch.arange(S + 1, device=device, dtype=exc_src.dtype))
-    contig = [t.contiguous() for t in (w_prev, default, coef_default, nonexc_mass, exc_dst,
-                                       exc_emission, coef_exc, eos_term, coef_eos, transition)]
-    w_prev, default, coef_default, nonexc_mass, exc_dst, exc_emission, coef_exc, eos_term, \
-        coef_eos, transition = contig
-    if exc_emission.numel() == 0:  # the kernel needs a valid pointer even with no exceptions
-        exc_emission = torch.zeros(1, h, device=device, dtype=w_prev.dtype)
+    contig = [t.contiguous() for t in (w_prev, default, coef_default, nonexc_mass, exc_dst, exc_row,
+                                       emission_rows, coef_exc, eos_term, coef_eos, transition)]
+    w_prev, default, coef_default, nonexc_mass, exc_dst, exc_row, emission_rows, coef_exc, \
+        eos_term, coef_eos, transition = contig
+    if exc_dst.numel() == 0:  # the kernel needs valid pointers even with no exceptions
         exc_dst = torch.zeros(1, dtype=default.dtype, device=device)
+        exc_row = torch.zeros(1, dtype=default.dtype, device=device)
         coef_exc = torch.zeros(1, device=device)
+    if emission_rows.numel() == 0:
+        emission_rows = torch.zeros(1, h, device=device, dtype=w_prev.dtype)
     g = torch.empty(S, h, device=device, dtype=torch.float32)
     block_h = min(block_h, triton.next_power_of_2(h))
     _gather_kernel[(S, triton.cdiv(h, block_h))](
-        w_prev, default, coef_default, nonexc_mass, exc_ptr, exc_dst, exc_emission, coef_exc,
-        eos_term, coef_eos, g, h, BLOCK_H=block_h)
+        w_prev, default, coef_default, nonexc_mass, exc_ptr, exc_dst, exc_row, emission_rows,
+        coef_exc, eos_term, coef_eos, g, h, BLOCK_H=block_h)
     out = torch.empty(S, h, device=device, dtype=torch.float32)
     bm = max(16, min(block_m, triton.next_power_of_2(S)))
     bn = max(16, min(block_n, triton.next_power_of_2(h)))

@@ -28,7 +28,8 @@ def random_step_inputs(S, h, E, seed, dtype):
         w_prev=torch.rand(S, h, generator=g).to(dtype), default=torch.randint(0, S, (S,), generator=g),
         coef_default=torch.rand(S, generator=g), nonexc_mass=torch.rand(S, h, generator=g).to(dtype),
         exc_src=exc_src, exc_dst=torch.randint(0, S, (E,), generator=g),
-        exc_emission=torch.rand(E, h, generator=g).to(dtype), coef_exc=torch.rand(E, generator=g),
+        exc_row=torch.randint(0, 7, (E,), generator=g),
+        emission_rows=torch.rand(7, h, generator=g).to(dtype), coef_exc=torch.rand(E, generator=g),
         eos_term=torch.rand(S, h, generator=g).to(dtype), coef_eos=torch.rand(S, generator=g),
         transition=torch.softmax(torch.randn(h, h, generator=g), -1).to(dtype))
 
