@@ -154,3 +154,9 @@ def test_bad_input_raises_a_clear_value_error(call, message):
     with pytest.raises(ConstraintError, match=message) as info:
         call()
     assert isinstance(info.value, ValueError)
+
+
+def test_phrases_accept_numpy_and_torch_ids():
+    torch = pytest.importorskip("torch")
+    assert dfa.phrase(np.array([1, 2]), vocab_size=V).accepts([0, 1, 2])
+    assert dfa.any_phrase([torch.tensor([2, 1])], vocab_size=V).accepts([2, 1, 0])

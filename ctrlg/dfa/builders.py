@@ -22,6 +22,7 @@ Every builder validates its input and raises :class:`~ctrlg.errors.ConstraintErr
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from typing import Iterable, Sequence
 
@@ -54,8 +55,13 @@ def _check_phrase(tokens, vocab_size: int, what: str = "phrase") -> list[int]:
         raise ConstraintError(f"empty {what}: a {what} needs at least one token")
     out = []
     for t in ids:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise ConstraintError(f"{what} {ids!r} contains {t!r}, which is not a token id")
+        try:
+            if isinstance(t, (bool, np.bool_)):
+                raise TypeError
+            t = operator.index(t)            # ints, numpy and torch integer scalars
+        except TypeError:
+            raise ConstraintError(f"{what} {ids!r} contains {t!r}, which is not a token id") \
+                from None
         if not 0 <= t < vocab_size:
             raise ConstraintError(
                 f"{what} {ids!r} contains token id {t} out of range [0, {vocab_size})")
