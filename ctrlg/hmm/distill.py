@@ -13,7 +13,8 @@
    curve and, with ``em.keep_best``, early stopping): the HMM, a unigram model (add-one-smoothed, fitted on the
    same training tokens) and the LM itself (Σ log p_lm of the sampled tokens; the
    EOS padding has probability 1), all as mean log-likelihood per token of the padded sequences;
-5. write ``<output.dir>/hmm/{model.safetensors,config.json}``, ``curve.json``, ``curve.png`` and
+5. write ``<output.dir>/hmm/{model.safetensors,config.json}`` (and the same checkpoint to
+   ``output.copy_to`` if set, e.g. the package's asset folder), ``curve.json``, ``curve.png`` and
    ``metrics.json``.
 """
 
@@ -184,6 +185,8 @@ def distill(cfg: Mapping) -> dict:
     dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
     hmm.config["metrics"] = metrics["heldout_ll_per_token"]
     hmm.save(out_dir / "hmm", dtype=dtype)
+    if _get(cfg, "output.copy_to"):
+        hmm.save(_get(cfg, "output.copy_to"), dtype=dtype)
     saved = type(hmm).load(out_dir / "hmm")
     metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(forward_loglik(saved, test["tokens"]) / n_tokens)
     (out_dir / "curve.json").write_text(json.dumps(history.as_dict(), indent=2))

@@ -206,6 +206,7 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
     out_dir.mkdir(parents=True, exist_ok=True)
     eos_ids = _eos_ids(model, tokenizer)
     meta = {"num_sequences": num_sequences, "length": length, "chunk_size": chunk_size,
+            "batch_size": batch_size,  # rows drawn together share the chunk's RNG stream
             "seed": seed, "num_prompts": len(prompts), "eos_token_ids": eos_ids,
             "pad_token_id": eos_ids[0], "model": getattr(model.config, "_name_or_path", "") or "",
             "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
