@@ -1,0 +1,197 @@
+"""Regex → byte DFA → token DFA: parser errors, agreement with Python's ``re`` by enumeration,
+token-level acceptance by enumeration over tiny vocabularies and by sampling with SmolLM2."""
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctrlg import dfa
+from ctrlg.dfa.bytes_dfa import compile_bytes_dfa, utf8_sequences
+from ctrlg.dfa.regex_syntax import class_ranges, parse
+from ctrlg.dfa.vocab_trie import VocabTrie
+from ctrlg.errors import (ConstraintError, RegexError, UnsatisfiableConstraintError,
+                          UnsupportedRegexError, VocabularyMismatchError)
+
+PATTERNS = [
+    "a|ab", "(ab|a)c?", "a*", "(a|b)*c", "[abc]{2}", "a{1,3}b?", "a{2,}", "[^a]b", r"\s+a",
+    r"\d{2}", r"\w+", r"\S\D", ".b", "é+|ü", "[à-ÿ]x?", "(?:ab)+|c", "x|", r"\.\*", "[-a]+",
+    "[]a]", "a{,2}", r"\x61\u00e9", "(?P<n>a)b", "^ab$", "a+?b*?", r"[\w-]c", "[a-c]|[b-d]",
+]
+ALPHABET = ["a", "b", "c", "x", ".", "*", "-", "]", " ", "\n", "é", "ü", "1", "٣", "\u3000", "_"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_bytes_dfa_matches_python_re(pattern):
+    bdfa = compile_bytes_dfa(pattern)
+    for n in range(4):
+        for chars in itertools.product(ALPHABET, repeat=n):
+            s = "".join(chars)
+            assert bdfa.fullmatch(s.encode()) == bool(re.fullmatch(pattern, s)), (pattern, s)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x2FFF), max_size=6))
+def test_bytes_dfa_random_strings(text):
+    for pattern in (r"\w+\s?\d*", r"[^\W\d]+|\s", ".{2,4}", r"(\S\s)*"):
+        assert compile_bytes_dfa(pattern).fullmatch(text.encode()) == bool(
+            re.fullmatch(pattern, text)), (pattern, text)
+
+
+def test_class_ranges_agree_with_re_over_all_code_points():
+    everything = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    for letter in "dws":
+        expected = {ord(m.group()) for m in re.finditer("\\" + letter, everything)}
+        got = {c for lo, hi in class_ranges(letter) for c in range(lo, hi + 1)}
+        assert got == expected, letter
+
+
+def test_utf8_sequences_cover_exactly():
+    lo, hi = 0x70, 0x10450
+    seqs = utf8_sequences(lo, hi)
+    for cp in list(range(0x60, 0x900)) + list(range(0xFFF0, 0x10500)):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        data = chr(cp).encode()
+        hit = any(len(s) == len(data) and all(a <= b <= z for (a, z), b in zip(s, data))
+                  for s in seqs)
+        assert hit == (lo <= cp <= hi), hex(cp)
+
+
+@pytest.mark.parametrize("pattern, construct", [
+    (r"(a)\1", "backreference"), ("(?=a)a", "lookahead"), ("(?!a)b", "negative lookahead"),
+    ("(?<=a)b", "lookbehind"), ("(?<!a)b", "negative lookbehind"), ("(?>a)", "atomic group"),
+    ("a*+", "possessive"), ("(a)(?(1)b|c)", "conditional"), (r"\bword", "word boundary"),
+    ("(?i)a", "inline flags"), (r"(?P<x>a)(?P=x)", "backreference"), (r"\p{L}", "Unicode property"),
+    ("a^b", "anchor"), ("a$b", "anchor"),
+])
+def test_unsupported_constructs_are_named(pattern, construct):
+    with pytest.raises(UnsupportedRegexError, match=re.escape(construct)):
+        parse(pattern)
+
+
+@pytest.mark.parametrize("pattern", ["", "(ab", "ab)", "[a-", "[z-a]", "*a", "a{3,2}", "a**",
+                                     "\\", r"\xZZ", r"\q"])
+def test_invalid_patterns_raise_regex_error(pattern):
+    with pytest.raises(RegexError):
+        parse(pattern)
+    with pytest.raises(ValueError):
+        dfa.regex(pattern, [b"a"])
+
+
+def test_non_string_pattern():
+    with pytest.raises(RegexError, match="must be a str"):
+        parse(b"ab")
+
+
+# ------------------------------------------------------------------ token DFA, tiny vocabulary
+EOS = 9
+VOCAB = [b"a", b"b", b"ab", b"c", b"abc", b"\xc3", b"\xa9", "é".encode(), b"ba", b"", b" ",
+         b"\n", b"a"]  # 12 duplicates 0's bytes (like a byte-fallback token)
+TRIE = VocabTrie.from_token_bytes(VOCAB, eos_token_id=EOS)
+
+
+def _expected(pattern, seq):
+    k = len(seq)
+    while k and seq[k - 1] == EOS:
+        k -= 1
+    if EOS in seq[:k]:
+        return False
+    data = b"".join(VOCAB[t] for t in seq[:k])
+    try:
+        return bool(re.fullmatch(pattern, data.decode()))
+    except UnicodeDecodeError:
+        return False
+
+
+@pytest.mark.parametrize("pattern", ["a|ab", "(ab|a)c?", "é+b?", r"\s?a*", "[^c]{1,3}",
+                                     "(ba)+|abc", r"a\nb?", "[éa]{2}"])
+def test_token_dfa_by_enumeration(pattern):
+    d = dfa.regex(pattern, TRIE)
+    accepted = 0
+    for n in range(5):
+        for seq in itertools.product(range(len(VOCAB)), repeat=n):
+            got = d.accepts(list(seq))
+            assert got == _expected(pattern, list(seq)), (pattern, seq)
+            accepted += got
+    assert accepted > 0
+
+
+def test_alternation_is_a_true_union():
+    d = dfa.regex("a|ab", TRIE)
+    assert d.accepts([0]) and d.accepts([2]) and d.accepts([0, 1]) and not d.accepts([1])
+
+
+def test_eos_only_after_a_full_match():
+    d = dfa.regex("ab", TRIE)
+    assert not d.accepts([EOS]) and not d.accepts([0, EOS])
+    assert d.accepts([2, EOS, EOS]) and not d.accepts([2, EOS, 1])
+    no_eos = dfa.regex("ab", TRIE, eos_token_id=None)
+    assert not no_eos.accepts([2, EOS])
+
+
+def test_bad_arguments():
+    with pytest.raises(ConstraintError, match="encodings"):
+        dfa.regex("a", TRIE, encodings="some")
+    with pytest.raises(ConstraintError, match="vocab_size"):
+        dfa.regex("a", TRIE, vocab_size=3)
+    with pytest.raises(UnsatisfiableConstraintError):
+        dfa.regex("zz", TRIE)
+    with pytest.raises(UnsatisfiableConstraintError):
+        dfa.regex("[^\\s\\S]", TRIE)
+    with pytest.raises(VocabularyMismatchError):
+        dfa.regex("a", object())
+    with pytest.raises(VocabularyMismatchError):
+        dfa.regex("a", ["a", "b"])
+
+
+def test_vocab_size_padding_keeps_language():
+    d = dfa.regex("ab", TRIE, vocab_size=20)
+    assert d.vocab_size == 20 and d.accepts([0, 1]) and not d.accepts([15])
+
+
+# ------------------------------------------------------------------ real tokenizer
+@pytest.fixture(scope="module")
+def smollm2():
+    from ctrlg.models import load_tokenizer
+
+    return load_tokenizer()
+
+
+SMOL_PATTERNS = [r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,4}", r"\(\d{3}\) \d{3}-\d{4}",
+                 r"\d{4}-\d{2}-\d{2}", "a|ab", "(ab|a)c?", r"[α-ω]+\s[éü]", r"\s+x"]
+
+
+@pytest.mark.parametrize("pattern", SMOL_PATTERNS)
+def test_sampled_walks_decode_to_full_matches(smollm2, pattern):
+    from ctrlg.dfa.vocab_trie import vocabulary_index
+
+    index = vocabulary_index(smollm2)
+    d = dfa.regex(pattern, smollm2)
+    live = d.live_states()
+    rng = np.random.default_rng(0)
+    eos = smollm2.eos_token_id
+    for _ in range(30):
+        s, seq = d.initial, []
+        while len(seq) < 40:
+            tokens, nxt = d.exceptions(s)
+            keep = live[nxt] & (tokens != eos)
+            options = tokens[keep]
+            if d.is_accepting(s) and (not len(options) or rng.random() < 0.3):
+                break
+            k = rng.integers(len(options))
+            seq.append(int(options[k]))
+            s = int(nxt[keep][k])
+        if not d.is_accepting(s):
+            continue
+        text = index.decode_bytes(seq).decode("utf-8")
+        assert re.fullmatch(pattern, text), (pattern, text, seq)
+        assert d.accepts(seq + [eos])
+    # canonical encodings of matching strings are among all encodings
+    for text in ["ab", "a", "abc", "john.doe@mail.com", "(555) 123-4567", "2024-01-31",
+                 "αβγ\té", "  x"]:
+        if re.fullmatch(pattern, text):
+            assert d.accepts(smollm2.encode(text, add_special_tokens=False)), text
