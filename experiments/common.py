@@ -66,7 +66,7 @@ def load_hmm(hmm_cfg: DictConfig | None, tokenizer=None):
         return hmm_model.HMM.load(path, tokenizer=tokenizer)
     from ctrlg.hmm import load_default_hmm
 
-    return load_default_hmm()
+    return load_default_hmm(tokenizer=tokenizer)
 
 
 def hydra_output_dir() -> Path:
