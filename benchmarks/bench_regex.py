@@ -1,0 +1,186 @@
+"""Regex → token automaton: compile time and per-token mask time, ctrlg vs outlines-core
+(and llguidance when installed), on the same regexes and the same vocabulary (SmolLM2, 49,152
+tokens), measured side by side in one process; plus canonical vs all-encodings compile time.
+
+    python -m benchmarks.bench_regex [--repeats 3] [--walk 64]
+
+Compile time: building the regex's token index from a ready vocabulary (each library's
+vocabulary object is built once, outside the timing, and reported separately).
+Mask time: mean time to produce the allowed-token set as a boolean mask over the vocabulary at
+each step of the same accepted token walk (ctrlg: the state's exception list scattered into a
+mask; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask; llguidance:
+``fill_next_token_bitmask`` + ``consume_token``).
+
+Canonical mode is timed once per regex with a budget of ``--max-pair-checks`` token-pair checks;
+regexes over large token classes (email, URL) exceed it and are reported as such.
+Prints a table and writes benchmarks/results/bench_regex.json. A competitor that is not
+installed is skipped and reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+REGEXES = {
+    "email": r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,6}",
+    "phone": r"\(\d{3}\) \d{3}-\d{4}",
+    "url": r"https?://[a-zA-Z0-9.-]+(/[a-zA-Z0-9._~%-]*){0,4}",
+    "date": r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
+    "time": r"([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?",
+    "ssn": r"\d{3}-\d{2}-\d{4}",
+    "json": (r'\{[ ]?"name"[ ]?:[ ]?"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt]){0,20}"[ ]?,'
+             r'[ ]?"age"[ ]?:[ ]?(-)?(0|[1-9][0-9]*)[ ]?\}'),
+}
+SAMPLES = {
+    "email": "john.doe42@example.com", "phone": "(555) 123-4567",
+    "url": "https://www.example.org/path/to/page", "date": "2024-02-29", "time": "23:59:07",
+    "ssn": "123-45-6789", "json": '{"name": "Ada Lovelace", "age": 36}',
+}
+
+
+def _best(fn, repeats):
+    times = []
+    out = None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-pair-checks", type=int, default=300_000,
+                        help="budget of the canonical construction (beyond it: reported, skipped)")
+    parser.add_argument("--out", default="benchmarks/results/bench_regex.json")
+    args = parser.parse_args(argv)
+
+    from ctrlg import dfa
+    from ctrlg.errors import ConstraintError
+    from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
+    from ctrlg.models import load_tokenizer
+
+    tok = load_tokenizer()
+    V = len(tok)
+    eos = tok.eos_token_id
+    t0 = time.perf_counter()
+    index = vocabulary_index(tok)
+    vocab_trie(tok)
+    setup = {"ctrlg_vocab_index_s": time.perf_counter() - t0}
+    notes = []
+
+    try:
+        from outlines_core import Index, Vocabulary
+        t0 = time.perf_counter()
+        mapping: dict[bytes, list[int]] = {}
+        for i, b in enumerate(index.tokens):
+            if b and i != eos:
+                mapping.setdefault(b, []).append(i)
+        oc_vocab = Vocabulary(eos, mapping)
+        setup["outlines_core_vocabulary_s"] = time.perf_counter() - t0
+    except ImportError:
+        Index = None
+        notes.append("outlines-core not installed: skipped")
+    try:
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy as llnp
+        t0 = time.perf_counter()
+        ll_tok = llguidance.hf.from_tokenizer(tok)
+        setup["llguidance_tokenizer_s"] = time.perf_counter() - t0
+    except Exception as exc:  # not installed or incompatible
+        llguidance = None
+        notes.append(f"llguidance unavailable: {exc.__class__.__name__}: {exc}")
+
+    rows = []
+    for name, pattern in REGEXES.items():
+        row = {"regex": name, "pattern": pattern}
+        row["ctrlg_all_s"], d_all = _best(lambda: dfa.regex(pattern, tok), args.repeats)
+        row["ctrlg_states"] = d_all.num_states
+        walk = tok.encode(SAMPLES[name], add_special_tokens=False) + [eos]
+        assert d_all.accepts(walk), name
+        try:
+            row["ctrlg_canonical_s"], d_can = _best(
+                lambda: dfa.regex(pattern, tok, encodings="canonical",
+                                  max_pair_checks=args.max_pair_checks), 1)
+            assert d_can.accepts(walk), name
+            row["canonical_over_all"] = row["ctrlg_canonical_s"] / row["ctrlg_all_s"]
+        except ConstraintError as exc:
+            row["ctrlg_canonical_s"] = None
+            row["ctrlg_canonical_error"] = str(exc)
+
+        def ctrlg_masks():
+            s = d_all.initial
+            for t in walk:
+                mask = np.zeros(V, dtype=bool)
+                mask[d_all.exceptions(s)[0]] = True
+                assert mask[t]
+                s = d_all.step(s, t)
+        row["ctrlg_mask_us"] = _best(ctrlg_masks, args.repeats)[0] / len(walk) * 1e6
+
+        if Index is not None:
+            try:
+                row["outlines_core_s"], oc = _best(lambda: Index(pattern, oc_vocab), args.repeats)
+
+                def oc_masks():
+                    s = oc.get_initial_state()
+                    for t in walk:
+                        mask = np.zeros(V, dtype=bool)
+                        mask[oc.get_allowed_tokens(s)] = True
+                        assert mask[t], (f"outlines-core disallows token {t} "
+                                         f"({tok.convert_ids_to_tokens(t)!r}) of the sample")
+                        if t != eos:
+                            s = oc.get_next_state(s, t)
+                row["outlines_core_mask_us"] = _best(oc_masks, args.repeats)[0] / len(walk) * 1e6
+                row["compile_ratio_outlines_over_ctrlg"] = row["outlines_core_s"] / row["ctrlg_all_s"]
+            except Exception as exc:
+                row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
+        if llguidance is not None:
+            try:
+                grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+                row["llguidance_s"], _ = _best(
+                    lambda: llguidance.LLMatcher(ll_tok, grammar), args.repeats)
+                bitmask = llnp.allocate_token_bitmask(1, ll_tok.vocab_size)
+
+                def ll_masks():
+                    m = llguidance.LLMatcher(ll_tok, grammar)
+                    for t in walk:
+                        llnp.fill_next_token_bitmask(m, bitmask, 0)
+                        m.consume_token(t)
+                t_total, _ = _best(ll_masks, args.repeats)
+                t_init, _ = _best(lambda: llguidance.LLMatcher(ll_tok, grammar), args.repeats)
+                row["llguidance_mask_us"] = max(t_total - t_init, 0.0) / len(walk) * 1e6
+                row["compile_ratio_llguidance_over_ctrlg"] = row["llguidance_s"] / row["ctrlg_all_s"]
+            except Exception as exc:
+                row["llguidance_error"] = f"{exc.__class__.__name__}: {exc}"
+        rows.append(row)
+
+    header = (f"{'regex':7} {'ctrlg all':>10} {'canonical':>10} {'outlines':>10} {'llguid.':>10} "
+              f"{'oc/ctrlg':>9} {'mask ctrlg':>11} {'mask oc':>9} {'mask llg':>9}")
+    print(f"vocabulary: SmolLM2, V={V}; setup {json.dumps({k: round(v, 3) for k, v in setup.items()})}")
+    print(header)
+    fmt = lambda v, unit="s": "-" if v is None else (f"{v * 1e3:.1f}ms" if unit == "s" else f"{v:.0f}us")
+    for r in rows:
+        print(f"{r['regex']:7} {fmt(r['ctrlg_all_s']):>10} {fmt(r['ctrlg_canonical_s']):>10} "
+              f"{fmt(r.get('outlines_core_s')):>10} {fmt(r.get('llguidance_s')):>10} "
+              f"{r.get('compile_ratio_outlines_over_ctrlg', float('nan')):>8.1f}x "
+              f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
+              f"{fmt(r.get('llguidance_mask_us'), 'us'):>9}")
+    for n in notes:
+        print("note:", n)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.platform(), "vocab_size": V, "setup": setup,
+                               "notes": notes, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
