@@ -128,8 +128,10 @@ def bench_vs_length(tokenizer, concepts, h, lengths, repeats=9):
     for t in range(max(lengths) + 1):
         if t in lengths:
             samples = []
-            for _ in range(repeats):  # same prefix: parent cached, the row is recomputed each time
-                proc._cache = {k: v for k, v in proc._cache.items() if len(k[1]) == t - 1}
+            parents = dict(proc._cache)  # the row states after t - 1 tokens
+            for _ in range(repeats):  # same prefix, parent cached: the row is recomputed each time
+                proc._cache = dict(parents)
+                proc._last_width = ids.shape[1] - 1  # else an equal width means "new generation"
                 t0 = time.perf_counter()
                 guided = proc(ids, scores)
                 samples.append(time.perf_counter() - t0)
@@ -235,6 +237,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
+    parser.add_argument("--sections", nargs="+", default=["length", "states", "overhead"],
+                        help="run only these sections, keeping the others from the existing JSON")
     args = parser.parse_args(argv)
     if args.plot_only:
         plot(json.loads((args.out / "bench_guide.json").read_text()), args.out / "bench_guide.png")
@@ -250,19 +254,26 @@ def main(argv=None):
     concepts = [f"{c}_{(p or 'N')[0]}" for c, p in zip(example.concepts, example.pos)]
     print(f"CommonGen concepts: {concepts}; torch threads: {torch.get_num_threads()}")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"config": dict(concepts=concepts, threads=torch.get_num_threads(), vocab=len(tokenizer),
-                              length_hidden=256, states_hidden=256, cpu=os.cpu_count())}
+    old = args.out / "bench_guide.json"
+    results = json.loads(old.read_text()) if old.exists() and len(args.sections) < 3 else {}
+    results["config"] = dict(concepts=concepts, threads=torch.get_num_threads(), vocab=len(tokenizer),
+                              length_hidden=256, states_hidden=256, cpu=os.cpu_count())
     save = lambda: (args.out / "bench_guide.json").write_text(json.dumps(results, indent=2))  # noqa: E731
-    lengths = [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256, 512]
-    print("guidance vs tokens generated")
-    results["vs_length"] = bench_vs_length(tokenizer, concepts, 256, lengths)
-    states = [10, 100, 1000] if args.quick else [10, 100, 1000, 10000]
-    print("guidance vs DFA states (8 exceptions per state)")
-    results["vs_states"] = bench_vs_states(256, states, 8, len(tokenizer))
-    save()
+    if "length" in args.sections:
+        lengths = [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256, 512]
+        print("guidance vs tokens generated")
+        results["vs_length"] = bench_vs_length(tokenizer, concepts, 256, lengths)
+        save()
+    if "states" in args.sections:
+        states = [10, 100, 1000] if args.quick else [10, 100, 1000, 10000]
+        print("guidance vs DFA states (8 exceptions per state)")
+        results["vs_states"] = bench_vs_states(256, states, 8, len(tokenizer))
+        save()
     print("guidance vs LM step")
-    results["overhead"] = []
-    for h in args.hidden:  # saved after each size: the large ones take minutes
+    results.setdefault("overhead", [])
+    if "overhead" in args.sections:
+        results["overhead"] = []
+    for h in (args.hidden if "overhead" in args.sections else []):  # saved after each size: the large ones take minutes
         results["overhead"] += bench_overhead(model, tokenizer, concepts, [h], args.steps,
                                               args.max_new_tokens)
         save()
