@@ -3,6 +3,7 @@ tokenizer, so real constraints are built) and a tiny random HMM, passed through 
 (``model.name=<dir>``, ``hmm.path=<dir>``) exactly as a user would."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -116,3 +117,48 @@ def test_runtime_smoke(tiny_lm_dir, tmp_path, capsys):
     assert (tmp_path / "runtime.png").stat().st_size > 1000
     assert json.loads((tmp_path / "runtime.json").read_text())["hidden_size"] == 4
     assert "vs sequence length" in capsys.readouterr().out
+
+
+def test_relm_lambada_smoke(tiny_lm_dir, tmp_path, capsys):
+    from experiments import relm
+
+    cfg = compose("relm", [f"model.name={tiny_lm_dir}", "task=lambada", "lambada.limit=2",
+                           "lambada.max_tokens=3", "lambada.top_k=5",
+                           "lambada.max_expansions=20"])
+    result = relm.run(cfg, tmp_path)
+    assert [v["variant"] for v in result["variants"]] == ["baseline", "words", "terminated",
+                                                          "no_stop"]
+    assert all(0 <= v["accuracy"] <= 100 for v in result["variants"])
+    rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert rows[0]["target"] == "signs"
+    # the no_stop variant never predicts a stop word, the word variants always predict a word
+    assert all(r["no_stop"].lower() not in relm.STOP_WORDS for r in rows)
+    assert all(re.fullmatch(r"[A-Za-z]*", r["words"]) for r in rows)
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_relm_bias_smoke(tiny_lm_dir, tmp_path):
+    from experiments import relm
+
+    cfg = compose("relm", [f"model.name={tiny_lm_dir}", "task=bias", "bias.num_samples=4",
+                           "bias.professions=[art,math,business]", "bias.encodings=[canonical]",
+                           "bias.edit_distances=[0,1]"])
+    result = relm.run(cfg, tmp_path)
+    assert [c["edit_distance"] for c in result["configurations"]] == [0, 1]
+    exact = result["configurations"][0]
+    assert sum(sum(c.values()) for c in exact["counts"].values()) == 8
+    assert 0.0 <= exact["p_value"] <= 1.0
+
+
+def test_relm_extraction_smoke(tiny_lm_dir, tmp_path):
+    from experiments import relm
+
+    cfg = compose("relm", [f"model.name={tiny_lm_dir}", "task=extraction",
+                           "extraction.num_results=3", "extraction.max_expansions=30",
+                           "extraction.stop_lengths=[4]",
+                           "extraction.num_samples=2"])
+    result = relm.run(cfg, tmp_path)
+    shortest = result["rows"][0]
+    assert shortest["method"] == "shortest path" and shortest["unique_valid"] <= 3
+    assert all(re.fullmatch(r"https://www\.[a-z]+\.(com|org|net)", url)
+               for url in result["examples"]["shortest path"])

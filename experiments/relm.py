@@ -1,0 +1,274 @@
+"""ReLM-style experiments (Kuchnik et al., MLSys 2023) with the embedded LM.
+
+    python -m experiments.relm task=lambada     [lambada.limit=500]
+    python -m experiments.relm task=bias        [bias.num_samples=200]
+    python -m experiments.relm task=extraction
+
+* **lambada** — zero-shot LAMBADA last-word prediction (accuracy: exact match of the target), on
+  the first ``lambada.limit`` passages, four variants:
+  ``baseline``: greedy decoding of ``max_tokens`` tokens, the first word of the continuation;
+  ``words``: the most likely (shortest-path, :func:`ctrlg.relm.search`) string of the form
+  ``" <letters>"``; ``terminated``: the most likely ``" <letters><terminator>"`` (punctuation or
+  space, so the word is complete), terminator dropped; ``no_stop``: ``terminated`` with English
+  stop words excluded (LAMBADA targets are content words).
+* **bias** — for each gender g the LM continues ``"The g was trained in"`` with a profession from
+  ``bias.professions`` (:func:`ctrlg.relm.sample`: the LM restricted to the regex
+  ``" (art|science|…)"``), with the tokenizer's canonical encodings or all encodings, and with
+  the language widened by ±``edit_distance`` character edits (each sample is mapped back to the
+  nearest profession). A χ² test of independence (``scipy.stats.chi2_contingency``) on the
+  gender × profession counts tells whether the profession distribution depends on the gender.
+* **extraction** — how fast valid structured strings (URLs by default) come out: shortest-path
+  enumeration of the regex after a context vs plain ancestral sampling from the same context at
+  several stop lengths (matches found with Python's ``re``); reported as unique valid matches per
+  second.
+
+Writes ``results.json`` (+ ``predictions.jsonl`` / ``samples.jsonl``) and ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from experiments.common import (format_table, hydra_output_dir, load_lm, progress,
+                                save_resolved_config, seed_everything, write_json, write_jsonl)
+
+TASKS = ("lambada", "bias", "extraction")
+
+#: English stop words (the NLTK list), used by the ``no_stop`` variant.
+STOP_WORDS = tuple("""i me my myself we our ours ourselves you you're you've you'll you'd your yours
+yourself yourselves he him his himself she she's her hers herself it it's its itself they them their
+theirs themselves what which who whom this that that'll these those am is are was were be been
+being have has had having do does did doing a an the and but if or because as until while of at by
+for with about against between into through during before after above below to from up down in out
+on off over under again further then once here there when where why how all any both each few more
+most other some such no nor not only own same so than too very s t can will just don don't should
+should've now d ll m o re ve y ain aren aren't couldn couldn't didn didn't doesn doesn't hadn hadn't
+hasn hasn't haven haven't isn isn't ma mightn mightn't mustn mustn't needn needn't shan shan't
+shouldn shouldn't wasn wasn't weren weren't won won't wouldn wouldn't""".split())
+
+_TERMINATORS = r"[.,!?;:'\" \n]"
+
+
+# ---------------------------------------------------------------------- LAMBADA
+def first_word(text: str) -> str:
+    """The first run of letters/apostrophes/hyphens in ``text`` ("" when none)."""
+    match = re.search(r"[A-Za-z][A-Za-z'\-]*", text)
+    return match.group(0) if match else ""
+
+
+def lambada_query(variant: str, max_tokens: int, top_k: int | None = None,
+                  encodings: str = "all"):
+    from ctrlg.relm import Query, exclude_words
+
+    if variant == "words":
+        return Query(pattern=r" [A-Za-z]+", max_tokens=max_tokens, top_k=top_k,
+                     encodings=encodings)
+    terminated = Query(pattern=rf" [A-Za-z]+{_TERMINATORS}", max_tokens=max_tokens + 1,
+                       top_k=top_k, encodings=encodings)
+    if variant == "terminated":
+        return terminated
+    if variant == "no_stop":
+        return Query(pattern=terminated.pattern, max_tokens=terminated.max_tokens, top_k=top_k,
+                     encodings=encodings, filters=(exclude_words(STOP_WORDS),))
+    raise ValueError(f"unknown LAMBADA variant {variant!r}; choose from baseline, words, "
+                     f"terminated, no_stop")
+
+
+@torch.no_grad()
+def predict_baseline(model, tokenizer, context_ids: list[int], max_tokens: int) -> str:
+    ids = torch.tensor([context_ids])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_tokens, pad_token_id=tokenizer.eos_token_id)
+    return first_word(tokenizer.decode(out[0, len(context_ids):], skip_special_tokens=True))
+
+
+def predict_query(model, tokenizer, context_ids: list[int], query, batch_size: int,
+                  max_expansions: int) -> str:
+    """The first word of the most likely match ("" when none is found within the search limit)."""
+    from ctrlg.relm import search
+
+    for result in search(model, tokenizer, query, num_results=1, batch_size=batch_size,
+                         context_ids=context_ids, max_expansions=max_expansions):
+        return first_word(result.text)
+    return ""
+
+
+def run_lambada(cfg, model, tokenizer, out_dir: Path) -> dict:
+    from ctrlg.data import load_lambada
+
+    lcfg = cfg.lambada
+    examples = load_lambada(lcfg.path, limit=lcfg.limit)
+    variants = list(lcfg.variants)
+    queries = {v: lambada_query(v, int(lcfg.max_tokens), lcfg.top_k, lcfg.encodings)
+               for v in variants if v != "baseline"}
+    correct = {v: 0 for v in variants}
+    seconds = {v: 0.0 for v in variants}
+    rows = []
+    for example in progress(examples, desc="lambada"):
+        context = tokenizer(example.context, add_special_tokens=False)["input_ids"]
+        if tokenizer.bos_token_id is not None:
+            context = [tokenizer.bos_token_id] + context
+        row = {"target": example.target}
+        for variant in variants:
+            start = time.perf_counter()
+            if variant == "baseline":
+                guess = predict_baseline(model, tokenizer, context, int(lcfg.max_tokens))
+            else:
+                guess = predict_query(model, tokenizer, context, queries[variant], cfg.batch_size,
+                                      int(lcfg.max_expansions))
+            seconds[variant] += time.perf_counter() - start
+            row[variant] = guess
+            correct[variant] += guess == example.target
+        rows.append(row)
+    write_jsonl(out_dir / "predictions.jsonl", rows)
+    table = [{"variant": v, "accuracy": 100 * correct[v] / len(examples),
+              "correct": correct[v], "seconds": seconds[v]} for v in variants]
+    print(f"LAMBADA zero-shot last word, first {len(examples)} passages → {out_dir}")
+    print(format_table(table, ["variant", "accuracy", "correct", "seconds"],
+                       ["variant", "accuracy %", "correct", "time s"]))
+    return {"examples": len(examples), "variants": table}
+
+
+# ---------------------------------------------------------------------- bias
+def nearest(text: str, options: list[str]) -> str:
+    """The option at the smallest Levenshtein distance from ``text`` (first on ties)."""
+    def distance(a: str, b: str) -> int:
+        previous = list(range(len(b) + 1))
+        for i, ca in enumerate(a, 1):
+            current = [i]
+            for j, cb in enumerate(b, 1):
+                current.append(min(previous[j] + 1, current[j - 1] + 1,
+                                   previous[j - 1] + (ca != cb)))
+            previous = current
+        return previous[-1]
+
+    return min(options, key=lambda option: distance(text, option))
+
+
+def run_bias(cfg, model, tokenizer, out_dir: Path) -> dict:
+    from scipy.stats import chi2_contingency
+
+    from ctrlg.relm import Query, sample
+
+    bcfg = cfg.bias
+    professions = list(bcfg.professions)
+    pattern = " (" + "|".join(re.escape(p) for p in professions) + ")"
+    results, samples_out = [], []
+    configs = [(e, k) for e in bcfg.encodings for k in bcfg.edit_distances]
+    for encodings, edits in progress(configs, desc="bias"):
+        query = Query(pattern=pattern, encodings=encodings, edit_distance=int(edits),
+                      max_tokens=int(bcfg.max_tokens))
+        counts = np.zeros((len(bcfg.genders), len(professions)), dtype=np.int64)
+        start = time.perf_counter()
+        for g, gender in enumerate(bcfg.genders):
+            context = tokenizer(bcfg.template.format(gender=gender),
+                                add_special_tokens=False)["input_ids"]
+            if tokenizer.bos_token_id is not None:
+                context = [tokenizer.bos_token_id] + context
+            drawn = sample(model, tokenizer, query, int(bcfg.num_samples),
+                           seed=cfg.seed + 1000 * g + 17 * int(edits), batch_size=cfg.batch_size,
+                           context_ids=context)
+            for result in drawn:
+                profession = nearest(result.text.strip(), professions)
+                counts[g, professions.index(profession)] += 1
+                samples_out.append({"encodings": encodings, "edit_distance": int(edits),
+                                    "gender": gender, "text": result.text,
+                                    "profession": profession})
+        keep = counts.sum(0) > 0  # professions never drawn carry no information
+        chi2, p_value, dof, _ = chi2_contingency(counts[:, keep])
+        results.append({"encodings": encodings, "edit_distance": int(edits), "chi2": float(chi2),
+                        "p_value": float(p_value), "dof": int(dof),
+                        "counts": {gender: dict(zip(professions, counts[g].tolist()))
+                                   for g, gender in enumerate(bcfg.genders)},
+                        "seconds": time.perf_counter() - start})
+    write_jsonl(out_dir / "samples.jsonl", samples_out)
+    print(f"Gender bias: '{bcfg.template}' + profession, {bcfg.num_samples} samples per gender "
+          f"→ {out_dir}")
+    print(format_table(results, ["encodings", "edit_distance", "chi2", "dof", "p_value",
+                                 "seconds"],
+                       ["encodings", "edits", "χ²", "dof", "p-value", "time s"]))
+    for row in results:
+        print(f"  {row['encodings']}, ±{row['edit_distance']} edit: " + "; ".join(
+            f"{g}: " + ", ".join(f"{p} {c}" for p, c in row["counts"][g].items() if c)
+            for g in bcfg.genders))
+    return {"configurations": results}
+
+
+# ---------------------------------------------------------------------- extraction
+@torch.no_grad()
+def run_extraction(cfg, model, tokenizer, out_dir: Path) -> dict:
+    from ctrlg.relm import Query, search
+
+    ecfg = cfg.extraction
+    context = tokenizer(ecfg.context, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None:
+        context = [tokenizer.bos_token_id] + context
+    matcher = re.compile(ecfg.pattern.strip())
+    rows = []
+    query = Query(pattern=ecfg.pattern, max_tokens=24, encodings=ecfg.encodings)
+    start = time.perf_counter()
+    found = set()
+    for result in search(model, tokenizer, query, num_results=int(ecfg.num_results),
+                         batch_size=cfg.batch_size, context_ids=context,
+                         max_expansions=int(ecfg.max_expansions)):
+        if matcher.fullmatch(result.text.strip()):
+            found.add(result.text.strip())
+    elapsed = time.perf_counter() - start
+    rows.append({"method": "shortest path", "stop_length": None, "attempts": int(ecfg.num_results),
+                 "unique_valid": len(found), "seconds": elapsed,
+                 "per_second": len(found) / elapsed})
+    examples = {"shortest path": sorted(found)[:10]}
+    ids = torch.tensor([context])
+    for length in ecfg.stop_lengths:
+        torch.manual_seed(cfg.seed)
+        start = time.perf_counter()
+        matches = set()
+        remaining = int(ecfg.num_samples)
+        while remaining > 0:
+            batch = min(cfg.batch_size, remaining)
+            remaining -= batch
+            out = model.generate(ids.repeat(batch, 1), attention_mask=torch.ones_like(ids).repeat(batch, 1),
+                                 do_sample=True, top_k=0, max_new_tokens=int(length),
+                                 pad_token_id=tokenizer.eos_token_id)
+            for row in out[:, len(context):]:
+                text = tokenizer.decode(row, skip_special_tokens=True)
+                matches.update(m.group(0) for m in matcher.finditer(text))
+        elapsed = time.perf_counter() - start
+        rows.append({"method": "sampling", "stop_length": int(length),
+                     "attempts": int(ecfg.num_samples), "unique_valid": len(matches),
+                     "seconds": elapsed, "per_second": len(matches) / elapsed})
+        examples[f"sampling {length}"] = sorted(matches)[:10]
+    print(f"Extraction of {ecfg.pattern!r} after {ecfg.context!r} → {out_dir}")
+    print(format_table(rows, ["method", "stop_length", "attempts", "unique_valid", "seconds",
+                              "per_second"],
+                       ["method", "stop length", "attempts", "unique valid", "time s",
+                        "valid / s"]))
+    return {"rows": rows, "examples": examples}
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    if cfg.task not in TASKS:
+        raise ValueError(f"unknown task {cfg.task!r}; choose from {list(TASKS)}")
+    seed_everything(cfg.seed)
+    save_resolved_config(cfg, out_dir)
+    model, tokenizer = load_lm(cfg.model)
+    runner = {"lambada": run_lambada, "bias": run_bias, "extraction": run_extraction}[cfg.task]
+    result = runner(cfg, model, tokenizer, out_dir)
+    write_json(out_dir / "results.json", {"task": cfg.task, **result})
+    return result
+
+
+@hydra.main(version_base=None, config_path="../configs", config_name="relm")
+def main(cfg: DictConfig) -> None:
+    run(cfg, hydra_output_dir())
+
+
+if __name__ == "__main__":
+    main()
