@@ -163,3 +163,29 @@ def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
     hmm = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
     assert hmm.hidden_size == 6 and hmm.vocab_size == 40 and hmm.config["eos_pad_state"] == 5
     assert hmm.emission[5, EOS] == 1.0
+
+
+def test_distill_config_drives_the_pipeline(tiny_lm, tmp_path):
+    """configs/distill.yaml (the Hydra config of `python -m experiments.distill`) with overrides."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from ctrlg.hmm.distill import distill
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    prompts = "[" + ",".join(f"'w{i} w{i + 1}'" for i in range(3, 30)) + "]"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = compose(config_name="distill", overrides=[
+            f"model.name={tiny_lm[2]}", f"prompts.list={prompts}", "prompts.format=raw",
+            "prompts.heldout_fraction=0.2", "sampling.num_sequences=16", "sampling.heldout_sequences=4",
+            "sampling.length=4", "sampling.batch_size=8", "sampling.chunk_size=8",
+            f"sampling.dir={tmp_path / 'samples'}", "hidden_size=4", "em.schedule=[[2,2]]",
+            "em.num_chunks=2", "em.pseudocount=1.0", "lvd.kmeans_iters=3", f"output.dir={tmp_path / 'out'}",
+            f"output.copy_to={tmp_path / 'asset'}"])
+    assert cfg.em.emission_prior == "unigram" and cfg.em.keep_best
+    metrics = distill(OmegaConf.to_container(cfg, resolve=True))
+    assert metrics["train_sequences"] == 16 and metrics["hidden_size"] == 4
+    saved = HMM.load(tmp_path / "asset", tokenizer=tiny_lm[1])
+    assert saved.config["training"]["sampling"]["length"] == 4
