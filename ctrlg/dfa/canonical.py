@@ -221,6 +221,12 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
         for sid in frontier:
             q, last, flag = keys[sid]
             tokens, nxt = out_edges(q)
+            checks += len(tokens)
+            if checks > max_pair_checks:
+                raise ConstraintError(
+                    f"the canonical automaton of the {what} needs more than max_pair_checks="
+                    f"{max_pair_checks} token-pair checks; use encodings='all' or raise the "
+                    f"limit")
             src_l.append(np.full(len(tokens), sid, dtype=np.int64))
             tok_l.append(tokens)
             nq_l.append(nxt)
@@ -231,11 +237,6 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
         nq = np.concatenate(nq_l)
         last = np.concatenate(last_l)
         need = np.concatenate(need_l)
-        checks += len(tok)
-        if checks > max_pair_checks:
-            raise ConstraintError(
-                f"the canonical automaton of the {what} needs more than max_pair_checks="
-                f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit")
         # the previous token's requirement on how this token starts
         starts = checker.starts_nonspace(tok)
         ok = ~(((need == NEEDS_NONSPACE) & ~starts) | ((need == NEEDS_OTHER) & starts))

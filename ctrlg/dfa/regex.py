@@ -39,7 +39,8 @@ _AUTO = object()
 
 
 def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO,
-          vocab_size: int | None = None, max_pair_checks: int = 5_000_000) -> TokenDFA:
+          vocab_size: int | None = None, max_pair_checks: int = 5_000_000,
+          minimize: bool = True) -> TokenDFA:
     """Compile ``pattern`` (full-match semantics) into a :class:`TokenDFA` over the vocabulary.
 
     Args:
@@ -53,6 +54,10 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
         vocab_size: V of the DFA (default: the tokenizer's vocabulary size); may exceed it when
             the LM's embedding matrix is padded.
         max_pair_checks: canonical mode only; raise instead of checking more token pairs.
+        minimize: return the minimal DFA (:func:`ctrlg.dfa.minimize`), whose default successors
+            are the most common ones: far fewer stored exceptions for permissive regexes such as
+            ``[^\n]*`` (what the Ctrl-G guide pays for); ``False`` keeps the raw index, whose
+            default is the dead state.
 
     Raises:
         RegexError / UnsupportedRegexError: empty, invalid or non-regular pattern.
@@ -69,8 +74,13 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
         return canonical_token_dfa(bdfa, tokenizer, eos_token_id=eos_token_id,
                                    vocab_size=vocab_size, max_pair_checks=max_pair_checks,
                                    what=f"regex {pattern!r}")
-    return token_dfa_from_bytes_dfa(bdfa, vocab_trie(tokenizer), eos_token_id=eos_token_id,
-                                    vocab_size=vocab_size, what=f"regex {pattern!r}")
+    dfa = token_dfa_from_bytes_dfa(bdfa, vocab_trie(tokenizer), eos_token_id=eos_token_id,
+                                   vocab_size=vocab_size, what=f"regex {pattern!r}")
+    if minimize:
+        from ctrlg.dfa.minimize import minimize as minimize_dfa
+
+        dfa = minimize_dfa(dfa)
+    return dfa
 
 
 def resolve_eos(trie: VocabTrie, eos_token_id) -> int | None:

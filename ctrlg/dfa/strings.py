@@ -44,13 +44,12 @@ def contains(keyword: str, tokenizer, encodings: str = "all", *,
              vocab_size: int | None = None) -> TokenDFA:
     """Token sequences whose text contains ``keyword`` (module docstring for the two modes)."""
     from ctrlg.dfa.builders import phrase
-    from ctrlg.dfa.minimize import minimize
     from ctrlg.dfa.regex import regex
 
     keyword = _check_keyword(keyword)
     if encodings == "all":
         pattern = r"[\s\S]*" + re.escape(keyword) + r"[\s\S]*"
-        return minimize(regex(pattern, tokenizer, "all", eos_token_id=None, vocab_size=vocab_size))
+        return regex(pattern, tokenizer, "all", eos_token_id=None, vocab_size=vocab_size)
     if encodings == "canonical":
         ids = list(tokenizer.encode(keyword, add_special_tokens=False))
         return phrase(ids, vocab_size=_vocab_size(tokenizer, vocab_size))
