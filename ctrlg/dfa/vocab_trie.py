@@ -158,34 +158,50 @@ def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarr
     Level-synchronous search over the trie for all sources at once; returns three int64 arrays
     sorted by (source, token).
     """
-    table = np.asarray(table, dtype=np.int64)
-    src = np.asarray(sources, dtype=np.int64)
+    table = np.ascontiguousarray(table, dtype=np.int32)
+    flat = table.reshape(-1)
+    live = np.asarray(live, dtype=bool)
+    src = np.asarray(sources, dtype=np.int32)
     state = src.copy()
-    node = np.zeros(len(src), dtype=np.int64)
+    node = np.zeros(len(src), dtype=np.int32)
     out_src, out_tok, out_end = [], [], []
-    ptr, cbyte, cnode = trie.child_ptr, trie.child_byte, trie.child_node
-    tptr, ntok = trie.tok_ptr, trie.node_tokens
+    ptr = trie.child_ptr.astype(np.int32)
+    nchild = np.diff(ptr)
+    cbyte = trie.child_byte.astype(np.int32)
+    cnode = trie.child_node.astype(np.int32)
+    tptr = trie.tok_ptr.astype(np.int32)
+    ntok = np.diff(tptr)
+    node_tokens = trie.node_tokens.astype(np.int32)
     while len(src):
-        counts = ptr[node + 1] - ptr[node]
-        rep = np.repeat(np.arange(len(src)), counts)
-        if not len(rep):
+        counts = nchild[node]
+        total = int(counts.sum())
+        if not total:
             break
-        offsets = np.arange(len(rep)) - np.repeat(np.cumsum(counts) - counts, counts)
-        edge = ptr[node][rep] + offsets
-        new_state = table[state[rep], cbyte[edge]]
-        keep = live[new_state]
-        src, state, node = src[rep][keep], new_state[keep], cnode[edge][keep]
+        rep = np.repeat(np.arange(len(src), dtype=np.int32), counts)
+        starts = np.cumsum(counts, dtype=np.int64) - counts
+        edge = np.repeat(ptr[node] - starts.astype(np.int32), counts) + np.arange(total,
+                                                                                  dtype=np.int32)
+        new_state = flat[state[rep] * 256 + cbyte[edge]]
+        keep = np.flatnonzero(live[new_state])
+        rep = rep[keep]
+        src, state, node = src[rep], new_state[keep], cnode[edge[keep]]
         # tokens ending at the new nodes
-        tcounts = tptr[node + 1] - tptr[node]
-        trep = np.repeat(np.arange(len(src)), tcounts)
-        if len(trep):
-            toffsets = np.arange(len(trep)) - np.repeat(np.cumsum(tcounts) - tcounts, tcounts)
+        tcounts = ntok[node]
+        has = np.flatnonzero(tcounts)
+        if len(has):
+            tc = tcounts[has]
+            trep = np.repeat(has, tc)
+            tstarts = np.cumsum(tc, dtype=np.int64) - tc
+            tidx = np.repeat(tptr[node[has]] - tstarts.astype(np.int32), tc) + np.arange(
+                int(tc.sum()), dtype=np.int32)
             out_src.append(src[trep])
-            out_tok.append(ntok[tptr[node][trep] + toffsets])
+            out_tok.append(node_tokens[tidx])
             out_end.append(state[trep])
     if not out_src:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    s, t, e = np.concatenate(out_src), np.concatenate(out_tok), np.concatenate(out_end)
+    s = np.concatenate(out_src).astype(np.int64)
+    t = np.concatenate(out_tok).astype(np.int64)
+    e = np.concatenate(out_end).astype(np.int64)
     order = np.lexsort((t, s))
     return s[order], t[order], e[order]
