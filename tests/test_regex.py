@@ -33,7 +33,7 @@ def test_bytes_dfa_matches_python_re(pattern):
             assert bdfa.fullmatch(s.encode()) == bool(re.fullmatch(pattern, s)), (pattern, s)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=st.characters(max_codepoint=0x2FFF), max_size=6))
 def test_bytes_dfa_random_strings(text):
     for pattern in (r"\w+\s?\d*", r"[^\W\d]+|\s", ".{2,4}", r"(\S\s)*"):
