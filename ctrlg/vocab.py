@@ -17,6 +17,7 @@ the index stores bytes, not ``str``. The index is cached per tokenizer fingerpri
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
@@ -119,8 +120,18 @@ class VocabularyIndex:
         """The (cached) index of ``tokenizer``."""
         from ctrlg.hmm.model import tokenizer_fingerprint
 
-        fingerprint = tokenizer_fingerprint(tokenizer)
-        return _build_index(fingerprint, tokenizer)
+        try:  # memoised per tokenizer object (hashing 50k tokens takes ~1 s)
+            cached = _BY_TOKENIZER.get(tokenizer)
+        except TypeError:  # not weak-referenceable
+            cached = None
+        if cached is not None and cached.vocab_size == max(len(tokenizer), cached.vocab_size):
+            return cached
+        index = _build_index(tokenizer_fingerprint(tokenizer), tokenizer)
+        try:
+            _BY_TOKENIZER[tokenizer] = index
+        except TypeError:
+            pass
+        return index
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         """Concatenated bytes of a token sequence (special tokens contribute nothing)."""
@@ -142,6 +153,7 @@ class VocabularyIndex:
 
 
 _INDEX_CACHE: dict[str, VocabularyIndex] = {}
+_BY_TOKENIZER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _build_index(fingerprint: str, tokenizer) -> VocabularyIndex:
