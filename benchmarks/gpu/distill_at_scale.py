@@ -27,7 +27,7 @@ import torch
 __all__ = ["SIZES", "run", "config_for", "MARKDOWN_COLUMNS", "COMMONGEN_TRAIN_PROMPTS"]
 
 #: CommonGen training concept lines (the embedded HMM's prompts); the bundled dev set otherwise.
-COMMONGEN_TRAIN_PROMPTS = Path("/work/shared/data/commongen.train.src_alpha.txt")
+COMMONGEN_TRAIN_PROMPTS = Path(__file__).resolve().parents[2] / "ctrlg" / "data" / "bundled" / "commongen.train.src_alpha.txt"
 
 SIZES = {
     "tiny": dict(hidden_size=4, num_sequences=8, heldout_sequences=4, length=8, batch_size=4,
@@ -47,11 +47,7 @@ def _prompt_lines(size: str) -> tuple[list[str] | None, str | None, str]:
     """(inline list, file, source description) of the prompts."""
     if size == "tiny":
         return [" ".join(f"w{i + j}" for j in range(3)) for i in range(2, 40, 3)], None, "tiny word lists"
-    if COMMONGEN_TRAIN_PROMPTS.is_file():
-        return None, str(COMMONGEN_TRAIN_PROMPTS), str(COMMONGEN_TRAIN_PROMPTS)
-    from ctrlg.data.commongen import load_commongen
-
-    return [" ".join(ex.concepts) for ex in load_commongen()], None, "bundled CommonGen dev concepts"
+    return None, str(COMMONGEN_TRAIN_PROMPTS), "bundled CommonGen train concept lines"
 
 
 def config_for(size: str, device: torch.device, out_dir: Path, *, model_name: str | None,
@@ -150,7 +146,7 @@ def run(size: str, device: torch.device, *, seed: int = 0, peak=None, out_dir: s
     return {"description": "distil an HMM for the LM; held-out LL per token vs the embedded HMM",
             "model": model_name or "smollm2-135m-instruct (embedded)", "prompts": source,
             "vocab_size": metrics["vocab_size"], "length": metrics["length"],
-            "heldout_sequences": metrics["heldout_sequences"], "em_backend": backend,
+            "heldout_sequences": metrics["valid_sequences"] + metrics["test_sequences"], "em_backend": backend,
             "timings_s": {**metrics["timings"], "total_s": seconds},
             "checkpoint": str(checkpoint), "checkpoint_bytes": size_bytes,
             "rows": rows, "skipped": []}

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ctrlg.data._files import bundled_path
 from ctrlg.errors import CtrlgError
 
 __all__ = ["distill", "build_prompts", "unigram_loglik", "plot_curve"]
@@ -47,7 +48,8 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     turns concept lines into chat-template instructions, ``raw`` uses each line as is."""
     from ctrlg.hmm.sampling import commongen_prompts, read_prompts
 
-    lines = list(_get(cfg, "prompts.list") or []) or read_prompts(_get(cfg, "prompts.file"))
+    lines = list(_get(cfg, "prompts.list") or []) or read_prompts(
+        _get(cfg, "prompts.file") or bundled_path("commongen.train.src_alpha.txt"))
     limit = _get(cfg, "prompts.limit")
     fmt = _get(cfg, "prompts.format", "commongen")
     if fmt == "commongen":
