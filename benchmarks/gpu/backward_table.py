@@ -61,7 +61,7 @@ def step_bytes(S: int, h: int, E: int, elem: int) -> float:
 
 def _args(inputs: dict) -> tuple:
     keys = ("w_prev", "default", "coef_default", "nonexc_mass", "exc_src", "exc_dst",
-            "exc_emission", "coef_exc", "eos_term", "coef_eos", "transition")
+            "exc_row", "emission_rows", "coef_exc", "eos_term", "coef_eos", "transition")
     return tuple(inputs[k] for k in keys)
 
 

@@ -97,11 +97,13 @@ def tiny_lm_folder(directory: str | Path | None = None, *, vocab_size: int = 64,
 
 
 def backward_step_inputs(num_states: int, hidden_size: int, *, exceptions_per_state: int = 6,
-                         seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32) -> dict:
+                         emission_rows: int = 4096, seed: int = 0, device="cpu",
+                         dtype: torch.dtype = torch.float32) -> dict:
     """Random arguments of ``backward_step_reference`` for ``num_states`` DFA states, each with
     ``exceptions_per_state`` exception edges (the CommonGen DFA of DESIGN.md has 5,143 edges over
     787 states, ≈ 6.5 per state), in CSR order. ``w_prev`` and ``transition`` are cast to
-    ``dtype`` (the other operands stay float32)."""
+    ``dtype`` (the other operands stay float32). Exception k reads emission row ``exc_row[k]`` of
+    an ``[emission_rows, h]`` table (Bᵀ in the guide; its size only affects cache behaviour)."""
     S, h, k = int(num_states), int(hidden_size), int(exceptions_per_state)
     g = _generator(seed, device)
     dev = torch.device(device)
@@ -116,7 +118,8 @@ def backward_step_inputs(num_states: int, hidden_size: int, *, exceptions_per_st
         "nonexc_mass": 1.0 - 0.01 * rand(S, h),
         "exc_src": torch.arange(S, device=dev).repeat_interleave(k),
         "exc_dst": randint(S, E),
-        "exc_emission": 1e-4 * rand(E, h),
+        "exc_row": randint(int(emission_rows), E),
+        "emission_rows": 1e-4 * rand(int(emission_rows), h),
         "coef_exc": rand(E),
         "eos_term": 1e-4 * rand(S, h),
         "coef_eos": rand(S),
