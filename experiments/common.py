@@ -9,7 +9,6 @@ Hydra's run directory.
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import hydra
-import torch
 from omegaconf import DictConfig
 
 from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,

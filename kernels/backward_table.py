@@ -18,27 +18,12 @@ multiplies by Aᵀ with ``tl.dot`` at IEEE fp32 precision (no TF32). Inputs may 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ctrlg.guide import backward_step_reference
-
-try:  # Triton is optional (GPU, or CPU under TRITON_INTERPRET=1)
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only without triton
-    triton = None
+from ctrlg.kernels._triton import tl, triton, triton_available
 
 __all__ = ["backward_step", "triton_available"]
-
-
-def triton_available(device: torch.device | str) -> bool:
-    """Whether the Triton path can run for tensors on ``device``."""
-    if triton is None:
-        return False
-    device = torch.device(device)
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if triton is not None:

@@ -22,27 +22,12 @@ falls back to ``estep_torch`` when Triton cannot run (no triton, or CPU without
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ctrlg.hmm.em import ExpectedCounts, estep_torch
-
-try:  # Triton is optional (GPU, or CPU under TRITON_INTERPRET=1)
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only without triton
-    triton = None
+from ctrlg.kernels._triton import tl, triton, triton_available
 
 __all__ = ["estep_triton", "triton_available"]
-
-
-def triton_available(device: torch.device | str) -> bool:
-    """Whether the Triton path can run for tensors on ``device``."""
-    if triton is None:
-        return False
-    device = torch.device(device)
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if triton is not None:

@@ -10,12 +10,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # One intra-op thread per xdist worker: two workers × two OpenMP threads on two cores
-    # oversubscribe the machine, and small torch ops then stall on thread wake-ups.
-    import torch
+# One intra-op thread: the tests use tiny tensors, and with two xdist workers × two OpenMP
+# threads on two cores, small torch ops stall on thread wake-ups (10-20x slower).
+import torch  # noqa: E402
 
-    torch.set_num_threads(1)
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,6 @@ from ctrlg.hmm.em import baum_welch, estep_torch  # noqa: E402
 from ctrlg.kernels.em_estep import estep_triton, triton_available  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on a shared CPU (much faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_params(h, V, seed):
     g = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.rand(*shape, generator=g).add(0.01)  # noqa: E731

@@ -4,9 +4,6 @@ tokenizer, so real constraints are built) and a tiny random HMM, passed through 
 
 import json
 import re
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -12,15 +12,6 @@ from ctrlg.hmm.em import (baum_welch, estep_torch, forward_loglik, log_prior, m_
 from ctrlg.hmm.lvd import count_hmm, kmeans, lvd_init, padding_mask
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on a shared CPU (much faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_hmm(h, V, seed, sharp=1.0):
     g = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.rand(*shape, generator=g).pow(sharp).add(0.01)  # noqa: E731

@@ -11,15 +11,6 @@ from ctrlg import HMM
 from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on a shared CPU (much faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_hmm(h=3, V=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     return HMM.from_params(*(torch.rand(*shape, generator=g).add(0.05) for shape in ((h,), (h, h), (h, V))),

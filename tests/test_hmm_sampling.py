@@ -12,14 +12,6 @@ from ctrlg.hmm.sampling import (commongen_prompts, load_chunks, read_prompts, sa
                                 sample_to_disk, shared_prefix)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on a shared CPU (much faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 EOS = 2
 
 

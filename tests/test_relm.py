@@ -3,10 +3,8 @@ in non-increasing probability and equal brute force (enumerate the finite langua
 string with the LM); the top-k decision rule, prefixes, sampling, edit distance and filters."""
 
 import itertools
-import math
 import re
 
-import numpy as np
 import pytest
 import torch
 
