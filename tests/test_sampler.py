@@ -173,8 +173,9 @@ def test_generate_with_random_lm_sampling_and_beams_always_accepts(constraint, n
     raw = lm.generate(ids, max_new_tokens=n, logits_processor=[proc], return_dict_in_generate=True,
                       output_scores=True, attention_mask=torch.ones_like(ids), **kw)
     # beam search must keep num_beams beams even when fewer continuations are feasible: those
-    # beams score −inf and are not outputs of the guided distribution
-    finite = torch.isfinite(raw.sequences_scores) if beams > 1 else torch.ones(len(raw.sequences), dtype=bool)
+    # beams are not outputs of the guided distribution. transformers scores them −inf, or −1e9
+    # (its stand-in for "no hypothesis") when it initialised the beam, so both count as dead.
+    finite = (raw.sequences_scores > -1e8) if beams > 1 else torch.ones(len(raw.sequences), dtype=bool)
     assert finite.reshape(2, -1).any(1).all()
     for row, ok in zip(raw.sequences[:, 1:].tolist(), finite.tolist()):
         if not ok:
