@@ -83,6 +83,18 @@ def save_resolved_config(cfg: DictConfig, out_dir: Path) -> Path:
     return path
 
 
+def start_run(cfg: DictConfig, out_dir: Path, known_methods: Sequence[str]) -> list[str]:
+    """Seed everything, save the resolved config, and return ``cfg.methods`` after checking that
+    each is one of ``known_methods``."""
+    seed_everything(cfg.seed)
+    save_resolved_config(cfg, out_dir)
+    methods = list(cfg.methods)
+    unknown = sorted(set(methods) - set(known_methods))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(known_methods)}")
+    return methods
+
+
 def _jsonable(value):
     if isinstance(value, (np.floating, np.integer)):
         return value.item()

@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                save_resolved_config, seed_everything, write_json, write_jsonl)
+                                start_run, write_json, write_jsonl)
 
 METHODS = ("unconstrained", "logical", "ctrlg")
 TABLE_COLUMNS = ["method", "bleu4", "rouge_l", "cider", "meteor", "success", "keywords",
@@ -135,12 +135,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from ctrlg import metrics
     from ctrlg.data import load_commongen
 
-    seed_everything(cfg.seed)
-    save_resolved_config(cfg, out_dir)
-    methods = list(cfg.methods)
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    methods = start_run(cfg, out_dir, METHODS)
     examples = load_commongen(cfg.data.path, limit=cfg.data.limit)
     model, tokenizer = load_lm(cfg.model)
     hmm = load_hmm(cfg.hmm, tokenizer) if "ctrlg" in methods else None

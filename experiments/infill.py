@@ -29,7 +29,7 @@ import hydra
 from omegaconf import DictConfig
 
 from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                save_resolved_config, seed_everything, write_json, write_jsonl)
+                                start_run, write_json, write_jsonl)
 from experiments.commongen import eos_ids
 
 METHODS = ("logical", "ctrlg")
@@ -123,12 +123,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from ctrlg.data import calibrate_mask_probability, load_lambada_passages, mask_document, \
         mask_ratio
 
-    seed_everything(cfg.seed)
-    save_resolved_config(cfg, out_dir)
-    methods = list(cfg.methods)
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    methods = start_run(cfg, out_dir, METHODS)
     data = cfg.data
     passages = load_lambada_passages(data.path, limit=data.offset + data.limit)
     calibration = passages[:data.calibration_docs]
