@@ -237,6 +237,12 @@ def _passes(query: Query, text: str) -> bool:
 
 
 # ---------------------------------------------------------------------- shortest path
+def _prepare(model, tokenizer, query: Query, context_ids):
+    """(compiled query automaton, LM context ids, EOS id or None) shared by search and sample."""
+    autom = compile_query(query, tokenizer, _vocab_size(model, tokenizer))
+    return autom, _context(tokenizer, context_ids), getattr(tokenizer, "eos_token_id", None)
+
+
 def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batch_size: int = 8,
            context_ids: Sequence[int] | None = None, max_expansions: int = 100_000
            ) -> Iterator[QueryResult]:
@@ -250,10 +256,7 @@ def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batc
     """
     if batch_size < 1:
         raise ConstraintError(f"batch_size must be positive, got {batch_size}")
-    V = _vocab_size(model, tokenizer)
-    autom = compile_query(query, tokenizer, V)
-    context = _context(tokenizer, context_ids)
-    eos = getattr(tokenizer, "eos_token_id", None)
+    autom, context, eos = _prepare(model, tokenizer, query, context_ids)
     if query.require_eos and eos is None:
         raise ConstraintError("require_eos=True but the tokenizer has no eos_token_id")
     # heap entries: (cost, tie, kind, tokens, configs, prefix_len); kind 0 = result, 1 = node
@@ -360,10 +363,7 @@ def sample(model, tokenizer, query: Query, num_samples: int = 10, *, seed: int =
     """
     if num_samples < 1:
         raise ConstraintError(f"num_samples must be positive, got {num_samples}")
-    V = _vocab_size(model, tokenizer)
-    autom = compile_query(query, tokenizer, V)
-    context = _context(tokenizer, context_ids)
-    eos = getattr(tokenizer, "eos_token_id", None)
+    autom, context, eos = _prepare(model, tokenizer, query, context_ids)
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     results: list[QueryResult] = []

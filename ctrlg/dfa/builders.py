@@ -36,6 +36,18 @@ __all__ = ["phrase", "any_phrase", "length", "eos", "banned_phrases", "starts_wi
            "universal"]
 
 
+def check_count_range(what: str, low_name: str, low, high_name: str, high) -> None:
+    """Raise ConstraintError unless ``low`` is a non-negative int and ``high`` is None or an int
+    with ``low ≤ high`` (shared by the token-length and word-count builders)."""
+    for name, value in ((low_name, low), (high_name, high)):
+        if value is None and name == high_name:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConstraintError(f"{name} must be a non-negative int, got {value!r}")
+    if high is not None and high < low:
+        raise ConstraintError(f"{what} range is empty: {low_name}={low} > {high_name}={high}")
+
+
 def _check_vocab_size(vocab_size) -> int:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) \
             or vocab_size <= 0:
@@ -253,14 +265,7 @@ def length(min_tokens: int = 0, max_tokens: int | None = None,
     """Accepts the sequences of ``min_tokens ≤ n ≤ max_tokens`` tokens (no upper bound when
     ``max_tokens`` is None). Every token, EOS included, counts. ``vocab_size`` is required."""
     V = _check_vocab_size(vocab_size)
-    for name, value in (("min_tokens", min_tokens), ("max_tokens", max_tokens)):
-        if value is None and name == "max_tokens":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConstraintError(f"{name} must be a non-negative int, got {value!r}")
-    if max_tokens is not None and max_tokens < min_tokens:
-        raise ConstraintError(f"length range is empty: min_tokens={min_tokens} > "
-                              f"max_tokens={max_tokens}")
+    check_count_range("length", "min_tokens", min_tokens, "max_tokens", max_tokens)
     builder = DFABuilder(V)
     if max_tokens is None:
         for i in range(min_tokens + 1):

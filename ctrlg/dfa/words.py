@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ctrlg.dfa.builders import any_phrase, eos as eos_discipline, starts_with
+from ctrlg.dfa.builders import any_phrase, check_count_range, eos as eos_discipline, starts_with
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
@@ -124,13 +124,7 @@ def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
 
 
 def _check_word_range(min_words, max_words) -> None:
-    for name, value in (("min_words", min_words), ("max_words", max_words)):
-        if value is None and name == "max_words":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConstraintError(f"{name} must be a non-negative int, got {value!r}")
-    if max_words is not None and max_words < min_words:
-        raise ConstraintError(f"word range is empty: min_words={min_words} > max_words={max_words}")
+    check_count_range("word", "min_words", min_words, "max_words", max_words)
 
 
 def _word_count_from_bytes(tokens: Sequence[bytes], min_words: int,
