@@ -1,0 +1,125 @@
+"""The editor's constraint: keyphrases ∧ no banned word ∧ a word range, as one token DFA.
+
+For a request with keyphrases k_1..k_m, banned words b_1..b_r and a word range [lo, hi] the
+generated middle y (the tokens between the prefix and the suffix, EOS included if it ends y) must
+be accepted by
+
+    keywords(k_1) ∧ … ∧ keywords(k_m) ∧ ¬contains(b_1 | … | b_r) ∧ lo ≤ words(y) ≤ hi
+      ∧ valid UTF-8 ∧ no text-less token except EOS ∧ after EOS only EOS
+
+* **keyphrases** — :func:`ctrlg.dfa.keywords` (Ctrl-G's convention): the tokenizer's own
+  tokenization of the phrase (after a space, or at the very start; first letter also capitalised)
+  occurs and ends a word;
+* **banned words** — stronger than a token ban: the decoded text may not contain the word (its
+  first letter in either case) as a whole word *however the tokens split it*. Compiled from the
+  regex ``([\\s\\S]*[^0-9A-Za-z])?(b|B)([^0-9A-Za-z][\\s\\S]*)?`` over all encodings
+  (:func:`ctrlg.dfa.regex`), then complemented; EOS is allowed after a match so that a
+  generation cannot escape the ban by ending;
+* **word range** — :func:`ctrlg.dfa.word_count` (words = runs of non-whitespace with a letter or
+  digit);
+* the text is valid UTF-8 (the banned-word regexes read characters; a stray partial byte would
+  escape them), ending with a complete character;
+* tokens that contribute no text (chat markers, padding ids) other than EOS are banned, so the
+  text shown is exactly what the automaton judged.
+
+Cost: the keyword automata are small (|phrase| states); the banned-word automaton is minimised
+(about the length of the word); the intersection is the reachable product, at most
+∏ |states|; the service bounds it before the guide's tables are built.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ctrlg import dfa
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.errors import ConstraintError
+
+__all__ = ["EditConstraint", "build_constraint", "banned_word_pattern"]
+
+
+@dataclass(frozen=True)
+class EditConstraint:
+    """What a request asks of the generated text (hashable: the memo key)."""
+
+    keyphrases: tuple[str, ...] = ()
+    banned: tuple[str, ...] = ()
+    min_words: int | None = None
+    max_words: int | None = None
+
+    @classmethod
+    def from_lists(cls, keyphrases: Sequence[str], banned: Sequence[str], min_words, max_words):
+        """Normalise: strip whitespace, drop empty entries and duplicates (order kept)."""
+        def clean(items, what):
+            out = []
+            for item in items:
+                if not isinstance(item, str):
+                    raise ConstraintError(f"{what} must be strings, got {item!r}")
+                item = " ".join(item.split())
+                if item and item not in out:
+                    out.append(item)
+            return tuple(out)
+
+        return cls(clean(keyphrases, "keyphrases"), clean(banned, "banned words"),
+                   min_words, max_words)
+
+    def describe(self) -> str:
+        parts = [f"keyphrases {list(self.keyphrases)}"] if self.keyphrases else []
+        if self.banned:
+            parts.append(f"banned {list(self.banned)}")
+        if self.min_words is not None or self.max_words is not None:
+            parts.append(f"words {self.min_words or 0}–{'∞' if self.max_words is None else self.max_words}")
+        return ", ".join(parts) or "no constraint"
+
+
+def banned_word_pattern(word: str) -> str:
+    """Regex (full match) for texts containing ``word`` — with its first letter in either case —
+    as a whole word: not preceded or followed by an ASCII letter or digit."""
+    forms = dict.fromkeys([word, word[:1].upper() + word[1:], word[:1].lower() + word[1:]])
+    alternatives = "|".join(re.escape(f) for f in forms)
+    return rf"([\s\S]*[^0-9A-Za-z])?({alternatives})([^0-9A-Za-z][\s\S]*)?"
+
+
+def _textless_tokens(tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> list[int]:
+    from ctrlg.vocab import token_bytes
+
+    data = token_bytes(tokenizer)
+    keep = set(eos_ids)
+    return [i for i in range(vocab_size) if i not in keep and (i >= len(data) or not data[i])]
+
+
+def _build(tokenizer, spec: EditConstraint, vocab_size: int, eos_ids: tuple[int, ...]) -> TokenDFA:
+    V = vocab_size
+    parts: list[TokenDFA] = []
+    if spec.keyphrases:
+        parts.append(dfa.keywords(tokenizer, [[k] for k in spec.keyphrases], vocab_size=V))
+    for word in spec.banned:
+        contains = dfa.regex(banned_word_pattern(word), tokenizer, "all",
+                             eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V)
+        parts.append(dfa.complement(contains))
+    if spec.min_words is not None or spec.max_words is not None:
+        parts.append(dfa.word_count(tokenizer, spec.min_words or 0, spec.max_words, vocab_size=V))
+    # valid UTF-8 text only: the banned-word automata judge characters, so a sequence with a
+    # stray partial UTF-8 byte would otherwise escape them (and display as U+FFFD)
+    parts.append(dfa.regex(r"[\s\S]*", tokenizer, "all",
+                           eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V))
+    textless = _textless_tokens(tokenizer, V, eos_ids)
+    if textless:
+        parts.append(dfa.banned_phrases([[t] for t in textless], V))
+    if eos_ids:
+        parts.append(dfa.eos(eos_ids[0], V))
+    if not parts:
+        return dfa.universal(V)
+    return parts[0] if len(parts) == 1 else dfa.intersect(*parts)
+
+
+def build_constraint(tokenizer, spec: EditConstraint, vocab_size: int,
+                     eos_ids: Sequence[int] = ()) -> TokenDFA:
+    """The token DFA of ``spec`` over ``vocab_size`` ids (module docstring).
+
+    Raises ConstraintError (a ValueError) for an inverted word range or a keyphrase the tokenizer
+    cannot encode; an empty language (e.g. a keyphrase that is also banned) is reported as
+    UnsatisfiableConstraintError when the guide's tables are built."""
+    return _build(tokenizer, spec, int(vocab_size), tuple(int(e) for e in eos_ids))

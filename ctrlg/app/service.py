@@ -1,0 +1,354 @@
+"""The editor's generation service: one request → constraint → guided sampling → ranked candidates.
+
+A request asks for the text y that goes between a ``prefix`` and a ``suffix`` (an empty suffix is
+a continuation). The service
+
+1. tokenises the last ``prompt_tokens`` tokens of the prefix as the LM prompt and the first
+   ``suffix_tokens`` tokens of the suffix as the insertion suffix σ (Ctrl-G §5: the HMM's tables
+   require σ to follow y; candidates are reranked by log p_lm(y ⊕ σ | prompt)). Logical masking
+   has no model of what follows, so there σ only enters the reranking;
+2. builds the request's token DFA (:mod:`ctrlg.app.constraints`), memoised per constraint;
+3. calls :func:`ctrlg.generate`, which builds a **fresh** ConstraintLogitsProcessor, so row states
+   never mix between requests, and returns the accepted samples;
+4. trims each sample's tail of symbol-only tokens (spaces, ``#``, quotes ...) as long as the
+   shorter text is still accepted by the DFA (a word budget spent before the token budget leaves
+   such a tail, since the LM rarely ends raw text with EOS), drops duplicates and ranks them by
+   log p_lm(y ⊕ σ | prompt).
+
+Concurrency: one model call at a time (a lock); at most ``max_queue`` requests wait for it, the
+next one gets :class:`ServerBusyError`. Every request has a deadline (``time_budget_s`` from its
+arrival, queueing included) and a cancel flag; both are checked while queued and after every
+generated token (a transformers ``StoppingCriteria``), so a cancelled or late request frees the
+model within one decoding step. Unfinished samples are dropped: a stopped request returns the
+samples that had already ended, or an error when none had.
+
+Whitespace. BPE vocabularies attach the space to the next word, so a prefix's trailing spaces are
+removed from the prompt (and one leading space from each candidate), and a suffix that starts
+with a letter or digit is given a leading space for the model (and each candidate a trailing
+space): a candidate's ``text`` is exactly what goes between ``prefix`` and ``suffix``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from ctrlg.app.constraints import EditConstraint, build_constraint
+from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
+from ctrlg.sampler import lm_log_likelihood
+
+__all__ = ["Limits", "EditorService", "Job", "EditorError", "ConstraintTooLargeError",
+           "ServerBusyError", "RequestCancelledError", "TimeBudgetError", "UnknownRequestError"]
+
+
+_KEEP_TAIL = re.compile(rb"[0-9A-Za-z\x80-\xff.!?]")   # a letter, digit or sentence end
+
+
+class EditorError(CtrlgError):
+    """A request the editor cannot serve; ``status`` is its HTTP status code."""
+
+    status = 422
+
+
+class ConstraintTooLargeError(EditorError):
+    """The constraint's guide tables would exceed the memory budget."""
+
+
+class ServerBusyError(EditorError):
+    """Too many requests are already waiting for the model."""
+
+    status = 429
+
+
+class RequestCancelledError(EditorError):
+    """The request was cancelled by its client."""
+
+    status = 409
+
+
+class TimeBudgetError(EditorError):
+    """The request ran out of its time budget before any candidate was complete."""
+
+    status = 408
+
+
+class UnknownRequestError(EditorError):
+    """No request with this id is known."""
+
+    status = 404
+
+
+@dataclass
+class Limits:
+    """Run-time knobs of the service (the request schema bounds the sizes of inputs)."""
+
+    time_budget_s: float = 120.0     # per request, from arrival (queueing included)
+    prompt_tokens: int = 512         # the LM sees at most this many prefix tokens (the last ones)
+    suffix_tokens: int = 32          # the HMM and reranker see at most this many suffix tokens
+    max_table_mb: float = 512.0      # guide tables: states × (n + 1) × h × 4 bytes
+    max_queue: int = 8               # requests waiting for the model
+    max_jobs_kept: int = 64          # finished jobs kept for progress queries
+
+
+@dataclass
+class Job:
+    """Progress and cancellation of one request (shared between the request and progress polls)."""
+
+    id: str
+    budget_s: float
+    max_new_tokens: int
+    state: str = "queued"            # queued → building → generating → done | cancelled | failed
+    tokens: int = 0                  # tokens generated so far (per sample)
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self):
+        self.deadline = time.monotonic() + self.budget_s
+
+    def stop_reason(self) -> str | None:
+        if self.cancel_event.is_set():
+            return "cancelled"
+        if time.monotonic() > self.deadline:
+            return "time budget exceeded"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"request_id": self.id, "state": self.state, "tokens": self.tokens,
+                "max_new_tokens": self.max_new_tokens}
+
+
+class _JobStopper(StoppingCriteria):
+    """Records the decoding step in the job and stops generation when it is cancelled or late."""
+
+    def __init__(self, job: Job, prompt_length: int):
+        self.job, self.prompt_length = job, prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        self.job.tokens = int(input_ids.shape[1]) - self.prompt_length
+        stop = self.job.stop_reason() is not None
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+def _first_eos(model, tokenizer) -> int | None:
+    eos = model.generation_config.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return None if eos is None else int(eos)
+
+
+class EditorService:
+    """Serves generation requests on one LM / tokenizer / HMM (``hmm=None``: logical mode only)."""
+
+    def __init__(self, model, tokenizer, hmm=None, *, limits: Limits | None = None,
+                 model_name: str = "custom"):
+        from ctrlg.sampler import _lm_vocab_size
+
+        self.model, self.tokenizer, self.hmm = model, tokenizer, hmm
+        self.limits = limits or Limits()
+        self.model_name = model_name
+        self.vocab_size = _lm_vocab_size(model)
+        self.eos_id = _first_eos(model, tokenizer)
+        self._model_lock = threading.Lock()
+        self._jobs_lock = threading.Lock()
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._waiting = 0
+        self._constraints: OrderedDict[tuple, object] = OrderedDict()
+
+    # ------------------------------------------------------------------ jobs
+    def open_job(self, request_id: str | None, max_new_tokens: int) -> Job:
+        job = Job(request_id or uuid.uuid4().hex, self.limits.time_budget_s, max_new_tokens)
+        with self._jobs_lock:
+            old = self._jobs.get(job.id)
+            if old is not None and old.state in ("queued", "building", "generating"):
+                raise EditorError(f"request_id {job.id!r} is already running; use a new id")
+            self._jobs[job.id] = job
+            self._jobs.move_to_end(job.id)
+            while len(self._jobs) > self.limits.max_jobs_kept:
+                self._jobs.popitem(last=False)
+        return job
+
+    def job(self, request_id: str) -> Job:
+        with self._jobs_lock:
+            job = self._jobs.get(request_id)
+        if job is None:
+            raise UnknownRequestError(f"no request with id {request_id!r}")
+        return job
+
+    def cancel(self, request_id: str) -> bool:
+        """Flag the request; returns whether it was still queued or running."""
+        job = self.job(request_id)
+        job.cancel_event.set()
+        return job.state in ("queued", "building", "generating")
+
+    def status(self) -> dict:
+        return {"busy": self._model_lock.locked(), "queued": self._waiting}
+
+    # ------------------------------------------------------------------ text ↔ tokens
+    def _encode(self, prefix: str, suffix: str) -> tuple[list[int], list[int] | None, bool, bool]:
+        """(prompt ids, suffix ids or None, drop a leading space, add a trailing space)."""
+        tok = self.tokenizer
+        prompt_text = prefix.rstrip(" \t")
+        drop_space = len(prompt_text) < len(prefix)
+        prompt_ids = list(tok(prompt_text, add_special_tokens=False).input_ids) if prompt_text else []
+        prompt_ids = prompt_ids[-self.limits.prompt_tokens:]
+        if not prompt_ids:
+            start = tok.bos_token_id if tok.bos_token_id is not None else self.eos_id
+            if start is None:
+                raise EditorError("the prefix is empty and the tokenizer has neither a BOS nor an "
+                                  "EOS token to start from; give some text before the cursor")
+            prompt_ids = [int(start)]
+        add_space = bool(suffix) and suffix[0].isalnum()
+        suffix_ids = None
+        if suffix.strip():
+            model_suffix = (" " + suffix) if add_space else suffix
+            suffix_ids = list(tok(model_suffix, add_special_tokens=False).input_ids)
+            suffix_ids = suffix_ids[:self.limits.suffix_tokens] or None
+        return prompt_ids, suffix_ids, drop_space, add_space
+
+    def _trim(self, ids: list[int], constraint) -> list[int]:
+        """The generation without EOS and without trailing tokens that hold no letter, digit or
+        sentence-final punctuation — dropped only while the shorter sequence (ended by EOS) is
+        still accepted by ``constraint``. A word budget spent before the token budget otherwise
+        leaves a tail of spaces and symbols (the LM rarely ends raw text with EOS)."""
+        from ctrlg.vocab import token_bytes
+
+        data = token_bytes(self.tokenizer)
+        end = [] if self.eos_id is None else [self.eos_id]
+        body = list(ids[:-1]) if ids and ids[-1] == self.eos_id else list(ids)
+        while body:
+            last = data[body[-1]] if body[-1] < len(data) else b""
+            if _KEEP_TAIL.search(last) or not constraint.accepts(body[:-1] + end):
+                break
+            body.pop()
+        return body
+
+    def _decode(self, body: list[int], drop_space: bool, add_space: bool) -> str:
+        text = self.tokenizer.decode(body, skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)
+        if drop_space and text.startswith(" "):
+            text = text[1:]
+        if add_space and text and not text[-1].isspace():
+            text += " "
+        return text
+
+    # ------------------------------------------------------------------ constraint
+    def constraint(self, spec: EditConstraint):
+        """The request's DFA (memoised: the last 16 constraints)."""
+        if spec in self._constraints:
+            self._constraints.move_to_end(spec)
+            return self._constraints[spec]
+        built = build_constraint(self.tokenizer, spec, self.vocab_size,
+                                 [] if self.eos_id is None else [self.eos_id])
+        self._constraints[spec] = built
+        while len(self._constraints) > 16:
+            self._constraints.popitem(last=False)
+        return built
+
+    def _check_table_size(self, constraint, max_new_tokens: int, mode: str) -> None:
+        h = self.hmm.hidden_size if mode == "ctrlg" else 0
+        megabytes = constraint.num_states * (max_new_tokens + 1) * (4 * h + 1) / 2**20
+        if megabytes > self.limits.max_table_mb:
+            raise ConstraintTooLargeError(
+                f"the constraint has {constraint.num_states} DFA states; with max_new_tokens="
+                f"{max_new_tokens} its guide tables would take {megabytes:.0f} MB (limit "
+                f"{self.limits.max_table_mb:.0f} MB): use fewer keyphrases or banned words, a "
+                "narrower word range or fewer new tokens")
+
+    @staticmethod
+    def _sample(*args, **kwargs):
+        import ctrlg
+
+        try:
+            return ctrlg.generate(*args, **kwargs)
+        except UnsatisfiableConstraintError:
+            raise EditorError(
+                f"the constraint cannot be met within max_new_tokens={kwargs['max_new_tokens']} "
+                "tokens: allow more tokens, or ask for fewer words or keyphrases") from None
+
+    # ------------------------------------------------------------------ the model call
+    def _acquire(self, job: Job) -> None:
+        with self._jobs_lock:
+            if self._waiting >= self.limits.max_queue:
+                raise ServerBusyError(f"{self._waiting} requests are already waiting for the "
+                                      "model; try again later")
+            self._waiting += 1
+        try:
+            while not self._model_lock.acquire(timeout=0.05):
+                self._raise_if_stopped(job, "while queued")
+        finally:
+            with self._jobs_lock:
+                self._waiting -= 1
+
+    @staticmethod
+    def _raise_if_stopped(job: Job, when: str) -> None:
+        reason = job.stop_reason()
+        if reason == "cancelled":
+            job.state = "cancelled"
+            raise RequestCancelledError(f"request {job.id!r} was cancelled {when}")
+        if reason is not None:
+            job.state = "failed"
+            raise TimeBudgetError(f"request {job.id!r} ran out of its time budget "
+                                  f"({job.budget_s:g} s) {when}; ask for fewer candidates or "
+                                  "tokens")
+
+    def generate(self, request, job: Job) -> dict:
+        """Serve one request (a :class:`ctrlg.app.schemas.GenerateRequest`); blocks for the model.
+
+        Returns ``{"candidates": [{"text", "log_likelihood"}], "seconds"}``, best first."""
+        start = time.perf_counter()
+        try:
+            if request.mode == "ctrlg" and self.hmm is None:
+                raise EditorError("mode 'ctrlg' needs an HMM but the server runs without one; "
+                                  "use mode 'logical' or start the server with --hmm")
+            spec = EditConstraint.from_lists(request.keyphrases, request.banned,
+                                             request.min_words, request.max_words)
+            prompt_ids, suffix_ids, drop_space, add_space = self._encode(request.prefix,
+                                                                         request.suffix)
+            self._acquire(job)
+            try:
+                job.state = "building"
+                try:
+                    constraint = self.constraint(spec)
+                except UnsatisfiableConstraintError as err:
+                    raise EditorError(f"no text satisfies these constraints together ({spec.describe()}):"
+                                      f" {err}") from None
+                self._check_table_size(constraint, request.max_new_tokens, request.mode)
+                self._raise_if_stopped(job, "while building its constraint")
+                job.state = "generating"
+                stopper = _JobStopper(job, len(prompt_ids))
+                results = self._sample(
+                    self.model, self.tokenizer, prompt_ids, constraint,
+                    hmm=self.hmm if request.mode == "ctrlg" else None, mode=request.mode,
+                    max_new_tokens=request.max_new_tokens, num_samples=request.num_candidates,
+                    seed=request.seed, rerank=False,
+                    suffix=suffix_ids if request.mode == "ctrlg" else None,
+                    eos_token_id=[] if self.eos_id is None else [self.eos_id],
+                    stopping_criteria=StoppingCriteriaList([stopper]))
+                bodies = list(dict.fromkeys(tuple(self._trim(g.token_ids, constraint))
+                                            for g in results))
+                scores = lm_log_likelihood(self.model, prompt_ids,
+                                           [list(b) + (suffix_ids or []) for b in bodies])
+            finally:
+                self._model_lock.release()
+            if job.stop_reason() is not None and not results:
+                self._raise_if_stopped(job, "during generation")
+        except BaseException:
+            if job.state not in ("cancelled", "failed"):
+                job.state = "failed"
+            raise
+        job.state = "done"
+        ranked = sorted(zip(scores, bodies), key=lambda pair: -pair[0])
+        candidates = [{"text": self._decode(list(body), drop_space, add_space),
+                       "log_likelihood": score if math.isfinite(score) else None}
+                      for score, body in ranked]
+        return {"candidates": candidates, "seconds": round(time.perf_counter() - start, 3),
+                "request_id": job.id}

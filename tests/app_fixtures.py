@@ -1,0 +1,91 @@
+"""A tiny LM + HMM on the real SmolLM2 tokenizer for the editor's tests, and a live server.
+
+The HMM (h = 6) emits almost only a few dozen word tokens, so generations read like words; the LM
+is the HMM itself (:class:`ctrlg.hmm_lm.HMMForCausalLM`). Both are built in memory in well under a
+second; nothing is downloaded."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import torch
+
+WORDS = [" the", " a", " cat", " dog", " sat", " on", " mat", " and", " ran", " in", " park",
+         " old", " house", " river", " bright", " lamp", " green", " tree", " was", " with", ".",
+         ",", " he", " she", " it", " light", " garden", " small", " quiet", " night", " by",
+         " door"]
+
+
+def tiny_model(tokenizer, hidden: int = 6, seed: int = 0):
+    """(model, hmm) over the tokenizer's vocabulary; EOS = the tokenizer's EOS."""
+    import ctrlg
+
+    V = len(tokenizer)
+    g = torch.Generator().manual_seed(seed)
+    ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS]
+    emission = torch.full((hidden, V), 1e-7)
+    emission[:, ids] = torch.rand(hidden, len(ids), generator=g) + 0.2
+    emission[:, tokenizer.eos_token_id] = 0.05
+    transition = torch.rand(hidden, hidden, generator=g) + 0.1
+    initial = torch.rand(hidden, generator=g) + 0.1
+    hmm = ctrlg.HMM.from_params(initial, transition, emission, normalize=True)
+    model = OverlapCountingLM.from_hmm(hmm, prompt_length=0, eos_token_id=tokenizer.eos_token_id)
+    return model, hmm
+
+
+def _overlap_counting_lm():
+    from ctrlg.hmm_lm import HMMForCausalLM
+
+    class _LM(HMMForCausalLM):
+        """HMMForCausalLM that records the largest number of concurrent forward passes."""
+
+        active = 0
+        max_active = 0
+        _guard = threading.Lock()
+
+        def forward(self, *args, **kwargs):
+            cls = type(self)
+            with cls._guard:
+                cls.active += 1
+                cls.max_active = max(cls.max_active, cls.active)
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                with cls._guard:
+                    cls.active -= 1
+
+    return _LM
+
+
+OverlapCountingLM = _overlap_counting_lm()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(app):
+    """Serve ``app`` with uvicorn on a free loopback port in a thread; yields the base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

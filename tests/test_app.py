@@ -1,0 +1,212 @@
+"""The editor's JSON API on a live server with a tiny LM/HMM (SmolLM2's tokenizer, an HMM with
+h = 6 as both guide and LM): candidates meet keyphrases, banned words and the word range (checked
+on the text and with the DFA), errors are 4xx JSON, concurrent requests stay correct and never
+overlap on the model, cancellation and the time budget stop a request."""
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from app_fixtures import live_server, tiny_model  # noqa: E402
+from ctrlg import dfa  # noqa: E402
+from ctrlg.app import Limits, create_app  # noqa: E402
+from ctrlg.app.constraints import EditConstraint, build_constraint  # noqa: E402
+
+
+def call(base, path, body=None, raw: bytes | None = None):
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2_tokenizer):
+    model, hmm = tiny_model(smollm2_tokenizer)
+    return model, smollm2_tokenizer, hmm
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    model, tokenizer, hmm = tiny
+    with live_server(create_app(model, tokenizer, hmm)) as base:
+        yield base
+
+
+def whole_word(phrase: str, text: str) -> bool:
+    forms = "|".join(re.escape(f) for f in {phrase, phrase[:1].upper() + phrase[1:]})
+    return re.search(rf"(?<![0-9A-Za-z])({forms})(?![0-9A-Za-z])", text) is not None
+
+
+def check_candidates(response, tokenizer, body):
+    """String checks and the DFA check (the prefix ends without a space and the suffix starts
+    with one, so the candidate text is exactly the model's middle)."""
+    assert response["candidates"], response
+    spec = EditConstraint.from_lists(body.get("keyphrases", []), body.get("banned", []),
+                                     body.get("min_words"), body.get("max_words"))
+    constraint = build_constraint(tokenizer, spec, len(tokenizer), [tokenizer.eos_token_id])
+    for candidate in response["candidates"]:
+        text = candidate["text"]
+        assert isinstance(candidate["log_likelihood"], float) and candidate["log_likelihood"] < 0
+        for phrase in spec.keyphrases:
+            assert whole_word(phrase, text), (phrase, text)
+        for word in spec.banned:
+            assert not whole_word(word, text), (word, text)
+        words = dfa.count_words(text)
+        assert (spec.min_words or 0) <= words <= (spec.max_words if spec.max_words is not None else 10**9)
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        assert constraint.accepts(ids), text
+    lls = [c["log_likelihood"] for c in response["candidates"]]
+    assert lls == sorted(lls, reverse=True)
+
+
+@pytest.mark.parametrize("mode", ["ctrlg", "logical"])
+@pytest.mark.parametrize("suffix", ["", " The dog ran in the park."])
+def test_candidates_satisfy_keyphrases_banned_words_and_word_range(server, tiny, mode, suffix):
+    body = {"prefix": "The old cat sat on the mat.", "suffix": suffix,
+            "keyphrases": ["bright lamp", "river"], "banned": ["dog", "the"], "min_words": 4,
+            "max_words": 9, "num_candidates": 3, "max_new_tokens": 14, "mode": mode, "seed": 3}
+    status, response = call(server, "/api/generate", body)
+    assert status == 200, response
+    check_candidates(response, tiny[1], body)
+    assert response["seconds"] > 0
+
+
+def test_same_seed_same_candidates_and_empty_prefix(server):
+    body = {"prefix": "", "keyphrases": ["garden"], "max_new_tokens": 8, "num_candidates": 2}
+    first, second = call(server, "/api/generate", body), call(server, "/api/generate", body)
+    assert first[0] == 200 and first[1]["candidates"] == second[1]["candidates"]
+
+
+def test_whitespace_at_the_cursor_is_normalised(server):
+    # cursor after a space and before a word: the candidate drops its leading space and gets a
+    # trailing one, so prefix + text + suffix reads as one text
+    status, response = call(server, "/api/generate", {
+        "prefix": "The cat sat ", "suffix": "near the door.", "keyphrases": ["lamp"],
+        "max_new_tokens": 8, "num_candidates": 2})
+    assert status == 200
+    for candidate in response["candidates"]:
+        assert not candidate["text"].startswith(" ") and candidate["text"].endswith(" ")
+
+
+BAD_BODIES = {
+    "malformed JSON": b'{"prefix": "a",',
+    "not an object": b'["prefix"]',
+    "wrong type": {"prefix": 3},
+    "unknown field (a path)": {"prefix": "a", "model": "/etc/passwd"},
+    "over-long prefix": {"prefix": "a" * 20_001},
+    "too many keyphrases": {"prefix": "a", "keyphrases": ["x"] * 6},
+    "over-long keyphrase": {"prefix": "a", "keyphrases": ["x" * 65]},
+    "inverted word range": {"prefix": "a", "min_words": 5, "max_words": 2},
+    "too many candidates": {"prefix": "a", "num_candidates": 9},
+    "unknown mode": {"prefix": "a", "mode": "beam"},
+    "bad request id": {"prefix": "a", "request_id": "../x"},
+    "keyphrase also banned": {"prefix": "a", "keyphrases": ["dog"], "banned": ["Dog"]},
+    "budget too small": {"prefix": "a", "min_words": 20, "max_new_tokens": 4},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_BODIES))
+def test_errors_are_4xx_json_and_the_server_keeps_serving(server, name):
+    bad = BAD_BODIES[name]
+    status, response = call(server, "/api/generate", **({"raw": bad} if isinstance(bad, bytes) else {"body": bad}))
+    assert 400 <= status < 500 and set(response) == {"error"}, (status, response)
+    assert isinstance(response["error"], str) and len(response["error"]) > 10
+    assert call(server, "/api/health")[1]["status"] == "ok"
+
+
+def test_error_messages_name_the_problem(server):
+    assert "max_new_tokens=4" in call(server, "/api/generate", BAD_BODIES["budget too small"])[1]["error"]
+    assert "dog" in call(server, "/api/generate", BAD_BODIES["keyphrase also banned"])[1]["error"].lower()
+    assert "prefix" in call(server, "/api/generate", BAD_BODIES["over-long prefix"])[1]["error"]
+    assert call(server, "/api/progress/nope") == (404, {"error": "no request with id 'nope'"})
+    status, _ = call(server, "/api/nothing-here")
+    assert status == 404
+
+
+def test_concurrent_requests_stay_correct_and_never_overlap_on_the_model(server, tiny):
+    model = tiny[0]
+    type(model).max_active = 0
+    bodies = [{"prefix": "The cat sat.", "keyphrases": [k], "banned": [b], "min_words": 2,
+               "max_words": 7, "max_new_tokens": 10, "num_candidates": 2, "seed": i}
+              for i, (k, b) in enumerate([("river", "lamp"), ("lamp", "river"), ("garden", "tree"),
+                                          ("tree", "garden"), ("night", "door"), ("door", "night")])]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        results = list(pool.map(lambda b: call(server, "/api/generate", b), bodies))
+    for body, (status, response) in zip(bodies, results):
+        assert status == 200, response
+        check_candidates(response, tiny[1], body)
+    assert type(model).max_active == 1
+
+
+def test_cancel_stops_a_running_request(server):
+    body = {"prefix": "The cat sat.", "max_new_tokens": 120, "num_candidates": 2,
+            "request_id": "cancel-me"}
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("r", call(server, "/api/generate", body)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, progress = call(server, "/api/progress/cancel-me")
+        if status == 200 and progress["state"] == "generating" and progress["tokens"] >= 2:
+            break
+        time.sleep(0.02)
+    assert progress["state"] == "generating", progress
+    assert call(server, "/api/cancel/cancel-me", raw=b"") == (200, {"request_id": "cancel-me", "cancelled": True})
+    worker.join(30)
+    status, response = outcome["r"]
+    assert status == 409 and "cancelled" in response["error"]
+    final = call(server, "/api/progress/cancel-me")[1]
+    assert final["state"] == "cancelled" and final["tokens"] < 120
+
+
+def test_time_budget_is_honoured(tiny):
+    model, tokenizer, hmm = tiny
+    with live_server(create_app(model, tokenizer, hmm, limits=Limits(time_budget_s=0.5))) as base:
+        start = time.monotonic()
+        status, response = call(base, "/api/generate", {"prefix": "The cat sat.", "max_new_tokens": 120,
+                                                        "num_candidates": 2})
+        elapsed = time.monotonic() - start
+    assert elapsed < 10
+    # samples that ended (EOS) before the budget ran out are returned; otherwise a 408
+    assert (status == 408 and "time budget" in response["error"]) or \
+        (status == 200 and all(dfa.count_words(c["text"]) < 120 for c in response["candidates"]))
+
+
+def test_logical_only_server_and_pages(tiny):
+    model, tokenizer, _ = tiny
+    with live_server(create_app(model, tokenizer, None)) as base:
+        health = call(base, "/api/health")[1]
+        assert health["modes"] == ["logical"] and health["hmm_hidden_size"] is None
+        status, response = call(base, "/api/generate", {"prefix": "a", "mode": "ctrlg"})
+        assert status == 422 and "HMM" in response["error"]
+        assert call(base, "/api/generate", {"prefix": "a", "mode": "logical", "max_new_tokens": 4,
+                                            "keyphrases": ["tree"]})[0] == 200
+        page = urllib.request.urlopen(base + "/").read().decode()
+        assert '<textarea id="document"' in page and "cdn" not in page.lower()
+        for asset in ("app.js", "app.css"):
+            assert urllib.request.urlopen(f"{base}/static/{asset}").status == 200
+        schema = call(base, "/openapi.json")[1]
+        assert {"/api/health", "/api/generate"} <= set(schema["paths"])
+        examples = call(base, "/api/examples")[1]
+        assert len(examples) == 20 and {"domain", "code", "text"} == set(examples[0])
+
+
+def test_cli_binds_loopback_by_default():
+    from ctrlg.app.__main__ import parse_args
+
+    args = parse_args([])
+    assert (args.host, args.port, args.model, args.hmm) == ("127.0.0.1", 8000, None, None)
