@@ -1,4 +1,4 @@
-"""A tiny LM + HMM on the real SmolLM2 tokenizer for the editor's tests, and a live server.
+"""A tiny LM + HMM on the real SmolLM2 tokenizer for the editor's tests (and the live server).
 
 The HMM (h = 6) emits almost only a few dozen word tokens, so generations read like words; the LM
 is the HMM itself (:class:`ctrlg.hmm_lm.HMMForCausalLM`). Both are built in memory in well under a
@@ -6,12 +6,11 @@ second; nothing is downloaded."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
-import time
 
 import torch
+
+from ctrlg.app.server import background_server as live_server  # noqa: F401  (re-exported)
 
 WORDS = [" the", " a", " cat", " dog", " sat", " on", " mat", " and", " ran", " in", " park",
          " old", " house", " river", " bright", " lamp", " green", " tree", " was", " with", ".",
@@ -61,31 +60,3 @@ def _overlap_counting_lm():
 
 
 OverlapCountingLM = _overlap_counting_lm()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def live_server(app):
-    """Serve ``app`` with uvicorn on a free loopback port in a thread; yields the base URL."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -56,7 +56,8 @@ def check_candidates(response, tokenizer, body):
     with one, so the candidate text is exactly the model's middle)."""
     assert response["candidates"], response
     spec = EditConstraint.from_lists(body.get("keyphrases", []), body.get("banned", []),
-                                     body.get("min_words"), body.get("max_words"))
+                                     body.get("min_words"), body.get("max_words"),
+                                     body.get("allow_newlines", True))
     constraint = build_constraint(tokenizer, spec, len(tokenizer), [tokenizer.eos_token_id])
     for candidate in response["candidates"]:
         text = candidate["text"]
@@ -65,6 +66,7 @@ def check_candidates(response, tokenizer, body):
             assert whole_word(phrase, text), (phrase, text)
         for word in spec.banned:
             assert not whole_word(word, text), (word, text)
+        assert spec.allow_newlines or "\n" not in text
         words = dfa.count_words(text)
         assert (spec.min_words or 0) <= words <= (spec.max_words if spec.max_words is not None else 10**9)
         ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -78,7 +80,8 @@ def check_candidates(response, tokenizer, body):
 def test_candidates_satisfy_keyphrases_banned_words_and_word_range(server, tiny, mode, suffix):
     body = {"prefix": "The old cat sat on the mat.", "suffix": suffix,
             "keyphrases": ["bright lamp", "river"], "banned": ["dog", "the"], "min_words": 4,
-            "max_words": 9, "num_candidates": 3, "max_new_tokens": 14, "mode": mode, "seed": 3}
+            "max_words": 9, "num_candidates": 3, "max_new_tokens": 14, "mode": mode, "seed": 3,
+            "allow_newlines": bool(suffix)}
     status, response = call(server, "/api/generate", body)
     assert status == 200, response
     check_candidates(response, tiny[1], body)
@@ -210,3 +213,18 @@ def test_cli_binds_loopback_by_default():
 
     args = parse_args([])
     assert (args.host, args.port, args.model, args.hmm) == ("127.0.0.1", 8000, None, None)
+
+
+def test_trim_drops_a_symbol_tail_only_while_the_dfa_still_accepts(tiny):
+    from ctrlg.app import EditorService
+
+    model, tokenizer, hmm = tiny
+    service = EditorService(model, tokenizer, hmm)
+    V, eos = len(tokenizer), tokenizer.eos_token_id
+    ids = tokenizer.encode(" He made walls of the ... , _ , . .", add_special_tokens=False)
+    trimmed = service._trim(ids + [eos], dfa.universal(V))
+    assert tokenizer.decode(trimmed) == " He made walls of the ..."
+    words_only = tokenizer.encode(" He made walls , _ ,", add_special_tokens=False)
+    assert tokenizer.decode(service._trim(words_only, dfa.universal(V))) == " He made walls"
+    exact_length = dfa.length(len(ids) + 1, len(ids) + 1, vocab_size=V)   # EOS counts
+    assert service._trim(ids + [eos], exact_length) == ids

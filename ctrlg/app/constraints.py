@@ -20,7 +20,8 @@ be accepted by
 * the text is valid UTF-8 (the banned-word regexes read characters; a stray partial byte would
   escape them), ending with a complete character;
 * tokens that contribute no text (chat markers, padding ids) other than EOS are banned, so the
-  text shown is exactly what the automaton judged.
+  text shown is exactly what the automaton judged; with ``allow_newlines=False`` so are the
+  tokens that hold a line break (an insertion inside a paragraph).
 
 Cost: the keyword automata are small (|phrase| states); the banned-word automaton is minimised
 (about the length of the word); the intersection is the reachable product, at most
@@ -48,9 +49,11 @@ class EditConstraint:
     banned: tuple[str, ...] = ()
     min_words: int | None = None
     max_words: int | None = None
+    allow_newlines: bool = True
 
     @classmethod
-    def from_lists(cls, keyphrases: Sequence[str], banned: Sequence[str], min_words, max_words):
+    def from_lists(cls, keyphrases: Sequence[str], banned: Sequence[str], min_words, max_words,
+                   allow_newlines: bool = True):
         """Normalise: strip whitespace, drop empty entries and duplicates (order kept)."""
         def clean(items, what):
             out = []
@@ -63,7 +66,7 @@ class EditConstraint:
             return tuple(out)
 
         return cls(clean(keyphrases, "keyphrases"), clean(banned, "banned words"),
-                   min_words, max_words)
+                   min_words, max_words, bool(allow_newlines))
 
     def describe(self) -> str:
         parts = [f"keyphrases {list(self.keyphrases)}"] if self.keyphrases else []
@@ -71,6 +74,8 @@ class EditConstraint:
             parts.append(f"banned {list(self.banned)}")
         if self.min_words is not None or self.max_words is not None:
             parts.append(f"words {self.min_words or 0}–{'∞' if self.max_words is None else self.max_words}")
+        if not self.allow_newlines:
+            parts.append("no line breaks")
         return ", ".join(parts) or "no constraint"
 
 
@@ -82,12 +87,16 @@ def banned_word_pattern(word: str) -> str:
     return rf"([\s\S]*[^0-9A-Za-z])?({alternatives})([^0-9A-Za-z][\s\S]*)?"
 
 
-def _textless_tokens(tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> list[int]:
+def _banned_tokens(tokenizer, vocab_size: int, eos_ids: Sequence[int],
+                   allow_newlines: bool) -> list[int]:
+    """Text-less tokens other than EOS, and (unless allowed) tokens holding a line break."""
     from ctrlg.vocab import token_bytes
 
     data = token_bytes(tokenizer)
     keep = set(eos_ids)
-    return [i for i in range(vocab_size) if i not in keep and (i >= len(data) or not data[i])]
+    breaks = re.compile(rb"[\n\r]")
+    return [i for i in range(vocab_size) if i not in keep and (
+        i >= len(data) or not data[i] or (not allow_newlines and breaks.search(data[i])))]
 
 
 def _build(tokenizer, spec: EditConstraint, vocab_size: int, eos_ids: tuple[int, ...]) -> TokenDFA:
@@ -105,9 +114,9 @@ def _build(tokenizer, spec: EditConstraint, vocab_size: int, eos_ids: tuple[int,
     # stray partial UTF-8 byte would otherwise escape them (and display as U+FFFD)
     parts.append(dfa.regex(r"[\s\S]*", tokenizer, "all",
                            eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V))
-    textless = _textless_tokens(tokenizer, V, eos_ids)
-    if textless:
-        parts.append(dfa.banned_phrases([[t] for t in textless], V))
+    banned_tokens = _banned_tokens(tokenizer, V, eos_ids, spec.allow_newlines)
+    if banned_tokens:
+        parts.append(dfa.banned_phrases([[t] for t in banned_tokens], V))
     if eos_ids:
         parts.append(dfa.eos(eos_ids[0], V))
     if not parts:

@@ -38,6 +38,7 @@ class GenerateRequest(BaseModel):
                                  description="words or phrases that must not appear as whole words (first letter in either case)")
     min_words: int | None = Field(None, ge=0, le=MAX_WORDS, description="at least this many words")
     max_words: int | None = Field(None, ge=0, le=MAX_WORDS, description="at most this many words")
+    allow_newlines: bool = Field(True, description="false: the text may not contain a line break")
     num_candidates: int = Field(4, ge=1, le=MAX_CANDIDATES, description="samples drawn; distinct ones are returned")
     max_new_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="token budget of the generated text")
     mode: Literal["ctrlg", "logical"] = Field(

@@ -19,6 +19,10 @@ Every error is JSON ``{"error": message}`` with a 4xx status (422 invalid body o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
+import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -33,7 +37,7 @@ from ctrlg.app.schemas import ErrorResponse, GenerateRequest, GenerateResponse, 
 from ctrlg.app.service import EditorError, EditorService, Limits
 from ctrlg.errors import CtrlgError
 
-__all__ = ["create_app", "STATIC_DIR"]
+__all__ = ["create_app", "background_server", "STATIC_DIR"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _ERRORS = {code: {"model": ErrorResponse} for code in (404, 408, 409, 422, 429)}
@@ -125,3 +129,34 @@ def create_app(model, tokenizer, hmm=None, *, limits: Limits | None = None,
         return {"request_id": request_id, "cancelled": service.cancel(request_id)}
 
     return app
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def background_server(app, host: str = "127.0.0.1", port: int | None = None,
+                      start_timeout: float = 20.0):
+    """Serve ``app`` with uvicorn in a daemon thread (a free port by default); yields the base
+    URL and stops the server on exit. For tests, benchmarks and screenshots."""
+    import uvicorn
+
+    port = _free_port(host) if port is None else int(port)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError(f"the editor server did not start on {host}:{port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

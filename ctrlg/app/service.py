@@ -10,10 +10,11 @@ a continuation). The service
 2. builds the request's token DFA (:mod:`ctrlg.app.constraints`), memoised per constraint;
 3. calls :func:`ctrlg.generate`, which builds a **fresh** ConstraintLogitsProcessor, so row states
    never mix between requests, and returns the accepted samples;
-4. trims each sample's tail of symbol-only tokens (spaces, ``#``, quotes ...) as long as the
-   shorter text is still accepted by the DFA (a word budget spent before the token budget leaves
-   such a tail, since the LM rarely ends raw text with EOS), drops duplicates and ranks them by
-   log p_lm(y ⊕ σ | prompt).
+4. trims each sample's tail of symbol-only tokens (spaces, ``#``, quotes ...; the tail's first
+   sentence-final punctuation is kept) as long as the shorter text is still accepted by the DFA
+   (a word budget spent before the token budget leaves such a tail, since the LM rarely ends raw
+   text with EOS), drops duplicates and empty texts, and ranks them by log p_lm(y ⊕ σ | prompt).
+   Cost: the LM's decoding steps for ``num_candidates`` samples plus one scoring pass.
 
 Concurrency: one model call at a time (a lock); at most ``max_queue`` requests wait for it, the
 next one gets :class:`ServerBusyError`. Every request has a deadline (``time_budget_s`` from its
@@ -49,7 +50,8 @@ __all__ = ["Limits", "EditorService", "Job", "EditorError", "ConstraintTooLargeE
            "ServerBusyError", "RequestCancelledError", "TimeBudgetError", "UnknownRequestError"]
 
 
-_KEEP_TAIL = re.compile(rb"[0-9A-Za-z\x80-\xff.!?]")   # a letter, digit or sentence end
+_WORD = re.compile(rb"[0-9A-Za-z\x80-\xff]")     # a letter or digit (as in ctrlg.dfa.words)
+_SENTENCE_END = re.compile(rb"[.!?]")
 
 
 class EditorError(CtrlgError):
@@ -215,21 +217,27 @@ class EditorService:
         return prompt_ids, suffix_ids, drop_space, add_space
 
     def _trim(self, ids: list[int], constraint) -> list[int]:
-        """The generation without EOS and without trailing tokens that hold no letter, digit or
-        sentence-final punctuation — dropped only while the shorter sequence (ended by EOS) is
-        still accepted by ``constraint``. A word budget spent before the token budget otherwise
-        leaves a tail of spaces and symbols (the LM rarely ends raw text with EOS)."""
+        """The generation without EOS and without its tail of tokens that hold no letter or digit,
+        up to and including the first sentence-final punctuation of that tail; tokens are dropped
+        only while the shorter sequence (ended by EOS) is still accepted by ``constraint``. A word
+        budget spent before the token budget otherwise leaves a tail of spaces and symbols (the
+        LM rarely ends raw text with EOS)."""
         from ctrlg.vocab import token_bytes
 
         data = token_bytes(self.tokenizer)
+        text_of = lambda t: data[t] if t < len(data) else b""  # noqa: E731
         end = [] if self.eos_id is None else [self.eos_id]
         body = list(ids[:-1]) if ids and ids[-1] == self.eos_id else list(ids)
-        while body:
-            last = data[body[-1]] if body[-1] < len(data) else b""
-            if _KEEP_TAIL.search(last) or not constraint.accepts(body[:-1] + end):
+        keep = len(body)
+        while keep and not _WORD.search(text_of(body[keep - 1])) \
+                and constraint.accepts(body[:keep - 1] + end):
+            keep -= 1
+        for j in range(keep, len(body)):
+            if _SENTENCE_END.search(text_of(body[j])):
+                if constraint.accepts(body[:j + 1] + end):
+                    keep = j + 1
                 break
-            body.pop()
-        return body
+        return body[:keep]
 
     def _decode(self, body: list[int], drop_space: bool, add_space: bool) -> str:
         text = self.tokenizer.decode(body, skip_special_tokens=True,
@@ -310,7 +318,8 @@ class EditorService:
                 raise EditorError("mode 'ctrlg' needs an HMM but the server runs without one; "
                                   "use mode 'logical' or start the server with --hmm")
             spec = EditConstraint.from_lists(request.keyphrases, request.banned,
-                                             request.min_words, request.max_words)
+                                             request.min_words, request.max_words,
+                                             request.allow_newlines)
             prompt_ids, suffix_ids, drop_space, add_space = self._encode(request.prefix,
                                                                          request.suffix)
             self._acquire(job)
@@ -333,8 +342,8 @@ class EditorService:
                     suffix=suffix_ids if request.mode == "ctrlg" else None,
                     eos_token_id=[] if self.eos_id is None else [self.eos_id],
                     stopping_criteria=StoppingCriteriaList([stopper]))
-                bodies = list(dict.fromkeys(tuple(self._trim(g.token_ids, constraint))
-                                            for g in results))
+                bodies = [b for b in dict.fromkeys(tuple(self._trim(g.token_ids, constraint))
+                                                   for g in results) if b]   # distinct, non-empty
                 scores = lm_log_likelihood(self.model, prompt_ids,
                                            [list(b) + (suffix_ids or []) for b in bodies])
             finally:

@@ -60,6 +60,7 @@ async function generate() {
   const body = {
     prefix: t.prefix, suffix: t.suffix, keyphrases: lines("keyphrases"), banned: lines("banned"),
     min_words: intOrNull("min-words"), max_words: intOrNull("max-words"),
+    allow_newlines: $("allow-newlines").checked,
     num_candidates: intOrNull("num-candidates") || 4, max_new_tokens: intOrNull("max-new-tokens") || 32,
     mode: $("method").value, seed: Math.floor(Math.random() * 1e9), request_id: id,
   };
