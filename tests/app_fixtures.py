@@ -6,6 +6,7 @@ second; nothing is downloaded."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -31,11 +32,15 @@ def tiny_model(tokenizer, hidden: int = 6, seed: int = 0):
     transition = torch.rand(hidden, hidden, generator=g) + 0.1
     initial = torch.rand(hidden, generator=g) + 0.1
     hmm = ctrlg.HMM.from_params(initial, transition, emission, normalize=True)
-    model = OverlapCountingLM.from_hmm(hmm, prompt_length=0, eos_token_id=tokenizer.eos_token_id)
+    model = overlap_counting_lm().from_hmm(hmm, prompt_length=0, eos_token_id=tokenizer.eos_token_id)
     return model, hmm
 
 
-def _overlap_counting_lm():
+@functools.lru_cache(maxsize=1)
+def overlap_counting_lm():
+    """The LM class, made on first use: importing ctrlg.hmm_lm imports Triton (through
+    transformers), which must not happen at collection time, before the kernel tests set
+    TRITON_INTERPRET=1."""
     from ctrlg.hmm_lm import HMMForCausalLM
 
     class _LM(HMMForCausalLM):
@@ -57,6 +62,3 @@ def _overlap_counting_lm():
                     cls.active -= 1
 
     return _LM
-
-
-OverlapCountingLM = _overlap_counting_lm()
