@@ -69,6 +69,7 @@ import torch
 
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.kernels.reference import backward_step_reference
 
 __all__ = [
     "GuideTables",
@@ -82,31 +83,6 @@ __all__ = [
 #: finite log-ratio of its row (or 0 when none is finite), so it stays possible but negligible.
 RATIO_FLOOR_GAP = 50.0
 _CHUNK = 4096
-
-
-def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_default: torch.Tensor,
-                            nonexc_mass: torch.Tensor, exc_src: torch.Tensor, exc_dst: torch.Tensor,
-                            exc_row: torch.Tensor, emission_rows: torch.Tensor, coef_exc: torch.Tensor,
-                            eos_term: torch.Tensor, coef_eos: torch.Tensor,
-                            transition: torch.Tensor) -> torch.Tensor:
-    """One step of the backward recurrence, unnormalised: returns G · Aᵀ ([S, h], float32) where
-
-    G[s] = coef_default[s] · Ŵ[default[s]] ⊙ M[s]
-         + Σ_{k: exc_src[k] = s} coef_exc[k] · B[:, tok_k] ⊙ Ŵ[exc_dst[k]]
-         + coef_eos[s] · eos_term[s]
-
-    ``w_prev`` [S, h] is Ŵ_{r-1}; exception k's emission column is ``emission_rows[exc_row[k]]``
-    (``emission_rows`` is Bᵀ [V, h], or the per-letter sums B̄ᵀ [A, h] for DFAs with letters),
-    the ``coef_*`` are the rescaling factors exp(c_{r-1}(·) − m_s) (0 for infeasible states).
-    This plain-torch version is the reference for ``ctrlg.kernels.backward_table``.
-    """
-    g = w_prev[default].float().mul_(coef_default[:, None]).mul_(nonexc_mass)
-    for lo in range(0, exc_src.numel(), _CHUNK):  # chunks keep the [E, h] temporaries small
-        hi = lo + _CHUNK
-        term = w_prev[exc_dst[lo:hi]].float().mul_(emission_rows[exc_row[lo:hi]]).mul_(coef_exc[lo:hi, None])
-        g.index_add_(0, exc_src[lo:hi], term)
-    g.add_(eos_term * coef_eos[:, None])
-    return g @ transition.T.float()
 
 
 def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch.Tensor,

@@ -15,7 +15,6 @@ vocab size, tokenizer identity, training config); never pickle.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -24,23 +23,13 @@ from typing import Any
 import torch
 
 from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
+from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["HMM", "tokenizer_fingerprint"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 FORMAT_VERSION = 1
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A stable hash of a tokenizer's vocabulary (token strings in id order), used to check that a
-    checkpoint is used with the tokenizer it was made for."""
-    vocab = tokenizer.get_vocab()
-    ordered = sorted(vocab.items(), key=lambda kv: kv[1])
-    digest = hashlib.sha256()
-    for token, index in ordered:
-        digest.update(f"{index}\t{token}\n".encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()[:16]
 
 
 def _check_distribution(name: str, tensor: torch.Tensor, atol: float = 1e-3) -> None:
@@ -169,7 +158,8 @@ class HMM(torch.nn.Module):
     # ------------------------------------------------------------------ vocabulary checks
     def check_vocab(self, vocab_size: int | None = None, *, tokenizer=None, what: str = "LM") -> None:
         """Raise VocabularyMismatchError unless this HMM fits a vocabulary of ``vocab_size`` tokens
-        (an LM's output size) and, if given, the ``tokenizer`` it was distilled with."""
+        (an LM's output size) and, if given, the ``tokenizer`` (or :class:`ctrlg.Vocabulary`) it
+        was distilled with."""
         if vocab_size is not None and int(vocab_size) != self.vocab_size:
             raise VocabularyMismatchError(
                 f"the HMM has vocabulary size {self.vocab_size} but the {what} has {int(vocab_size)}")
@@ -179,7 +169,8 @@ class HMM(torch.nn.Module):
                 raise VocabularyMismatchError(
                     f"the HMM was distilled for tokenizer {self.config.get('tokenizer_name', '?')!r} "
                     f"(vocabulary hash {expected}), which differs from the given tokenizer "
-                    f"{getattr(tokenizer, 'name_or_path', '?')!r} (hash {tokenizer_fingerprint(tokenizer)})")
+                    f"{getattr(tokenizer, 'name_or_path', None) or getattr(tokenizer, 'name', '?')!r} "
+                    f"(hash {tokenizer_fingerprint(tokenizer)})")
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
