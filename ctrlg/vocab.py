@@ -369,7 +369,7 @@ def as_vocabulary(tokenizer_or_vocab, vocab_size: int | None = None) -> Vocabula
     ``vocab_size`` when given. Failures to decode the vocabulary raise VocabularyMismatchError."""
     try:
         return Vocabulary.from_tokenizer(tokenizer_or_vocab, vocab_size=vocab_size)
-    except VocabularyMismatchError:
+    except CtrlgError:
         raise
     except Exception as exc:  # a tokenizer whose vocabulary has no byte decoding
         raise VocabularyMismatchError(
