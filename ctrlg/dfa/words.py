@@ -200,7 +200,7 @@ def inflections(word: str, pos: str | None = None) -> list[str]:
     """The word and its inflections (lemminflect), e.g. ``"stand", "V"`` → stand, stands, stood,
     standing; ``"field", "N"`` → field, fields. ``pos`` is a CommonGen tag (N, V, A/J, R), a
     universal POS tag (NOUN, VERB, ADJ, ADV) or None for every part of speech."""
-    import lemminflect
+    import lemminflect  # optional dependency; loads its inflection tables on first use
 
     if not isinstance(word, str) or not word.strip():
         raise ConstraintError(f"inflections needs a non-empty word, got {word!r}")

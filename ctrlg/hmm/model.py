@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
 from ctrlg.vocab import tokenizer_fingerprint
@@ -176,8 +178,6 @@ class HMM(torch.nn.Module):
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
         """Write ``path/model.safetensors`` and ``path/config.json``. ``dtype=torch.bfloat16``
         halves the file (parameters are renormalised in float32 on load)."""
-        from safetensors.torch import save_file
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
@@ -192,9 +192,6 @@ class HMM(torch.nn.Module):
     @classmethod
     def load(cls, path: str | os.PathLike, *, tokenizer=None, device: str | torch.device = "cpu") -> "HMM":
         """Load a checkpoint written by :meth:`save`. With ``tokenizer``, check it matches."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         path = Path(path)
         config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
         if not config_file.is_file() or not weights_file.is_file():
