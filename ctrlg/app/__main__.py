@@ -12,6 +12,13 @@ import argparse
 import ipaddress
 import sys
 
+import torch
+import uvicorn
+
+from ctrlg.app import Limits, create_app
+from ctrlg.hmm import HMM, load_default_hmm
+from ctrlg.models import load_model, load_tokenizer
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ctrlg.app", description=__doc__.split("\n\n")[1],
@@ -36,13 +43,6 @@ def _is_loopback(host: str) -> bool:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    import torch
-    import uvicorn
-
-    from ctrlg.app import Limits, create_app
-    from ctrlg.hmm import HMM, load_default_hmm
-    from ctrlg.models import load_model, load_tokenizer
-
     if args.threads:
         torch.set_num_threads(args.threads)
     if not _is_loopback(args.host):

@@ -37,6 +37,7 @@ from typing import Sequence
 from ctrlg import dfa
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError
+from ctrlg.vocab import token_bytes
 
 __all__ = ["EditConstraint", "build_constraint", "banned_word_pattern"]
 
@@ -90,8 +91,6 @@ def banned_word_pattern(word: str) -> str:
 def _banned_tokens(tokenizer, vocab_size: int, eos_ids: Sequence[int],
                    allow_newlines: bool) -> list[int]:
     """Text-less tokens other than EOS, and (unless allowed) tokens holding a line break."""
-    from ctrlg.vocab import token_bytes
-
     data = token_bytes(tokenizer)
     keep = set(eos_ids)
     breaks = re.compile(rb"[\n\r]")

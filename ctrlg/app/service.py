@@ -44,7 +44,9 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ctrlg.app.constraints import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
+from ctrlg.sampler import generate as guided_generate
 from ctrlg.sampler import lm_log_likelihood
+from ctrlg.vocab import eos_token_ids, lm_vocab_size, token_bytes
 
 __all__ = ["Limits", "EditorService", "Job", "EditorError", "ConstraintTooLargeError",
            "ServerBusyError", "RequestCancelledError", "TimeBudgetError", "UnknownRequestError"]
@@ -138,27 +140,17 @@ class _JobStopper(StoppingCriteria):
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
-def _first_eos(model, tokenizer) -> int | None:
-    eos = model.generation_config.eos_token_id
-    if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    return None if eos is None else int(eos)
-
-
 class EditorService:
     """Serves generation requests on one LM / tokenizer / HMM (``hmm=None``: logical mode only)."""
 
     def __init__(self, model, tokenizer, hmm=None, *, limits: Limits | None = None,
                  model_name: str = "custom"):
-        from ctrlg.sampler import _lm_vocab_size
-
         self.model, self.tokenizer, self.hmm = model, tokenizer, hmm
         self.limits = limits or Limits()
         self.model_name = model_name
-        self.vocab_size = _lm_vocab_size(model)
-        self.eos_id = _first_eos(model, tokenizer)
+        self.vocab_size = lm_vocab_size(model)
+        self.eos_id = next(iter(eos_token_ids(tokenizer, model)), None)   # the first EOS ends y
+        self._token_bytes = token_bytes(tokenizer)
         self._model_lock = threading.Lock()
         self._jobs_lock = threading.Lock()
         self._jobs: OrderedDict[str, Job] = OrderedDict()
@@ -222,9 +214,7 @@ class EditorService:
         only while the shorter sequence (ended by EOS) is still accepted by ``constraint``. A word
         budget spent before the token budget otherwise leaves a tail of spaces and symbols (the
         LM rarely ends raw text with EOS)."""
-        from ctrlg.vocab import token_bytes
-
-        data = token_bytes(self.tokenizer)
+        data = self._token_bytes
         text_of = lambda t: data[t] if t < len(data) else b""  # noqa: E731
         end = [] if self.eos_id is None else [self.eos_id]
         body = list(ids[:-1]) if ids and ids[-1] == self.eos_id else list(ids)
@@ -273,10 +263,8 @@ class EditorService:
 
     @staticmethod
     def _sample(*args, **kwargs):
-        import ctrlg
-
         try:
-            return ctrlg.generate(*args, **kwargs)
+            return guided_generate(*args, **kwargs)
         except UnsatisfiableConstraintError:
             raise EditorError(
                 f"the constraint cannot be met within max_new_tokens={kwargs['max_new_tokens']} "
