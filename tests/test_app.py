@@ -144,9 +144,9 @@ def test_concurrent_requests_stay_correct_and_never_overlap_on_the_model(server,
     model = tiny[0]
     type(model).max_active = 0
     bodies = [{"prefix": "The cat sat.", "keyphrases": [k], "banned": [b], "min_words": 2,
-               "max_words": 7, "max_new_tokens": 10, "num_candidates": 2, "seed": i}
+               "max_words": 6, "max_new_tokens": 8, "num_candidates": 2, "seed": i}
               for i, (k, b) in enumerate([("river", "lamp"), ("lamp", "river"), ("garden", "tree"),
-                                          ("tree", "garden"), ("night", "door"), ("door", "night")])]
+                                          ("tree", "garden")])]
     with ThreadPoolExecutor(len(bodies)) as pool:
         results = list(pool.map(lambda b: call(server, "/api/generate", b), bodies))
     for body, (status, response) in zip(bodies, results):
