@@ -228,3 +228,34 @@ def test_trim_drops_a_symbol_tail_only_while_the_dfa_still_accepts(tiny):
     assert tokenizer.decode(service._trim(words_only, dfa.universal(V))) == " He made walls"
     exact_length = dfa.length(len(ids) + 1, len(ids) + 1, vocab_size=V)   # EOS counts
     assert service._trim(ids + [eos], exact_length) == ids
+
+
+def test_a_client_that_disconnects_cancels_its_request(server):
+    import http.client
+
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", "/api/generate", json.dumps(
+        {"prefix": "The cat sat.", "max_new_tokens": 120, "num_candidates": 2,
+         "request_id": "walk-away"}), {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, progress = call(server, "/api/progress/walk-away")
+        if status == 200 and progress["state"] == "generating":
+            break
+        time.sleep(0.02)
+    connection.close()                      # the writer closed the tab
+    while time.monotonic() < deadline:
+        progress = call(server, "/api/progress/walk-away")[1]
+        if progress["state"] != "generating":
+            break
+        time.sleep(0.05)
+    assert progress["state"] == "cancelled" and progress["tokens"] < 120, progress
+
+
+def test_a_full_queue_answers_429(tiny):
+    model, tokenizer, hmm = tiny
+    with live_server(create_app(model, tokenizer, hmm, limits=Limits(max_queue=0))) as base:
+        status, response = call(base, "/api/generate", {"prefix": "a", "max_new_tokens": 2})
+        assert status == 429 and "waiting" in response["error"]
+        assert call(base, "/api/health")[1]["queued"] == 0

@@ -79,6 +79,31 @@ def test_insert_a_keyphrase_and_accept_it(browser, server):
     assert not driver.find_elements("css selector", "#candidates .candidate")
 
 
+def test_rewrite_a_selected_span(browser, server):
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    driver.get(server + "/")
+    document = driver.find_element("id", "document")
+    document.click()
+    document.send_keys("The old cat sat on the mat. The dog ran.")
+    document.send_keys(Keys.LEFT * len(". The dog ran."))
+    document.send_keys(Keys.SHIFT + Keys.LEFT * len("sat on the mat"))   # select "sat on the mat"
+    assert driver.find_element("id", "op-rewrite").is_selected()
+    set_field(driver, "keyphrases", "green tree")
+    set_field(driver, "max-new-tokens", "10")
+    set_field(driver, "num-candidates", "2")
+    driver.find_element("id", "generate").click()
+    WebDriverWait(driver, 90).until(lambda d: d.find_elements("css selector", "#candidates .candidate"))
+    assert driver.find_element("css selector", "#preview del").text == "sat on the mat"
+    raw = driver.execute_script("return shown.candidates[0].text")
+    assert "green tree" in raw
+    driver.find_element("css selector", "#candidates .candidate .accept").click()
+    assert driver.find_element("id", "document").get_property("value") == \
+        "The old cat " + raw + ". The dog ran."
+
+
 def test_a_long_request_can_be_cancelled(browser, server):
     from selenium.webdriver.support.ui import WebDriverWait
 
