@@ -79,7 +79,7 @@ class Feasibility:
             raise ConstraintError(f"min_tokens must lie in [0, max_tokens={max_tokens}], got {min_tokens}")
         self.dfa = dfa
         self.max_tokens, self.min_tokens = int(max_tokens), int(min_tokens)
-        self.eos_ids = as_token_list(eos_token_id, "eos_token_id", dfa.vocab_size)
+        self.eos_ids = list(dict.fromkeys(as_token_list(eos_token_id, "eos_token_id", dfa.vocab_size)))
         self.vocab_size = dfa.vocab_size
         self.device = torch.device("cpu")
         self._prepare_dfa()
@@ -101,7 +101,6 @@ class Feasibility:
         ptr = np.zeros(S + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=S), out=ptr[1:])
         self.exc = _Exceptions(ptr=ptr, src=src, tok=tok, dst=dst)
-        self.large_letter = size > max(V // 16, 1) if dfa.has_letters else np.zeros(len(size), bool)
         n_eos = len(self.eos_ids)
         all_states = np.arange(S, dtype=np.int64)
         self.eos_next = np.stack([dfa.step_many(all_states, e) for e in self.eos_ids], axis=1) \
@@ -173,6 +172,24 @@ class Feasibility:
         for j, e in enumerate(self.eos_ids):
             mask[:, e] = allowed & self.eos_accept[states, j]
         return torch.as_tensor(mask, device=self.device)
+
+    def feasible_counts(self, states, remaining) -> np.ndarray:
+        """int64 [R]: the number of tokens :meth:`token_feasible` marks, without building the
+        mask: [F_{r-1}(default)] · (non-exception tokens) + Σ_exceptions |letter| · F_{r-1}(δ) +
+        the allowed accepting EOS tokens. O(R + exceptions of the rows' states)."""
+        states, remaining = self._check_remaining(states, remaining)
+        F = self.feasible
+        rows, k = self._row_exceptions(states)
+        size = self.letter_size[self.exc.tok[k]]
+        covered = np.bincount(rows, weights=size, minlength=len(states)).astype(np.int64)
+        live = np.bincount(rows, weights=size * F[remaining[rows] - 1, self.exc.dst[k]],
+                           minlength=len(states)).astype(np.int64)
+        default_live = F[remaining - 1, self.dfa.default[states]]
+        count = default_live * (self.vocab_size - len(self.eos_ids) - covered) + live
+        if self.eos_ids:
+            allowed = np.array([self.eos_allowed(r) for r in remaining], dtype=bool)
+            count += (allowed[:, None] & self.eos_accept[states]).sum(1)
+        return count
 
     def log_ratio(self, states, priors=None, remaining=1) -> torch.Tensor:
         """Logical guidance [R, V]: 0 on feasible tokens, −inf on the others (``priors`` ignored)."""

@@ -91,6 +91,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         progress: tqdm bar while building tables (default: only on a TTY).
         prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.priors`);
             default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`).
+        precision: ``"float32"`` (default) or ``"bfloat16"`` for the per-token products with the
+            emission matrix (float32 accumulation; see ``ctrlg.guide.PRECISIONS``): 4–7× faster
+            on CPUs with AVX512-BF16, ≤ ~1% relative error on the guidance term.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -104,7 +107,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def __init__(self, hmm, dfa: TokenDFA | Sequence[TokenDFA], prompt_length: int | None = None,
                  max_new_tokens: int = 32, min_new_tokens: int = 0, eos_token_id=None,
                  mode: str = "ctrlg", suffix_ids: Sequence[int] | None = None,
-                 use_kernel: bool | None = None, progress: bool | None = None, prior=None):
+                 use_kernel: bool | None = None, progress: bool | None = None, prior=None,
+                 precision: str = "float32"):
         if mode not in MODES:
             raise ConstraintError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "ctrlg" and hmm is None:
@@ -120,14 +124,14 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.suffix_ids = None if suffix_ids is None else [int(t) for t in suffix_ids]
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
         self.prompt_length = self._fixed_prompt_length
-        self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress)
+        self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress, precision)
         if self.hmm is not None and prior is None:
             prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t)
         self.prior = prior if self.hmm is not None else None
         self.rows = RowStates([self.tables[k].dfa for k in range(len(self.tables))], self.prior)
         self.reset()
 
-    def _build_tables(self, use_kernel, progress) -> tuple[list[Feasibility], np.ndarray]:
+    def _build_tables(self, use_kernel, progress, precision) -> tuple[list[Feasibility], np.ndarray]:
         """One table per distinct DFA object (rows that share a DFA share its tables)."""
         tables: list[Feasibility] = []
         built: dict[int, int] = {}
@@ -140,7 +144,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 else:
                     t = GuideTables(d, self.hmm, self.max_new_tokens, min_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
-                                    use_kernel=use_kernel, progress=progress)
+                                    use_kernel=use_kernel, progress=progress, precision=precision)
                 t.check_satisfiable()
                 built[id(d)] = len(tables)
                 tables.append(t)

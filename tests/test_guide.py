@@ -72,6 +72,17 @@ CASES = [  # (S, V, h, n, min_tokens, eos, suffix, seed)
 
 @pytest.mark.parametrize("S,V,h,n,m,eos,suffix,seed", CASES)
 def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, seed):
+    _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
+
+
+@pytest.mark.parametrize("S,V,h,n,m,eos,suffix,seed", CASES[6:])
+def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, m, eos, suffix, seed):
+    """Every exceptional letter through the per-letter block product (large vocabularies)."""
+    monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
+    _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
+
+
+def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
     hmm = random_hmm(h, V, seed)
     for dfa_seed in range(3):
         make = random_letter_dfa if seed >= 6 else random_dfa
@@ -95,6 +106,7 @@ def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, 
                 r = n - t
                 log_joint, log_marg = tables.token_weights([state], prior, r)
                 mask = tables.token_feasible([state], r)[0]
+                assert tables.feasible_counts([state], r)[0] == int(mask.sum())
                 px = seq_prob(hmm, x)
                 for v in range(V):
                     brute_joint = sum(w for y, w in weights.items() if y[:t + 1] == x + (v,)) / px
