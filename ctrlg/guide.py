@@ -2,10 +2,10 @@
 
 Notation. The HMM (``ctrlg.hmm.model``) has initial π [h], transition A [h, h], emission B [h, V];
 it sees only the *generated* tokens (never the prompt), so the hidden state of generated token 1
-is drawn from π. The budget is ``n = max_tokens``; a generation is a token sequence y that ends at
+is drawn from π. The budget is ``n = max_new_tokens``; a generation is a token sequence y that ends at
 an EOS token (inclusive) or after n tokens, and it is *accepted* iff the DFA accepts y. EOS is
 terminal: emitting EOS from DFA state s is worth ``[δ(s, EOS) accepting]`` whatever the HMM would
-do next, and EOS is only allowed once ``min_tokens`` tokens have been generated.
+do next, and EOS is only allowed once ``min_new_tokens`` tokens have been generated.
 
 Backward tables. W_r(s, z) = P_hmm(accepted | DFA state s, r tokens left, z = hidden state of the
 token just emitted; the next token is drawn z' ~ A[z], v ~ B[z']). W_0(s, ·) = [s accepting], and
@@ -69,7 +69,7 @@ from tqdm.auto import tqdm
 
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
-from ctrlg.feasibility import Feasibility, as_token_list
+from ctrlg.feasibility import Feasibility, as_token_list, renamed_budget
 from ctrlg.kernels.reference import backward_step_reference
 
 __all__ = [
@@ -86,6 +86,10 @@ RATIO_FLOOR_GAP = 50.0
 #: Exceptional letters with at least this many tokens are evaluated as one matrix product per
 #: letter over a contiguous block of B's columns (grouped by letter); smaller ones token by token.
 BLOCK_LETTER = 64
+#: Up to this many rows in the dense product (2 per query row + 1 per block-letter exception),
+#: block letters ride along as extra rows (B is read once: what matters at small batch, where the
+#: product is memory-bound); beyond it, each block letter gets its own small product.
+INLINE_ROWS = 16
 #: ``precision`` of the per-token products p·B: "float32" (default), or "bfloat16" inputs with
 #: float32 accumulation (the output rounded to bfloat16: relative error ≤ ~1% on P(v | x≤t) and
 #: P(v, α | x≤t); feasibility stays exact). bfloat16 is 4–7× faster on CPUs with AVX512-BF16/AMX.
@@ -123,11 +127,12 @@ class GuideTables(Feasibility):
         log_scale: float64 [n + 1, S], c_r (−inf where W_r(s) = 0).
     """
 
-    def __init__(self, dfa: TokenDFA, hmm=None, max_tokens: int = 32, *, min_tokens: int = 0,
+    def __init__(self, dfa: TokenDFA, hmm=None, max_new_tokens: int = 32, *, min_new_tokens: int = 0,
                  eos_token_id: int | Sequence[int] | None = None,
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
-                 progress: bool | None = None, precision: str = "float32"):
-        super().__init__(dfa, max_tokens, min_tokens=min_tokens, eos_token_id=eos_token_id)
+                 progress: bool | None = None, precision: str = "float32", **old_names):
+        max_new_tokens, min_new_tokens = renamed_budget(max_new_tokens, min_new_tokens, old_names)
+        super().__init__(dfa, max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=eos_token_id)
         if hmm is not None and hmm.vocab_size != dfa.vocab_size:
             raise VocabularyMismatchError(
                 f"the DFA has vocabulary size {dfa.vocab_size} but the HMM has {hmm.vocab_size}")
@@ -149,7 +154,7 @@ class GuideTables(Feasibility):
     # ------------------------------------------------------------------ backward tables
     def _build_tables(self, use_kernel: bool | None, progress: bool | None) -> None:
         hmm, dfa, exc = self.hmm, self.dfa, self.exc
-        device, n, S, h = hmm.emission.device, self.max_tokens, dfa.num_states, hmm.hidden_size
+        device, n, S, h = hmm.emission.device, self.max_new_tokens, dfa.num_states, hmm.hidden_size
         A, B = hmm.transition.float(), hmm.emission.float()
         self._transition = A
         # Bᵀ [V, h]: per-token columns of B are contiguous rows (gathers; p B = linear(p, Bᵀ) with
@@ -279,7 +284,8 @@ class GuideTables(Feasibility):
 
         One [2R, h]·[h, V] product gives P(v | x≤t) and the default-successor joint for every v;
         exception tokens are then overwritten: tokens of block letters by one
-        [rows, h]·[h, |letter|] product per distinct letter, the others token by token, EOS last."""
+        [rows, h]·[h, |letter|] product per distinct letter (or, for few rows, by extra rows of
+        the dense product), the others token by token, EOS last."""
         if self.hmm is None:
             raise ConstraintError("token weights need an HMM; these tables are logical-only")
         states, remaining = self._check_remaining(states, remaining)
@@ -288,23 +294,49 @@ class GuideTables(Feasibility):
         rr = torch.as_tensor(remaining - 1, device=dev)
         d = self._default_t[torch.as_tensor(states, device=dev)]
         c_default = self.log_scale[rr, d]                                # [R] float64
-        both = _dot(torch.cat([priors, priors * self.w_hat[rr, d]]), self._emission_mm)  # one pass over B
-        marginal, joint = both[:R], both[R:]
+        rows, k = self._row_exceptions(states)
+        block = self.block_letter[self.exc.tok[k]]
+        exc = _RowExceptions(priors, None, rr, ratio)
+        stacked = [priors, priors * self.w_hat[rr, d]]
+        inline = 2 * R + int(block.sum()) <= INLINE_ROWS
+        if inline:  # few rows: B is read once, block letters as extra rows of the same product
+            block_terms = self._successor_terms(exc, rows[block], k[block])
+            stacked.append(block_terms[1])
+        both = _dot(torch.cat(stacked), self._emission_mm)               # one pass over B
+        exc.marginal, joint = both[:R], both[R:2 * R]
         if ratio:
-            out = torch.log(joint.div_(marginal))
+            out = torch.log(joint.div_(exc.marginal))
             log_marginal = None
         else:
-            log_marginal = torch.log(marginal)
+            log_marginal = torch.log(exc.marginal)
             out = torch.log(joint)
         out.add_(c_default.float()[:, None])
         out[~torch.isfinite(c_default)] = -math.inf
-        rows, k = self._row_exceptions(states)
-        block = self.block_letter[self.exc.tok[k]]
-        exc = _RowExceptions(priors, marginal, rr, ratio)
-        self._block_letter_values(out, exc, rows[block], k[block])
+        if inline:
+            self._inline_block_values(out, exc, both[2 * R:], block_terms, k[block])
+        else:
+            self._block_letter_values(out, exc, rows[block], k[block])
         self._token_values(out, exc, rows[~block], k[~block])
         self._eos_values(out, exc, states, remaining, log_marginal)
         return out if ratio else (out, log_marginal)
+
+    def _inline_block_values(self, out, exc: "_RowExceptions", products: torch.Tensor,
+                             terms, k: np.ndarray) -> None:
+        """Block-letter exceptions whose q · B rows were computed with the dense product."""
+        if not len(k):
+            return
+        rows_t, _, scale = terms
+        letters = self.exc.tok[k]
+        starts = self.members_ptr[letters]
+        sizes = self.members_ptr[letters + 1] - starts
+        dev = products.device
+        at = torch.as_tensor(np.repeat(np.arange(len(k)), sizes), device=dev)
+        tok = torch.as_tensor(self.members[ragged_indices(starts, sizes)], device=dev)
+        r = rows_t[at]
+        vals = products[at, tok]
+        if exc.ratio:
+            vals = vals / exc.marginal[r, tok]
+        out[r, tok] = torch.log(vals) + scale[at]
 
     def _successor_terms(self, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray):
         """(rows tensor, q = p ⊙ Ŵ_{r-1}(t) [P, h], log scale c_{r-1}(t) [P]) per exception."""
@@ -396,7 +428,7 @@ class GuideTables(Feasibility):
         """log P_hmm(α) from a DFA state and prior (defaults: the start of generation)."""
         s = self.dfa.initial if state is None else int(state)
         p = self.initial_prior() if prior is None else prior.reshape(1, -1)
-        r = self.max_tokens if remaining is None else int(remaining)
+        r = self.max_new_tokens if remaining is None else int(remaining)
         if not self.feasible[r, s]:
             return -math.inf
         log_joint, _ = self.token_weights([s], p, r)
@@ -413,12 +445,12 @@ class _RowExceptions:
     """What the exception passes of :meth:`GuideTables._weights` share."""
 
     priors: torch.Tensor        # [R, h]
-    marginal: torch.Tensor      # [R, V], P(v | x≤t)
+    marginal: torch.Tensor | None   # [R, V], P(v | x≤t) (set once the dense product is done)
     rr: torch.Tensor            # [R], remaining − 1
     ratio: bool
 
 
-def build_tables(hmm, dfa: TokenDFA, max_tokens: int, **kwargs) -> GuideTables:
-    """Backward tables for ``dfa`` under ``hmm`` with budget ``max_tokens`` (see GuideTables).
+def build_tables(hmm, dfa: TokenDFA, max_new_tokens: int, **kwargs) -> GuideTables:
+    """Backward tables for ``dfa`` under ``hmm`` with budget ``max_new_tokens`` (see GuideTables).
     ``hmm=None`` gives logical-only tables (feasibility only)."""
-    return GuideTables(dfa, hmm, max_tokens, **kwargs)
+    return GuideTables(dfa, hmm, max_new_tokens, **kwargs)

@@ -162,7 +162,7 @@ def test_generate_with_random_lm_sampling_and_beams_always_accepts(constraint, n
             generate(lm, None, [1], constraint, hmm=hmm, max_new_tokens=n, seed=seed)
         return
     out = generate(lm, None, [1], constraint, hmm=hmm, max_new_tokens=n, num_samples=beams,
-                   num_beams=beams, seed=seed, rerank=False)
+                   num_beams=beams, seed=seed, rank_by_lm=False)
     assert out, "generate returned no accepted output"
     # generate filters; check the raw transformers output too
     proc = ConstraintLogitsProcessor(hmm, [constraint, constraint], prompt_length=1,
@@ -312,10 +312,10 @@ def test_generate_leaves_the_global_rng_alone_and_is_reproducible():
     torch.manual_seed(123)
     before = torch.get_rng_state()
     first = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=4, num_samples=6, seed=5,
-                     rerank=False)
+                     rank_by_lm=False)
     assert torch.equal(torch.get_rng_state(), before)
     second = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=4, num_samples=6, seed=5,
-                      rerank=False)
+                      rank_by_lm=False)
     assert [g.token_ids for g in first] == [g.token_ids for g in second] and first
 
 
@@ -343,7 +343,26 @@ def test_a_templated_string_prompt_gets_no_second_set_of_special_tokens():
     tokenizer = _RecordingTokenizer()
     constraint = dfa.eos(eos, V)
     generate(lm, tokenizer, "<s>user: hi", constraint, mode="logical", max_new_tokens=2,
-             num_samples=1, rerank=False)
+             num_samples=1, rank_by_lm=False)
     generate(lm, tokenizer, "plain text", constraint, mode="logical", max_new_tokens=2,
-             num_samples=1, rerank=False)
+             num_samples=1, rank_by_lm=False)
     assert tokenizer.calls == [False, True]
+
+
+def test_old_keyword_names_still_work_with_a_deprecation_warning():
+    from ctrlg.guide import build_tables
+
+    V, eos = 5, 4
+    hmm = random_hmm(2, V, 1)
+    constraint = dfa.eos(eos, V)
+    with pytest.warns(DeprecationWarning, match="dfa="):
+        proc = ConstraintLogitsProcessor(hmm, dfa=constraint, max_new_tokens=3, eos_token_id=eos)
+    assert proc.dfas == [constraint]
+    with pytest.warns(DeprecationWarning, match="min_tokens="):
+        tables = build_tables(hmm, constraint, 3, min_tokens=1, eos_token_id=eos)
+    assert tables.min_new_tokens == tables.min_tokens == 1
+    lm = HMMForCausalLM.from_hmm(random_hmm(2, V, 2), prompt_length=1, eos_token_id=eos)
+    with pytest.warns(DeprecationWarning, match="rerank="):
+        out = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=3, num_samples=2,
+                       rerank=False)
+    assert all(math.isnan(g.lm_log_likelihood) for g in out)

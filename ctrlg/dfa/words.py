@@ -35,7 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ctrlg.dfa.builders import any_phrase, check_count_range, eos as eos_discipline, starts_with
+from ctrlg.dfa import builders
+from ctrlg.dfa.builders import any_phrase, check_count_range, starts_with
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
@@ -260,5 +261,5 @@ def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: in
              _word_count_from_bytes(tokens, min_words, max_words)]
     eos_id = as_vocabulary(tokenizer).eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
-        parts.append(eos_discipline(int(eos_id), V, required=require_eos))
+        parts.append(builders.eos(int(eos_id), V, required=require_eos))
     return intersect(*parts)
