@@ -16,7 +16,8 @@ from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, Vocabula
 from ctrlg.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor, generate, lm_log_likelihood, rerank
 from dfa_strategies import token_dfas
-from test_guide import generations, random_hmm, seq_prob
+from helpers import random_hmm, trim_at_eos
+from test_guide import generations, seq_prob
 
 PROMPT = 0  # a one-token prompt; the HMM LM ignores it
 
@@ -32,12 +33,7 @@ def sample_with_hmm_lm(hmm, constraint, n, num, *, eos=None, m=0, suffix=None, s
                          attention_mask=torch.ones_like(ids), **kw)
     results = []
     for row in out[:, 1:].tolist():
-        y = []
-        for t in row:
-            y.append(t)
-            if eos is not None and t == eos:
-                break
-        results.append(tuple(y))
+        results.append(tuple(trim_at_eos(row, eos)))
     return results
 
 
@@ -119,12 +115,7 @@ def manual_generation(proc, n, V, num_rows, seed, eos):
                 break
     outs = []
     for row in ids[:, 1:].tolist():
-        y = []
-        for t in row:
-            y.append(t)
-            if t == eos:
-                break
-        outs.append(y)
+        outs.append(trim_at_eos(row, eos))
     return outs
 
 
@@ -180,11 +171,7 @@ def test_generate_with_random_lm_sampling_and_beams_always_accepts(constraint, n
     for row, ok in zip(raw.sequences[:, 1:].tolist(), finite.tolist()):
         if not ok:
             continue
-        y = []
-        for t in row:
-            y.append(t)
-            if t == eos:
-                break
+        y = trim_at_eos(row, eos)
         assert constraint.accepts(y), (row, y)
 
 
@@ -219,7 +206,7 @@ def test_one_dfa_per_input_row_with_several_samples_each():
     out = lm.generate(ids, do_sample=True, num_return_sequences=4, max_new_tokens=n,
                       logits_processor=[proc], attention_mask=torch.ones_like(ids))
     for i, row in enumerate(out[:, 1:].tolist()):
-        y = row[:row.index(eos) + 1] if eos in row else row
+        y = trim_at_eos(row, eos)
         assert dfas[i // 4].accepts(y), (i, y)
 
 
