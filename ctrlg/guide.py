@@ -153,19 +153,51 @@ class GuideTables(Feasibility):
 
     # ------------------------------------------------------------------ backward tables
     def _build_tables(self, use_kernel: bool | None, progress: bool | None) -> None:
-        hmm, dfa, exc = self.hmm, self.dfa, self.exc
-        device, n, S, h = hmm.emission.device, self.max_new_tokens, dfa.num_states, hmm.hidden_size
-        A, B = hmm.transition.float(), hmm.emission.float()
+        """Ŵ_r and c_r for r = 0..n (module docstring): operands, W_0, then n recurrence steps."""
+        A, B = self.hmm.transition.float(), self.hmm.emission.float()
         self._transition = A
-        # Bᵀ [V, h]: per-token columns of B are contiguous rows (gathers; p B = linear(p, Bᵀ) with
-        # a contiguous [R, V] result); a copy in the product precision, and one with its rows
-        # grouped by letter (letters evaluated as blocks).
+        self._prepare_products(B)
+        self._prepare_recurrence(A, B)
+        device, n, S = B.device, self.max_new_tokens, self.dfa.num_states
+        w_hat = torch.zeros(n + 1, S, self.hmm.hidden_size, device=device)
+        log_scale = torch.full((n + 1, S), -math.inf, dtype=torch.float64, device=device)
+        acc = torch.as_tensor(self.dfa.accepting, device=device)
+        if self.suffix_ids:  # W_0(s) = [acc] · A S
+            w0 = A @ (self._suffix_hat)
+            mx = w0.max()
+            w_hat[0, acc] = w0 / mx
+            log_scale[0, acc] = self._suffix_log + math.log(float(mx))
+        else:
+            w_hat[0, acc] = 1.0
+            log_scale[0, acc] = 0.0
+        if use_kernel is None:
+            use_kernel = device.type == "cuda"
+        step = backward_step_reference
+        if use_kernel:
+            from ctrlg.kernels.backward_table import backward_step  # imports triton (heavy, optional)
+            step = backward_step
+        bar = tqdm(range(1, n + 1), desc="guide tables", leave=False,
+                   disable=None if progress is None else not progress)
+        for r in bar:
+            w_hat[r], log_scale[r] = self._recurrence_step(step, r, w_hat[r - 1], log_scale[r - 1], A)
+        self.w_hat, self.log_scale = w_hat, log_scale
+
+    def _prepare_products(self, B: torch.Tensor) -> None:
+        """Layouts of B for the per-token queries. Bᵀ [V, h]: per-token columns are contiguous rows
+        (gathers; p B = linear(p, Bᵀ) gives a contiguous [R, V]); a copy in the product
+        precision; and one with its rows grouped by letter (letters evaluated as blocks)."""
         self._emission_t = B.T.contiguous()
         self._emission_mm = self._emission_t.to(PRECISIONS[self.precision])
         self.block_letter = np.diff(self.members_ptr) >= BLOCK_LETTER
-        self._members_t = torch.as_tensor(self.members, device=device)
-        if self.block_letter[exc.tok].any():
+        self._members_t = torch.as_tensor(self.members, device=B.device)
+        if self.block_letter[self.exc.tok].any():
             self._emission_by_letter = self._emission_mm[self._members_t].contiguous()
+
+    def _prepare_recurrence(self, A: torch.Tensor, B: torch.Tensor) -> None:
+        """The recurrence's fixed operands: DFA arrays, per-letter emission rows B̄, the
+        non-exception mass M_s, the EOS terminal term and its log scale."""
+        dfa, exc, h, S = self.dfa, self.exc, self.hmm.hidden_size, self.dfa.num_states
+        device = B.device
         tensor = lambda a: torch.tensor(a, device=device)  # noqa: E731
         self._default_t = tensor(dfa.default)
         self._exc_src_t, self._exc_dst_t = tensor(exc.src), tensor(exc.dst)
@@ -180,75 +212,56 @@ class GuideTables(Feasibility):
             self._emission_rows = self._emission_t                              # [V, h]
         # M_s = rowsum(B) - Σ_{exc(s) ∪ EOS} B[:, v], in float64, clamped at 0.
         mass = B.double().sum(1).expand(S, h).clone()
-        for lo in range(0, len(exc.src), 4096):
-            rows = self._emission_rows[self._exc_tok_t[lo:lo + 4096]]
-            mass.index_add_(0, self._exc_src_t[lo:lo + 4096], -rows.double())
+        for lo in range(0, len(exc.src), _CHUNK):
+            rows = self._emission_rows[self._exc_tok_t[lo:lo + _CHUNK]]
+            mass.index_add_(0, self._exc_src_t[lo:lo + _CHUNK], -rows.double())
         if self.eos_ids:
             mass -= B[:, self.eos_ids].double().sum(1)
         self._nonexc_mass = mass.clamp_min_(0).float()
         # EOS terminal term and its log scale (0 without suffix).
         eos_accept = tensor(self.eos_accept)
         if self.suffix_ids:
-            s_hat, s_log = self._suffix_first(A, B)
-            self._suffix_hat, self._suffix_log = s_hat, s_log
-            self._eos_term = eos_accept.any(1).float()[:, None] * s_hat[None]
-            eos_log = s_log
+            self._suffix_hat, self._suffix_log = self._suffix_first(A, B)
+            self._eos_term = eos_accept.any(1).float()[:, None] * self._suffix_hat[None]
+            self._eos_log = self._suffix_log
         else:
             self._eos_term = (eos_accept.float() @ B[:, self.eos_ids].T) if self.eos_ids \
                 else torch.zeros(S, h, device=device)
-            eos_log = 0.0
-        eos_live = tensor(self.eos_accept.any(1) if self.eos_ids else np.zeros(S, bool))
+            self._eos_log = 0.0
+        self._eos_live = tensor(self.eos_accept.any(1) if self.eos_ids else np.zeros(S, bool))
+        self._has_default_t = tensor(self.has_default)
+        self._feasible_t = tensor(self.feasible)
 
-        w_hat = torch.zeros(n + 1, S, h, device=device)
-        log_scale = torch.full((n + 1, S), -math.inf, dtype=torch.float64, device=device)
-        acc = tensor(dfa.accepting)
-        if self.suffix_ids:  # W_0(s) = [acc] · A S
-            w0 = A @ (self._suffix_hat)
-            mx = w0.max()
-            w_hat[0, acc] = w0 / mx
-            log_scale[0, acc] = self._suffix_log + math.log(float(mx))
-        else:
-            w_hat[0, acc] = 1.0
-            log_scale[0, acc] = 0.0
-
-        step = backward_step_reference
-        if use_kernel is None:
-            use_kernel = device.type == "cuda"
-        if use_kernel:
-            from ctrlg.kernels.backward_table import backward_step  # imports triton (heavy, optional)
-            step = backward_step
-        has_default = tensor(self.has_default)
-        feasible = tensor(self.feasible)
-        tiny_log = math.log(torch.finfo(torch.float32).tiny)
-        bar = tqdm(range(1, n + 1), desc="guide tables", leave=False,
-                   disable=None if progress is None else not progress)
-        for r in bar:
-            c = log_scale[r - 1]
-            c_default = torch.where(has_default, c[self._default_t], -math.inf)
-            m = c_default.clone()
-            if len(exc.src):
-                m.scatter_reduce_(0, self._exc_src_t, c[self._exc_dst_t], reduce="amax")
-            eos_ok = self.eos_allowed(r)
-            if eos_ok:
-                m = torch.where(eos_live, torch.clamp_min(m, eos_log), m)
-            m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            coef_default = torch.exp(c_default - m_safe).float()
-            coef_exc = torch.exp(c[self._exc_dst_t] - m_safe[self._exc_src_t]).float()
-            coef_eos = (torch.exp(eos_log - m_safe) * eos_live).float() if eos_ok \
-                else torch.zeros(S, device=device)
-            raw = step(w_hat[r - 1], self._default_t, coef_default, self._nonexc_mass,
-                       self._exc_src_t, self._exc_dst_t, self._exc_tok_t, self._emission_rows, coef_exc,
-                       self._eos_term, coef_eos, A)
-            mx = raw.amax(1)
-            ok = (mx > 0) & torch.isfinite(m) & torch.isfinite(mx)
-            w_hat[r] = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
-            log_scale[r] = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
-            # Feasible states whose weight underflowed: an (over-)estimate, never exactly 0.
-            lost = feasible[r] & ~ok
-            if bool(lost.any()):
-                w_hat[r, lost] = 1.0
-                log_scale[r, lost] = m_safe[lost] + tiny_log
-        self.w_hat, self.log_scale = w_hat, log_scale
+    def _recurrence_step(self, step, r: int, w_prev: torch.Tensor, c: torch.Tensor,
+                         A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Ŵ_r, c_r) from (Ŵ_{r-1}, c_{r-1}): every term of g_s rescaled to the common scale m_s,
+        one ``step`` (G · Aᵀ), then rows renormalised to max 1."""
+        S, device = len(c), c.device
+        c_default = torch.where(self._has_default_t, c[self._default_t], -math.inf)
+        m = c_default.clone()
+        if len(self.exc.src):
+            m.scatter_reduce_(0, self._exc_src_t, c[self._exc_dst_t], reduce="amax")
+        eos_ok = self.eos_allowed(r)
+        if eos_ok:
+            m = torch.where(self._eos_live, torch.clamp_min(m, self._eos_log), m)
+        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        coef_default = torch.exp(c_default - m_safe).float()
+        coef_exc = torch.exp(c[self._exc_dst_t] - m_safe[self._exc_src_t]).float()
+        coef_eos = (torch.exp(self._eos_log - m_safe) * self._eos_live).float() if eos_ok \
+            else torch.zeros(S, device=device)
+        raw = step(w_prev, self._default_t, coef_default, self._nonexc_mass, self._exc_src_t,
+                   self._exc_dst_t, self._exc_tok_t, self._emission_rows, coef_exc, self._eos_term,
+                   coef_eos, A)
+        mx = raw.amax(1)
+        ok = (mx > 0) & torch.isfinite(m) & torch.isfinite(mx)
+        w = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
+        scale = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
+        # Feasible states whose weight underflowed: an (over-)estimate, never exactly 0.
+        lost = self._feasible_t[r] & ~ok
+        if bool(lost.any()):
+            w[lost] = 1.0
+            scale[lost] = m_safe[lost] + math.log(torch.finfo(torch.float32).tiny)
+        return w, scale
 
     def _suffix_first(self, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, float]:
         """S(z) = P_hmm(σ | hidden state of σ_1 is z), scaled: returns (Ŝ with max 1, log scale)."""
