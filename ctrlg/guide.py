@@ -161,7 +161,7 @@ class GuideTables(Feasibility):
         device, n, S = B.device, self.max_new_tokens, self.dfa.num_states
         w_hat = torch.zeros(n + 1, S, self.hmm.hidden_size, device=device)
         log_scale = torch.full((n + 1, S), -math.inf, dtype=torch.float64, device=device)
-        acc = torch.as_tensor(self.dfa.accepting, device=device)
+        acc = torch.tensor(self.dfa.accepting, device=device)
         if self.suffix_ids:  # W_0(s) = [acc] · A S
             w0 = A @ (self._suffix_hat)
             mx = w0.max()
