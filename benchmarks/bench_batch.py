@@ -98,7 +98,7 @@ def main(argv=None):
     model.eval()
     vocab = Vocabulary.from_model(model, tokenizer)
     t0 = time.perf_counter()
-    constraint = dfa.commongen_constraint(vocab, CONCEPTS, 5, 20)
+    constraint = dfa.commongen_constraint(CONCEPTS, vocab, 5, 20)
     dfa_s = time.perf_counter() - t0
     hmm = dirichlet_hmm(args.hidden, constraint.vocab_size, seed=args.hidden)
     prompt = tokenizer.apply_chat_template(

@@ -51,7 +51,7 @@ def dirichlet_hmm(h: int, V: int, seed: int, emission_concentration: float = 0.0
 def commongen_dfa(tokenizer, concepts, min_words=5, max_words=20):
     from ctrlg import dfa
 
-    return dfa.commongen_constraint(tokenizer, list(concepts), min_words, max_words)
+    return dfa.commongen_constraint(list(concepts), tokenizer, min_words, max_words)
 
 
 def time_lm_and_guide(model, proc, prompt_ids, steps: int, seed: int = 0):
