@@ -48,10 +48,17 @@ So W_n sums p_hmm(y σ) over every accepted middle y (of every admissible length
 
 Letters (token classes, ``TokenDFA.letter_of_token``). Exceptions may be stored per letter a (a
 set of tokens that behave alike). The recurrence then uses B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], so
-a step costs O(S·h² + E_letters·h). Per token, exceptional letters with at most V/16 tokens are
-handled token by token (p · (B[:, v] ⊙ W(t))); larger letters are grouped by successor t and get one
-extra row (p ⊙ W_{r-1}(t)) in the single [rows, h]·[h, V] product, so a row costs
-O(h·V·(2 + #large-letter successors) + h·#small-letter tokens) — B is still read once.
+a step costs O(S·h² + E_letters·h).
+
+Per token, for a batch of R rows: one [2R, h]·[h, V] product gives P(v | x≤t) and the default
+successor's joint for every v. Exceptional letters with ≥ ``BLOCK_LETTER`` tokens get one
+[rows, h]·[h, |a|] product per distinct letter a over B's columns grouped by letter (or, while
+2R + #such exceptions ≤ ``INLINE_ROWS``, extra rows p ⊙ Ŵ_{r-1}(t) of the dense product, so B is
+read once — what matters when the product is memory-bound); smaller letters are handled token by
+token (p · (B[:, v] ⊙ Ŵ(t))). A row costs O(h·V·2 + h·Σ_{exceptional a}|a|). ``precision=
+"bfloat16"`` runs these products in bfloat16 with float32 accumulation (≤ ~1% relative error on
+the guidance term; feasibility stays exact). Feasibility per row is checked by counting
+(:meth:`Feasibility.feasible_counts`): a finite guidance value implies a feasible token.
 
 Logical mode (``hmm=None``, or :class:`ctrlg.feasibility.Feasibility` alone): only F is built;
 guidance is 0 on feasible tokens and −inf on the others (what Outlines / guidance do).

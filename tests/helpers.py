@@ -4,7 +4,7 @@
 import numpy as np
 import torch
 
-from ctrlg import HMM
+from ctrlg import HMM, sampler
 from ctrlg.dfa.core import TokenDFA
 
 
@@ -56,10 +56,4 @@ def floored_random_hmm(h: int = 3, V: int = 4, seed: int = 0, *, sharp: float = 
 
 def trim_at_eos(row, eos) -> list[int]:
     """``row`` up to and including its first EOS (``eos``: None, an id or ids)."""
-    eos = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
-    out = []
-    for token in row:
-        out.append(int(token))
-        if token in eos:
-            break
-    return out
+    return sampler.trim_at_eos(row, sampler.eos_list(eos))
