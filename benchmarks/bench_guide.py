@@ -20,6 +20,7 @@ Prints a table and writes ``benchmarks/results/bench_guide.json`` and ``bench_gu
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -50,7 +51,7 @@ def dirichlet_hmm(h: int, V: int, seed: int, emission_concentration: float = 0.0
 def commongen_dfa(tokenizer, concepts, min_words=5, max_words=20):
     from ctrlg import dfa
 
-    return dfa.commongen_constraint(tokenizer, list(concepts), min_words, max_words)
+    return dfa.commongen_constraint(list(concepts), tokenizer, min_words, max_words)
 
 
 def time_lm_and_guide(model, proc, prompt_ids, steps: int, seed: int = 0):
@@ -129,9 +130,9 @@ def bench_vs_length(tokenizer, concepts, h, lengths, repeats=9):
     for t in range(max(lengths) + 1):
         if t in lengths:
             samples = []
-            parents = dict(proc._cache)  # the row states after t - 1 tokens
-            for _ in range(repeats):  # same prefix, parent cached: the row is recomputed each time
-                proc._cache = dict(parents)
+            parents = copy.copy(proc.rows)  # the row states after t - 1 tokens
+            for _ in range(repeats):  # same prefix, parent kept: the row is recomputed each time
+                proc.rows = copy.copy(parents)
                 proc._last_width = ids.shape[1] - 1  # else an equal width means "new generation"
                 t0 = time.perf_counter()
                 guided = proc(ids, scores)

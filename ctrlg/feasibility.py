@@ -1,8 +1,8 @@
 """Exact feasibility of a token DFA under a length budget: all that logical guidance needs.
 
-Notation as in :mod:`ctrlg.guide`: budget ``n = max_tokens``; a generation is a token sequence that
+Notation as in :mod:`ctrlg.guide`: budget ``n = max_new_tokens``; a generation is a token sequence that
 ends at an EOS token (inclusive) or after n tokens; EOS is terminal (emitting EOS from state s
-is accepted iff δ(s, EOS) is accepting) and allowed only once ``min_tokens`` tokens exist.
+is accepted iff δ(s, EOS) is accepting) and allowed only once ``min_new_tokens`` tokens exist.
 
 F_r(s) = "some token sequence of ≤ r tokens from s is accepted" is computed from the DFA alone
 (booleans, no floats)::
@@ -20,6 +20,7 @@ Logical guidance (Outlines / guidance style) is 0 on feasible tokens and −inf 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,18 @@ import torch
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
-__all__ = ["Feasibility", "as_token_list"]
+__all__ = ["Feasibility", "as_token_list", "renamed_budget"]
+
+
+def renamed_budget(max_new_tokens, min_new_tokens, old_names: dict) -> tuple[int, int]:
+    """Accept the old keywords ``max_tokens`` / ``min_tokens`` (DeprecationWarning)."""
+    unknown = set(old_names) - {"max_tokens", "min_tokens"}
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}")
+    for old, new in (("max_tokens", "max_new_tokens"), ("min_tokens", "min_new_tokens")):
+        if old in old_names:
+            warnings.warn(f"{old}= is deprecated; use {new}=", DeprecationWarning, stacklevel=3)
+    return (old_names.get("max_tokens", max_new_tokens), old_names.get("min_tokens", min_new_tokens))
 
 
 def as_token_list(values, name: str, vocab_size: int) -> list[int]:
@@ -60,8 +72,8 @@ class Feasibility:
 
     Args:
         dfa: the constraint.
-        max_tokens: the budget n.
-        min_tokens: EOS is forbidden before this many tokens.
+        max_new_tokens: the budget n (old name ``max_tokens``, deprecated).
+        min_new_tokens: EOS is forbidden before this many tokens (old name ``min_tokens``).
         eos_token_id: id or ids of the (terminal) EOS tokens; None: generations are n tokens long.
 
     Attributes:
@@ -69,17 +81,19 @@ class Feasibility:
         exc: the DFA's regular exception edges (EOS-only letters dropped), CSR order.
     """
 
-    def __init__(self, dfa: TokenDFA, max_tokens: int = 32, *, min_tokens: int = 0,
-                 eos_token_id=None):
+    def __init__(self, dfa: TokenDFA, max_new_tokens: int = 32, *, min_new_tokens: int = 0,
+                 eos_token_id=None, **old_names):
+        max_new_tokens, min_new_tokens = renamed_budget(max_new_tokens, min_new_tokens, old_names)
         if not isinstance(dfa, TokenDFA):
             raise ConstraintError(f"expected a TokenDFA, got {type(dfa).__name__}")
-        if int(max_tokens) < 1:
-            raise ConstraintError(f"max_tokens must be ≥ 1, got {max_tokens}")
-        if not 0 <= int(min_tokens) <= int(max_tokens):
-            raise ConstraintError(f"min_tokens must lie in [0, max_tokens={max_tokens}], got {min_tokens}")
+        if int(max_new_tokens) < 1:
+            raise ConstraintError(f"max_new_tokens (max_tokens) must be ≥ 1, got {max_new_tokens}")
+        if not 0 <= int(min_new_tokens) <= int(max_new_tokens):
+            raise ConstraintError(f"min_new_tokens (min_tokens) must lie in [0, max_new_tokens="
+                                  f"{max_new_tokens}], got {min_new_tokens}")
         self.dfa = dfa
-        self.max_tokens, self.min_tokens = int(max_tokens), int(min_tokens)
-        self.eos_ids = as_token_list(eos_token_id, "eos_token_id", dfa.vocab_size)
+        self.max_new_tokens, self.min_new_tokens = int(max_new_tokens), int(min_new_tokens)
+        self.eos_ids = list(dict.fromkeys(as_token_list(eos_token_id, "eos_token_id", dfa.vocab_size)))
         self.vocab_size = dfa.vocab_size
         self.device = torch.device("cpu")
         self._prepare_dfa()
@@ -101,7 +115,6 @@ class Feasibility:
         ptr = np.zeros(S + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=S), out=ptr[1:])
         self.exc = _Exceptions(ptr=ptr, src=src, tok=tok, dst=dst)
-        self.large_letter = size > max(V // 16, 1) if dfa.has_letters else np.zeros(len(size), bool)
         n_eos = len(self.eos_ids)
         all_states = np.arange(S, dtype=np.int64)
         self.eos_next = np.stack([dfa.step_many(all_states, e) for e in self.eos_ids], axis=1) \
@@ -112,10 +125,10 @@ class Feasibility:
 
     def eos_allowed(self, remaining: int) -> bool:
         """Whether EOS may be the next token when ``remaining`` tokens are left (including it)."""
-        return bool(self.eos_ids) and self.max_tokens - int(remaining) >= self.min_tokens
+        return bool(self.eos_ids) and self.max_new_tokens - int(remaining) >= self.min_new_tokens
 
     def _build_feasibility(self) -> None:
-        n, S = self.max_tokens, self.dfa.num_states
+        n, S = self.max_new_tokens, self.dfa.num_states
         exc = self.exc
         eos_any = self.eos_accept.any(axis=1)
         F = np.zeros((n + 1, S), dtype=bool)
@@ -133,10 +146,10 @@ class Feasibility:
     def check_satisfiable(self, state: int | None = None) -> None:
         """Raise UnsatisfiableConstraintError unless acceptance is possible within n tokens."""
         s = self.dfa.initial if state is None else int(state)
-        if not self.feasible[self.max_tokens, s]:
+        if not self.feasible[self.max_new_tokens, s]:
             raise UnsatisfiableConstraintError(
                 f"the constraint {self.dfa!r} cannot be satisfied within max_new_tokens="
-                f"{self.max_tokens} tokens" + (f" (min_new_tokens={self.min_tokens})" if self.min_tokens else ""))
+                f"{self.max_new_tokens} tokens" + (f" (min_new_tokens={self.min_new_tokens})" if self.min_new_tokens else ""))
 
     # ------------------------------------------------------------------ per-token queries
     def _row_exceptions(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,8 +170,8 @@ class Feasibility:
     def _check_remaining(self, states, remaining) -> tuple[np.ndarray, np.ndarray]:
         states = np.asarray(states, dtype=np.int64).reshape(-1)
         remaining = np.broadcast_to(np.asarray(remaining, dtype=np.int64), states.shape)
-        if np.any(remaining < 1) or np.any(remaining > self.max_tokens):
-            raise ConstraintError(f"remaining must lie in [1, {self.max_tokens}], got {remaining.tolist()}")
+        if np.any(remaining < 1) or np.any(remaining > self.max_new_tokens):
+            raise ConstraintError(f"remaining must lie in [1, {self.max_new_tokens}], got {remaining.tolist()}")
         return states, remaining
 
     def token_feasible(self, states, remaining) -> torch.Tensor:
@@ -173,6 +186,34 @@ class Feasibility:
         for j, e in enumerate(self.eos_ids):
             mask[:, e] = allowed & self.eos_accept[states, j]
         return torch.as_tensor(mask, device=self.device)
+
+    @property
+    def max_tokens(self) -> int:
+        """Old name of ``max_new_tokens``."""
+        return self.max_new_tokens
+
+    @property
+    def min_tokens(self) -> int:
+        """Old name of ``min_new_tokens``."""
+        return self.min_new_tokens
+
+    def feasible_counts(self, states, remaining) -> np.ndarray:
+        """int64 [R]: the number of tokens :meth:`token_feasible` marks, without building the
+        mask: [F_{r-1}(default)] · (non-exception tokens) + Σ_exceptions |letter| · F_{r-1}(δ) +
+        the allowed accepting EOS tokens. O(R + exceptions of the rows' states)."""
+        states, remaining = self._check_remaining(states, remaining)
+        F = self.feasible
+        rows, k = self._row_exceptions(states)
+        size = self.letter_size[self.exc.tok[k]]
+        covered = np.bincount(rows, weights=size, minlength=len(states)).astype(np.int64)
+        live = np.bincount(rows, weights=size * F[remaining[rows] - 1, self.exc.dst[k]],
+                           minlength=len(states)).astype(np.int64)
+        default_live = F[remaining - 1, self.dfa.default[states]]
+        count = default_live * (self.vocab_size - len(self.eos_ids) - covered) + live
+        if self.eos_ids:
+            allowed = np.array([self.eos_allowed(r) for r in remaining], dtype=bool)
+            count += (allowed[:, None] & self.eos_accept[states]).sum(1)
+        return count
 
     def log_ratio(self, states, priors=None, remaining=1) -> torch.Tensor:
         """Logical guidance [R, V]: 0 on feasible tokens, −inf on the others (``priors`` ignored)."""

@@ -47,6 +47,7 @@ ended it (or all n tokens when none did).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -79,7 +80,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     Args:
         hmm: a :class:`ctrlg.HMM` (``None`` only with ``mode="logical"``).
-        dfa: one :class:`TokenDFA` for every row, or a list with one DFA per input row.
+        constraint: one :class:`TokenDFA` for every row, or a list with one DFA per input row
+            (old keyword ``dfa=``, deprecated).
         prompt_length: width of the (left-padded) prompt in ``input_ids``; ``None`` infers it from
             the first call of each generation.
         max_new_tokens: the budget n (must equal the ``max_new_tokens`` given to ``generate``).
@@ -91,6 +93,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         progress: tqdm bar while building tables (default: only on a TTY).
         prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.priors`);
             default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`).
+        precision: ``"float32"`` (default) or ``"bfloat16"`` for the per-token products with the
+            emission matrix (float32 accumulation; see ``ctrlg.guide.PRECISIONS``): 4–7× faster
+            on CPUs with AVX512-BF16, ≤ ~1% relative error on the guidance term.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -101,15 +106,20 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         model.generate(input_ids, logits_processor=[proc], max_new_tokens=32, do_sample=True)
     """
 
-    def __init__(self, hmm, dfa: TokenDFA | Sequence[TokenDFA], prompt_length: int | None = None,
-                 max_new_tokens: int = 32, min_new_tokens: int = 0, eos_token_id=None,
-                 mode: str = "ctrlg", suffix_ids: Sequence[int] | None = None,
-                 use_kernel: bool | None = None, progress: bool | None = None, prior=None):
+    def __init__(self, hmm, constraint: TokenDFA | Sequence[TokenDFA] | None = None,
+                 prompt_length: int | None = None, max_new_tokens: int = 32,
+                 min_new_tokens: int = 0, eos_token_id=None, mode: str = "ctrlg",
+                 suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
+                 progress: bool | None = None, prior=None, precision: str = "float32", **old_names):
+        constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
+        if constraint is None:
+            raise ConstraintError("ConstraintLogitsProcessor needs a constraint (a TokenDFA or a "
+                                  "list with one per input row)")
         if mode not in MODES:
             raise ConstraintError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "ctrlg" and hmm is None:
             raise ConstraintError("mode='ctrlg' needs an HMM (use mode='logical' for feasibility only)")
-        self.dfas = _check_dfas(dfa, hmm if mode == "ctrlg" else None)
+        self.dfas = _check_dfas(constraint, hmm if mode == "ctrlg" else None)
         if prompt_length is not None and int(prompt_length) < 0:
             raise ConstraintError(f"prompt_length must be ≥ 0, got {prompt_length}")
         self.hmm = hmm if mode == "ctrlg" else None
@@ -120,14 +130,14 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.suffix_ids = None if suffix_ids is None else [int(t) for t in suffix_ids]
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
         self.prompt_length = self._fixed_prompt_length
-        self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress)
+        self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress, precision)
         if self.hmm is not None and prior is None:
             prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t)
         self.prior = prior if self.hmm is not None else None
         self.rows = RowStates([self.tables[k].dfa for k in range(len(self.tables))], self.prior)
         self.reset()
 
-    def _build_tables(self, use_kernel, progress) -> tuple[list[Feasibility], np.ndarray]:
+    def _build_tables(self, use_kernel, progress, precision) -> tuple[list[Feasibility], np.ndarray]:
         """One table per distinct DFA object (rows that share a DFA share its tables)."""
         tables: list[Feasibility] = []
         built: dict[int, int] = {}
@@ -135,12 +145,12 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         for d in self.dfas:
             if id(d) not in built:
                 if self.hmm is None and self.suffix_ids is None:
-                    t = Feasibility(d, self.max_new_tokens, min_tokens=self.min_new_tokens,
+                    t = Feasibility(d, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None)
                 else:
-                    t = GuideTables(d, self.hmm, self.max_new_tokens, min_tokens=self.min_new_tokens,
+                    t = GuideTables(d, self.hmm, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
-                                    use_kernel=use_kernel, progress=progress)
+                                    use_kernel=use_kernel, progress=progress, precision=precision)
                 t.check_satisfiable()
                 built[id(d)] = len(tables)
                 tables.append(t)
@@ -227,6 +237,19 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         return out
 
 
+def _renamed(old_names: dict, old: str, new: str, value, where: str):
+    """``value``, or the deprecated keyword ``old`` of ``where`` (DeprecationWarning)."""
+    unknown = set(old_names) - {old}
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {sorted(unknown)}")
+    if old in old_names:
+        warnings.warn(f"{where}({old}=...) is deprecated; use {new}=", DeprecationWarning,
+                      stacklevel=3)
+        if value is None:
+            return old_names[old]
+    return value
+
+
 def _check_dfas(dfa, hmm) -> list[TokenDFA]:
     dfas = [dfa] if isinstance(dfa, TokenDFA) else list(dfa)
     if not dfas:
@@ -304,11 +327,12 @@ def rerank(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]]
 
 
 def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_new_tokens: int = 32,
-             min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rerank: bool = True,
+             min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rank_by_lm: bool = True,
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
              eos_token_id=None, **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
-    best LM log-likelihood first when ``rerank`` (else in generation order).
+    best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
+    ``rerank=`` still works, deprecated: it shadowed :func:`rerank`).
 
     ``prompt``: a string (tokenised with ``tokenizer``; a string that already starts with one of
     the tokenizer's special tokens, e.g. a chat-templated prompt, is tokenised without adding
@@ -320,6 +344,9 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     ``model.generate`` (temperature, top_k, top_p, ...), whose warpers run after the guidance.
     ``seed`` seeds a fork of torch's RNG: the caller's global RNG state is left unchanged.
     """
+    if "rerank" in generate_kwargs:
+        rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
+                                   "rank_by_lm", None, "generate"))
     if mode == "ctrlg" and hmm is None:
         raise ConstraintError("generate(mode='ctrlg') needs hmm=...; use mode='logical' without one")
     _check_vocab_fits(model, hmm, constraint)
@@ -353,7 +380,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
         output = model.generate(input_ids, **kwargs)
     results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
                         tokenizer)
-    if rerank and results:
+    if rank_by_lm and results:
         _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
     return results
 

@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 from ctrlg.errors import ConstraintError, CtrlgError, VocabularyMismatchError
 
 __all__ = ["Vocabulary", "VocabularyIndex", "as_vocabulary", "eos_token_ids", "lm_vocab_size", "tokenizer_of",
+           "spec_then_vocabulary",
            "token_bytes", "tokenizer_fingerprint", "bytes_to_unicode", "UndecodableVocabularyError"]
 
 
@@ -393,3 +394,17 @@ def tokenizer_of(tokenizer_or_vocab, what: str = "this builder"):
             f"{what} needs a tokenizer's encode(); this Vocabulary was built from raw token bytes "
             "— build it with Vocabulary.from_tokenizer(tokenizer)")
     return tokenizer_or_vocab.tokenizer
+
+
+def is_vocabulary_like(value) -> bool:
+    """Whether ``value`` is a Vocabulary or a tokenizer (has ``get_vocab``)."""
+    return isinstance(value, Vocabulary) or hasattr(value, "get_vocab")
+
+
+def spec_then_vocabulary(first, second):
+    """``(spec, vocabulary)`` from the two leading arguments of a tokenizer-aware builder, in
+    either order: the documented order is what the constraint is about first, then the
+    vocabulary (as ``regex(pattern, vocab)``); the older vocabulary-first order still works."""
+    if is_vocabulary_like(first) and not is_vocabulary_like(second):
+        return second, first
+    return first, second

@@ -124,7 +124,7 @@ def best_sample(method: str, model, tokenizer, prompt: list[int], constraint, hm
                              mode="ctrlg" if method == "ctrlg" else "logical",
                              max_new_tokens=gen.max_new_tokens,
                              min_new_tokens=cfg.constraint.min_new_tokens, num_samples=K,
-                             seed=seed, rerank=cfg.rerank != "none", **decoding)
+                             seed=seed, rank_by_lm=cfg.rerank != "none", **decoding)
     if not results:  # cannot happen when the budget allows acceptance; reported, not hidden
         return {"text": "", "accepted": False, "num_accepted": 0, "log_likelihood": None}
     best = results[0]

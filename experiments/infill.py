@@ -161,7 +161,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                          mode="ctrlg" if method == "ctrlg" else "logical",
                                          max_new_tokens=budget, num_samples=K,
                                          seed=cfg.seed * 100_003 + index,
-                                         rerank=cfg.rerank != "none", do_sample=True,
+                                         rank_by_lm=cfg.rerank != "none", do_sample=True,
                                          temperature=cfg.generation.temperature,
                                          top_p=cfg.generation.top_p, top_k=0)
                 seconds[method] += time.perf_counter() - start

@@ -4,7 +4,7 @@
 import numpy as np
 import torch
 
-from ctrlg import HMM
+from ctrlg import HMM, sampler
 from ctrlg.dfa.core import TokenDFA
 
 
@@ -44,3 +44,16 @@ def random_letter_dfa(S, V, seed):
     dfa = TokenDFA(V, 0, accepting, default, ptr, exc, nxt, letter_of_token=letter_of_token)
     assert dfa.has_letters and np.array_equal(dfa.dense(), table[:, letter_of_token])
     return dfa
+
+
+def floored_random_hmm(h: int = 3, V: int = 4, seed: int = 0, *, sharp: float = 1.0,
+                       floor: float = 0.01):
+    """A random HMM with every probability bounded away from 0: rows ∝ U(0,1)^sharp + floor."""
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.rand(*shape, generator=g).pow(sharp).add(floor)  # noqa: E731
+    return HMM.from_params(make(h), make(h, h), make(h, V), normalize=True)
+
+
+def trim_at_eos(row, eos) -> list[int]:
+    """``row`` up to and including its first EOS (``eos``: None, an id or ids)."""
+    return sampler.trim_at_eos(row, sampler.eos_list(eos))

@@ -72,6 +72,19 @@ CASES = [  # (S, V, h, n, min_tokens, eos, suffix, seed)
 
 @pytest.mark.parametrize("S,V,h,n,m,eos,suffix,seed", CASES)
 def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, seed):
+    _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
+
+
+@pytest.mark.parametrize("S,V,h,n,m,eos,suffix,seed", CASES[6:])
+def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, m, eos, suffix, seed):
+    """Every exceptional letter through the per-letter block product (large vocabularies)."""
+    monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
+    for inline_rows in (0, 1000):   # per-letter products, and extra rows of the dense product
+        monkeypatch.setattr("ctrlg.guide.INLINE_ROWS", inline_rows)
+        _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
+
+
+def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
     hmm = random_hmm(h, V, seed)
     for dfa_seed in range(3):
         make = random_letter_dfa if seed >= 6 else random_dfa
@@ -95,6 +108,7 @@ def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, 
                 r = n - t
                 log_joint, log_marg = tables.token_weights([state], prior, r)
                 mask = tables.token_feasible([state], r)[0]
+                assert tables.feasible_counts([state], r)[0] == int(mask.sum())
                 px = seq_prob(hmm, x)
                 for v in range(V):
                     brute_joint = sum(w for y, w in weights.items() if y[:t + 1] == x + (v,)) / px
@@ -221,3 +235,22 @@ def test_bad_inputs_raise_clear_errors():
     tables = GuideTables(never, hmm, 3)
     with pytest.raises(UnsatisfiableConstraintError, match="max_new_tokens=3"):
         tables.check_satisfiable()
+
+
+@pytest.mark.parametrize("inline_rows", [0, 1000])
+def test_rows_of_a_batch_equal_rows_alone(monkeypatch, inline_rows):
+    """A batch of rows (different states, priors, budgets) gives each row what it gets alone."""
+    monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
+    monkeypatch.setattr("ctrlg.guide.INLINE_ROWS", inline_rows)
+    V, n = 5, 4
+    hmm = random_hmm(3, V, 11)
+    dfa = random_letter_dfa(5, V, 12)
+    tables = build_tables(hmm, dfa, n, eos_token_id=4)
+    g = torch.Generator().manual_seed(0)
+    states = [s for s in range(dfa.num_states) for _ in range(2)]
+    priors = torch.softmax(torch.randn(len(states), 3, generator=g), -1)
+    remaining = [1 + i % n for i in range(len(states))]
+    together = tables.log_ratio(states, priors, remaining)
+    for i, (s, r) in enumerate(zip(states, remaining)):
+        alone = tables.log_ratio([s], priors[i:i + 1], r)[0]
+        torch.testing.assert_close(together[i], alone, rtol=1e-5, atol=1e-6)

@@ -5,17 +5,11 @@ import itertools
 import pytest
 import torch
 
-from ctrlg import HMM
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.em import (baum_welch, estep_torch, forward_loglik, log_prior, m_step, parse_schedule,
                           unigram_prior)
 from ctrlg.hmm.lvd import count_hmm, kmeans, lvd_init, padding_mask
-
-
-def random_hmm(h, V, seed, sharp=1.0):
-    g = torch.Generator().manual_seed(seed)
-    make = lambda *shape: torch.rand(*shape, generator=g).pow(sharp).add(0.01)  # noqa: E731
-    return HMM.from_params(make(h), make(h, h), make(h, V), normalize=True)
+from helpers import floored_random_hmm as random_hmm
 
 
 def brute_counts(hmm, rows):

@@ -1,5 +1,6 @@
 """ctrlg.HMM: forward algorithm against enumeration, sampling, persistence and bad input."""
 
+import functools
 import itertools
 import json
 import math
@@ -9,12 +10,11 @@ import torch
 
 from ctrlg import HMM
 from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
+from helpers import floored_random_hmm
 
 
-def random_hmm(h=3, V=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return HMM.from_params(*(torch.rand(*shape, generator=g).add(0.05) for shape in ((h,), (h, h), (h, V))),
-                           normalize=True)
+#: rows ∝ U(0, 1) + 0.05
+random_hmm = functools.partial(floored_random_hmm, floor=0.05)
 
 
 def brute_log_prob(hmm, seq):

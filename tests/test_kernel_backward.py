@@ -34,6 +34,24 @@ def random_step_inputs(S, h, E, seed, dtype):
         transition=torch.softmax(torch.randn(h, h, generator=g), -1).to(dtype))
 
 
+def formula_step(w_prev, default, coef_default, nonexc_mass, exc_src, exc_dst, exc_row,
+                 emission_rows, coef_exc, eos_term, coef_eos, transition):
+    """G · Aᵀ written out entry by entry in float64 (the kernel module's docstring)."""
+    import torch
+
+    S, h = w_prev.shape
+    d = lambda t: t.double()  # noqa: E731
+    G = torch.zeros(S, h, dtype=torch.float64)
+    for s in range(S):
+        for z in range(h):
+            g = d(coef_default)[s] * d(w_prev)[default[s], z] * d(nonexc_mass)[s, z]
+            for k in range(len(exc_src)):
+                if exc_src[k] == s:
+                    g += d(coef_exc)[k] * d(emission_rows)[exc_row[k], z] * d(w_prev)[exc_dst[k], z]
+            G[s, z] = g + d(coef_eos)[s] * d(eos_term)[s, z]
+    return G @ d(transition).T
+
+
 def run_all_checks() -> dict:
     """Runs inside the TRITON_INTERPRET=1 subprocess; returns {check: max abs/rel error info}."""
     import torch
@@ -41,12 +59,26 @@ def run_all_checks() -> dict:
     from ctrlg import dfa
     from ctrlg.guide import backward_step_reference, build_tables
     from ctrlg.kernels.backward_table import backward_step, triton_available
-    from test_guide import random_dfa, random_hmm
+    import ctrlg.kernels.backward_table as kernel_module
+    from helpers import random_dfa, random_hmm
 
     def close(a, b, rtol, atol):
         return bool(torch.allclose(a, b, rtol=rtol, atol=atol)), float((a - b).abs().max()) if a.numel() else 0.0
 
     out = {"interpreted": triton_available("cpu")}
+    inputs = random_step_inputs(5, 3, 7, 99, torch.float32)
+    out["reference-vs-formula"] = close(backward_step_reference(**inputs).double(),
+                                        formula_step(**inputs), 1e-5, 1e-6)
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the kernel fell back to the torch reference")
+
+    saved, kernel_module.backward_step_reference = kernel_module.backward_step_reference, no_fallback
+    try:  # the kernel itself runs (no silent fallback) and gives the formula's values
+        out["kernel-vs-formula"] = close(backward_step(**inputs).double(), formula_step(**inputs),
+                                         1e-5, 1e-6)
+    finally:
+        kernel_module.backward_step_reference = saved
     for S, h, E in CASES:
         inputs = random_step_inputs(S, h, E, S + h + E, torch.float32)
         out[f"shape-{S}-{h}-{E}"] = close(backward_step(**inputs), backward_step_reference(**inputs),
@@ -81,6 +113,13 @@ def results():
 
 def test_runs_under_the_triton_interpreter(results):
     assert results["interpreted"]
+    ok, err = results["kernel-vs-formula"]
+    assert ok, f"max abs error {err} against the entry-by-entry formula"
+
+
+def test_reference_equals_the_formula(results):
+    ok, err = results["reference-vs-formula"]
+    assert ok, f"max abs error {err}"
 
 
 @pytest.mark.parametrize("S,h,E", CASES)

@@ -43,9 +43,26 @@ def test_unknown_name_offline_is_a_clear_error(tmp_path):
         resolve_model_dir(str(tmp_path / "missing.gguf"))
 
 
+PROMPT_IDS = [504, 3575, 282, 4649, 314]   # "The capital of France is"
+
+
+def test_embedded_model_next_token_reference_values(smollm2_tokenizer):
+    """Reference values of the converted SmolLM2-135M-Instruct (recorded once; float32 CPU)."""
+    model = load_model()
+    assert smollm2_tokenizer("The capital of France is").input_ids == PROMPT_IDS
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([PROMPT_IDS])).logits[0, -1].float(), -1)
+    top = log_probs.topk(3)
+    assert top.indices.tolist() == [7042, 260, 4528]           # " Paris", ...
+    torch.testing.assert_close(top.values, torch.tensor([-0.2581, -2.7407, -4.3844]),
+                               atol=2e-3, rtol=0)
+
+
 @pytest.mark.heavy
 def test_embedded_model_generates():
     model, tokenizer = load_model(), load_tokenizer()
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=3, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 3
+    assert out[0, ids.shape[1]:].tolist() == [7042, 30, 198]
+    assert tokenizer.decode(out[0, ids.shape[1]:]) == " Paris.\n"

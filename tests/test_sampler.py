@@ -16,7 +16,8 @@ from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, Vocabula
 from ctrlg.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor, generate, lm_log_likelihood, rerank
 from dfa_strategies import token_dfas
-from test_guide import generations, random_hmm, seq_prob
+from helpers import random_hmm, trim_at_eos
+from test_guide import generations, seq_prob
 
 PROMPT = 0  # a one-token prompt; the HMM LM ignores it
 
@@ -32,12 +33,7 @@ def sample_with_hmm_lm(hmm, constraint, n, num, *, eos=None, m=0, suffix=None, s
                          attention_mask=torch.ones_like(ids), **kw)
     results = []
     for row in out[:, 1:].tolist():
-        y = []
-        for t in row:
-            y.append(t)
-            if eos is not None and t == eos:
-                break
-        results.append(tuple(y))
+        results.append(tuple(trim_at_eos(row, eos)))
     return results
 
 
@@ -119,12 +115,7 @@ def manual_generation(proc, n, V, num_rows, seed, eos):
                 break
     outs = []
     for row in ids[:, 1:].tolist():
-        y = []
-        for t in row:
-            y.append(t)
-            if t == eos:
-                break
-        outs.append(y)
+        outs.append(trim_at_eos(row, eos))
     return outs
 
 
@@ -162,7 +153,7 @@ def test_generate_with_random_lm_sampling_and_beams_always_accepts(constraint, n
             generate(lm, None, [1], constraint, hmm=hmm, max_new_tokens=n, seed=seed)
         return
     out = generate(lm, None, [1], constraint, hmm=hmm, max_new_tokens=n, num_samples=beams,
-                   num_beams=beams, seed=seed, rerank=False)
+                   num_beams=beams, seed=seed, rank_by_lm=False)
     assert out, "generate returned no accepted output"
     # generate filters; check the raw transformers output too
     proc = ConstraintLogitsProcessor(hmm, [constraint, constraint], prompt_length=1,
@@ -180,11 +171,7 @@ def test_generate_with_random_lm_sampling_and_beams_always_accepts(constraint, n
     for row, ok in zip(raw.sequences[:, 1:].tolist(), finite.tolist()):
         if not ok:
             continue
-        y = []
-        for t in row:
-            y.append(t)
-            if t == eos:
-                break
+        y = trim_at_eos(row, eos)
         assert constraint.accepts(y), (row, y)
 
 
@@ -219,7 +206,7 @@ def test_one_dfa_per_input_row_with_several_samples_each():
     out = lm.generate(ids, do_sample=True, num_return_sequences=4, max_new_tokens=n,
                       logits_processor=[proc], attention_mask=torch.ones_like(ids))
     for i, row in enumerate(out[:, 1:].tolist()):
-        y = row[:row.index(eos) + 1] if eos in row else row
+        y = trim_at_eos(row, eos)
         assert dfas[i // 4].accepts(y), (i, y)
 
 
@@ -312,10 +299,10 @@ def test_generate_leaves_the_global_rng_alone_and_is_reproducible():
     torch.manual_seed(123)
     before = torch.get_rng_state()
     first = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=4, num_samples=6, seed=5,
-                     rerank=False)
+                     rank_by_lm=False)
     assert torch.equal(torch.get_rng_state(), before)
     second = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=4, num_samples=6, seed=5,
-                      rerank=False)
+                      rank_by_lm=False)
     assert [g.token_ids for g in first] == [g.token_ids for g in second] and first
 
 
@@ -343,7 +330,26 @@ def test_a_templated_string_prompt_gets_no_second_set_of_special_tokens():
     tokenizer = _RecordingTokenizer()
     constraint = dfa.eos(eos, V)
     generate(lm, tokenizer, "<s>user: hi", constraint, mode="logical", max_new_tokens=2,
-             num_samples=1, rerank=False)
+             num_samples=1, rank_by_lm=False)
     generate(lm, tokenizer, "plain text", constraint, mode="logical", max_new_tokens=2,
-             num_samples=1, rerank=False)
+             num_samples=1, rank_by_lm=False)
     assert tokenizer.calls == [False, True]
+
+
+def test_old_keyword_names_still_work_with_a_deprecation_warning():
+    from ctrlg.guide import build_tables
+
+    V, eos = 5, 4
+    hmm = random_hmm(2, V, 1)
+    constraint = dfa.eos(eos, V)
+    with pytest.warns(DeprecationWarning, match="dfa="):
+        proc = ConstraintLogitsProcessor(hmm, dfa=constraint, max_new_tokens=3, eos_token_id=eos)
+    assert proc.dfas == [constraint]
+    with pytest.warns(DeprecationWarning, match="min_tokens="):
+        tables = build_tables(hmm, constraint, 3, min_tokens=1, eos_token_id=eos)
+    assert tables.min_new_tokens == tables.min_tokens == 1
+    lm = HMMForCausalLM.from_hmm(random_hmm(2, V, 2), prompt_length=1, eos_token_id=eos)
+    with pytest.warns(DeprecationWarning, match="rerank="):
+        out = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=3, num_samples=2,
+                       rerank=False)
+    assert all(math.isnan(g.lm_log_likelihood) for g in out)

@@ -164,3 +164,19 @@ def test_builders_accept_a_vocabulary_like_a_tokenizer():
     assert dfa.regex("ab", raw).accepts([0, 1, 2])
     with pytest.raises(VocabularyMismatchError, match="raw token bytes"):
         dfa.keywords(raw, [["a"]])
+
+
+def test_builders_take_the_spec_first_and_the_vocabulary_second():
+    """As ``regex(pattern, vocab)``; the older vocabulary-first order gives the same automaton."""
+    from ctrlg import Vocabulary, dfa
+
+    tokenizer = _byte_level_tokenizer()
+    vocab = Vocabulary.from_tokenizer(tokenizer)
+    ids = tokenizer.encode("the dog runs in the park", add_special_tokens=False)
+    for new, old in ((lambda: dfa.keywords([["dog"], ["park"]], vocab),
+                      lambda: dfa.keywords(tokenizer, [["dog"], ["park"]])),
+                     (lambda: dfa.commongen_constraint(["dog_N", "park_N"], vocab, 2, 8),
+                      lambda: dfa.commongen_constraint(tokenizer, ["dog_N", "park_N"], 2, 8))):
+        a, b = new(), old()
+        assert a.num_states == b.num_states and a.accepts(ids) == b.accepts(ids)
+        assert a.accepts(ids + [tokenizer.eos_token_id]) == b.accepts(ids + [tokenizer.eos_token_id])

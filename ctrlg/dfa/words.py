@@ -35,11 +35,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ctrlg.dfa.builders import any_phrase, check_count_range, eos as eos_discipline, starts_with
+from ctrlg.dfa import builders
+from ctrlg.dfa.builders import any_phrase, check_count_range, starts_with
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
-from ctrlg.vocab import as_vocabulary, tokenizer_of
+from ctrlg.vocab import as_vocabulary, spec_then_vocabulary, tokenizer_of
 
 __all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary",
            "inflections", "parse_concepts", "commongen_constraint"]
@@ -166,11 +167,14 @@ def keyword_phrases(tokenizer, forms: Sequence[str]) -> tuple[list[list[int]], l
     return anywhere, at_start
 
 
-def keywords(tokenizer, groups: Sequence[Sequence[str]], *, whole_word: bool = True,
+def keywords(groups: Sequence[Sequence[str]], tokenizer, *, whole_word: bool = True,
              vocab_size: int | None = None) -> TokenDFA:
     """Accepts the token sequences that contain, for **every** group, at least one of the
     group's surface forms as a word (see the module docstring). ``whole_word=False`` drops the
-    end-of-word check (a smaller automaton; ``Ġlook`` + ``out`` then counts as "look")."""
+    end-of-word check (a smaller automaton; ``Ġlook`` + ``out`` then counts as "look").
+    ``tokenizer``: a tokenizer or :class:`ctrlg.Vocabulary` (``keywords(tokenizer, groups)``,
+    the older order, also works)."""
+    groups, tokenizer = spec_then_vocabulary(groups, tokenizer)
     tokens = _vocabulary(tokenizer, vocab_size)
     return _keywords(tokenizer_of(tokenizer, "keywords"), groups, tokens, whole_word)
 
@@ -241,7 +245,7 @@ def parse_concepts(concepts: str | Sequence[str]) -> list[tuple[str, str | None]
     return out
 
 
-def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: int = 1,
+def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: int = 1,
                          max_words: int | None = None, *, eos_token_id: int | None = None,
                          require_eos: bool = True, whole_word: bool = True,
                          vocab_size: int | None = None) -> TokenDFA:
@@ -250,8 +254,10 @@ def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: in
 
     ``concepts``: ``"field_N#look_V#stand_V"`` or a list of ``word_POS`` strings.
     ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
-    ``whole_word`` as in :func:`keywords`.
+    ``whole_word`` as in :func:`keywords`. ``tokenizer``: a tokenizer or :class:`ctrlg.Vocabulary`
+    (``commongen_constraint(tokenizer, concepts, ...)``, the older order, also works).
     """
+    concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer)
     groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     _check_word_range(min_words, max_words)
     tokens = _vocabulary(tokenizer, vocab_size)
@@ -260,5 +266,5 @@ def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: in
              _word_count_from_bytes(tokens, min_words, max_words)]
     eos_id = as_vocabulary(tokenizer).eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
-        parts.append(eos_discipline(int(eos_id), V, required=require_eos))
+        parts.append(builders.eos(int(eos_id), V, required=require_eos))
     return intersect(*parts)
