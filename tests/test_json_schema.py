@@ -287,7 +287,11 @@ def test_smollm2_canonical_and_all_accept_the_tokenizers_encoding(smollm2_tokeni
 
 
 # ---------------------------------------------------------------------- outlines-core
-COMPARED = ["person", "nested_arrays", "any_of", "refs"]
+# outlines-core allows exponents in bounded numbers (ours: no exponent under bounds), so the
+# person schema is compared without its bounded number
+SCHEMAS["person_unbounded_number"] = {**PERSON, "properties": {
+    **PERSON["properties"], "score": {"type": "number"}}}
+COMPARED = ["person_unbounded_number", "nested_arrays", "any_of", "refs"]
 
 
 @pytest.mark.parametrize("name", COMPARED)

@@ -247,9 +247,19 @@ class _Compiler:
             values = [v for v in values if any(_has_type(v, k) for k in kinds)]
             if not values:
                 raise SchemaError(f"no value of '{key}' at {path}/{key} has type {kind!r}")
-        literals = [escape(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
-                    for v in values]
+        literals = [self.literal(v) for v in values]
         return literals[0] if len(literals) == 1 else "(?:" + "|".join(literals) + ")"
+
+    def literal(self, value) -> str:
+        """The JSON text of ``value`` with the configured whitespace between its tokens."""
+        ws = self.ws
+        if isinstance(value, list):
+            return rf"\[{ws}" + f"{ws},{ws}".join(self.literal(v) for v in value) + rf"{ws}\]"
+        if isinstance(value, dict):
+            pairs = [escape(json.dumps(str(k), ensure_ascii=False)) + f"{ws}:{ws}"
+                     + self.literal(v) for k, v in value.items()]
+            return rf"\{{{ws}" + f"{ws},{ws}".join(pairs) + rf"{ws}\}}"
+        return escape(json.dumps(value, ensure_ascii=False))
 
     def t_null(self, schema, path, refs) -> str:
         return "null"
