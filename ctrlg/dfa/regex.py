@@ -29,7 +29,7 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_bytes_dfa
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.dfa.vocab_trie import VocabTrie, vocab_trie, walk
+from ctrlg.dfa.vocab_trie import VocabTrie, class_trie, vocab_trie, walk
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
 __all__ = ["regex", "token_dfa_from_bytes_dfa", "ENCODINGS"]
@@ -97,31 +97,54 @@ def resolve_vocab_size(trie: VocabTrie, vocab_size: int | None, eos: int | None)
     return V
 
 
+def byte_classes(table: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """``(byte_class [256], dead_class)``: bytes with equal columns in the byte DFA (restricted
+    to live states) share a class; ``dead_class`` is the class that kills every live state
+    (``None`` if there is none)."""
+    cols = np.where(live[table], table, 0)[live].T     # [256, live states]
+    cols = np.ascontiguousarray(cols)
+    keys = cols.view(np.dtype((np.void, cols.dtype.itemsize * max(cols.shape[1], 1)))).ravel()
+    _, byte_class = np.unique(keys, return_inverse=True)
+    byte_class = byte_class.ravel().astype(np.int64)
+    dead = np.flatnonzero(~cols.any(axis=1))
+    return byte_class, (int(byte_class[dead[0]]) if len(dead) else None)
+
+
 def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AUTO,
                              vocab_size: int | None = None, what: str = "pattern") -> TokenDFA:
-    """The all-encodings token DFA of a byte DFA (module docstring). States: byte-DFA states
-    (0 dead) plus ``ended`` = Q."""
+    """The all-encodings token DFA of a byte DFA (module docstring), over letters.
+
+    States: byte-DFA states (0 dead) plus ``ended`` = Q. Tokens whose bytes map to the same
+    string of byte classes (:func:`byte_classes`) have the same successor from every state, so
+    the walk runs over the trie of distinct class strings (:func:`vocab_trie.class_trie`) and
+    the DFA's letters are those strings (plus one letter for EOS, and one for tokens that are
+    never an exception: no bytes, or a byte that kills every state)."""
     eos = resolve_eos(trie, eos_token_id)
     V = resolve_vocab_size(trie, vocab_size, eos)
     live = bdfa.live()
     if not live[bdfa.initial]:
         raise UnsatisfiableConstraintError(f"the {what} matches no string")
     Q = bdfa.num_states
+    byte_class, dead_class = byte_classes(bdfa.table, live)
+    ctrie = class_trie(trie, byte_class, dead_class)
+    C = int(byte_class.max()) + 1
+    first_byte = np.zeros(C, dtype=np.int64)
+    first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
+    class_table = bdfa.table[:, first_byte]
     sources = np.nonzero(live)[0]
-    src, tok, end = walk(trie, bdfa.table, live, sources)
+    src, let, end = walk(ctrie, class_table, live, sources)
+    A = ctrie.num_letters                  # letters 0..A-2: class strings; A-1: never exception
+    letter_of_token = np.full(V, A - 1, dtype=np.int64)
+    letter_of_token[:trie.vocab_size] = ctrie.letter_of_token
     ended = Q
     if eos is not None:
+        letter_of_token[eos] = A           # EOS: a letter of its own
         acc = np.nonzero(bdfa.accepting & live)[0]
         src = np.concatenate([src, acc, [ended]])
-        tok = np.concatenate([tok, np.full(len(acc) + 1, eos)])
+        let = np.concatenate([let, np.full(len(acc) + 1, A)])
         end = np.concatenate([end, np.full(len(acc) + 1, ended)])
-        # an EOS with bytes (rare) must not also be a byte edge
-        order = np.lexsort((tok, src))
-        src, tok, end = src[order], tok[order], end[order]
-        keep = np.ones(len(src), dtype=bool)
-        dup = (src[1:] == src[:-1]) & (tok[1:] == tok[:-1])
-        keep[:-1][dup] = False   # keep the EOS edge (appended last, so sorted last by stability)
-        src, tok, end = src[keep], tok[keep], end[keep]
+        order = np.lexsort((let, src))
+        src, let, end = src[order], let[order], end[order]
     S = Q + 1
     exc_ptr = np.searchsorted(src, np.arange(S + 1)).astype(np.int64)
     accepting = np.zeros(S, dtype=bool)
@@ -129,7 +152,7 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     accepting[ended] = eos is not None
     dfa = TokenDFA(vocab_size=V, initial=int(bdfa.initial), accepting=accepting,
                    default=np.zeros(S, dtype=np.int64), exc_ptr=exc_ptr,
-                   exc_tokens=tok.astype(np.int64), exc_next=end.astype(np.int64))
+                   exc_tokens=let, exc_next=end, letter_of_token=letter_of_token)
     if not _reaches_acceptance(dfa):
         raise UnsatisfiableConstraintError(
             f"the {what} matches strings, but no token sequence of this vocabulary spells one")

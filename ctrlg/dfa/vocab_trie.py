@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import VocabularyMismatchError
 
-__all__ = ["VocabTrie", "vocab_trie", "vocabulary_index", "walk"]
+__all__ = ["VocabTrie", "ClassTrie", "class_trie", "vocab_trie", "vocabulary_index", "walk"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,6 +43,31 @@ class VocabTrie:
     @property
     def num_nodes(self) -> int:
         return len(self.child_ptr) - 1
+
+    @cached_property
+    def levels(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+        """Breadth-first levels of the trie: per depth d ≥ 1, ``(nodes, parent, byte)`` int64
+        arrays of the nodes at depth d (sorted by parent, then byte). Built once per trie."""
+        out = []
+        frontier = np.zeros(1, dtype=np.int64)
+        nchild = np.diff(self.child_ptr)
+        while True:
+            counts = nchild[frontier]
+            if not counts.sum():
+                return tuple(out)
+            edge = ragged_indices(self.child_ptr[frontier], counts)
+            parent = np.repeat(frontier, counts)
+            nodes = self.child_node[edge]
+            out.append((nodes, parent, self.child_byte[edge]))
+            frontier = nodes
+
+    @cached_property
+    def node_of_token(self) -> np.ndarray:
+        """int64 [V]: the trie node where each token's bytes end (0, the root, for tokens
+        without bytes)."""
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        out[self.node_tokens] = np.repeat(np.arange(self.num_nodes), np.diff(self.tok_ptr))
+        return out
 
     @classmethod
     def from_token_bytes(cls, token_bytes: Sequence[bytes], eos_token_id: int | None = None
@@ -135,15 +161,104 @@ def vocab_trie(tokenizer) -> VocabTrie:
     return trie
 
 
-def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
+@dataclass(frozen=True, eq=False)
+class ClassTrie:
+    """The trie of the vocabulary's *class strings* for one byte partition: token bytes
+    ``b_1..b_k`` ↦ ``cls[b_1]..cls[b_k]``. Tokens with equal class strings behave identically
+    in any byte DFA whose columns are constant on the classes, so a token DFA needs one
+    *letter* per distinct class string, not one entry per token.
+
+    Same CSR layout as :class:`VocabTrie` (``child_byte`` holds class ids), with
+    ``node_tokens`` holding **letters**: node ``n`` ends the class string of letter
+    ``node_tokens[tok_ptr[n]]`` (at most one). ``letter_of_token`` [V] maps tokens to letters;
+    tokens without bytes and tokens through a *dead* class share the last letter,
+    ``num_letters - 1``.
+    """
+
+    child_ptr: np.ndarray
+    child_byte: np.ndarray
+    child_node: np.ndarray
+    tok_ptr: np.ndarray
+    node_tokens: np.ndarray
+    letter_of_token: np.ndarray
+    num_letters: int
+
+
+def class_trie(trie: VocabTrie, byte_class: np.ndarray, dead_class: int | None) -> ClassTrie:
+    """Collapse ``trie`` by the byte partition ``byte_class`` [256] (ids in [0, C)).
+
+    Level by level over the trie (``VocabTrie.levels``), a node's class node is the pair
+    (parent's class node, class of its byte), deduplicated with a dense table of size
+    (class nodes of the previous level) × C, or a sort when that is large. Branches through
+    ``dead_class`` (bytes that kill the DFA from every live state) are dropped. Cost:
+    O(trie nodes) vectorised numpy, once per regex; the walk that follows is over the far
+    smaller class trie.
+    """
+    byte_class = np.asarray(byte_class, dtype=np.int64)
+    C = int(byte_class.max()) + 1
+    cnode = np.full(trie.num_nodes, -1, dtype=np.int64)   # class node of each trie node
+    cnode[0] = 0
+    parents, classes = [], []
+    num = 1
+    prev_count, prev_offset = 1, 0
+    for nodes, parent, byte in trie.levels:
+        pc = cnode[parent]
+        cls = byte_class[byte]
+        keep = pc >= 0
+        if dead_class is not None:
+            keep &= cls != dead_class
+        if not keep.any():
+            break
+        nodes, pc, cls = nodes[keep], pc[keep], cls[keep]
+        key = (pc - prev_offset) * C + cls
+        span = prev_count * C
+        if span <= 4 * len(key) + 65536:
+            seen = np.zeros(span, dtype=bool)
+            seen[key] = True
+            uniq = np.flatnonzero(seen)
+            rank = np.cumsum(seen) - 1
+            local = rank[key]
+        else:
+            uniq, local = np.unique(key, return_inverse=True)
+            local = local.ravel()
+        cnode[nodes] = num + local
+        parents.append(uniq // C + prev_offset)
+        classes.append(uniq % C)
+        prev_offset, prev_count = num, len(uniq)
+        num += len(uniq)
+    parent_arr = np.concatenate(parents) if parents else np.zeros(0, dtype=np.int64)
+    child_byte = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
+    child_node = np.arange(1, num, dtype=np.int64)
+    child_ptr = np.searchsorted(parent_arr, np.arange(num + 1)).astype(np.int64)
+    # letters: class nodes where some token ends, numbered in node order
+    tok_cnode = cnode[trie.node_of_token]
+    has_bytes = np.zeros(trie.vocab_size, dtype=bool)
+    has_bytes[trie.node_tokens] = True
+    tok_cnode[~has_bytes] = -1
+    terminal = np.zeros(num, dtype=bool)
+    valid = tok_cnode >= 0
+    terminal[tok_cnode[valid]] = True
+    letter_of_node = np.cumsum(terminal) - 1
+    A = int(terminal.sum()) + 1
+    letter_of_token = np.full(trie.vocab_size, A - 1, dtype=np.int64)
+    letter_of_token[valid] = letter_of_node[tok_cnode[valid]]
+    tok_ptr = np.zeros(num + 1, dtype=np.int64)
+    np.cumsum(terminal, out=tok_ptr[1:])
+    return ClassTrie(child_ptr, child_byte, child_node, tok_ptr,
+                     np.arange(A - 1, dtype=np.int64), letter_of_token, A)
+
+
+def walk(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All (source state, token, end state) such that the token's bytes lead the byte DFA
-    ``table`` [Q, 256] from ``source`` to a live state ``end`` without passing a dead state.
+    ``table`` [Q, 256] from ``source`` to a live state ``end`` without passing a dead state
+    (or, for a :class:`ClassTrie` and a class table [Q, C], (source, letter, end)).
 
     Level-synchronous search over the trie for all sources at once; returns three int64 arrays
     sorted by (source, token).
     """
     table = np.ascontiguousarray(table, dtype=np.int32)
+    width = table.shape[1]
     flat = table.reshape(-1)
     live = np.asarray(live, dtype=bool)
     src = np.asarray(sources, dtype=np.int32)
@@ -164,7 +279,7 @@ def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarr
             break
         rep = np.repeat(np.arange(len(src), dtype=np.int32), counts)
         edge = ragged_indices(ptr[node], counts, np.int32)
-        new_state = flat[state[rep] * 256 + cbyte[edge]]
+        new_state = flat[state[rep] * width + cbyte[edge]]
         keep = np.flatnonzero(live[new_state])
         rep = rep[keep]
         src, state, node = src[rep], new_state[keep], cnode[edge[keep]]
