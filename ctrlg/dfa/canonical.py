@@ -201,8 +201,11 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
     byte_accepting = np.zeros(all_dfa.num_states, dtype=bool)
     byte_accepting[:bdfa.num_states] = bdfa.accepting
 
+    exc_ptr, exc_tokens, exc_next = all_dfa.exc_ptr, all_dfa.exc_tokens, all_dfa.exc_next
+
     def out_edges(q: int) -> tuple[np.ndarray, np.ndarray]:
-        tokens, nxt = all_dfa.exceptions(q)
+        lo, hi = exc_ptr[q], exc_ptr[q + 1]
+        tokens, nxt = exc_tokens[lo:hi], exc_next[lo:hi]
         if eos is not None:
             keep = tokens != eos
             tokens, nxt = tokens[keep], nxt[keep]

@@ -12,8 +12,11 @@ gives the token DFA directly: its states are ``Q`` (0 = dead) plus one *ended* s
     δ_tok(q, t) = δ*(q, bytes(t))      if that byte path never dies,
     δ_tok(q, EOS) = ended              for q ∈ F,   δ_tok(ended, EOS) = ended,
 
-every other token going to the dead state (the default successor). The exception lists are found
-by walking a byte trie of the vocabulary from every state at once (:func:`vocab_trie.walk`).
+every other token going to the dead state (the default successor). Tokens that act identically
+on the byte DFA's live states (same transformation q ↦ δ*(q, bytes(t))) are one *letter*; the
+transformations are computed once per distinct (prefix transformation, byte class) pair over a
+byte trie of the vocabulary (:func:`vocab_trie.token_transformations`), so the cost does not grow
+with the number of tokens a character class admits, and the DFA is stored over letters.
 Byte-level BPE (``Ġ``), byte-fallback ``<0x..>`` tokens and tokens holding partial UTF-8
 sequences need no special case: a token is just its bytes, and the byte DFA only accepts valid
 UTF-8, so any accepted concatenation decodes to a matching string. Accepting states are ``F``
@@ -29,7 +32,7 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_bytes_dfa
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.dfa.vocab_trie import VocabTrie, class_trie, vocab_trie, walk
+from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations, vocab_trie
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
 __all__ = ["regex", "token_dfa_from_bytes_dfa", "ENCODINGS"]
@@ -114,28 +117,35 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
                              vocab_size: int | None = None, what: str = "pattern") -> TokenDFA:
     """The all-encodings token DFA of a byte DFA (module docstring), over letters.
 
-    States: byte-DFA states (0 dead) plus ``ended`` = Q. Tokens whose bytes map to the same
-    string of byte classes (:func:`byte_classes`) have the same successor from every state, so
-    the walk runs over the trie of distinct class strings (:func:`vocab_trie.class_trie`) and
-    the DFA's letters are those strings (plus one letter for EOS, and one for tokens that are
-    never an exception: no bytes, or a byte that kills every state)."""
+    States: byte-DFA states (0 dead) plus ``ended`` = Q. Bytes with equal columns form classes
+    (:func:`byte_classes`); each token's transformation of the live states,
+    ``q ↦ δ*(q, bytes(t))``, is computed once per distinct (prefix transformation, class) pair
+    over the vocabulary trie (:func:`vocab_trie.token_transformations`). Tokens with the same
+    transformation are one *letter*; the DFA stores its exceptions over letters (plus one
+    letter for EOS, and one for tokens that are never an exception: no bytes, or dead from every
+    state). Cost: O(trie nodes) vectorised for the keys, O(distinct pairs × live states) for the
+    transformations, O(letters × live states) for the edges."""
     eos = resolve_eos(trie, eos_token_id)
     V = resolve_vocab_size(trie, vocab_size, eos)
     live = bdfa.live()
     if not live[bdfa.initial]:
         raise UnsatisfiableConstraintError(f"the {what} matches no string")
     Q = bdfa.num_states
-    byte_class, dead_class = byte_classes(bdfa.table, live)
-    ctrie = class_trie(trie, byte_class, dead_class)
+    byte_class, _ = byte_classes(bdfa.table, live)
     C = int(byte_class.max()) + 1
     first_byte = np.zeros(C, dtype=np.int64)
     first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
-    class_table = bdfa.table[:, first_byte]
+    class_table = np.where(live[bdfa.table], bdfa.table, 0)[:, first_byte]
     sources = np.nonzero(live)[0]
-    src, let, end = walk(ctrie, class_table, live, sources)
-    A = ctrie.num_letters                  # letters 0..A-2: class strings; A-1: never exception
+    tok_fid, F = token_transformations(trie, class_table, sources, byte_class)
+    used = np.unique(tok_fid[tok_fid >= 0])
+    A = len(used) + 1                       # letters 0..A-2: transformations; A-1: never
+    letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
+    letter_of_fid[used] = np.arange(len(used))
     letter_of_token = np.full(V, A - 1, dtype=np.int64)
-    letter_of_token[:trie.vocab_size] = ctrie.letter_of_token
+    letter_of_token[:trie.vocab_size] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
+    let, i = np.nonzero(F[used])
+    src, end = sources[i], F[used][let, i].astype(np.int64)
     ended = Q
     if eos is not None:
         letter_of_token[eos] = A           # EOS: a letter of its own
@@ -143,8 +153,8 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
         src = np.concatenate([src, acc, [ended]])
         let = np.concatenate([let, np.full(len(acc) + 1, A)])
         end = np.concatenate([end, np.full(len(acc) + 1, ended)])
-        order = np.lexsort((let, src))
-        src, let, end = src[order], let[order], end[order]
+    order = np.lexsort((let, src))
+    src, let, end = src[order], let[order], end[order]
     S = Q + 1
     exc_ptr = np.searchsorted(src, np.arange(S + 1)).astype(np.int64)
     accepting = np.zeros(S, dtype=bool)

@@ -23,7 +23,7 @@ import numpy as np
 from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import VocabularyMismatchError
 
-__all__ = ["VocabTrie", "ClassTrie", "class_trie", "vocab_trie", "vocabulary_index", "walk"]
+__all__ = ["VocabTrie", "token_transformations", "vocab_trie", "vocabulary_index", "walk"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,98 +161,67 @@ def vocab_trie(tokenizer) -> VocabTrie:
     return trie
 
 
-@dataclass(frozen=True, eq=False)
-class ClassTrie:
-    """The trie of the vocabulary's *class strings* for one byte partition: token bytes
-    ``b_1..b_k`` ↦ ``cls[b_1]..cls[b_k]``. Tokens with equal class strings behave identically
-    in any byte DFA whose columns are constant on the classes, so a token DFA needs one
-    *letter* per distinct class string, not one entry per token.
+def token_transformations(trie: VocabTrie, table: np.ndarray, sources: np.ndarray,
+                          byte_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What each token does to the DFA: ``(fid [V], F [K, len(sources)])`` with
+    ``F[fid[t], i] = δ*(sources[i], bytes(t))`` (0 = dead), and ``fid[t] = -1`` for tokens
+    without bytes or that kill every source. Tokens with equal ``fid`` behave identically from
+    every state: they form one *letter*.
 
-    Same CSR layout as :class:`VocabTrie` (``child_byte`` holds class ids), with
-    ``node_tokens`` holding **letters**: node ``n`` ends the class string of letter
-    ``node_tokens[tok_ptr[n]]`` (at most one). ``letter_of_token`` [V] maps tokens to letters;
-    tokens without bytes and tokens through a *dead* class share the last letter,
-    ``num_letters - 1``.
+    Level by level over the trie (``VocabTrie.levels``): a node's transformation is its parent's
+    composed with its byte's class, ``F_child = table[F_parent, class]``. The pair
+    (parent transformation id, class) is deduplicated first (a dense table of size K × C), each
+    new pair's row is computed once (memoised across levels), and rows are deduplicated by value
+    (a dict over their bytes), so the cost is O(trie nodes) for the keys plus O(distinct pairs ×
+    sources) for the rows — independent of how many tokens share a behaviour. ``table`` must
+    map dead states to 0 and have 0 as an absorbing state; ``table`` is over byte classes.
     """
-
-    child_ptr: np.ndarray
-    child_byte: np.ndarray
-    child_node: np.ndarray
-    tok_ptr: np.ndarray
-    node_tokens: np.ndarray
-    letter_of_token: np.ndarray
-    num_letters: int
-
-
-def class_trie(trie: VocabTrie, byte_class: np.ndarray, dead_class: int | None) -> ClassTrie:
-    """Collapse ``trie`` by the byte partition ``byte_class`` [256] (ids in [0, C)).
-
-    Level by level over the trie (``VocabTrie.levels``), a node's class node is the pair
-    (parent's class node, class of its byte), deduplicated with a dense table of size
-    (class nodes of the previous level) × C, or a sort when that is large. Branches through
-    ``dead_class`` (bytes that kill the DFA from every live state) are dropped. Cost:
-    O(trie nodes) vectorised numpy, once per regex; the walk that follows is over the far
-    smaller class trie.
-    """
+    table = np.ascontiguousarray(table, dtype=np.int32)
+    C = table.shape[1]
     byte_class = np.asarray(byte_class, dtype=np.int64)
-    C = int(byte_class.max()) + 1
-    cnode = np.full(trie.num_nodes, -1, dtype=np.int64)   # class node of each trie node
-    cnode[0] = 0
-    parents, classes = [], []
-    num = 1
-    prev_count, prev_offset = 1, 0
+    rows: list[np.ndarray] = [np.asarray(sources, dtype=np.int32)]   # fid 0: identity (root)
+    row_id: dict[bytes, int] = {rows[0].tobytes(): 0}
+    memo = np.full(C, -2, dtype=np.int64)       # (fid, class) -> fid; -2 unknown, -1 dead
+    fid = np.full(trie.num_nodes, -1, dtype=np.int64)
+    fid[0] = 0
     for nodes, parent, byte in trie.levels:
-        pc = cnode[parent]
-        cls = byte_class[byte]
-        keep = pc >= 0
-        if dead_class is not None:
-            keep &= cls != dead_class
+        pf = fid[parent]
+        keep = pf >= 0
         if not keep.any():
             break
-        nodes, pc, cls = nodes[keep], pc[keep], cls[keep]
-        key = (pc - prev_offset) * C + cls
-        span = prev_count * C
-        if span <= 4 * len(key) + 65536:
-            seen = np.zeros(span, dtype=bool)
-            seen[key] = True
-            uniq = np.flatnonzero(seen)
-            rank = np.cumsum(seen) - 1
-            local = rank[key]
-        else:
-            uniq, local = np.unique(key, return_inverse=True)
-            local = local.ravel()
-        cnode[nodes] = num + local
-        parents.append(uniq // C + prev_offset)
-        classes.append(uniq % C)
-        prev_offset, prev_count = num, len(uniq)
-        num += len(uniq)
-    parent_arr = np.concatenate(parents) if parents else np.zeros(0, dtype=np.int64)
-    child_byte = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
-    child_node = np.arange(1, num, dtype=np.int64)
-    child_ptr = np.searchsorted(parent_arr, np.arange(num + 1)).astype(np.int64)
-    # letters: class nodes where some token ends, numbered in node order
-    tok_cnode = cnode[trie.node_of_token]
+        nodes, pf, cls = nodes[keep], pf[keep], byte_class[byte[keep]]
+        if len(memo) < len(rows) * C:
+            memo = np.concatenate([memo, np.full(len(rows) * C - len(memo) + C * 64, -2,
+                                                 dtype=np.int64)])
+        key = pf * C + cls
+        todo = np.unique(key[memo[key] == -2])
+        if len(todo):
+            new_rows = table[np.stack([rows[f] for f in (todo // C).tolist()]), (todo % C)[:, None]]
+            for k, row in zip(todo.tolist(), new_rows):
+                if not row.any():
+                    memo[k] = -1
+                    continue
+                b = row.tobytes()
+                f = row_id.get(b)
+                if f is None:
+                    f = row_id[b] = len(rows)
+                    rows.append(row)
+                memo[k] = f
+            if len(memo) < len(rows) * C:
+                memo = np.concatenate([memo, np.full(len(rows) * C - len(memo) + C * 64, -2,
+                                                     dtype=np.int64)])
+        fid[nodes] = memo[key]
+    tok_fid = fid[trie.node_of_token]
     has_bytes = np.zeros(trie.vocab_size, dtype=bool)
     has_bytes[trie.node_tokens] = True
-    tok_cnode[~has_bytes] = -1
-    terminal = np.zeros(num, dtype=bool)
-    valid = tok_cnode >= 0
-    terminal[tok_cnode[valid]] = True
-    letter_of_node = np.cumsum(terminal) - 1
-    A = int(terminal.sum()) + 1
-    letter_of_token = np.full(trie.vocab_size, A - 1, dtype=np.int64)
-    letter_of_token[valid] = letter_of_node[tok_cnode[valid]]
-    tok_ptr = np.zeros(num + 1, dtype=np.int64)
-    np.cumsum(terminal, out=tok_ptr[1:])
-    return ClassTrie(child_ptr, child_byte, child_node, tok_ptr,
-                     np.arange(A - 1, dtype=np.int64), letter_of_token, A)
+    tok_fid[~has_bytes] = -1
+    return tok_fid, np.stack(rows)
 
 
 def walk(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All (source state, token, end state) such that the token's bytes lead the byte DFA
     ``table`` [Q, 256] from ``source`` to a live state ``end`` without passing a dead state
-    (or, for a :class:`ClassTrie` and a class table [Q, C], (source, letter, end)).
 
     Level-synchronous search over the trie for all sources at once; returns three int64 arrays
     sorted by (source, token).
