@@ -6,11 +6,12 @@ tokens), measured side by side in one process; plus canonical vs all-encodings c
 
 Compile time: building the regex's token index from a ready vocabulary (each library's
 vocabulary object is built once, outside the timing, and reported separately). ctrlg: the raw
-index (``minimize=False``) over class-string letters; the JSON also records the minimised DFA's
-time and the time including the per-token view (``exc_ptr``/``exc_tokens``, what the mask below
-reads). Mask time: mean time to produce the allowed-token set as a boolean mask over the
-vocabulary at each step of the same accepted token walk (ctrlg: the state's per-token exception
-slice scattered into a mask; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
+index (``minimize=False``) over letters (tokens with the same transformation of the states);
+the JSON also records the minimised DFA's time and the time including the per-token view
+(``exc_ptr``/``exc_tokens``). Mask time: mean time to produce the allowed-token set as a boolean
+mask over the vocabulary at each step of the same accepted token walk (ctrlg: the minimised
+DFA's state: a mask filled with "the default successor is live", overwritten by the state's
+per-token exception slice; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
 llguidance: ``fill_next_token_bitmask`` + ``consume_token``).
 
 Canonical mode is timed once per regex with the tokenizer-level tables built beforehand (like
