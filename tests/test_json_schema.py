@@ -276,14 +276,42 @@ def test_guided_and_masked_generations_validate(mode):
     torch.manual_seed(0)
 
 
-def test_smollm2_canonical_and_all_accept_the_tokenizers_encoding(smollm2_tokenizer):
+def test_smollm2_all_and_canonical_accept_the_tokenizers_encoding(smollm2_tokenizer):
+    from ctrlg.dfa.canonical import is_canonical
+
     tok = smollm2_tokenizer
     doc = '{"name": "Ada", "age": 36, "ok": true, "tags": ["a", "b"]}'
     ids = tok.encode(doc, add_special_tokens=False)
-    for encodings in ("all", "canonical"):
-        d = dfa.json_schema(SMALL, tok, encodings=encodings)
-        assert d.accepts(ids + [tok.eos_token_id]), encodings
-        assert not d.accepts(tok.encode('{"name": "Ada"}', add_special_tokens=False))
+    d = dfa.json_schema(SMALL, tok)
+    assert d.accepts(ids + [tok.eos_token_id])
+    assert not d.accepts(tok.encode('{"name": "Ada"}', add_special_tokens=False))
+    # canonical mode: a schema without free-text strings (their token pairs are too many)
+    enum_schema = {"type": "object", "properties": {
+        "size": {"enum": ["small", "large"]}, "n": {"type": "integer", "minimum": 0,
+                                                    "maximum": 99},
+        "ok": {"type": "boolean"}}, "required": ["size", "n"]}
+    d = dfa.json_schema(enum_schema, tok, encodings="canonical")
+    for doc in ['{"size": "small", "n": 7}', '{"size":"large","n":42,"ok":false}']:
+        ids = tok.encode(doc, add_special_tokens=False)
+        assert d.accepts(ids + [tok.eos_token_id]), doc
+        split = [t for c in doc for t in tok.encode(c, add_special_tokens=False)]
+        assert split != ids and not d.accepts(split)
+    assert d.accepts(tok.encode('{"size": "large", "n": 0, "ok": true}', add_special_tokens=False))
+    rng = np.random.default_rng(0)
+    live = d.live_states()
+    for _ in range(30):
+        s, seq = d.initial, []
+        while not (d.is_accepting(s) and rng.random() < 0.3) and len(seq) < 40:
+            tokens, nxt = d.exceptions(s)
+            keep = live[nxt] & (tokens != tok.eos_token_id)
+            if not keep.any():
+                break
+            k = rng.integers(keep.sum())
+            seq.append(int(tokens[keep][k]))
+            s = int(nxt[keep][k])
+        if d.is_accepting(s):
+            assert is_canonical(seq, tok), tok.convert_ids_to_tokens(seq)
+            jsonschema.validate(json.loads(tok.decode(seq)), enum_schema)
 
 
 # ---------------------------------------------------------------------- outlines-core

@@ -35,6 +35,8 @@ large token classes such as ``[a-z]+`` can need millions of pairs).
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
@@ -88,12 +90,14 @@ class PairChecker:
             return self._bpe_ids(data) == ids
         if self.pre_tokenizer is not None:
             pieces = self.pre_tokenizer.pre_tokenize_str(text + ("x" if next_nonspace else ""))
-            char_to_byte = np.concatenate([[0], np.cumsum([len(ch.encode("utf-8"))
-                                                           for ch in text + "x"])])
-            bounds = {int(char_to_byte[start]) for _, (start, _) in pieces}
+            if len(text) == len(data):       # ASCII: character offsets are byte offsets
+                bounds = {start for _, (start, _) in pieces}
+            else:
+                char_to_byte = [0, *accumulate(len(ch.encode("utf-8")) for ch in text + "x")]
+                bounds = {char_to_byte[start] for _, (start, _) in pieces}
         else:
             bounds = set()
-        cuts = np.cumsum([len(p) for p in parts])
+        cuts = list(accumulate(len(p) for p in parts))
         begin = 0
         for end in cuts:
             if any(begin < b < end for b in bounds):
