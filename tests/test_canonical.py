@@ -131,6 +131,22 @@ def _sample_strings(pattern, rng, num):
     return out
 
 
+def sample_path(d, rng, eos, stop=0.25, max_len=40):
+    """A random walk of ``d`` over live non-EOS tokens (uniform), stopping with probability
+    ``stop`` in accepting states: ``(end state, tokens)``."""
+    live = d.live_states()
+    s, seq = d.initial, []
+    while len(seq) < max_len:
+        tokens, nxt = d.exceptions(s)
+        keep = live[nxt] & (tokens != eos)
+        if not keep.any() or (d.is_accepting(s) and rng.random() < stop):
+            break
+        k = rng.integers(keep.sum())
+        seq.append(int(tokens[keep][k]))
+        s = int(nxt[keep][k])
+    return s, seq
+
+
 def _other_segmentations(ids, tok):
     """Other token sequences spelling the same bytes: a token split after its first byte, or
     two adjacent tokens merged, where the vocabulary has the pieces (none is canonical, since
@@ -152,8 +168,8 @@ def _other_segmentations(ids, tok):
 @pytest.mark.parametrize("pattern", SAMPLED)
 def test_sampled_strings_and_paths_are_canonical(tok, pattern):
     """Strings sampled from the regex: their encoding is accepted; paths sampled from the
-    canonical DFA: re-encoding the decoded string gives the same path; the character-by-
-    character split of a multi-token encoding is rejected."""
+    canonical DFA: re-encoding the decoded string gives the same path; other segmentations of
+    the sampled strings (a token split, or two merged) are rejected."""
     rng = np.random.default_rng(0)
     d = dfa.regex(pattern, tok, encodings="canonical")
     eos = tok.eos_token_id
@@ -164,18 +180,9 @@ def test_sampled_strings_and_paths_are_canonical(tok, pattern):
         for other in _other_segmentations(ids, tok):
             assert not d.accepts(other), (pattern, s, tok.convert_ids_to_tokens(other))
             rejected_splits += 1
-    live = d.live_states()
     paths = 0
     for _ in range(40):
-        s, seq = d.initial, []
-        while len(seq) < 40:
-            tokens, nxt = d.exceptions(s)
-            keep = live[nxt] & (tokens != eos)
-            if not keep.any() or (d.is_accepting(s) and rng.random() < 0.25):
-                break
-            k = rng.integers(keep.sum())
-            seq.append(int(tokens[keep][k]))
-            s = int(nxt[keep][k])
+        s, seq = sample_path(d, rng, eos, stop=0.25)
         if d.is_accepting(s) and seq:
             assert is_canonical(seq, tok), (pattern, tok.convert_ids_to_tokens(seq))
             assert re.fullmatch(pattern, tok.decode(seq)), (pattern, tok.decode(seq))

@@ -16,6 +16,7 @@ from ctrlg.dfa.json_schema import schema_to_regex
 from ctrlg.dfa.vocab_trie import VocabTrie
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
 from ctrlg.sampler import ConstraintLogitsProcessor
+from test_canonical import sample_path
 from test_guide import random_hmm
 from test_sampler import manual_generation
 
@@ -93,14 +94,15 @@ def test_sampled_documents_validate(name, whitespace):
         jsonschema.validate(json.loads(doc), schema)
 
 
+def _bounded(kind, lo, hi):
+    bounds = {"minimum": lo, "maximum": hi}
+    return {"type": kind, **{k: v for k, v in bounds.items() if v is not None}}
+
+
 @pytest.mark.parametrize("lo, hi", [(0, 130), (-17, 205), (None, -3), (7, None), (-999, 1000),
                                     (None, None), (5, 5), (-20, -10), (99, 1001)])
 def test_integer_bounds_by_enumeration(lo, hi):
-    schema = {"type": "integer"}
-    if lo is not None:
-        schema["minimum"] = lo
-    if hi is not None:
-        schema["maximum"] = hi
+    schema = _bounded("integer", lo, hi)
     bdfa = compile_bytes_dfa(schema_to_regex(schema))
     for v in range(-1500, 1500):
         ok = (lo is None or v >= lo) and (hi is None or v <= hi)
@@ -110,11 +112,7 @@ def test_integer_bounds_by_enumeration(lo, hi):
 
 @pytest.mark.parametrize("lo, hi", [(-5, 5), (0, 12), (3, None), (None, -2), (10, 10)])
 def test_number_bounds_by_enumeration(lo, hi):
-    schema = {"type": "number"}
-    if lo is not None:
-        schema["minimum"] = lo
-    if hi is not None:
-        schema["maximum"] = hi
+    schema = _bounded("number", lo, hi)
     bdfa = compile_bytes_dfa(schema_to_regex(schema))
     texts = [f"{i}" for i in range(-30, 30)] + [f"{i}.{f}" for i in range(-30, 30)
                                                 for f in ("0", "5", "00", "01", "99")]
@@ -298,17 +296,8 @@ def test_smollm2_all_and_canonical_accept_the_tokenizers_encoding(smollm2_tokeni
         assert split != ids and not d.accepts(split)
     assert d.accepts(tok.encode('{"size": "large", "n": 0, "ok": true}', add_special_tokens=False))
     rng = np.random.default_rng(0)
-    live = d.live_states()
     for _ in range(30):
-        s, seq = d.initial, []
-        while not (d.is_accepting(s) and rng.random() < 0.3) and len(seq) < 40:
-            tokens, nxt = d.exceptions(s)
-            keep = live[nxt] & (tokens != tok.eos_token_id)
-            if not keep.any():
-                break
-            k = rng.integers(keep.sum())
-            seq.append(int(tokens[keep][k]))
-            s = int(nxt[keep][k])
+        s, seq = sample_path(d, rng, tok.eos_token_id, stop=0.3)
         if d.is_accepting(s):
             assert is_canonical(seq, tok), tok.convert_ids_to_tokens(seq)
             jsonschema.validate(json.loads(tok.decode(seq)), enum_schema)
