@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import ctrlg
 from ctrlg import dfa
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
 from ctrlg.dfa.json_schema import schema_to_regex
@@ -288,7 +289,7 @@ def test_smollm2_all_and_canonical_accept_the_tokenizers_encoding(smollm2_tokeni
         "size": {"enum": ["small", "large"]}, "n": {"type": "integer", "minimum": 0,
                                                     "maximum": 99},
         "ok": {"type": "boolean"}}, "required": ["size", "n"]}
-    d = dfa.json_schema(enum_schema, tok, encodings="canonical")
+    d = dfa.json_schema(enum_schema, ctrlg.Vocabulary.from_tokenizer(tok), encodings="canonical")
     for doc in ['{"size": "small", "n": 7}', '{"size":"large","n":42,"ok":false}']:
         ids = tok.encode(doc, add_special_tokens=False)
         assert d.accepts(ids + [tok.eos_token_id]), doc

@@ -83,8 +83,9 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
     Args:
         schema: a dict, a JSON string, ``True``, or a pydantic model class
             (``model_json_schema()`` is used).
-        tokenizer: a ``transformers`` tokenizer, :class:`ctrlg.Vocabulary`-like vocabulary or a
-            list of token bytes (as :func:`ctrlg.dfa.regex`).
+        tokenizer: a :class:`ctrlg.Vocabulary`, a ``transformers`` tokenizer, a
+            :class:`~ctrlg.dfa.vocab_trie.VocabTrie` or a list of token bytes (as
+            :func:`ctrlg.dfa.regex`; canonical mode needs a tokenizer or a Vocabulary of one).
         encodings: ``"all"`` or ``"canonical"`` (see :func:`ctrlg.dfa.regex`).
         whitespace: regex of the whitespace allowed between JSON tokens.
         max_nesting: depth of arbitrary JSON values allowed where the schema is ``{}``.

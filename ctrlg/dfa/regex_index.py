@@ -1,0 +1,109 @@
+"""The all-encodings token automaton of a byte DFA (the index behind :func:`ctrlg.dfa.regex`).
+
+``token_dfa_from_bytes_dfa(bdfa, trie)`` builds the token DFA described in :mod:`ctrlg.dfa.regex`
+(states: the byte DFA's states plus one *ended* state; exceptions stored over *letters*, the
+classes of tokens with the same transformation of the byte DFA's live states). It lives apart from the regex front end so that both :mod:`ctrlg.dfa.regex` and
+:mod:`ctrlg.dfa.canonical` import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ctrlg.dfa.bytes_dfa import ByteDFA
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+
+__all__ = ["AUTO", "byte_classes", "resolve_eos", "resolve_vocab_size", "token_dfa_from_bytes_dfa"]
+
+#: Sentinel for "the vocabulary's EOS" (``eos_token_id`` not given).
+AUTO = object()
+_AUTO = AUTO
+
+
+def resolve_eos(trie: VocabTrie, eos_token_id) -> int | None:
+    return trie.eos_token_id if eos_token_id is _AUTO else eos_token_id
+
+
+def resolve_vocab_size(trie: VocabTrie, vocab_size: int | None, eos: int | None) -> int:
+    V = trie.vocab_size if vocab_size is None else int(vocab_size)
+    if V < trie.vocab_size:
+        raise ConstraintError(
+            f"vocab_size={vocab_size} is smaller than the tokenizer's {trie.vocab_size} tokens")
+    if eos is not None and not 0 <= eos < V:
+        raise ConstraintError(f"eos_token_id {eos} out of range [0, {V})")
+    return V
+
+
+def byte_classes(table: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """``(byte_class [256], dead_class)``: bytes with equal columns in the byte DFA (restricted
+    to live states) share a class; ``dead_class`` is the class that kills every live state
+    (``None`` if there is none)."""
+    cols = np.where(live[table], table, 0)[live].T     # [256, live states]
+    cols = np.ascontiguousarray(cols)
+    keys = cols.view(np.dtype((np.void, cols.dtype.itemsize * max(cols.shape[1], 1)))).ravel()
+    _, byte_class = np.unique(keys, return_inverse=True)
+    byte_class = byte_class.ravel().astype(np.int64)
+    dead = np.flatnonzero(~cols.any(axis=1))
+    return byte_class, (int(byte_class[dead[0]]) if len(dead) else None)
+
+
+def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AUTO,
+                             vocab_size: int | None = None, what: str = "pattern") -> TokenDFA:
+    """The all-encodings token DFA of a byte DFA (module docstring), over letters.
+
+    States: byte-DFA states (0 dead) plus ``ended`` = Q. Bytes with equal columns form classes
+    (:func:`byte_classes`); each token's transformation of the live states,
+    ``q ↦ δ*(q, bytes(t))``, is computed once per distinct (prefix transformation, class) pair
+    over the vocabulary trie (:func:`vocab_trie.token_transformations`). Tokens with the same
+    transformation are one *letter*; the DFA stores its exceptions over letters (plus one
+    letter for EOS, and one for tokens that are never an exception: no bytes, or dead from every
+    state). Cost: O(trie nodes) vectorised for the keys, O(distinct pairs × live states) for the
+    transformations, O(letters × live states) for the edges."""
+    eos = resolve_eos(trie, eos_token_id)
+    V = resolve_vocab_size(trie, vocab_size, eos)
+    live = bdfa.live()
+    if not live[bdfa.initial]:
+        raise UnsatisfiableConstraintError(f"the {what} matches no string")
+    Q = bdfa.num_states
+    byte_class, _ = byte_classes(bdfa.table, live)
+    C = int(byte_class.max()) + 1
+    first_byte = np.zeros(C, dtype=np.int64)
+    first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
+    class_table = np.where(live[bdfa.table], bdfa.table, 0)[:, first_byte]
+    sources = np.nonzero(live)[0]
+    tok_fid, F = token_transformations(trie, class_table, sources, byte_class)
+    used = np.unique(tok_fid[tok_fid >= 0])
+    A = len(used) + 1                       # letters 0..A-2: transformations; A-1: never
+    letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
+    letter_of_fid[used] = np.arange(len(used))
+    letter_of_token = np.full(V, A - 1, dtype=np.int64)
+    letter_of_token[:trie.vocab_size] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
+    let, i = np.nonzero(F[used])
+    src, end = sources[i], F[used][let, i].astype(np.int64)
+    ended = Q
+    if eos is not None:
+        letter_of_token[eos] = A           # EOS: a letter of its own
+        acc = np.nonzero(bdfa.accepting & live)[0]
+        src = np.concatenate([src, acc, [ended]])
+        let = np.concatenate([let, np.full(len(acc) + 1, A)])
+        end = np.concatenate([end, np.full(len(acc) + 1, ended)])
+    order = np.lexsort((let, src))
+    src, let, end = src[order], let[order], end[order]
+    S = Q + 1
+    exc_ptr = np.searchsorted(src, np.arange(S + 1)).astype(np.int64)
+    accepting = np.zeros(S, dtype=bool)
+    accepting[:Q] = bdfa.accepting & live
+    accepting[ended] = eos is not None
+    dfa = TokenDFA(vocab_size=V, initial=int(bdfa.initial), accepting=accepting,
+                   default=np.zeros(S, dtype=np.int64), exc_ptr=exc_ptr,
+                   exc_tokens=let, exc_next=end, letter_of_token=letter_of_token)
+    if not _reaches_acceptance(dfa):
+        raise UnsatisfiableConstraintError(
+            f"the {what} matches strings, but no token sequence of this vocabulary spells one")
+    return dfa
+
+
+def _reaches_acceptance(dfa: TokenDFA) -> bool:
+    return not dfa.is_empty()
