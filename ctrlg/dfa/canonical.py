@@ -155,22 +155,27 @@ class PairChecker:
         Pairs whose right token does not end with whitespace and whose bytes are valid UTF-8
         are decided in one batched ``encode_batch`` call: then the verdict is FREE iff
         ``encode(a + b) == [a, b]`` (equivalent to the window test, since every token of a
-        canonical sequence is BPE's encoding of its own bytes). The others use the window
-        test (:meth:`_verdicts`)."""
+        canonical sequence is BPE's encoding of its own bytes). Pairs inside one multi-byte
+        character are BPE's alone; pairs ending with whitespace use the window test
+        (:meth:`_verdicts`)."""
         keys = list(zip(np.asarray(left).tolist(), np.asarray(right).tolist()))
-        todo = {key for key in keys if key not in self.pair_cache}
+        cache = self.pair_cache
+        todo = {key for key in keys if key not in cache}
         batch, texts = [], []
         for key in todo:
             a, b = key
             data = self.tokens[a] + self.tokens[b]
-            if not _ends_with_space(self.tokens[b]):
-                try:
-                    texts.append(data.decode("utf-8"))
-                    batch.append(key)
-                    continue
-                except UnicodeDecodeError:
-                    pass
-            self.pair_cache[key] = self._verdicts((self.tokens[a], self.tokens[b]), [a, b])
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:   # inside one multi-byte character: one pre-token
+                cache[key] = FREE if self._bpe_ids(self.tokens[a], self.tokens[b]) == [a, b] \
+                    else REJECT
+                continue
+            if _ends_with_space(self.tokens[b]):
+                cache[key] = self._verdicts((self.tokens[a], self.tokens[b]), [a, b])
+            else:
+                texts.append(text)
+                batch.append(key)
         if batch:
             encodings = self.backend.encode_batch(texts, add_special_tokens=False)
             for key, enc in zip(batch, encodings):
