@@ -223,3 +223,10 @@ def test_class_string_letters_match_the_per_token_walk(smollm2, pattern):
     assert got.shape == expected.shape and (got == expected).all()
     minimal = dfa.regex(pattern, smollm2)
     assert minimal.num_states <= d.num_states
+    # the per-token fallback (too many transformations × states) builds the same automaton
+    from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
+
+    per_token = token_dfa_from_bytes_dfa(bdfa, trie, max_transformation_entries=1)
+    assert not per_token.has_letters
+    for name in ("exc_ptr", "exc_tokens", "exc_next", "accepting", "default"):
+        assert np.array_equal(getattr(per_token, name), getattr(d, name)), name

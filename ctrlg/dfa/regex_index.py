@@ -12,7 +12,7 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations
+from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations, walk
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
 __all__ = ["AUTO", "byte_classes", "resolve_eos", "resolve_vocab_size", "token_dfa_from_bytes_dfa"]
@@ -50,7 +50,8 @@ def byte_classes(table: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, int |
 
 
 def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AUTO,
-                             vocab_size: int | None = None, what: str = "pattern") -> TokenDFA:
+                             vocab_size: int | None = None, what: str = "pattern",
+                             max_transformation_entries: int = 20_000_000) -> TokenDFA:
     """The all-encodings token DFA of a byte DFA (module docstring), over letters.
 
     States: byte-DFA states (0 dead) plus ``ended`` = Q. Bytes with equal columns form classes
@@ -60,7 +61,10 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     transformation are one *letter*; the DFA stores its exceptions over letters (plus one
     letter for EOS, and one for tokens that are never an exception: no bytes, or dead from every
     state). Cost: O(trie nodes) vectorised for the keys, O(distinct pairs × live states) for the
-    transformations, O(letters × live states) for the edges."""
+    transformations, O(letters × live states) for the edges. When the transformations would
+    need more than ``max_transformation_entries`` entries (automata with thousands of states
+    whose tokens mostly act differently), the DFA is built per token instead, by a walk of the
+    trie that keeps only live (state, node) pairs (:func:`vocab_trie.walk`)."""
     eos = resolve_eos(trie, eos_token_id)
     V = resolve_vocab_size(trie, vocab_size, eos)
     live = bdfa.live()
@@ -73,21 +77,33 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
     class_table = np.where(live[bdfa.table], bdfa.table, 0)[:, first_byte]
     sources = np.nonzero(live)[0]
-    tok_fid, F = token_transformations(trie, class_table, sources, byte_class)
-    used = np.unique(tok_fid[tok_fid >= 0])
-    A = len(used) + 1                       # letters 0..A-2: transformations; A-1: never
-    letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
-    letter_of_fid[used] = np.arange(len(used))
-    letter_of_token = np.full(V, A - 1, dtype=np.int64)
-    letter_of_token[:trie.vocab_size] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
-    let, i = np.nonzero(F[used])
-    src, end = sources[i], F[used][let, i].astype(np.int64)
+    found = token_transformations(trie, class_table, sources, byte_class,
+                                  max_entries=max_transformation_entries)
+    if found is None:    # too many distinct transformations × states: one edge per token
+        src, let, end = walk(trie, bdfa.table, live, sources)
+        letter_of_token = None
+        if eos is not None:
+            keep = let != eos          # an EOS with bytes keeps only its EOS edges
+            src, let, end = src[keep], let[keep], end[keep]
+        eos_symbol = eos
+    else:
+        tok_fid, F = found
+        used = np.unique(tok_fid[tok_fid >= 0])
+        A = len(used) + 1                   # letters 0..A-2: transformations; A-1: never
+        letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
+        letter_of_fid[used] = np.arange(len(used))
+        letter_of_token = np.full(V, A - 1, dtype=np.int64)
+        letter_of_token[:trie.vocab_size] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
+        let, i = np.nonzero(F[used])
+        src, end = sources[i], F[used][let, i].astype(np.int64)
+        eos_symbol = A                      # EOS: a letter of its own
+        if eos is not None:
+            letter_of_token[eos] = A
     ended = Q
     if eos is not None:
-        letter_of_token[eos] = A           # EOS: a letter of its own
         acc = np.nonzero(bdfa.accepting & live)[0]
         src = np.concatenate([src, acc, [ended]])
-        let = np.concatenate([let, np.full(len(acc) + 1, A)])
+        let = np.concatenate([let, np.full(len(acc) + 1, eos_symbol)])
         end = np.concatenate([end, np.full(len(acc) + 1, ended)])
     order = np.lexsort((let, src))
     src, let, end = src[order], let[order], end[order]

@@ -137,7 +137,8 @@ def vocab_trie(tokenizer) -> VocabTrie:
 
 
 def token_transformations(trie: VocabTrie, table: np.ndarray, sources: np.ndarray,
-                          byte_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                          byte_class: np.ndarray, max_entries: int | None = None
+                          ) -> tuple[np.ndarray, np.ndarray] | None:
     """What each token does to the DFA: ``(fid [V], F [K, len(sources)])`` with
     ``F[fid[t], i] = δ*(sources[i], bytes(t))`` (0 = dead), and ``fid[t] = -1`` for tokens
     without bytes or that kill every source. Tokens with equal ``fid`` behave identically from
@@ -150,6 +151,7 @@ def token_transformations(trie: VocabTrie, table: np.ndarray, sources: np.ndarra
     (a dict over their bytes), so the cost is O(trie nodes) for the keys plus O(distinct pairs ×
     sources) for the rows — independent of how many tokens share a behaviour. ``table`` must
     map dead states to 0 and have 0 as an absorbing state; ``table`` is over byte classes.
+    Returns ``None`` as soon as the rows would hold more than ``max_entries`` entries.
     """
     table = np.ascontiguousarray(table, dtype=np.int32)
     C = table.shape[1]
@@ -181,6 +183,8 @@ def token_transformations(trie: VocabTrie, table: np.ndarray, sources: np.ndarra
                 if f is None:
                     f = row_id[b] = len(rows)
                     rows.append(row)
+                    if max_entries is not None and len(rows) * len(row) > max_entries:
+                        return None
                 memo[k] = f
             if len(memo) < len(rows) * C:
                 memo = np.concatenate([memo, np.full(len(rows) * C - len(memo) + C * 64, -2,
