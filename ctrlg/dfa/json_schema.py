@@ -44,6 +44,7 @@ import json
 import math
 from typing import Any
 
+from ctrlg.dfa.regex import regex
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
 from ctrlg.errors import RegexError, SchemaError, UnsupportedSchemaError
 
@@ -95,8 +96,6 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
         SchemaError: the schema is not valid JSON / not an object, or is contradictory.
         UnsupportedSchemaError: a keyword outside the supported subset (named with its path).
     """
-    from ctrlg.dfa.regex import regex
-
     pattern = schema_to_regex(schema, whitespace=whitespace, max_nesting=max_nesting)
     return regex(pattern, tokenizer, encodings, **regex_kwargs)
 
