@@ -2,18 +2,23 @@
 (and llguidance when installed), on the same regexes and the same vocabulary (SmolLM2, 49,152
 tokens), measured side by side in one process; plus canonical vs all-encodings compile time.
 
-    python -m benchmarks.bench_regex [--repeats 3] [--walk 64]
+    python -m benchmarks.bench_regex [--repeats 3]
 
-Compile time: building the regex's token index from a ready vocabulary (ctrlg: the raw index,
-``minimize=False``; the minimised DFA's time is recorded in the JSON too) (each library's
-vocabulary object is built once, outside the timing, and reported separately).
-Mask time: mean time to produce the allowed-token set as a boolean mask over the vocabulary at
-each step of the same accepted token walk (ctrlg: the state's exception list scattered into a
-mask; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask; llguidance:
-``fill_next_token_bitmask`` + ``consume_token``).
+Compile time: building the regex's token index from a ready vocabulary (each library's
+vocabulary object is built once, outside the timing, and reported separately). ctrlg: the raw
+index (``minimize=False``) over letters (tokens with the same transformation of the states);
+the JSON also records the minimised DFA's time and the time including the per-token view
+(``exc_ptr``/``exc_tokens``). Mask time: mean time to produce the allowed-token set as a boolean
+mask over the vocabulary at each step of the same accepted token walk (ctrlg: the minimised
+DFA's state: a mask filled with "the default successor is live", overwritten by the state's
+per-token exception slice; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
+llguidance: ``fill_next_token_bitmask`` + ``consume_token``).
 
-Canonical mode is timed once per regex with a budget of ``--max-pair-checks`` token-pair checks;
-regexes over large token classes (email, URL) exceed it and are reported as such.
+Ratios are taken from interleaved runs (ctrlg and outlines-core in turn, all-encodings and
+canonical in turn, best of ``--repeats`` each), so that both sides see the same machine load.
+Canonical mode is timed with the tokenizer-level tables built beforehand
+(like the vocabularies: first-token verdicts) but an empty token-pair cache at every repeat, with a budget of ``--max-pair-checks`` pair
+checks; regexes whose loops range over large token classes exceed it and are reported as such.
 Prints a table and writes benchmarks/results/bench_regex.json. A competitor that is not
 installed is skipped and reported as such.
 """
@@ -37,12 +42,27 @@ REGEXES = {
     "ssn": r"\d{3}-\d{2}-\d{4}",
     "json": (r'\{[ ]?"name"[ ]?:[ ]?"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt]){0,20}"[ ]?,'
              r'[ ]?"age"[ ]?:[ ]?(-)?(0|[1-9][0-9]*)[ ]?\}'),
+    "sentence": r"[A-Z][^\n.!?]* in the park\.",
 }
 SAMPLES = {
     "email": "john.doe42@example.com", "phone": "(555) 123-4567",
     "url": "https://www.example.org/path/to/page", "date": "2024-02-29", "time": "23:59:07",
     "ssn": "123-45-6789", "json": '{"name": "Ada Lovelace", "age": 36}',
+    "sentence": "The friendly dog was on a walk in the park.",
 }
+
+
+def _interleaved(fns, repeats):
+    """Best time of each function, the functions run in turn within every repeat (so that a
+    ratio of two of them sees the same machine load)."""
+    times = [[] for _ in fns]
+    outs = [None] * len(fns)
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            t = time.perf_counter()
+            outs[k] = fn()
+            times[k].append(time.perf_counter() - t)
+    return [min(t) for t in times], outs
 
 
 def _best(fn, repeats):
@@ -65,6 +85,7 @@ def main(argv=None):
 
     from ctrlg import dfa
     from ctrlg.errors import ConstraintError
+    from ctrlg.dfa.canonical import pair_checker
     from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
     from ctrlg.models import load_tokenizer
 
@@ -73,8 +94,15 @@ def main(argv=None):
     eos = tok.eos_token_id
     t0 = time.perf_counter()
     index = vocabulary_index(tok)
-    vocab_trie(tok)
+    trie = vocab_trie(tok)
+    trie.levels, trie.node_of_token   # noqa: B018 - the per-tokenizer trie levels
     setup = {"ctrlg_vocab_index_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    checker = pair_checker(tok)
+    checker.starts_nonspace(np.zeros(1, dtype=np.int64))
+    checker.singles(np.arange(V))     # first-token verdicts: per tokenizer, like the trie
+    setup["ctrlg_canonical_tables_s"] = time.perf_counter() - t0
+    dfa.regex("[0-9]", tok, encodings="canonical")   # warm-up of the tokenizers backend
     notes = []
 
     try:
@@ -103,37 +131,58 @@ def main(argv=None):
     rows = []
     for name, pattern in REGEXES.items():
         row = {"regex": name, "pattern": pattern}
-        row["ctrlg_all_s"], d_all = _best(lambda: dfa.regex(pattern, tok, minimize=False),
-                                          args.repeats)
+        compile_all = lambda: dfa.regex(pattern, tok, minimize=False)  # noqa: E731
+        if Index is not None:
+            try:
+                (row["ctrlg_all_s"], row["outlines_core_s"]), (d_all, oc) = _interleaved(
+                    [compile_all, lambda: Index(pattern, oc_vocab)], args.repeats)
+                row["compile_ratio_ctrlg_over_outlines"] = (
+                    row["ctrlg_all_s"] / row["outlines_core_s"])
+            except Exception as exc:
+                row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
+        if "ctrlg_all_s" not in row:
+            row["ctrlg_all_s"], d_all = _best(compile_all, args.repeats)
+        row["ctrlg_all_with_token_view_s"], _ = _best(
+            lambda: dfa.regex(pattern, tok, minimize=False).exc_tokens, args.repeats)
+        row["ctrlg_letters"] = d_all.num_letters
         row["ctrlg_all_minimized_s"], d_min = _best(lambda: dfa.regex(pattern, tok), args.repeats)
         row["ctrlg_minimized_exceptions"] = d_min.num_exceptions
         row["ctrlg_exceptions"] = d_all.num_exceptions
         row["ctrlg_states"] = d_all.num_states
         walk = tok.encode(SAMPLES[name], add_special_tokens=False) + [eos]
         assert d_all.accepts(walk), name
+        def canonical():
+            checker.pair_cache.clear()     # every repeat checks its token pairs afresh
+            return dfa.regex(pattern, tok, encodings="canonical",
+                             max_pair_checks=args.max_pair_checks)
         try:
-            row["ctrlg_canonical_s"], d_can = _best(
-                lambda: dfa.regex(pattern, tok, encodings="canonical",
-                                  max_pair_checks=args.max_pair_checks), 1)
+            canonical()
+            (row["ctrlg_all_paired_s"], row["ctrlg_canonical_s"]), (_, d_can) = _interleaved(
+                [compile_all, canonical], args.repeats)
             assert d_can.accepts(walk), name
-            row["canonical_over_all"] = row["ctrlg_canonical_s"] / row["ctrlg_all_s"]
+            row["canonical_over_all"] = row["ctrlg_canonical_s"] / row["ctrlg_all_paired_s"]
+            row["ctrlg_canonical_states"] = d_can.num_states
         except ConstraintError as exc:
             row["ctrlg_canonical_s"] = None
             row["ctrlg_canonical_error"] = str(exc)
 
+        # the minimised DFA's per-token view (default successor + exceptions): a state's mask
+        # is "default is live" overwritten by its exceptions, O(exceptions) per step
+        ptr, toks, nxt = d_min.exc_ptr, d_min.exc_tokens, d_min.exc_next
+        live_min = d_min.live_states()
+
         def ctrlg_masks():
-            s = d_all.initial
+            s = d_min.initial
             for t in walk:
-                mask = np.zeros(V, dtype=bool)
-                mask[d_all.exceptions(s)[0]] = True
+                mask = np.full(V, live_min[d_min.default[s]])
+                lo, hi = ptr[s], ptr[s + 1]
+                mask[toks[lo:hi]] = live_min[nxt[lo:hi]]
                 assert mask[t]
-                s = d_all.step(s, t)
+                s = d_min.step(s, t)
         row["ctrlg_mask_us"] = _best(ctrlg_masks, args.repeats)[0] / len(walk) * 1e6
 
-        if Index is not None:
+        if Index is not None and "outlines_core_s" in row:
             try:
-                row["outlines_core_s"], oc = _best(lambda: Index(pattern, oc_vocab), args.repeats)
-
                 def oc_masks():
                     s = oc.get_initial_state()
                     for t in walk:
@@ -145,6 +194,8 @@ def main(argv=None):
                             s = oc.get_next_state(s, t)
                 row["outlines_core_mask_us"] = _best(oc_masks, args.repeats)[0] / len(walk) * 1e6
                 row["compile_ratio_outlines_over_ctrlg"] = row["outlines_core_s"] / row["ctrlg_all_s"]
+                row["compile_ratio_ctrlg_with_token_view_over_outlines"] = (
+                    row["ctrlg_all_with_token_view_s"] / row["outlines_core_s"])
             except Exception as exc:
                 row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
         if llguidance is not None:
@@ -167,15 +218,18 @@ def main(argv=None):
                 row["llguidance_error"] = f"{exc.__class__.__name__}: {exc}"
         rows.append(row)
 
-    header = (f"{'regex':7} {'ctrlg all':>10} {'canonical':>10} {'outlines':>10} {'llguid.':>10} "
-              f"{'oc/ctrlg':>9} {'mask ctrlg':>11} {'mask oc':>9} {'mask llg':>9}")
+    header = (f"{'regex':8} {'ctrlg all':>10} {'canonical':>10} {'can/all':>8} {'outlines':>10} "
+              f"{'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'mask oc':>9} {'mask llg':>9}")
     print(f"vocabulary: SmolLM2, V={V}; setup {json.dumps({k: round(v, 3) for k, v in setup.items()})}")
     print(header)
     fmt = lambda v, unit="s": "-" if v is None else (f"{v * 1e3:.1f}ms" if unit == "s" else f"{v:.0f}us")
     for r in rows:
-        print(f"{r['regex']:7} {fmt(r['ctrlg_all_s']):>10} {fmt(r['ctrlg_canonical_s']):>10} "
-              f"{fmt(r.get('outlines_core_s')):>10} {fmt(r.get('llguidance_s')):>10} "
-              f"{r.get('compile_ratio_outlines_over_ctrlg', float('nan')):>8.1f}x "
+        oc = r.get("outlines_core_s")
+        ratio = r["ctrlg_all_s"] / oc if oc else float("nan")
+        print(f"{r['regex']:8} {fmt(r['ctrlg_all_s']):>10} {fmt(r['ctrlg_canonical_s']):>10} "
+              f"{r.get('canonical_over_all', float('nan')):>7.2f}x "
+              f"{fmt(oc):>10} {fmt(r.get('llguidance_s')):>10} "
+              f"{ratio:>8.2f}x "
               f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
               f"{fmt(r.get('llguidance_mask_us'), 'us'):>9}")
     for n in notes:

@@ -10,6 +10,8 @@ __all__ = [
     "CheckpointError",
     "RegexError",
     "UnsupportedRegexError",
+    "SchemaError",
+    "UnsupportedSchemaError",
 ]
 
 
@@ -43,3 +45,11 @@ class RegexError(CtrlgError):
 
 class UnsupportedRegexError(RegexError):
     """A regex construct that is not regular (backreferences, lookaround, ...)."""
+
+
+class SchemaError(CtrlgError):
+    """A JSON Schema that is malformed or contradictory (the message names its JSON path)."""
+
+
+class UnsupportedSchemaError(SchemaError):
+    """A JSON Schema keyword outside the supported subset (the message names it and its path)."""

@@ -195,3 +195,38 @@ def test_sampled_walks_decode_to_full_matches(smollm2, pattern):
                  "αβγ\té", "  x"]:
         if re.fullmatch(pattern, text):
             assert d.accepts(smollm2.encode(text, add_special_tokens=False)), text
+
+
+# ------------------------------------------------------------------ class-string letters
+LETTER_PATTERNS = [r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,6}", r"\(\d{3}\) \d{3}-\d{4}",
+                   r"https?://[a-zA-Z0-9.-]+(/[a-zA-Z0-9._~%-]*){0,4}", r"[^\n]*",
+                   r'"([^"\\]|\\["\\/bfnrt]){0,8}"', r"[α-ω]+\s[éü]", r"\s+x", r"(\w+ ){1,3}\w+\."]
+
+
+@pytest.mark.parametrize("pattern", LETTER_PATTERNS)
+def test_class_string_letters_match_the_per_token_walk(smollm2, pattern):
+    """The all-encodings DFA built over class-string letters has exactly the per-token edges of
+    the direct walk of the byte trie (every token from every live state)."""
+    from ctrlg.dfa.vocab_trie import vocab_trie, walk
+
+    trie = vocab_trie(smollm2)
+    bdfa = compile_bytes_dfa(pattern)
+    live = bdfa.live()
+    src, tok, end = walk(trie, bdfa.table, live, np.nonzero(live)[0])
+    d = dfa.regex(pattern, smollm2, minimize=False)
+    assert d.has_letters and d.num_letters < trie.vocab_size // 4
+    eos = smollm2.eos_token_id
+    states = d.exception_states()
+    keep = d.exc_tokens != eos
+    got = np.stack([states[keep], d.exc_tokens[keep], d.exc_next[keep]])
+    expected = np.stack([src, tok, end])[:, tok != eos]
+    assert got.shape == expected.shape and (got == expected).all()
+    minimal = dfa.regex(pattern, smollm2)
+    assert minimal.num_states <= d.num_states
+    # the per-token fallback (too many transformations × states) builds the same automaton
+    from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
+
+    per_token = token_dfa_from_bytes_dfa(bdfa, trie, max_transformation_entries=1)
+    assert not per_token.has_letters
+    for name in ("exc_ptr", "exc_tokens", "exc_next", "accepting", "default"):
+        assert np.array_equal(getattr(per_token, name), getattr(d, name)), name

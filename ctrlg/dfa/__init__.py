@@ -7,6 +7,7 @@ from ctrlg.dfa.builders import (any_phrase, banned_phrases, eos, exact, length, 
 from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA, token_classes
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.ops import complement, concat, intersect, union
+from ctrlg.dfa.json_schema import json_schema
 from ctrlg.dfa.regex import regex
 from ctrlg.dfa.strings import contains, contains_all, contains_any
 from ctrlg.dfa.words import (commongen_constraint, count_words, inflections, keywords,
@@ -18,5 +19,5 @@ __all__ = [
     "banned_phrases", "word_count", "keywords", "inflections", "count_words",
     "commongen_constraint",
     "intersect", "union", "complement", "concat", "minimize",
-    "regex", "contains", "contains_all", "contains_any",
+    "regex", "json_schema", "contains", "contains_all", "contains_any",
 ]

@@ -35,10 +35,12 @@ large token classes such as ``[a-z]+`` can need millions of pairs).
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
-from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.regex_index import resolve_eos, token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
@@ -73,10 +75,26 @@ class PairChecker:
         self.pair_cache: dict[tuple[int, int], int] = {}
         self.single_cache: dict[int, int] = {}
         self._starts_nonspace: np.ndarray | None = None
+        self._byte_level: dict[bytes, str] = {}
+        self._whole: dict[int, bool] = {}
 
     # -- window checks -------------------------------------------------------------
-    def _bpe_ids(self, data: bytes) -> list[int]:
-        return [t.id for t in self.backend.model.tokenize("".join(self.byte_char[b] for b in data))]
+    def _bpe_ids(self, *parts: bytes) -> list[int]:
+        """BPE of the bytes ``parts`` concatenated, as one pre-token (the model alone)."""
+        text = []
+        for part in parts:
+            mapped = self._byte_level.get(part)
+            if mapped is None:
+                mapped = self._byte_level[part] = "".join(self.byte_char[b] for b in part)
+            text.append(mapped)
+        return [t.id for t in self.backend.model.tokenize("".join(text))]
+
+    def _is_whole(self, token: int) -> bool:
+        """BPE of the token's bytes alone is the token (it can form a pre-token by itself)."""
+        whole = self._whole.get(token)
+        if whole is None:
+            whole = self._whole[token] = self._bpe_ids(self.tokens[token]) == [token]
+        return whole
 
     def _window_ok(self, parts: tuple[bytes, ...], ids: list[int], next_nonspace: bool) -> bool:
         """Tokens ``ids`` with bytes ``parts`` (one or two) are canonical in a text where they
@@ -87,23 +105,28 @@ class PairChecker:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:   # inside one multi-byte character: one pre-token
-            return self._bpe_ids(data) == ids
+            return self._bpe_ids(*parts) == ids
         if self.pre_tokenizer is not None:
             pieces = self.pre_tokenizer.pre_tokenize_str(text + ("x" if next_nonspace else ""))
-            char_to_byte = np.concatenate([[0], np.cumsum([len(ch.encode("utf-8"))
-                                                           for ch in text + "x"])])
-            bounds = {int(char_to_byte[start]) for _, (start, _) in pieces}
+            if len(text) == len(data):       # ASCII: character offsets are byte offsets
+                bounds = {start for _, (start, _) in pieces}
+            else:
+                char_to_byte = [0, *accumulate(len(ch.encode("utf-8")) for ch in text + "x")]
+                bounds = {char_to_byte[start] for _, (start, _) in pieces}
         else:
             bounds = set()
-        cuts = np.cumsum([len(p) for p in parts])
+        cuts = list(accumulate(len(p) for p in parts))
         begin = 0
         for end in cuts:
             if any(begin < b < end for b in bounds):
                 return False   # a token would span a pre-token boundary
             begin = end
-        if len(parts) == 2 and int(cuts[0]) in bounds:
-            return True        # different pre-tokens: BPE never merges across
-        return self._bpe_ids(data) == ids
+        if len(parts) == 2 and cuts[0] in bounds:
+            # different pre-tokens: BPE never merges across; the left one was checked with its
+            # own left neighbour (bigram property), the right one starts a pre-token and is
+            # checked with its right neighbour, or must be BPE's encoding of itself if alone
+            return self._is_whole(ids[1])
+        return self._bpe_ids(*parts) == ids
 
     def _verdicts(self, parts: tuple[bytes, ...], ids: list[int]) -> int:
         """Flag of the last token: REJECT, FREE (any continuation), NEEDS_NONSPACE (only if
@@ -127,16 +150,38 @@ class PairChecker:
         return out
 
     def pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        """Flag per pair (a, b): the verdict on b following a."""
-        out = np.empty(len(left), dtype=np.int8)
-        for k, key in enumerate(zip(np.asarray(left).tolist(), np.asarray(right).tolist())):
-            flag = self.pair_cache.get(key)
-            if flag is None:
-                a, b = key
-                flag = self.pair_cache[key] = self._verdicts(
-                    (self.tokens[a], self.tokens[b]), [a, b])
-            out[k] = flag
-        return out
+        """Flag per pair (a, b): the verdict on b following a.
+
+        Pairs whose right token does not end with whitespace and whose bytes are valid UTF-8
+        are decided in one batched ``encode_batch`` call: then the verdict is FREE iff
+        ``encode(a + b) == [a, b]`` (equivalent to the window test, since every token of a
+        canonical sequence is BPE's encoding of its own bytes). Pairs inside one multi-byte
+        character are BPE's alone; pairs ending with whitespace use the window test
+        (:meth:`_verdicts`)."""
+        keys = list(zip(np.asarray(left).tolist(), np.asarray(right).tolist()))
+        cache = self.pair_cache
+        todo = {key for key in keys if key not in cache}
+        batch, texts = [], []
+        for key in todo:
+            a, b = key
+            data = self.tokens[a] + self.tokens[b]
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:   # inside one multi-byte character: one pre-token
+                cache[key] = FREE if self._bpe_ids(self.tokens[a], self.tokens[b]) == [a, b] \
+                    else REJECT
+                continue
+            if _ends_with_space(self.tokens[b]):
+                cache[key] = self._verdicts((self.tokens[a], self.tokens[b]), [a, b])
+            else:
+                texts.append(text)
+                batch.append(key)
+        if batch:
+            encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+            for key, enc in zip(batch, encodings):
+                self.pair_cache[key] = FREE if enc.ids == list(key) else REJECT
+        return np.fromiter((self.pair_cache[key] for key in keys), dtype=np.int8,
+                           count=len(keys))
 
     def starts_nonspace(self, tokens: np.ndarray) -> np.ndarray:
         if self._starts_nonspace is None:
@@ -189,42 +234,39 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
     byte_accepting = np.zeros(all_dfa.num_states, dtype=bool)
     byte_accepting[:bdfa.num_states] = bdfa.accepting
 
-    def out_edges(q: int) -> tuple[np.ndarray, np.ndarray]:
-        tokens, nxt = all_dfa.exceptions(q)
-        if eos is not None:
-            keep = tokens != eos
-            tokens, nxt = tokens[keep], nxt[keep]
-        return tokens, nxt
-
-    # product states (q, last token, flag of the last token); id 0 = dead, 1 = start
-    ids: dict[tuple[int, int, int], int] = {(all_dfa.initial, START, FREE): 1}
-    keys: list[tuple[int, int, int]] = [(0, START, REJECT), (all_dfa.initial, START, FREE)]
+    exc_ptr, exc_tokens, exc_next = all_dfa.exc_ptr, all_dfa.exc_tokens, all_dfa.exc_next
+    V = all_dfa.vocab_size
+    # product states (q, last token, flag of the last token); id 0 = dead, 1 = start. A state
+    # is the int key ((q · (V + 1)) + last + 1) · 4 + flag; keys are found by binary search in
+    # the sorted array of known keys, one vectorised lookup per BFS level.
+    key_q = [np.array([0, all_dfa.initial], dtype=np.int64)]
+    key_last = [np.array([START, START], dtype=np.int64)]
+    key_flag = [np.array([REJECT, FREE], dtype=np.int8)]
+    known_keys = np.zeros(0, dtype=np.int64)
+    known_ids = np.zeros(0, dtype=np.int64)
+    num_states = 2
+    frontier = np.array([1], dtype=np.int64)
+    f_q, f_last, f_flag = key_q[0][1:], key_last[0][1:], key_flag[0][1:]
     edges_src: list[np.ndarray] = []
     edges_tok: list[np.ndarray] = []
-    edges_dst_q: list[np.ndarray] = []
-    frontier = [1]
+    edges_dst: list[np.ndarray] = []
     checks = 0
-    while frontier:
-        src_l, tok_l, nq_l, last_l, need_l = [], [], [], [], []
-        for sid in frontier:
-            q, last, flag = keys[sid]
-            tokens, nxt = out_edges(q)
-            checks += len(tokens)
-            if checks > max_pair_checks:
-                raise ConstraintError(
-                    f"the canonical automaton of the {what} needs more than max_pair_checks="
-                    f"{max_pair_checks} token-pair checks; use encodings='all' or raise the "
-                    f"limit")
-            src_l.append(np.full(len(tokens), sid, dtype=np.int64))
-            tok_l.append(tokens)
-            nq_l.append(nxt)
-            last_l.append(np.full(len(tokens), last, dtype=np.int64))
-            need_l.append(np.full(len(tokens), flag, dtype=np.int8))
-        src = np.concatenate(src_l)
-        tok = np.concatenate(tok_l)
-        nq = np.concatenate(nq_l)
-        last = np.concatenate(last_l)
-        need = np.concatenate(need_l)
+    while len(frontier):
+        counts = exc_ptr[f_q + 1] - exc_ptr[f_q]
+        checks += int(counts.sum())
+        if checks > max_pair_checks:
+            raise ConstraintError(
+                f"the canonical automaton of the {what} needs more than max_pair_checks="
+                f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit "
+                f"(loops over large token classes need millions of pairs)")
+        idx = ragged_indices(exc_ptr[f_q], counts)
+        tok, nq = exc_tokens[idx], exc_next[idx]
+        src = np.repeat(frontier, counts)
+        last = np.repeat(f_last, counts)
+        need = np.repeat(f_flag, counts)
+        if eos is not None:
+            keep = tok != eos
+            tok, nq, src, last, need = tok[keep], nq[keep], src[keep], last[keep], need[keep]
         # the previous token's requirement on how this token starts
         starts = checker.starts_nonspace(tok)
         ok = ~(((need == NEEDS_NONSPACE) & ~starts) | ((need == NEEDS_OTHER) & starts))
@@ -237,25 +279,37 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
             flags[rest] = checker.pairs(last[rest], tok[rest])
         ok &= flags != REJECT
         src, tok, nq, flags = src[ok], tok[ok], nq[ok], flags[ok]
-        frontier = []
-        dst = np.empty(len(tok), dtype=np.int64)
-        for k, key in enumerate(zip(nq.tolist(), tok.tolist(), flags.tolist())):
-            sid = ids.get(key)
-            if sid is None:
-                sid = ids[key] = len(keys)
-                keys.append(key)
-                frontier.append(sid)
-            dst[k] = sid
+        key = (nq * (V + 1) + tok + 1) * 4 + flags
+        uniq, first_at, inverse = np.unique(key, return_index=True, return_inverse=True)
+        pos = np.searchsorted(known_keys, uniq)
+        found = pos < len(known_keys)
+        found[found] = known_keys[pos[found]] == uniq[found]
+        uid = np.empty(len(uniq), dtype=np.int64)
+        uid[found] = known_ids[pos[found]]
+        fresh = np.flatnonzero(~found)
+        uid[fresh] = num_states + np.arange(len(fresh))
+        num_states += len(fresh)
+        f_q, f_last, f_flag = nq[first_at[fresh]], tok[first_at[fresh]], flags[first_at[fresh]]
+        key_q.append(f_q)
+        key_last.append(f_last)
+        key_flag.append(f_flag)
+        frontier = uid[fresh]
+        merged = np.concatenate([known_keys, uniq[fresh]])
+        order = np.argsort(merged, kind="stable")
+        known_keys = merged[order]
+        known_ids = np.concatenate([known_ids, uid[fresh]])[order]
         edges_src.append(src)
         edges_tok.append(tok)
-        edges_dst_q.append(dst)
-    S = len(keys) + 1
+        edges_dst.append(uid[inverse.ravel()])
+    S = num_states + 1
     ended = S - 1
     src = np.concatenate(edges_src)
     tok = np.concatenate(edges_tok)
-    dst = np.concatenate(edges_dst_q)
+    dst = np.concatenate(edges_dst)
+    q_of = np.concatenate(key_q)
+    flag_of = np.concatenate(key_flag)
     accepting = np.zeros(S, dtype=bool)
-    accepting[:-1] = [byte_accepting[q] and flag != NEEDS_NONSPACE for q, _, flag in keys]
+    accepting[:-1] = byte_accepting[q_of] & (flag_of != NEEDS_NONSPACE)
     accepting[0] = False
     if eos is not None:
         acc = np.nonzero(accepting)[0]

@@ -12,8 +12,11 @@ gives the token DFA directly: its states are ``Q`` (0 = dead) plus one *ended* s
     δ_tok(q, t) = δ*(q, bytes(t))      if that byte path never dies,
     δ_tok(q, EOS) = ended              for q ∈ F,   δ_tok(ended, EOS) = ended,
 
-every other token going to the dead state (the default successor). The exception lists are found
-by walking a byte trie of the vocabulary from every state at once (:func:`vocab_trie.walk`).
+every other token going to the dead state (the default successor). Tokens that act identically
+on the byte DFA's live states (same transformation q ↦ δ*(q, bytes(t))) are one *letter*; the
+transformations are computed once per distinct (prefix transformation, byte class) pair over a
+byte trie of the vocabulary (:func:`vocab_trie.token_transformations`, in :mod:`ctrlg.dfa.regex_index`), so the cost does not grow
+with the number of tokens a character class admits, and the DFA is stored over letters.
 Byte-level BPE (``Ġ``), byte-fallback ``<0x..>`` tokens and tokens holding partial UTF-8
 sequences need no special case: a token is just its bytes, and the byte DFA only accepts valid
 UTF-8, so any accepted concatenation decodes to a matching string. Accepting states are ``F``

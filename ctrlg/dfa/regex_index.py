@@ -1,8 +1,8 @@
 """The all-encodings token automaton of a byte DFA (the index behind :func:`ctrlg.dfa.regex`).
 
 ``token_dfa_from_bytes_dfa(bdfa, trie)`` builds the token DFA described in :mod:`ctrlg.dfa.regex`
-(states: the byte DFA's states plus one *ended* state; exceptions found by walking the vocabulary
-trie). It lives apart from the regex front end so that both :mod:`ctrlg.dfa.regex` and
+(states: the byte DFA's states plus one *ended* state; exceptions stored over *letters*, the
+classes of tokens with the same transformation of the byte DFA's live states). It lives apart from the regex front end so that both :mod:`ctrlg.dfa.regex` and
 :mod:`ctrlg.dfa.canonical` import it without importing each other.
 """
 
@@ -12,10 +12,10 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.dfa.vocab_trie import VocabTrie, walk
+from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations, walk
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
-__all__ = ["AUTO", "resolve_eos", "resolve_vocab_size", "token_dfa_from_bytes_dfa"]
+__all__ = ["AUTO", "byte_classes", "resolve_eos", "resolve_vocab_size", "token_dfa_from_bytes_dfa"]
 
 #: Sentinel for "the vocabulary's EOS" (``eos_token_id`` not given).
 AUTO = object()
@@ -36,31 +36,80 @@ def resolve_vocab_size(trie: VocabTrie, vocab_size: int | None, eos: int | None)
     return V
 
 
+def byte_classes(table: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """``(byte_class [256], dead_class)``: bytes with equal columns in the byte DFA (restricted
+    to live states) share a class; ``dead_class`` is the class that kills every live state
+    (``None`` if there is none)."""
+    cols = np.where(live[table], table, 0)[live].T     # [256, live states]
+    cols = np.ascontiguousarray(cols)
+    keys = cols.view(np.dtype((np.void, cols.dtype.itemsize * max(cols.shape[1], 1)))).ravel()
+    _, byte_class = np.unique(keys, return_inverse=True)
+    byte_class = byte_class.ravel().astype(np.int64)
+    dead = np.flatnonzero(~cols.any(axis=1))
+    return byte_class, (int(byte_class[dead[0]]) if len(dead) else None)
+
+
 def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AUTO,
-                             vocab_size: int | None = None, what: str = "pattern") -> TokenDFA:
-    """The all-encodings token DFA of a byte DFA (module docstring). States: byte-DFA states
-    (0 dead) plus ``ended`` = Q."""
+                             vocab_size: int | None = None, what: str = "pattern",
+                             max_transformation_entries: int = 8_000_000) -> TokenDFA:
+    """The all-encodings token DFA of a byte DFA (module docstring), over letters.
+
+    States: byte-DFA states (0 dead) plus ``ended`` = Q. Bytes with equal columns form classes
+    (:func:`byte_classes`); each token's transformation of the live states,
+    ``q ↦ δ*(q, bytes(t))``, is computed once per distinct (prefix transformation, class) pair
+    over the vocabulary trie (:func:`vocab_trie.token_transformations`). Tokens with the same
+    transformation are one *letter*; the DFA stores its exceptions over letters (plus one
+    letter for EOS, and one for tokens that are never an exception: no bytes, or dead from every
+    state). Cost: O(trie nodes) vectorised for the keys, O(distinct pairs × live states) for the
+    transformations, O(letters × live states) for the edges. For automata with more than
+    ``max_transformation_entries / 4000`` live states, or when the transformations would need
+    more than ``max_transformation_entries`` entries (their tokens mostly act differently),
+    the DFA is built per token instead, by a walk of the
+    trie that keeps only live (state, node) pairs (:func:`vocab_trie.walk`)."""
     eos = resolve_eos(trie, eos_token_id)
     V = resolve_vocab_size(trie, vocab_size, eos)
     live = bdfa.live()
     if not live[bdfa.initial]:
         raise UnsatisfiableConstraintError(f"the {what} matches no string")
     Q = bdfa.num_states
+    byte_class, _ = byte_classes(bdfa.table, live)
+    C = int(byte_class.max()) + 1
+    first_byte = np.zeros(C, dtype=np.int64)
+    first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
+    class_table = np.where(live[bdfa.table], bdfa.table, 0)[:, first_byte]
     sources = np.nonzero(live)[0]
-    src, tok, end = walk(trie, bdfa.table, live, sources)
+    found = None
+    if len(sources) * 4 <= max_transformation_entries // 1000:   # ≤ 2,000 live states
+        found = token_transformations(trie, class_table, sources, byte_class,
+                                      max_entries=max_transformation_entries)
+    if found is None:    # too many distinct transformations × states: one edge per token
+        src, let, end = walk(trie, bdfa.table, live, sources)
+        letter_of_token = None
+        if eos is not None:
+            keep = let != eos          # an EOS with bytes keeps only its EOS edges
+            src, let, end = src[keep], let[keep], end[keep]
+        eos_symbol = eos
+    else:
+        tok_fid, F = found
+        used = np.unique(tok_fid[tok_fid >= 0])
+        A = len(used) + 1                   # letters 0..A-2: transformations; A-1: never
+        letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
+        letter_of_fid[used] = np.arange(len(used))
+        letter_of_token = np.full(V, A - 1, dtype=np.int64)
+        letter_of_token[:trie.vocab_size] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
+        let, i = np.nonzero(F[used])
+        src, end = sources[i], F[used][let, i].astype(np.int64)
+        eos_symbol = A                      # EOS: a letter of its own
+        if eos is not None:
+            letter_of_token[eos] = A
     ended = Q
     if eos is not None:
         acc = np.nonzero(bdfa.accepting & live)[0]
         src = np.concatenate([src, acc, [ended]])
-        tok = np.concatenate([tok, np.full(len(acc) + 1, eos)])
+        let = np.concatenate([let, np.full(len(acc) + 1, eos_symbol)])
         end = np.concatenate([end, np.full(len(acc) + 1, ended)])
-        # an EOS with bytes (rare) must not also be a byte edge
-        order = np.lexsort((tok, src))
-        src, tok, end = src[order], tok[order], end[order]
-        keep = np.ones(len(src), dtype=bool)
-        dup = (src[1:] == src[:-1]) & (tok[1:] == tok[:-1])
-        keep[:-1][dup] = False   # keep the EOS edge (appended last, so sorted last by stability)
-        src, tok, end = src[keep], tok[keep], end[keep]
+    order = np.lexsort((let, src))
+    src, let, end = src[order], let[order], end[order]
     S = Q + 1
     exc_ptr = np.searchsorted(src, np.arange(S + 1)).astype(np.int64)
     accepting = np.zeros(S, dtype=bool)
@@ -68,7 +117,7 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     accepting[ended] = eos is not None
     dfa = TokenDFA(vocab_size=V, initial=int(bdfa.initial), accepting=accepting,
                    default=np.zeros(S, dtype=np.int64), exc_ptr=exc_ptr,
-                   exc_tokens=tok.astype(np.int64), exc_next=end.astype(np.int64))
+                   exc_tokens=let, exc_next=end, letter_of_token=letter_of_token)
     if not _reaches_acceptance(dfa):
         raise UnsatisfiableConstraintError(
             f"the {what} matches strings, but no token sequence of this vocabulary spells one")

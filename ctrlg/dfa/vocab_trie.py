@@ -14,6 +14,7 @@ byte-fallback ``<0x41>``). Tokens with no bytes (special tokens) are left out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -22,7 +23,7 @@ from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import VocabularyMismatchError
 from ctrlg.vocab import Vocabulary, as_vocabulary
 
-__all__ = ["VocabTrie", "vocab_trie", "vocabulary_index", "walk"]
+__all__ = ["VocabTrie", "token_transformations", "vocab_trie", "vocabulary_index", "walk"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,6 +43,31 @@ class VocabTrie:
     @property
     def num_nodes(self) -> int:
         return len(self.child_ptr) - 1
+
+    @cached_property
+    def levels(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+        """Breadth-first levels of the trie: per depth d ≥ 1, ``(nodes, parent, byte)`` int64
+        arrays of the nodes at depth d (sorted by parent, then byte). Built once per trie."""
+        out = []
+        frontier = np.zeros(1, dtype=np.int64)
+        nchild = np.diff(self.child_ptr)
+        while True:
+            counts = nchild[frontier]
+            if not counts.sum():
+                return tuple(out)
+            edge = ragged_indices(self.child_ptr[frontier], counts)
+            parent = np.repeat(frontier, counts)
+            nodes = self.child_node[edge]
+            out.append((nodes, parent, self.child_byte[edge]))
+            frontier = nodes
+
+    @cached_property
+    def node_of_token(self) -> np.ndarray:
+        """int64 [V]: the trie node where each token's bytes end (0, the root, for tokens
+        without bytes)."""
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        out[self.node_tokens] = np.repeat(np.arange(self.num_nodes), np.diff(self.tok_ptr))
+        return out
 
     @classmethod
     def from_token_bytes(cls, token_bytes: Sequence[bytes], eos_token_id: int | None = None
@@ -110,15 +136,77 @@ def vocab_trie(tokenizer) -> VocabTrie:
         vocab.tokens, eos_token_id=vocab.eos_token_id))
 
 
-def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
+def token_transformations(trie: VocabTrie, table: np.ndarray, sources: np.ndarray,
+                          byte_class: np.ndarray, max_entries: int | None = None
+                          ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What each token does to the DFA: ``(fid [V], F [K, len(sources)])`` with
+    ``F[fid[t], i] = δ*(sources[i], bytes(t))`` (0 = dead), and ``fid[t] = -1`` for tokens
+    without bytes or that kill every source. Tokens with equal ``fid`` behave identically from
+    every state: they form one *letter*.
+
+    Level by level over the trie (``VocabTrie.levels``): a node's transformation is its parent's
+    composed with its byte's class, ``F_child = table[F_parent, class]``. The pair
+    (parent transformation id, class) is deduplicated first (a dense table of size K × C), each
+    new pair's row is computed once (memoised across levels), and rows are deduplicated by value
+    (a dict over their bytes), so the cost is O(trie nodes) for the keys plus O(distinct pairs ×
+    sources) for the rows — independent of how many tokens share a behaviour. ``table`` must
+    map dead states to 0 and have 0 as an absorbing state; ``table`` is over byte classes.
+    Returns ``None`` as soon as the rows would hold more than ``max_entries`` entries.
+    """
+    table = np.ascontiguousarray(table, dtype=np.int32)
+    C = table.shape[1]
+    byte_class = np.asarray(byte_class, dtype=np.int64)
+    rows: list[np.ndarray] = [np.asarray(sources, dtype=np.int32)]   # fid 0: identity (root)
+    row_id: dict[bytes, int] = {rows[0].tobytes(): 0}
+    memo = np.full(C, -2, dtype=np.int64)       # (fid, class) -> fid; -2 unknown, -1 dead
+    fid = np.full(trie.num_nodes, -1, dtype=np.int64)
+    fid[0] = 0
+    for nodes, parent, byte in trie.levels:
+        pf = fid[parent]
+        keep = pf >= 0
+        if not keep.any():
+            break
+        nodes, pf, cls = nodes[keep], pf[keep], byte_class[byte[keep]]
+        if len(memo) < len(rows) * C:
+            memo = np.concatenate([memo, np.full(len(rows) * C - len(memo) + C * 64, -2,
+                                                 dtype=np.int64)])
+        key = pf * C + cls
+        todo = np.unique(key[memo[key] == -2])
+        if len(todo):
+            new_rows = table[np.stack([rows[f] for f in (todo // C).tolist()]), (todo % C)[:, None]]
+            for k, row in zip(todo.tolist(), new_rows):
+                if not row.any():
+                    memo[k] = -1
+                    continue
+                b = row.tobytes()
+                f = row_id.get(b)
+                if f is None:
+                    f = row_id[b] = len(rows)
+                    rows.append(row)
+                    if max_entries is not None and len(rows) * len(row) > max_entries:
+                        return None
+                memo[k] = f
+            if len(memo) < len(rows) * C:
+                memo = np.concatenate([memo, np.full(len(rows) * C - len(memo) + C * 64, -2,
+                                                     dtype=np.int64)])
+        fid[nodes] = memo[key]
+    tok_fid = fid[trie.node_of_token]
+    has_bytes = np.zeros(trie.vocab_size, dtype=bool)
+    has_bytes[trie.node_tokens] = True
+    tok_fid[~has_bytes] = -1
+    return tok_fid, np.stack(rows)
+
+
+def walk(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All (source state, token, end state) such that the token's bytes lead the byte DFA
-    ``table`` [Q, 256] from ``source`` to a live state ``end`` without passing a dead state.
+    ``table`` [Q, 256] from ``source`` to a live state ``end`` without passing a dead state
 
     Level-synchronous search over the trie for all sources at once; returns three int64 arrays
     sorted by (source, token).
     """
     table = np.ascontiguousarray(table, dtype=np.int32)
+    width = table.shape[1]
     flat = table.reshape(-1)
     live = np.asarray(live, dtype=bool)
     src = np.asarray(sources, dtype=np.int32)
@@ -139,7 +227,7 @@ def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarr
             break
         rep = np.repeat(np.arange(len(src), dtype=np.int32), counts)
         edge = ragged_indices(ptr[node], counts, np.int32)
-        new_state = flat[state[rep] * 256 + cbyte[edge]]
+        new_state = flat[state[rep] * width + cbyte[edge]]
         keep = np.flatnonzero(live[new_state])
         rep = rep[keep]
         src, state, node = src[rep], new_state[keep], cnode[edge[keep]]
