@@ -90,7 +90,7 @@ def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
         make = random_letter_dfa if seed >= 6 else random_dfa
         dfa = make(S, V, 100 * seed + dfa_seed)
         weights = brute_weights(hmm, dfa, n, m, eos, suffix)
-        tables = build_tables(hmm, dfa, n, min_tokens=m, eos_token_id=eos or None, suffix_ids=suffix)
+        tables = build_tables(hmm, dfa, n, min_new_tokens=m, eos_token_id=eos or None, suffix_ids=suffix)
         total = sum(weights.values())
         assert tables.feasible[n, dfa.initial] == (len(weights) > 0)
         if not weights:
