@@ -120,7 +120,8 @@ def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, 
     table = prefix_loglik_table(
         hmm, head, test["tokens"], test["hidden"], test["logprob"],
         unigram_prior(train["tokens"], vocab_size).log(), eos_token_ids=eos_ids,
-        prefix_lengths=tuple(_get(cfg, "head.prefix_lengths", (0, 4, 16))))
+        prefix_lengths=tuple(k for k in _get(cfg, "head.prefix_lengths", (0, 4, 16))
+                             if k < test["tokens"].shape[1]))  # short samples: the k that fit
     head.config["metrics"] = {"prefix_table": table, "valid_loss": min(history["valid_loss"] or [math.nan])}
     return head, {"history": history, "prefix_table": table}
 
