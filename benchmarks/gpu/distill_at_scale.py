@@ -30,8 +30,8 @@ __all__ = ["SIZES", "run", "config_for", "MARKDOWN_COLUMNS", "COMMONGEN_TRAIN_PR
 COMMONGEN_TRAIN_PROMPTS = Path(__file__).resolve().parents[2] / "ctrlg" / "data" / "bundled" / "commongen.train.src_alpha.txt"
 
 SIZES = {
-    "tiny": dict(hidden_size=4, num_sequences=8, heldout_sequences=4, length=8, batch_size=4,
-                 chunk_size=4, schedule=[[2, 1]], num_chunks=1, kmeans_iters=2),
+    "tiny": dict(hidden_size=4, num_sequences=32, heldout_sequences=8, length=8, batch_size=8,
+                 chunk_size=8, schedule=[[2, 1]], num_chunks=1, kmeans_iters=2),
     "full": dict(hidden_size=1024, num_sequences=200_000, heldout_sequences=2048, length=32,
                  batch_size=512, chunk_size=8192, schedule=[[10, 1], [5, 4], [5, 16], [5, 32]],
                  num_chunks=32, kmeans_iters=10),
