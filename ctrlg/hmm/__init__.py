@@ -4,8 +4,9 @@ sampling for distillation, and the embedded default HMM."""
 from pathlib import Path
 
 from ctrlg.hmm.model import HMM, tokenizer_fingerprint
+from ctrlg.hmm.prior_head import PriorHead
 
-__all__ = ["HMM", "tokenizer_fingerprint", "default_hmm_path", "load_default_hmm"]
+__all__ = ["HMM", "PriorHead", "tokenizer_fingerprint", "default_hmm_path", "load_default_hmm"]
 
 DEFAULT_HMM_NAME = "hmm_smollm2_commongen"
 
@@ -17,5 +18,6 @@ def default_hmm_path() -> Path:
 
 
 def load_default_hmm(*, tokenizer=None, device="cpu") -> HMM:
-    """The embedded HMM (:func:`default_hmm_path`); with ``tokenizer``, checks it matches."""
+    """The embedded HMM (:func:`default_hmm_path`) with its LM-conditioned prior head as
+    ``hmm.prior_head`` (None if the asset has none); with ``tokenizer``, checks both match."""
     return HMM.load(default_hmm_path(), tokenizer=tokenizer, device=device)

@@ -10,7 +10,9 @@ Parameters are probabilities in float32: ``initial`` [h], ``transition`` [h, h] 
 normaliser is accumulated, so it is numerically safe for any length.
 
 Checkpoints are a safetensors file (``model.safetensors``) plus ``config.json`` (hidden size,
-vocab size, tokenizer identity, training config); never pickle.
+vocab size, tokenizer identity, training config); never pickle. An optional LM-conditioned prior
+(:class:`ctrlg.hmm.prior_head.PriorHead`) lives in the same folder; ``HMM.load`` attaches it as
+``hmm.prior_head`` (None when the folder has none) and ``HMM.save`` writes it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,30 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return digest.hexdigest()[:16]
 
 
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _load_head(path: Path, hmm: "HMM", tokenizer, device):
+    """The PriorHead saved beside the HMM in ``path`` (None when there is none), checked against
+    the HMM's size, the tokenizer and the HMM weights it was saved with."""
+    from ctrlg.hmm.prior_head import PriorHead, has_prior_head
+
+    if not has_prior_head(path):
+        return None
+    head = PriorHead.load(path, tokenizer=tokenizer, hidden_size=hmm.hidden_size, device=device)
+    expected = head.config.get("hmm_sha256")
+    if expected and expected != _file_sha256(path / WEIGHTS_NAME):
+        raise CheckpointError(
+            f"the prior head in {path} was saved with other HMM weights than {path / WEIGHTS_NAME}; "
+            f"re-save the HMM together with its head (hmm.prior_head = head; hmm.save(path))")
+    return head
+
+
 def _check_distribution(name: str, tensor: torch.Tensor, atol: float = 1e-3) -> None:
     if not torch.isfinite(tensor).all():
         raise HMMParameterError(f"HMM parameter '{name}' contains NaN or infinite values")
@@ -70,6 +96,7 @@ class HMM(torch.nn.Module):
         self.register_buffer("transition", transition)
         self.register_buffer("emission", emission)
         self.config: dict[str, Any] = dict(config or {})
+        self.prior_head = None  # an optional ctrlg.hmm.prior_head.PriorHead (saved with the HMM)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -183,19 +210,30 @@ class HMM(torch.nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
-        """Write ``path/model.safetensors`` and ``path/config.json``. ``dtype=torch.bfloat16``
-        halves the file (parameters are renormalised in float32 on load)."""
+        """Write ``path/model.safetensors`` and ``path/config.json`` (each by an atomic rename), and
+        the attached ``prior_head`` if any (a stale head in ``path`` is removed otherwise).
+        ``dtype=torch.bfloat16`` halves the file (parameters are renormalised in float32 on load)."""
         from safetensors.torch import save_file
+
+        from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, _atomic_write
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
                    for name in ("initial", "transition", "emission")}
-        save_file(tensors, str(path / WEIGHTS_NAME), metadata={"format": "ctrlg-hmm"})
+        _atomic_write(path / WEIGHTS_NAME,
+                      lambda tmp: save_file(tensors, tmp, metadata={"format": "ctrlg-hmm"}))
         config = dict(self.config)
         config.update(format_version=FORMAT_VERSION, hidden_size=self.hidden_size,
                       vocab_size=self.vocab_size, dtype=str(dtype).replace("torch.", ""))
-        (path / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+        _atomic_write(path / CONFIG_NAME,
+                      lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2, sort_keys=True)))
+        if self.prior_head is not None:
+            self.prior_head.config["hmm_sha256"] = _file_sha256(path / WEIGHTS_NAME)
+            self.prior_head.save(path)
+        else:
+            for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME):
+                (path / name).unlink(missing_ok=True)
         return path
 
     @classmethod
@@ -232,6 +270,7 @@ class HMM(torch.nn.Module):
             raise CheckpointError(f"{weights_file}: {err}") from None
         if tokenizer is not None:
             hmm.check_vocab(tokenizer=tokenizer)
+        hmm.prior_head = _load_head(path, hmm, tokenizer, device)
         return hmm.to(device)
 
     def extra_repr(self) -> str:
