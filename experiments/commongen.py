@@ -202,9 +202,9 @@ def batch_seed(seed: int, first_index: int, method: str) -> int:
 
 
 def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
-                   seed: int) -> list[dict]:
+                   seed: int, processor_cache: dict | None = None) -> list[dict]:
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
-    K rows) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
+    K rows; ``processor_cache`` lets the methods of one batch share a guide's tables) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
     the highest log p_lm(candidate | prompt) (:func:`ctrlg.sampler.lm_log_likelihood`)."""
     from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood
 
@@ -220,11 +220,14 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     processors, extra = [], {}
     if spec["guide"] != "none":
         min_new = int(cfg.constraint.min_new_tokens)
-        proc = ConstraintLogitsProcessor(hmm if spec["guide"] == "ctrlg" else None,
-                                         list(constraints), prompt_length=width,
-                                         max_new_tokens=gen.max_new_tokens,
-                                         min_new_tokens=min_new, eos_token_id=eos,
-                                         mode=spec["guide"])
+        cache = {} if processor_cache is None else processor_cache
+        if spec["guide"] not in cache:  # methods of one batch share the guide's tables
+            cache[spec["guide"]] = ConstraintLogitsProcessor(
+                hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
+                max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
+                mode=spec["guide"])
+        proc = cache[spec["guide"]]
+        proc.reset()
         if spec["guide"] == "ctrlg" and float(spec["strength"]) != 1.0:
             proc = GuidanceStrength(proc, spec["strength"])
         processors, extra = [proc], dict(min_new_tokens=min_new)
@@ -327,6 +330,15 @@ def select_items(cfg: DictConfig):
     return list(enumerate(examples))[offset:]
 
 
+def batches(items: list, size: int) -> list[list]:
+    """Items grouped by ``dataset index // size``: the same batches (hence the same samples)
+    whether items [0, 200) run at once or as [0, 100) and [100, 200) (when size divides 100)."""
+    groups: dict[int, list] = {}
+    for index, example in items:
+        groups.setdefault(index // size, []).append((index, example))
+    return list(groups.values())
+
+
 def score_methods(records: list[dict], methods: list[str], specs: dict, cfg) -> tuple[dict, dict]:
     """The metric table (one row per method) and the paired-bootstrap intervals of each guided
     method − ``bootstrap.baseline`` (corpus metrics recomputed on every resample of items)."""
@@ -397,8 +409,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     size = int(cfg.batch_size)
     bar = progress(None, total=len(items), desc="commongen", initial=len(done & {i for i, _ in items}))
     try:
-        for lo in range(0, len(items), size):
-            batch = [(i, ex) for i, ex in items[lo:lo + size] if i not in done]
+        for group in batches(items, size):
+            batch = [(i, ex) for i, ex in group if i not in done]
             if not batch:
                 continue
             ready = []  # (record, constraint, prompt) of the satisfiable items
@@ -421,13 +433,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                 record["seconds"] = {}
                 ready.append((record, constraint,
                               prompt_ids(example, tokenizer, cfg.model.chat_template)))
+            shared: dict = {}
             for method in methods:
                 if not ready:
                     break
                 start = time.perf_counter()
                 outputs = generate_batch(specs[method], model, tokenizer,
                                          [p for _, _, p in ready], [c for _, c, _ in ready], hmm,
-                                         cfg, batch_seed(cfg.seed, batch[0][0], method))
+                                         cfg, batch_seed(cfg.seed, group[0][0], method), shared)
                 share = (time.perf_counter() - start) / len(ready)
                 for (record, _, _), output in zip(ready, outputs):
                     record[method] = output
