@@ -66,7 +66,7 @@ def embedded_gguf_path() -> Path:
 def _convert_gguf(gguf: Path, target: Path) -> Path:
     """Convert a GGUF checkpoint into a transformers folder at ``target`` (atomic rename, so
     concurrent processes never see a half-written folder)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
@@ -113,7 +113,7 @@ def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
 
 def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
     """The tokenizer for ``name`` (see module docstring)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
     try:
@@ -128,7 +128,7 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
     try:

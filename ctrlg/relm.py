@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -37,8 +38,13 @@ import numpy as np
 import torch
 
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
+from ctrlg.dfa.canonical import canonical_token_dfa
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.errors import ConstraintError
+from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
+from ctrlg.dfa.vocab_trie import vocab_trie
+from ctrlg.errors import ConstraintError, VocabularyMismatchError
+from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
+from ctrlg.vocab import as_vocabulary, lm_vocab_size
 
 __all__ = ["Query", "QueryResult", "search", "sample", "exclude_words", "compile_query"]
 
@@ -92,8 +98,6 @@ class QueryResult:
 def exclude_words(words: Sequence[str], case_sensitive: bool = False) -> Callable[[str], bool]:
     """A result filter rejecting texts that contain any of ``words`` as a whole word
     (e.g. stop words)."""
-    import re
-
     if not words:
         raise ConstraintError("exclude_words needs at least one word")
     flags = 0 if case_sensitive else re.IGNORECASE
@@ -113,14 +117,8 @@ class _Automata:
 
 def _token_dfa(pattern: str, tokenizer, encodings: str, vocab_size: int, edit_distance: int = 0,
                edit_symbols: str | None = None) -> TokenDFA:
-    from ctrlg.dfa.canonical import canonical_token_dfa
-    from ctrlg.dfa.regex import token_dfa_from_bytes_dfa
-    from ctrlg.dfa.vocab_trie import vocab_trie
-
     bdfa = compile_bytes_dfa(pattern)
     if edit_distance:
-        from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
-
         bdfa = within_edit_distance(bdfa, edit_distance, edit_symbols or DEFAULT_EDIT_SYMBOLS)
     what = f"regex {pattern!r}"
     if encodings == "canonical":
@@ -254,7 +252,7 @@ class _ContextScorer:
             self.layers = [(layer.keys, layer.values) for layer in layers]
 
     def _cache(self, batch: int):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy optional dependency: imported on first use
 
         return DynamicCache([(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:]))
                              for k, v in self.layers], config=self.model.config)
@@ -309,8 +307,12 @@ def _right_padded(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _vocab_size(model, tokenizer) -> int:
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
-    return int(size) if size is not None else len(tokenizer)
+    """The LM's (padded) output width (:func:`ctrlg.vocab.lm_vocab_size`), or the tokenizer's
+    size for models that state neither."""
+    try:
+        return lm_vocab_size(model)
+    except VocabularyMismatchError:
+        return as_vocabulary(tokenizer).vocab_size
 
 
 def _topk_mask(log_probs: torch.Tensor, k: int | None) -> np.ndarray | None:
@@ -322,9 +324,7 @@ def _topk_mask(log_probs: torch.Tensor, k: int | None) -> np.ndarray | None:
 
 
 def _decode(tokenizer, ids) -> str:
-    from ctrlg.dfa.vocab_trie import vocabulary_index
-
-    return vocabulary_index(tokenizer).decode(ids)
+    return as_vocabulary(tokenizer).decode(ids)
 
 
 def _passes(query: Query, text: str) -> bool:

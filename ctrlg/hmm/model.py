@@ -24,25 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
+from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["HMM", "tokenizer_fingerprint"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 FORMAT_VERSION = 1
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A stable hash of a tokenizer's vocabulary (token strings in id order), used to check that a
-    checkpoint is used with the tokenizer it was made for."""
-    vocab = tokenizer.get_vocab()
-    ordered = sorted(vocab.items(), key=lambda kv: kv[1])
-    digest = hashlib.sha256()
-    for token, index in ordered:
-        digest.update(f"{index}\t{token}\n".encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()[:16]
 
 
 def _file_sha256(path: Path) -> str:
@@ -196,7 +188,8 @@ class HMM(torch.nn.Module):
     # ------------------------------------------------------------------ vocabulary checks
     def check_vocab(self, vocab_size: int | None = None, *, tokenizer=None, what: str = "LM") -> None:
         """Raise VocabularyMismatchError unless this HMM fits a vocabulary of ``vocab_size`` tokens
-        (an LM's output size) and, if given, the ``tokenizer`` it was distilled with."""
+        (an LM's output size) and, if given, the ``tokenizer`` (or :class:`ctrlg.Vocabulary`) it
+        was distilled with."""
         if vocab_size is not None and int(vocab_size) != self.vocab_size:
             raise VocabularyMismatchError(
                 f"the HMM has vocabulary size {self.vocab_size} but the {what} has {int(vocab_size)}")
@@ -206,15 +199,14 @@ class HMM(torch.nn.Module):
                 raise VocabularyMismatchError(
                     f"the HMM was distilled for tokenizer {self.config.get('tokenizer_name', '?')!r} "
                     f"(vocabulary hash {expected}), which differs from the given tokenizer "
-                    f"{getattr(tokenizer, 'name_or_path', '?')!r} (hash {tokenizer_fingerprint(tokenizer)})")
+                    f"{getattr(tokenizer, 'name_or_path', None) or getattr(tokenizer, 'name', '?')!r} "
+                    f"(hash {tokenizer_fingerprint(tokenizer)})")
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
         """Write ``path/model.safetensors`` and ``path/config.json`` (each by an atomic rename), and
         the attached ``prior_head`` if any (a stale head in ``path`` is removed otherwise).
         ``dtype=torch.bfloat16`` halves the file (parameters are renormalised in float32 on load)."""
-        from safetensors.torch import save_file
-
         from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, _atomic_write
 
         path = Path(path)
@@ -239,9 +231,6 @@ class HMM(torch.nn.Module):
     @classmethod
     def load(cls, path: str | os.PathLike, *, tokenizer=None, device: str | torch.device = "cpu") -> "HMM":
         """Load a checkpoint written by :meth:`save`. With ``tokenizer``, check it matches."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         path = Path(path)
         config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
         if not config_file.is_file() or not weights_file.is_file():
