@@ -90,7 +90,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         use_kernel: use the Triton backward-table kernel (default: on CUDA).
         progress: tqdm bar while building tables (default: only on a TTY).
         prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.priors`);
-            default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`).
+            default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`); an
+            LM-conditioned head: :class:`ctrlg.priors.HeadPrior` (a source with ``current()``
+            gives every row's prior afresh at each step).
+        strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guidance`;
+            0 = logical masking, 1 = Ctrl-G); feasibility is exact for every w.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -104,7 +108,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def __init__(self, hmm, dfa: TokenDFA | Sequence[TokenDFA], prompt_length: int | None = None,
                  max_new_tokens: int = 32, min_new_tokens: int = 0, eos_token_id=None,
                  mode: str = "ctrlg", suffix_ids: Sequence[int] | None = None,
-                 use_kernel: bool | None = None, progress: bool | None = None, prior=None):
+                 use_kernel: bool | None = None, progress: bool | None = None, prior=None,
+                 strength: float = 1.0):
         if mode not in MODES:
             raise ConstraintError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "ctrlg" and hmm is None:
@@ -112,6 +117,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.dfas = _check_dfas(dfa, hmm if mode == "ctrlg" else None)
         if prompt_length is not None and int(prompt_length) < 0:
             raise ConstraintError(f"prompt_length must be ≥ 0, got {prompt_length}")
+        self.strength = check_strength(strength)
         self.hmm = hmm if mode == "ctrlg" else None
         self.mode = mode
         self.vocab_size = self.dfas[0].vocab_size
@@ -164,6 +170,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         states, priors = self.rows.update(safe, torch.as_tensor(table_of_row))
         if bool(finished.all()):
             return scores
+        if priors is not None and hasattr(self.prior, "current"):
+            priors = self.prior.current(B)  # per-step priors, aligned with input_ids' rows
         remaining = self.max_new_tokens - generated.shape[1]
         if remaining < 1:
             raise ConstraintError(
@@ -176,7 +184,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             priors = None if priors is None else priors[torch.as_tensor(active, device=priors.device)]
         active_t = None if every else torch.as_tensor(active, device=scores.device)
         lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
-        guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining)
+        guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
+                                  self.strength if self.hmm is not None else 1.0)
         return self._write(scores, guided, active_t)
 
     # ------------------------------------------------------------------ __call__'s steps
@@ -225,6 +234,18 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         out[rows, :V] = guided.to(out.dtype)
         out[rows, V:] = -math.inf
         return out
+
+
+def check_strength(strength) -> float:
+    """The guidance strength w as a float, or ConstraintError unless it is finite and ≥ 0."""
+    try:
+        value = float(strength)
+    except (TypeError, ValueError):
+        raise ConstraintError(f"strength must be a number ≥ 0, got {strength!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConstraintError(f"strength must be finite and ≥ 0 (0 = logical masking, 1 = Ctrl-G), "
+                              f"got {strength!r}")
+    return value
 
 
 def _check_dfas(dfa, hmm) -> list[TokenDFA]:

@@ -172,28 +172,6 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
-# ---------------------------------------------------------------------- guidance strength
-class GuidanceStrength:
-    """Tempers the Ctrl-G term of a :class:`ctrlg.ConstraintLogitsProcessor` (mode ``"ctrlg"``):
-    p_w(v) ∝ p_lm(v) · p_hmm(α | x≤t, v)^w.
-
-    The processor returns log p_lm(v) + log p_hmm(α | ·, v) − c_row, so r(v) = that − log p_lm(v)
-    is the guidance term up to a per-row constant, which the final normalisation removes.
-    Infeasible tokens stay exactly −inf for every w ≥ 0 (w = 0: logical masking)."""
-
-    def __init__(self, processor, strength: float):
-        self.processor, self.strength = processor, float(strength)
-
-    def __call__(self, input_ids, scores):
-        guided = self.processor(input_ids, scores)
-        base = torch.log_softmax(scores.float(), -1)
-        feasible = torch.isfinite(guided) & torch.isfinite(base)
-        term = torch.where(feasible, guided.float() - base, torch.zeros_like(base))
-        tempered = torch.where(feasible, base + self.strength * term,
-                               torch.full_like(base, -math.inf))
-        return torch.log_softmax(tempered, -1).to(scores.dtype)
-
-
 # ---------------------------------------------------------------------- one batch, one method
 def batch_seed(seed: int, first_index: int, method: str) -> int:
     """The torch seed of one batch of one method (stable across processes and resumes)."""
@@ -227,8 +205,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                 mode=spec["guide"])
         proc = cache[spec["guide"]]
         proc.reset()
-        if spec["guide"] == "ctrlg" and float(spec["strength"]) != 1.0:
-            proc = GuidanceStrength(proc, spec["strength"])
+        proc.strength = float(spec.get("strength", 1.0))
         processors, extra = [proc], dict(min_new_tokens=min_new)
     torch.manual_seed(seed)
     with torch.no_grad():

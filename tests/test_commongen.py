@@ -117,14 +117,13 @@ def brute_ratio(hmm, dfa, n, m, eos, prefix, v):
 def test_guidance_strength_is_exact_and_keeps_feasibility(case, strength):
     """For every prefix: p_w(v) ∝ p_lm(v) · p_hmm(α | x, v)^w on exactly the feasible tokens
     (enumeration), −inf elsewhere; w = 0 is logical masking, w = 1 Ctrl-G."""
-    from experiments.commongen import GuidanceStrength
     from ctrlg.sampler import ConstraintLogitsProcessor
 
     S, V, h, n, m, eos, _, seed = case
     hmm, dfa = random_hmm(h, V, seed), random_dfa(S, V, seed)
-    proc = ConstraintLogitsProcessor(hmm, dfa, prompt_length=1, max_new_tokens=n,
-                                     min_new_tokens=m, eos_token_id=eos or None)
-    guided = GuidanceStrength(proc, strength)
+    guided = ConstraintLogitsProcessor(hmm, dfa, prompt_length=1, max_new_tokens=n,
+                                       min_new_tokens=m, eos_token_id=eos or None,
+                                       strength=strength)
     lm = torch.randn(1, V, generator=torch.Generator().manual_seed(seed)) * 2
     for length in range(n):
         for prefix in itertools.product(range(V), repeat=length):
