@@ -59,7 +59,7 @@ from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility
 from ctrlg.guidance import guided_log_probs
 from ctrlg.guide import GuideTables
-from ctrlg.priors import HMMFilterPrior
+from ctrlg.priors import HeadPrior, HMMFilterPrior
 from ctrlg.row_state import RowStates
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
@@ -171,7 +171,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if bool(finished.all()):
             return scores
         if priors is not None and hasattr(self.prior, "current"):
-            priors = self.prior.current(B)  # per-step priors, aligned with input_ids' rows
+            priors = self.prior.current(generated)  # per-step priors, in input_ids' row order
         remaining = self.max_new_tokens - generated.shape[1]
         if remaining < 1:
             raise ConstraintError(
@@ -327,7 +327,8 @@ def rerank(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]]
 def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_new_tokens: int = 32,
              min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rerank: bool = True,
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
-             eos_token_id=None, **generate_kwargs) -> list[Generation]:
+             eos_token_id=None, prior_head="auto", strength: float = 1.0,
+             **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rerank`` (else in generation order).
 
@@ -340,6 +341,10 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     ``num_samples`` beams of ``max(num_beams, num_samples)``. Extra keyword arguments go to
     ``model.generate`` (temperature, top_k, top_p, ...), whose warpers run after the guidance.
     ``seed`` seeds a fork of torch's RNG: the caller's global RNG state is left unchanged.
+    ``prior_head``: a :class:`ctrlg.hmm.prior_head.PriorHead` reading the LM's features
+    (:class:`ctrlg.priors.HeadPrior`), ``None`` for the HMM's filtering prior, or ``"auto"`` (the
+    head saved with the HMM, ``hmm.prior_head``, when it has one). ``strength``: guidance
+    strength w (p_lm · p_hmm(α | ·)^w).
     """
     if mode == "ctrlg" and hmm is None:
         raise ConstraintError("generate(mode='ctrlg') needs hmm=...; use mode='logical' without one")
@@ -350,9 +355,31 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
         suffix_ids = tokenizer(suffix, add_special_tokens=False).input_ids if isinstance(suffix, str) \
             else [int(t) for t in suffix]
     eos_ids = eos_list(eos_token_id) if eos_token_id is not None else eos_token_ids(tokenizer, model)
-    proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt_ids),
-                                     max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                                     eos_token_id=eos_ids or None, mode=mode, suffix_ids=suffix_ids)
+    if isinstance(prior_head, str) and prior_head == "auto":
+        prior_head = getattr(hmm, "prior_head", None)
+    head_prior = (HeadPrior(prior_head, model, hidden_size=hmm.hidden_size)
+                  if prior_head is not None and mode == "ctrlg" else None)
+    try:
+        proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt_ids),
+                                         max_new_tokens=max_new_tokens,
+                                         min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
+                                         mode=mode, suffix_ids=suffix_ids, prior=head_prior,
+                                         strength=strength)
+        output = _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens,
+                           num_samples, num_beams, do_sample, seed, generate_kwargs)
+    finally:
+        if head_prior is not None:
+            head_prior.remove()
+    results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
+                        tokenizer)
+    if rerank and results:
+        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
+    return results
+
+
+def _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, num_samples,
+              num_beams, do_sample, seed, generate_kwargs) -> torch.Tensor:
+    """``model.generate`` with the processor, seeded on a fork of torch's RNG."""
     if do_sample is None:
         do_sample = num_beams == 1
     device = next(model.parameters()).device
@@ -371,12 +398,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(int(seed))
-        output = model.generate(input_ids, **kwargs)
-    results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
-                        tokenizer)
-    if rerank and results:
-        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
-    return results
+        return model.generate(input_ids, **kwargs)
 
 
 def _check_vocab_fits(model, hmm, constraint: TokenDFA) -> None:
