@@ -17,7 +17,8 @@ consecutive samples/beams. Each batch draws from its own seed (run seed, first i
 a resumed run reproduces an uninterrupted one.
 
 Methods are named entries of ``method_specs`` (``guide``: none | logical | ctrlg; ``prior``:
-filter, the HMM's own forward posterior over the generated tokens; ``strength`` w: the guided
+filter, the HMM's own forward posterior over the generated tokens, or head, the LM-conditioned
+prior saved with the HMM (:class:`ctrlg.priors.HeadPrior`); ``strength`` w: the guided
 distribution ∝ p_lm(v) · p_hmm(α | x≤t, v)^w, w = 0 is logical masking, w = 1 Ctrl-G). The method
 named ``ctrlg`` is the recommended configuration; ablations have their own names.
 
@@ -51,7 +52,7 @@ from experiments.common import (ExperimentConfigError, format_table, hydra_outpu
                                 load_lm, progress, start_run, write_json)
 
 GUIDES = ("none", "logical", "ctrlg")
-PRIORS = ("filter",)
+PRIORS = ("filter", "head")
 TABLE_COLUMNS = ["method", "bleu4", "rouge_l", "cider", "meteor", "success", "keywords", "words",
                  "seconds"]
 TABLE_HEADERS = ["method", "BLEU-4", "ROUGE-L", "CIDEr", "METEOR", "success %", "all words %",
@@ -183,6 +184,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
     K rows; ``processor_cache`` lets the methods of one batch share a guide's tables) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
     the highest log p_lm(candidate | prompt) (:func:`ctrlg.sampler.lm_log_likelihood`)."""
+    from ctrlg.priors import HeadPrior
     from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood
 
     gen = cfg.generation
@@ -198,12 +200,15 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     if spec["guide"] != "none":
         min_new = int(cfg.constraint.min_new_tokens)
         cache = {} if processor_cache is None else processor_cache
-        if spec["guide"] not in cache:  # methods of one batch share the guide's tables
-            cache[spec["guide"]] = ConstraintLogitsProcessor(
+        head = spec["guide"] == "ctrlg" and spec["prior"] == "head"
+        key = (spec["guide"], head)
+        if key not in cache:  # methods of one batch with the same prior share the tables
+            cache[key] = ConstraintLogitsProcessor(
                 hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
                 max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
-                mode=spec["guide"])
-        proc = cache[spec["guide"]]
+                mode=spec["guide"],
+                prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
+        proc = cache[key]
         proc.reset()
         proc.strength = float(spec.get("strength", 1.0))
         processors, extra = [proc], dict(min_new_tokens=min_new)
@@ -377,6 +382,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     model, tokenizer = load_lm(cfg.model)
     needs_hmm = any(s["guide"] == "ctrlg" for s in specs.values())
     hmm = load_hmm(cfg.hmm, tokenizer) if needs_hmm else None
+    heads = [m for m in methods if specs[m]["guide"] == "ctrlg" and specs[m]["prior"] == "head"]
+    if heads and getattr(hmm, "prior_head", None) is None:
+        raise ExperimentConfigError(f"method(s) {heads} use prior=head but the HMM "
+                                    f"({cfg.hmm.get('path') or 'the embedded default'}) has no "
+                                    f"prior head saved with it")
     eos = eos_ids(model, tokenizer)
     vocab_size = hmm.vocab_size if hmm is not None else len(tokenizer)
 
@@ -421,6 +431,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                 for (record, _, _), output in zip(ready, outputs):
                     record[method] = output
                     record["seconds"][method] = share
+            for proc in shared.values():  # detach the prior heads' hooks from the LM
+                if hasattr(proc.prior, "remove"):
+                    proc.prior.remove()
             for record, _, _ in ready:
                 writer.write(record)
                 records.append(record)

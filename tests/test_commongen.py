@@ -99,3 +99,26 @@ def test_unsatisfiable_item_is_reported_and_the_others_go_on(tiny_lm_dir, tiny_h
     assert saved["items"] == 2 and [s["index"] for s in saved["skipped"]] == [1]
     assert table["ctrlg"]["success"] == 100.0 and table["logical"]["success"] == 100.0
     assert [r["index"] for r in read_records(tmp_path / "run") if "skipped" not in r] == [0, 2]
+
+
+def test_head_methods_run_with_per_row_dfas_and_need_a_head(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    """prior=head reads the LM-conditioned prior saved beside the HMM; with one DFA per item in
+    a batch every guided output still satisfies its constraint. Without a head: a clear error."""
+    from ctrlg import HMM
+    from ctrlg.hmm.prior_head import PriorHead
+    from experiments import commongen
+
+    hmm = HMM.load(tiny_hmm_dir)
+    torch.manual_seed(0)
+    hmm.prior_head = PriorHead(16, hmm.hidden_size, inner_size=4)
+    with_head = tmp_path / "hmm-with-head"
+    hmm.save(with_head)
+    overrides = small_overrides(tiny_lm_dir, with_head, "data.limit=2", "batch_size=2",
+                                "methods=[ctrlg_head,ctrlg_head_w05,ctrlg]")
+    table = commongen.run(compose("commongen", overrides), tmp_path / "run")
+    assert all(table[m]["success"] == 100.0 for m in ("ctrlg_head", "ctrlg_head_w05", "ctrlg"))
+    with pytest.raises(ExperimentConfigError, match="no prior head"):
+        commongen.run(compose("commongen", small_overrides(tiny_lm_dir, tiny_hmm_dir,
+                                                           "data.limit=1",
+                                                           "methods=[ctrlg_head]")),
+                      tmp_path / "none")
