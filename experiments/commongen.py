@@ -237,8 +237,12 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
 
 # ---------------------------------------------------------------------- persistence
 def _generation_config(cfg: DictConfig) -> dict:
+    """The settings that decide the generations (only the specs of the methods in use)."""
     full = OmegaConf.to_container(cfg, resolve=True)
-    return {key: full.get(key) for key in GENERATION_KEYS}
+    out = {key: full.get(key) for key in GENERATION_KEYS}
+    specs = out.get("method_specs") or {}
+    out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
+    return out
 
 
 def find_resume_dir(cfg: DictConfig, out_dir: Path) -> Path | None:
