@@ -55,7 +55,7 @@ def full_forward_check(model, prompt, tokens, logprob, hidden, hidden_atol=1e-5)
 @pytest.mark.parametrize("use_prefix", [False, True])
 def test_cached_sampling_matches_full_forward(tiny_lm, use_prefix):
     model = tiny_lm[0]
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(3)
     prefix = torch.tensor([20, 21, 22])
     ids = torch.randint(3, 40, (8, 5), generator=g)
     mask = torch.ones(8, 5, dtype=torch.long)
@@ -73,7 +73,8 @@ def test_cached_sampling_matches_full_forward(tiny_lm, use_prefix):
     assert len(set(lengths)) > 2  # rows finished at different steps (dropping finished rows works)
 
 
-def test_sampling_is_ancestral():
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "multinomial"])
+def test_sampling_is_ancestral(sampler):
     """Empirical next-token frequencies match the LM's softmax (no top-k / top-p / temperature)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -83,11 +84,30 @@ def test_sampling_is_ancestral():
                                          num_key_value_heads=1, eos_token_id=5)).eval()
     ids = torch.tensor([[1, 2]]).repeat(2000, 1)
     res = sample_sequences(model, ids, torch.ones_like(ids), 1, eos_token_ids=[5],
-                           generator=torch.Generator().manual_seed(0))
+                           generator=torch.Generator().manual_seed(0), sampler=sampler)
     with torch.no_grad():
         probs = torch.softmax(model(ids[:1]).logits[0, -1], -1)
     freq = torch.bincount(res["tokens"][:, 0], minlength=6).float() / 2000
     assert (freq - probs).abs().max() < 0.04
+
+
+def test_inverse_cdf_draws_follow_softmax_and_skip_impossible_tokens():
+    from scipy.stats import chisquare
+
+    from ctrlg.hmm.sampling import draw_inverse_cdf
+
+    logits = torch.tensor([[0.0, -float("inf"), 1.0, 2.0, -float("inf"), -1.0]]).repeat(20000, 1)
+    drawn, logp = draw_inverse_cdf(logits, torch.Generator().manual_seed(0))
+    probs = torch.softmax(logits[0], -1)
+    counts = torch.bincount(drawn, minlength=6)
+    assert counts[1] == 0 and counts[4] == 0
+    keep = probs > 0
+    expected = probs[keep].double() / probs[keep].double().sum() * 20000
+    assert chisquare(counts[keep].double().numpy(), expected.numpy()).pvalue > 1e-3
+    torch.testing.assert_close(logp, probs.log()[drawn])
+    with pytest.raises(CtrlgError, match="sampler must be one of"):
+        sample_sequences(None, torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1), 1, eos_token_ids=[0],
+                         generator=torch.Generator(), sampler="top_k")
 
 
 def test_sample_to_disk_is_chunked_seeded_and_resumable(tiny_lm, tmp_path):
@@ -97,8 +117,15 @@ def test_sample_to_disk_is_chunked_seeded_and_resumable(tiny_lm, tmp_path):
     sample_to_disk(model, tokenizer, prompts, tmp_path / "a", num_sequences=10, **kwargs)
     sample_to_disk(model, tokenizer, prompts, tmp_path / "b", num_sequences=4, **kwargs)
     sample_to_disk(model, tokenizer, prompts, tmp_path / "b", num_sequences=10, **kwargs)  # resume
+    sample_to_disk(model, tokenizer, prompts, tmp_path / "w", num_sequences=10, workers=2, **kwargs)
+    sample_to_disk(model, tokenizer, prompts, tmp_path / "s", num_sequences=10, shard=(1, 2), **kwargs)
+    assert [p.name for p in (tmp_path / "s").glob("chunk_*")] == ["chunk_00001.safetensors"]
+    sample_to_disk(model, tokenizer, prompts, tmp_path / "s", num_sequences=10, shard=(0, 2), **kwargs)
     a = load_chunks(tmp_path / "a", ("tokens", "logprob", "hidden", "prompt_index"))
     b = load_chunks(tmp_path / "b", ("tokens", "logprob", "hidden", "prompt_index"))
+    for other in ("w", "s"):  # threads or sharded processes make the same chunks
+        c = load_chunks(tmp_path / other, ("tokens", "logprob", "hidden", "prompt_index"))
+        assert all(torch.equal(a[k], c[k]) for k in a), other
     assert a["tokens"].shape == (10, 6) and a["hidden"].shape == (10, 6, 32)
     assert len(list((tmp_path / "a").glob("chunk_*"))) == 3
     for key in a:
@@ -142,6 +169,8 @@ def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
         "lvd": {"kmeans_iters": 5, "pseudocount": 0.5},
         "em": {"schedule": [[2, 1], [3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
                "emission_prior": "unigram", "keep_best": True},
+        "head": {"inner_size": 8, "epochs": 3, "batch_size": 16, "valid_fraction": 0.25,
+                 "prefix_lengths": [0, 2]},
         "output": {"dir": str(tmp_path / "out"), "dtype": "float32"},
     }
     metrics = distill(cfg)
@@ -155,6 +184,13 @@ def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
     hmm = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
     assert hmm.hidden_size == 6 and hmm.vocab_size == 40 and hmm.config["eos_pad_state"] == 5
     assert hmm.emission[5, EOS] == 1.0
+    # the prior head ships with the HMM and its held-out table is recorded
+    assert hmm.prior_head is not None and hmm.prior_head.lm_hidden_size == 32
+    assert hmm.prior_head.config["lm_name"] == str(path)
+    table = metrics["head"]["prefix_table"]
+    assert [row["prefix_length"] for row in table][0] == 0
+    assert table[0]["per_token"]["hmm"] == pytest.approx(ll["hmm_as_saved"], abs=1e-4)
+    assert set(table[0]["per_token"]) == {"unigram", "lm", "hmm", "hmm_head"}
 
 
 def test_distill_config_drives_the_pipeline(tiny_lm, tmp_path):
@@ -175,6 +211,7 @@ def test_distill_config_drives_the_pipeline(tiny_lm, tmp_path):
             "sampling.length=4", "sampling.batch_size=8", "sampling.chunk_size=8",
             f"sampling.dir={tmp_path / 'samples'}", "hidden_size=4", "em.schedule=[[2,2]]",
             "em.num_chunks=2", "em.pseudocount=1.0", "lvd.kmeans_iters=3", f"output.dir={tmp_path / 'out'}",
+            "head.epochs=2", "head.inner_size=4", "head.valid_fraction=0.25", "head.prefix_lengths=[0,2]",
             f"output.copy_to={tmp_path / 'asset'}"])
     assert cfg.em.emission_prior == "unigram" and cfg.em.keep_best
     metrics = distill(OmegaConf.to_container(cfg, resolve=True))

@@ -13,7 +13,10 @@
    curve and, with ``em.keep_best``, early stopping): the HMM, a unigram model (add-one-smoothed, fitted on the
    same training tokens) and the LM itself (Σ log p_lm of the sampled tokens; the
    EOS padding has probability 1), all as mean log-likelihood per token of the padded sequences;
-5. write ``<output.dir>/hmm/{model.safetensors,config.json}`` (and the same checkpoint to
+5. with ``head.enabled``, train the LM-conditioned prior head on the training samples' stored LM
+   features against the HMM as saved (:mod:`ctrlg.hmm.head_training`) and measure the held-out
+   prefix log-likelihood table (prefix lengths ``head.prefix_lengths``) on the test half;
+6. write ``<output.dir>/hmm/{model.safetensors,config.json,prior_head.*}`` (and the same checkpoint to
    ``output.copy_to`` if set, e.g. the package's asset folder), ``curve.json``, ``curve.png`` and
    ``metrics.json``.
 """
@@ -32,6 +35,8 @@ from ctrlg import models
 from ctrlg.data._files import bundled_path
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.em import baum_welch, forward_loglik, unigram_prior
+from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
+from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
 from ctrlg.vocab import tokenizer_fingerprint
@@ -88,6 +93,38 @@ def plot_curve(history: Mapping, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def _sampling_model(cfg: Mapping, model_name, device):
+    """The LM that draws the samples, in ``sampling.dtype`` (bfloat16 halves the cost of its
+    matmuls on CPUs with bf16 instructions) with ``sampling.attention`` (``ctrlg_grouped``:
+    :mod:`ctrlg.hmm.grouped_attention`)."""
+    attention = _get(cfg, "sampling.attention")
+    kwargs = {}
+    if attention:
+        if attention == GROUPED_ATTENTION:
+            register()
+        kwargs["attn_implementation"] = attention
+    dtype = getattr(torch, str(_get(cfg, "sampling.dtype") or "float32"))
+    return models.load_model(model_name, device=device, dtype=dtype, **kwargs)
+
+
+def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, eos_ids, config: dict):
+    """Fit the LM-conditioned prior head to the training samples (HMM frozen) and measure the
+    held-out prefix log-likelihood table on the test samples (:mod:`ctrlg.hmm.head_training`)."""
+    head, history = train_prior_head(
+        hmm, train["hidden"], train["tokens"], eos_token_ids=eos_ids,
+        inner_size=int(_get(cfg, "head.inner_size", 256)),
+        valid_fraction=float(_get(cfg, "head.valid_fraction", 0.05)),
+        epochs=int(_get(cfg, "head.epochs", 30)), patience=int(_get(cfg, "head.patience", 3)),
+        lr=float(_get(cfg, "head.lr", 1e-3)), weight_decay=float(_get(cfg, "head.weight_decay", 0.0)),
+        batch_size=int(_get(cfg, "head.batch_size", 1024)), seed=int(_get(cfg, "seed", 0)), config=config)
+    table = prefix_loglik_table(
+        hmm, head, test["tokens"], test["hidden"], test["logprob"],
+        unigram_prior(train["tokens"], vocab_size).log(), eos_token_ids=eos_ids,
+        prefix_lengths=tuple(_get(cfg, "head.prefix_lengths", (0, 4, 16))))
+    head.config["metrics"] = {"prefix_table": table, "valid_loss": min(history["valid_loss"] or [math.nan])}
+    return head, {"history": history, "prefix_table": table}
+
+
 def distill(cfg: Mapping) -> dict:
     """Run the whole pipeline (module docstring); returns the metrics dictionary."""
     seed = int(_get(cfg, "seed", 0))
@@ -102,7 +139,7 @@ def distill(cfg: Mapping) -> dict:
     model_name = _get(cfg, "model.name")
     device = _get(cfg, "device", "cpu")
     tokenizer = models.load_tokenizer(model_name)
-    model = models.load_model(model_name, device=device)
+    model = _sampling_model(cfg, model_name, device)
     prompts = build_prompts(cfg, tokenizer)
     n_heldout_prompts = max(1, int(len(prompts) * float(_get(cfg, "prompts.heldout_fraction", 0.05))))
     if n_heldout_prompts >= len(prompts):
@@ -111,24 +148,30 @@ def distill(cfg: Mapping) -> dict:
 
     samples = Path(_get(cfg, "sampling.dir", out_dir / "samples"))
     L = int(_get(cfg, "sampling.length", 32))
+    shard = _get(cfg, "sampling.shard")
     common = dict(length=L, chunk_size=int(_get(cfg, "sampling.chunk_size", 256)),
-                  batch_size=int(_get(cfg, "sampling.batch_size", 32)))
+                  batch_size=int(_get(cfg, "sampling.batch_size", 32)),
+                  sampler=_get(cfg, "sampling.sampler", "inverse_cdf"),
+                  shard=tuple(shard) if shard else None)
     start = time.perf_counter()
     sample_to_disk(model, tokenizer, heldout_prompts, samples / "heldout",
                    num_sequences=int(_get(cfg, "sampling.heldout_sequences", 256)), seed=seed + 1,
-                   return_hidden=False, **common)
+                   return_hidden=True, **common)
     sample_to_disk(model, tokenizer, train_prompts, samples / "train",
                    num_sequences=int(_get(cfg, "sampling.num_sequences", 4096)), seed=seed, **common)
     timings["sampling_s"] = time.perf_counter() - start
+    if shard or _get(cfg, "sampling.only", False):
+        return {"samples": str(samples), "shard": shard, "timings": timings}
     V = int(model.get_output_embeddings().weight.shape[0])
-    eos_id = json.loads((samples / "train" / "meta.json").read_text())["pad_token_id"]
+    sample_meta = json.loads((samples / "train" / "meta.json").read_text())
+    eos_id, eos_ids = sample_meta["pad_token_id"], list(sample_meta["eos_token_ids"])
     del model
 
     def chunk_ids(key: str) -> list[int]:
         return list(range(-(-int(_get(cfg, key)) // common["chunk_size"])))
 
     train = load_chunks(samples / "train", ("tokens", "hidden"), chunks=chunk_ids("sampling.num_sequences"))
-    heldout = load_chunks(samples / "heldout", ("tokens", "logprob"),
+    heldout = load_chunks(samples / "heldout", ("tokens", "logprob", "hidden", "prompt_index"),
                           chunks=chunk_ids("sampling.heldout_sequences"))
     h = int(_get(cfg, "hidden_size", 128))
     pseudocount = float(_get(cfg, "em.pseudocount", 1.0))
@@ -151,7 +194,8 @@ def distill(cfg: Mapping) -> dict:
     valid = heldout["tokens"][:half]
     test = {k: v[half:] for k, v in heldout.items()}
     lvd_ll = float(forward_loglik(hmm, test["tokens"]) / test["tokens"].numel())
-    del train["hidden"]
+    if not _get(cfg, "head.enabled", True):
+        del train["hidden"]
 
     start = time.perf_counter()
     hmm, history = baum_welch(
@@ -182,10 +226,21 @@ def distill(cfg: Mapping) -> dict:
     dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
     hmm.config["metrics"] = metrics["heldout_ll_per_token"]
     hmm.save(out_dir / "hmm", dtype=dtype)
-    if _get(cfg, "output.copy_to"):
-        hmm.save(_get(cfg, "output.copy_to"), dtype=dtype)
     saved = type(hmm).load(out_dir / "hmm")
     metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(forward_loglik(saved, test["tokens"]) / n_tokens)
+    if _get(cfg, "head.enabled", True):
+        # the head is fitted to the HMM exactly as it ships (after the dtype round trip)
+        start = time.perf_counter()
+        saved.prior_head, metrics["head"] = _train_head(cfg, saved, train, test, V, eos_ids=eos_ids,
+                                                        config={**{k: hmm_config[k] for k in (
+                                                            "tokenizer_name", "tokenizer_hash")},
+                                                            "lm_name": model_name or models.EMBEDDED_NAME,
+                                                            "training": hmm_config["training"]})
+        timings["head_s"] = time.perf_counter() - start
+        saved.save(out_dir / "hmm", dtype=dtype)
+        hmm = saved
+    if _get(cfg, "output.copy_to"):
+        hmm.save(_get(cfg, "output.copy_to"), dtype=dtype)
     (out_dir / "curve.json").write_text(json.dumps(history.as_dict(), indent=2))
     plot_curve(history.as_dict(), out_dir / "curve.png",
                title=f"EM, h={h}, N={metrics['train_sequences']}, L={L}")

@@ -28,6 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
+from ctrlg.hmm.prior_head import (HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, PriorHead, _atomic_write,
+                                  has_prior_head)
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["HMM", "tokenizer_fingerprint"]
@@ -48,8 +50,6 @@ def _file_sha256(path: Path) -> str:
 def _load_head(path: Path, hmm: "HMM", tokenizer, device):
     """The PriorHead saved beside the HMM in ``path`` (None when there is none), checked against
     the HMM's size, the tokenizer and the HMM weights it was saved with."""
-    from ctrlg.hmm.prior_head import PriorHead, has_prior_head
-
     if not has_prior_head(path):
         return None
     head = PriorHead.load(path, tokenizer=tokenizer, hidden_size=hmm.hidden_size, device=device)
@@ -207,8 +207,6 @@ class HMM(torch.nn.Module):
         """Write ``path/model.safetensors`` and ``path/config.json`` (each by an atomic rename), and
         the attached ``prior_head`` if any (a stale head in ``path`` is removed otherwise).
         ``dtype=torch.bfloat16`` halves the file (parameters are renormalised in float32 on load)."""
-        from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, _atomic_write
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()

@@ -26,8 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from ctrlg.errors import CheckpointError, VocabularyMismatchError
+from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["PriorHead", "HEAD_WEIGHTS_NAME", "HEAD_CONFIG_NAME", "has_prior_head"]
 
@@ -107,8 +110,6 @@ class PriorHead(torch.nn.Module):
               source: str = "the PriorHead") -> None:
         """Raise VocabularyMismatchError unless the head fits this tokenizer, LM width d and HMM
         size h (each check only when the argument is given)."""
-        from ctrlg.hmm.model import tokenizer_fingerprint
-
         if lm_hidden_size is not None and int(lm_hidden_size) != self.lm_hidden_size:
             raise VocabularyMismatchError(
                 f"{source} reads LM features of width {self.lm_hidden_size} (LM "
@@ -138,8 +139,6 @@ class PriorHead(torch.nn.Module):
     def save(self, folder: str | os.PathLike) -> Path:
         """Write ``folder/prior_head.safetensors`` and ``folder/prior_head.json`` (float32), each
         by an atomic rename; the config is also stored in the safetensors metadata."""
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config_text = json.dumps(json.loads(json.dumps(self._full_config(), default=str)),
@@ -156,8 +155,6 @@ class PriorHead(torch.nn.Module):
         """Load a head written by :meth:`save`; CheckpointError on missing, corrupt or mismatched
         files, VocabularyMismatchError when ``tokenizer`` / ``lm_hidden_size`` (the LM's d) /
         ``hidden_size`` (the HMM's h) differ from what the head was trained for."""
-        from safetensors import SafetensorError, safe_open
-
         folder = Path(folder)
         weights_file, config_file = folder / HEAD_WEIGHTS_NAME, folder / HEAD_CONFIG_NAME
         missing = [f.name for f in (weights_file, config_file) if not f.is_file()]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -82,11 +84,33 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def draw_inverse_cdf(logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row of ``logits`` [B, V] from softmax(logits) by inversion: with
+    p = exp(logits − logsumexp), F = cumsum(p) and u ~ U[0, 1), return the first v with
+    F_v > u · F_V (a token of probability 0 is never returned), and log p_v. O(B · V), one
+    uniform per row."""
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    cdf = torch.cumsum((logits - lse).exp_(), -1)
+    u = torch.rand(logits.shape[0], 1, generator=generator, device=logits.device)
+    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0].clamp_max_(logits.shape[1] - 1)
+    return drawn, (logits.gather(1, drawn[:, None]) - lse)[:, 0]
+
+
+def draw_multinomial(logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row of softmax(``logits``) with ``torch.multinomial``, and its log-probability."""
+    logp = torch.log_softmax(logits, -1)
+    drawn = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+    return drawn, logp.gather(1, drawn[:, None])[:, 0]
+
+
+_SAMPLERS = {"inverse_cdf": draw_inverse_cdf, "multinomial": draw_multinomial}
+
+
 @torch.no_grad()
 def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, length: int, *,
                      eos_token_ids: Sequence[int], generator: torch.Generator,
                      return_hidden: bool = False, prefix_ids: torch.Tensor | None = None,
-                     prefix_cache=None) -> dict[str, torch.Tensor]:
+                     prefix_cache=None, sampler: str = "inverse_cdf") -> dict[str, torch.Tensor]:
     """Ancestral sampling of ``length`` tokens for a left-padded prompt batch with a KV cache.
 
     With ``prefix_ids`` [P] (a token prefix shared by every prompt, e.g. the chat template's
@@ -95,12 +119,20 @@ def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     cache repeated over the batch; the padding then sits between prefix and suffix, which the
     attention mask and explicit position ids handle.
 
+    ``sampler`` picks how a token is drawn from softmax(logits): ``"inverse_cdf"`` (one uniform
+    per row against the cumulative sum, :func:`draw_inverse_cdf`) or ``"multinomial"``
+    (``torch.multinomial``, which draws V exponentials per row and costs more than the LM's output
+    layer at V = 49k). Both are exact ancestral sampling; they consume the generator differently.
+
     Returns ``tokens`` int64 [B, length] (EOS-padded after the first EOS), ``logprob`` float32
     [B, length] (log p_lm(x_t | prefix); 0 after the first EOS), and with ``return_hidden``,
     ``hidden`` [B, length, d] (model dtype): the last-layer state from which x_t was sampled.
     """
     from transformers import DynamicCache  # heavy import (seconds): only when an LM is run
 
+    if sampler not in _SAMPLERS:
+        raise CtrlgError(f"sampler must be one of {sorted(_SAMPLERS)}, got {sampler!r}")
+    draw = _SAMPLERS[sampler]
     device = input_ids.device
     B = input_ids.shape[0]
     pad_id = int(eos_token_ids[0])
@@ -128,14 +160,13 @@ def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
                        past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         state = out.last_hidden_state[:, -1]
-        logp = torch.log_softmax(head(state).float(), -1)
-        drawn = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+        drawn, drawn_logp = draw(head(state).float(), generator)
         if return_hidden:
             if hidden is None:
                 hidden = torch.zeros(B, length, state.shape[-1], dtype=state.dtype, device=device)
             hidden[rows, t] = state
         tokens[rows, t] = drawn
-        logprob[rows, t] = logp.gather(1, drawn[:, None])[:, 0]
+        logprob[rows, t] = drawn_logp
         going = ~torch.isin(drawn, eos)
         if not bool(going.any()):
             break
@@ -182,12 +213,19 @@ def list_chunks(directory: str | Path) -> list[Path]:
 def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path, *,
                    num_sequences: int, length: int, chunk_size: int = 256, batch_size: int = 32,
                    seed: int = 0, return_hidden: bool = True, hidden_dtype=torch.float16,
-                   share_prefix: bool = True, progress: bool | None = None) -> Path:
+                   share_prefix: bool = True, sampler: str = "inverse_cdf",
+                   shard: tuple[int, int] | None = None, workers: int = 1,
+                   progress: bool | None = None) -> Path:
     """Sample ``num_sequences`` EOS-padded sequences of ``length`` tokens into ``out_dir`` as
     ``ceil(num_sequences / chunk_size)`` chunks (tokens, logprob, prompt_index, hidden).
 
     Sequence k uses prompt ``prompts[perm[k % len(prompts)]]`` for a seeded permutation ``perm``;
-    chunk i's sampling RNG is seeded with (seed, i). The prompts' common token prefix is run
+    chunk i's sampling RNG is seeded with (seed, i), so chunks can be made in any order or by
+    several processes: with ``shard = (i, n)`` only chunks c with c mod n = i are made (run n
+    processes, one per i, into the same folder). ``workers`` > 1 makes that many chunks at once
+    in threads of this process (PyTorch releases the GIL inside its ops; pair it with
+    ``torch.set_num_threads(1)`` so each chunk runs on its own core). ``sampler`` as in
+    :func:`sample_sequences`. The prompts' common token prefix is run
     once and its KV cache shared (``share_prefix``). Existing chunks are kept (resume); a
     ``meta.json`` that disagrees with the arguments raises CtrlgError.
     """
@@ -196,6 +234,10 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
                          f"{num_sequences}, {length}, {chunk_size}, {batch_size}")
     if not prompts:
         raise CtrlgError("prompts is empty")
+    if shard is not None:
+        shard = (int(shard[0]), int(shard[1]))
+        if not 0 <= shard[0] < shard[1]:
+            raise CtrlgError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     eos_ids = _eos_ids(model, tokenizer)
@@ -204,7 +246,10 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
             "seed": seed, "num_prompts": len(prompts), "eos_token_ids": eos_ids,
             "pad_token_id": eos_ids[0], "model": getattr(model.config, "_name_or_path", "") or "",
             "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
-            "return_hidden": bool(return_hidden)}
+            "return_hidden": bool(return_hidden), "sampler": sampler,
+            # the LM's numerics decide the samples too
+            "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "attention": str(getattr(model.config, "_attn_implementation", None))}
     meta_file = out_dir / META_NAME
     if meta_file.is_file():
         old = json.loads(meta_file.read_text())
@@ -229,43 +274,55 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
     if progress is None:
         progress = sys.stderr.isatty()
     bar = tqdm(total=num_sequences, desc="sampling", unit="seq", disable=not progress)
-    try:
-        for chunk in range(num_chunks):
-            start, stop = chunk * chunk_size, min(num_sequences, (chunk + 1) * chunk_size)
-            path = out_dir / f"chunk_{chunk:05d}.safetensors"
-            if path.is_file():
-                with safe_open(str(path), "pt") as handle:
-                    rows_on_disk = handle.get_slice("tokens").get_shape()[0]
-                if rows_on_disk != stop - start:
-                    raise CtrlgError(f"{path} holds {rows_on_disk} sequences, expected "
-                                     f"{stop - start}; sample into a fresh directory")
-                bar.update(stop - start)
-                continue
-            generator = torch.Generator(device=device)
-            generator.manual_seed(int(seed) * 1_000_003 + chunk)
-            prompt_index = torch.tensor([int(perm[k % len(prompts)]) for k in range(start, stop)])
-            parts: dict[str, list[torch.Tensor]] = {}
-            for b in range(start, stop, batch_size):
-                rows = prompt_index[b - start:min(stop, b + batch_size) - start]
+    pad_lock = threading.Lock()
+
+    def make_chunk(chunk: int) -> None:
+        start, stop = chunk * chunk_size, min(num_sequences, (chunk + 1) * chunk_size)
+        path = out_dir / f"chunk_{chunk:05d}.safetensors"
+        if path.is_file():
+            with safe_open(str(path), "pt") as handle:
+                rows_on_disk = handle.get_slice("tokens").get_shape()[0]
+            if rows_on_disk != stop - start:
+                raise CtrlgError(f"{path} holds {rows_on_disk} sequences, expected "
+                                 f"{stop - start}; sample into a fresh directory")
+            bar.update(stop - start)
+            return
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(seed) * 1_000_003 + chunk)
+        prompt_index = torch.tensor([int(perm[k % len(prompts)]) for k in range(start, stop)])
+        parts: dict[str, list[torch.Tensor]] = {}
+        for b in range(start, stop, batch_size):
+            rows = prompt_index[b - start:min(stop, b + batch_size) - start]
+            with pad_lock:
                 enc = tokenizer.pad({"input_ids": [encoded[i][len(prefix):] for i in rows.tolist()]},
                                     return_tensors="pt", padding=True)
-                res = sample_sequences(model, enc["input_ids"].to(device),
-                                       enc["attention_mask"].to(device), length,
-                                       eos_token_ids=eos_ids, generator=generator,
-                                       return_hidden=return_hidden, prefix_ids=prefix_ids,
-                                       prefix_cache=prefix_cache)
-                for key, value in res.items():
-                    value = value.cpu()
-                    if key == "hidden":
-                        value = value.to(hidden_dtype)
-                    parts.setdefault(key, []).append(value)
-                bar.update(len(rows))
-            tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
-            tensors["tokens"] = tensors["tokens"].to(torch.int32)
-            tensors["prompt_index"] = prompt_index.to(torch.int32)
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp))
-            tmp.replace(path)  # atomic: a chunk on disk is always complete
+            res = sample_sequences(model, enc["input_ids"].to(device),
+                                   enc["attention_mask"].to(device), length,
+                                   eos_token_ids=eos_ids, generator=generator,
+                                   return_hidden=return_hidden, prefix_ids=prefix_ids,
+                                   prefix_cache=prefix_cache, sampler=sampler)
+            for key, value in res.items():
+                value = value.cpu()
+                if key == "hidden":
+                    value = value.to(hidden_dtype)
+                parts.setdefault(key, []).append(value)
+            bar.update(len(rows))
+        tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
+        tensors["tokens"] = tensors["tokens"].to(torch.int32)
+        tensors["prompt_index"] = prompt_index.to(torch.int32)
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        tmp.replace(path)  # atomic: a chunk on disk is always complete
+
+    todo = [c for c in range(num_chunks) if shard is None or c % shard[1] == shard[0]]
+    try:
+        if workers <= 1:
+            for chunk in todo:
+                make_chunk(chunk)
+        else:  # chunks are independent and seeded by their number: same data in any order
+            with ThreadPoolExecutor(max_workers=int(workers)) as pool:
+                for future in [pool.submit(make_chunk, c) for c in todo]:
+                    future.result()
     finally:
         tokenizer.padding_side = padding_side
         bar.close()
