@@ -12,8 +12,8 @@ DEFAULT_HMM_NAME = "hmm_smollm2_commongen"
 
 
 def default_hmm_path() -> Path:
-    """Directory of the embedded HMM checkpoint (distilled from SmolLM2-135M-Instruct on
-    CommonGen-style prompts; see docs/hmm.md for how it was made)."""
+    """Directory of the embedded HMM checkpoint and its prior head (h = 256, distilled from
+    SmolLM2-135M-Instruct on CommonGen-style prompts; see docs/hmm.md for how it was made)."""
     return Path(__file__).resolve().parent.parent / "assets" / DEFAULT_HMM_NAME
 
 

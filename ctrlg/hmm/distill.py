@@ -115,7 +115,7 @@ def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, 
         inner_size=int(_get(cfg, "head.inner_size", 256)),
         valid_fraction=float(_get(cfg, "head.valid_fraction", 0.05)),
         epochs=int(_get(cfg, "head.epochs", 30)), patience=int(_get(cfg, "head.patience", 3)),
-        lr=float(_get(cfg, "head.lr", 1e-3)), weight_decay=float(_get(cfg, "head.weight_decay", 0.0)),
+        lr=float(_get(cfg, "head.lr", 3e-4)), weight_decay=float(_get(cfg, "head.weight_decay", 0.0)),
         batch_size=int(_get(cfg, "head.batch_size", 1024)), seed=int(_get(cfg, "seed", 0)), config=config)
     table = prefix_loglik_table(
         hmm, head, test["tokens"], test["hidden"], test["logprob"],

@@ -50,6 +50,9 @@ def _atomic_write(path: Path, write) -> None:
     """Write via ``write(tmp_path)`` to a temporary file in the same folder, then rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
     try:
         write(tmp)
         os.replace(tmp, path)
