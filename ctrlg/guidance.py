@@ -2,7 +2,10 @@
 
 Ctrl-G's rule (Zhang et al. 2024, eq. 2), for each row with DFA state s, prior p and r tokens left:
 
-    log p(v | x≤t, α) = log_softmax_v( scores[v] + log p_hmm(α | x≤t, v) ),
+    log p(v | x≤t, α) = log_softmax_v( scores[v] + w · log p_hmm(α | x≤t, v) ),
+
+i.e. p ∝ p_lm(v) · p_hmm(α | x≤t, v)^w with guidance strength w ≥ 0 (w = 1: Ctrl-G; w = 0:
+logical masking; the −inf of infeasible tokens is never scaled),
 
 with the guidance term log p_hmm(α | x≤t, v) from the row's tables (:meth:`GuideTables.log_ratio`,
 −inf exactly on tokens that make acceptance impossible; logical mode: 0 on feasible tokens). The
@@ -54,9 +57,14 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     return torch.full((R, V), -math.inf, device=device) if out is None else out
 
 
-def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
-    """THE place where guidance meets the LM: log_softmax(lm_scores + log_ratio) per row, float32
-    [R, V], with the fallback of the module docstring."""
+def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor,
+                   strength: float = 1.0) -> torch.Tensor:
+    """THE place where guidance meets the LM: log_softmax(lm_scores + w · log_ratio) per row,
+    float32 [R, V], with the fallback of the module docstring. The guidance strength w ≥ 0 scales
+    only finite terms, so infeasible tokens stay exactly −inf for every w (w = 0: logical masking,
+    w = 1: Ctrl-G)."""
+    if strength != 1.0:
+        log_ratio = torch.where(torch.isfinite(log_ratio), strength * log_ratio, log_ratio)
     guided = lm_scores.float() + log_ratio
     lse = torch.logsumexp(guided, 1, keepdim=True)
     bad = ~torch.isfinite(lse[:, 0])
@@ -68,8 +76,10 @@ def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor) -> torch.Te
 
 
 def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
-                     states: np.ndarray, priors: torch.Tensor | None, remaining: int) -> torch.Tensor:
+                     states: np.ndarray, priors: torch.Tensor | None, remaining: int,
+                     strength: float = 1.0) -> torch.Tensor:
     """Guided log-probabilities [R, V] from the LM's ``scores`` [R, V] (module docstring):
-    :func:`apply_guidance` of :func:`guidance_log_ratio`. Pure: no state is read or kept."""
+    :func:`apply_guidance` of :func:`guidance_log_ratio` at guidance strength ``strength``. Pure:
+    no state is read or kept."""
     ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device)
-    return apply_guidance(scores, ratio)
+    return apply_guidance(scores, ratio, strength)

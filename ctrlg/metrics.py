@@ -22,9 +22,13 @@ tables print it.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import shutil
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from ctrlg.errors import CtrlgError
 
@@ -39,6 +43,10 @@ __all__ = [
     "success_rate",
     "keyword_groups_covered",
     "evaluate_generations",
+    "CorpusScorer",
+    "bootstrap_resamples",
+    "paired_bootstrap",
+    "MeteorSession",
 ]
 
 
@@ -158,3 +166,232 @@ def evaluate_generations(hypotheses: Sequence[str], references: Sequence[Sequenc
         "success": success_rate(satisfied) if satisfied is not None else None,
     }
     return row
+
+
+# ---------------------------------------------------------------------- paired bootstrap
+CORPUS_METRICS = ("bleu4", "rouge_l", "cider", "meteor")
+
+
+class MeteorSession:
+    """One METEOR 1.5 jar process (needs ``java``): per-item statistics once (``SCORE``), then the corpus score of
+    any multiset of items from those statistics (``EVAL``), which is how the jar aggregates."""
+
+    def __init__(self):
+        from pycocoevalcap.meteor.meteor import Meteor
+
+        self._jar = Meteor()
+
+    def item_statistics(self, hypothesis: str, references: Sequence[str]) -> str:
+        return self._jar._stat(hypothesis, list(references))
+
+    def corpus_score(self, statistics: Sequence[str]) -> float:
+        jar = self._jar
+        with jar.lock:
+            jar.meteor_p.stdin.write(("EVAL ||| " + " ||| ".join(statistics) + "\n").encode())
+            jar.meteor_p.stdin.flush()
+            for _ in statistics:  # per-item scores, not needed
+                jar.meteor_p.stdout.readline()
+            return 100.0 * float(jar.meteor_p.stdout.readline().strip())
+
+    def close(self) -> None:
+        del self._jar
+
+
+def _bleu_item_statistics(ctest) -> np.ndarray:
+    """[items, 10]: test length, closest reference length, guesses and clipped matches for
+    n = 1..4 — pycocoevalcap's cooked BLEU statistics (``option="closest"``)."""
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+
+    rows = []
+    for comps in ctest:
+        reflen = BleuScorer()._single_reflen(comps["reflen"], "closest", comps["testlen"])
+        rows.append([comps["testlen"], reflen, *comps["guess"], *comps["correct"]])
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _corpus_bleu4(totals: np.ndarray) -> float:
+    """pycocoevalcap's corpus BLEU-4 from summed statistics (same ``tiny``/``small`` guards)."""
+    tiny, small = 1e-15, 1e-9
+    testlen, reflen, guess, correct = totals[0], totals[1], totals[2:6], totals[6:10]
+    bleu = float(np.prod((correct + tiny) / (guess + small))) ** 0.25
+    ratio = (testlen + tiny) / (reflen + small)
+    return bleu * math.exp(1 - 1 / ratio) if ratio < 1 else bleu
+
+
+class _CiderTables:
+    """CIDEr-D (pycocoevalcap's ``CiderScorer``, n = 4, σ = 6) as sparse matrices over n-grams, so
+    that the IDF of any resampled corpus costs a few sparse products instead of Python loops.
+
+    With idf(g) = log N − log max(1, df(g)) ≥ 0 (df: resampled items whose references contain g),
+    every quantity is linear in idf(g)²: ‖hyp‖²_n = Σ tf_h² idf², ‖ref‖²_n = Σ tf_r² idf², and the
+    clipped dot product Σ min(tf_h idf, tf_r idf)·tf_r idf = Σ min(tf_h, tf_r)·tf_r·idf².
+    """
+
+    def __init__(self, ctest, crefs, sigma: float = 6.0, n: int = 4):
+        from scipy import sparse
+
+        index: dict[tuple, int] = {}
+        col = lambda g: index.setdefault(g, len(index))  # noqa: E731
+        presence, hyp_sq, ref_sq, dot = ([], [], []), ([], [], []), ([], [], []), ([], [], [])
+        item_of_ref, penalty, num_refs = [], [], []
+
+        def add(triple, row, column, value):
+            triple[0].append(row), triple[1].append(column), triple[2].append(value)
+
+        bigrams = lambda counts: sum(c for g, c in counts.items() if len(g) == 2)  # noqa: E731
+        for i, (test, refs) in enumerate(zip(ctest, crefs)):
+            for g in {g for ref in refs for g in ref}:
+                add(presence, i, col(g), 1.0)
+            for g, tf in test.items():
+                add(hyp_sq, i * n + len(g) - 1, col(g), float(tf) ** 2)
+            num_refs.append(len(refs))
+            for ref in refs:
+                r = len(item_of_ref)
+                item_of_ref.append(i)
+                penalty.append(math.exp(-float(bigrams(test) - bigrams(ref)) ** 2
+                                        / (2 * sigma ** 2)))
+                for g, tf in ref.items():
+                    add(ref_sq, r * n + len(g) - 1, col(g), float(tf) ** 2)
+                    if g in test:
+                        add(dot, r * n + len(g) - 1, col(g), float(min(test[g], tf) * tf))
+        G, items, R = max(len(index), 1), len(ctest), len(item_of_ref)
+        csr = lambda t, rows: sparse.csr_matrix((t[2], (t[0], t[1])), shape=(rows, G))  # noqa: E731
+        self.presence = csr(presence, items).T.tocsr()   # [G, items]
+        self.hyp_sq, self.ref_sq, self.dot = csr(hyp_sq, items * n), csr(ref_sq, R * n), csr(dot, R * n)
+        self.item_of_ref = np.asarray(item_of_ref)
+        self.penalty = np.asarray(penalty)
+        self.num_refs = np.asarray(num_refs, dtype=np.float64)
+        self.n = n
+
+    def item_scores(self, counts: np.ndarray) -> np.ndarray:
+        """CIDEr-D of every item (native 0–10 scale) in the corpus where item i occurs counts[i]
+        times; the IDF comes from that corpus's references."""
+        size = float(counts.sum())
+        idf = np.log(size) - np.log(np.maximum(1.0, self.presence @ counts))
+        weight = idf ** 2
+        norm_hyp = np.sqrt(self.hyp_sq @ weight).reshape(-1, self.n)[self.item_of_ref]
+        norm_ref = np.sqrt(self.ref_sq @ weight).reshape(-1, self.n)
+        value = (self.dot @ weight).reshape(-1, self.n)
+        both = (norm_hyp != 0) & (norm_ref != 0)
+        value = np.where(both, value / np.where(both, norm_hyp * norm_ref, 1.0), value)
+        per_ref = value.mean(1) * self.penalty
+        return 10.0 * np.bincount(self.item_of_ref, per_ref, len(self.num_refs)) / self.num_refs
+
+
+class CorpusScorer:
+    """One system's outputs, prepared so that every corpus metric can be recomputed on any
+    multiset of items (a bootstrap resample) exactly as :func:`bleu4`, :func:`rouge_l`,
+    :func:`cider` and :func:`meteor` would score that resampled corpus, without re-tokenising.
+
+    Per item it keeps BLEU's statistics (pycocoevalcap's clipped n-gram matches, lengths and
+    closest reference length; summed over the resample), the ROUGE-L F-measure (averaged),
+    CIDEr-D's n-gram tables (:class:`_CiderTables`: the IDF is recomputed from the resampled
+    references) and METEOR's sufficient statistics (aggregated by the jar). Cost per resample:
+    O(items) for BLEU / ROUGE-L, a few sparse products over the n-grams for CIDEr, one ``EVAL``
+    round trip to the METEOR jar.
+    """
+
+    def __init__(self, hypotheses: Sequence[str], references: Sequence[Sequence[str]],
+                 metrics: Sequence[str] = CORPUS_METRICS, meteor_session=None):
+        from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+        from pycocoevalcap.cider.cider_scorer import CiderScorer
+        from rouge_score import rouge_scorer
+
+        unknown = sorted(set(metrics) - set(CORPUS_METRICS))
+        if unknown:
+            raise MetricInputError(f"unknown metric(s) {unknown}; choose from {CORPUS_METRICS}")
+        gts, res = _coco_inputs(hypotheses, references)
+        self.metrics = tuple(metrics)
+        self.size = len(hypotheses)
+        if "bleu4" in metrics:
+            bleu = BleuScorer(n=4)
+            for i in range(self.size):
+                bleu += (res[i][0] or "<empty>", gts[i])
+            self._bleu = _bleu_item_statistics(bleu.ctest)
+        if "cider" in metrics:
+            cider_scorer = CiderScorer(n=4, sigma=6.0)
+            for i in range(self.size):
+                cider_scorer += (res[i][0], gts[i])
+            self._cider = _CiderTables(cider_scorer.ctest, cider_scorer.crefs)
+        if "rouge_l" in metrics:
+            scorer = rouge_scorer.RougeScorer(["rougeL"])
+            self._rouge = np.asarray([scorer.score_multi(list(refs), hyp)["rougeL"].fmeasure
+                                      for hyp, refs in zip(hypotheses, references)])
+        if "meteor" in metrics:
+            if meteor_session is None:
+                raise MetricInputError("METEOR needs a running jar: pass meteor_session="
+                                       "MeteorSession() or leave 'meteor' out of metrics")
+            self._meteor = meteor_session
+            self._meteor_stats = [meteor_session.item_statistics(res[i][0], gts[i])
+                                  for i in range(self.size)]
+
+    def score(self, indices: Sequence[int]) -> dict[str, float]:
+        """Every metric on the corpus made of items ``indices`` (repetitions count), on the
+        scales of :func:`evaluate_generations` (CIDEr × 100)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size == 0 or indices.min() < 0 or indices.max() >= self.size:
+            raise MetricInputError(f"indices must be a non-empty list of items in "
+                                   f"[0, {self.size}), got {indices.tolist()!r:.80}")
+        counts = np.bincount(indices, minlength=self.size).astype(np.float64)
+        out: dict[str, float] = {}
+        if "bleu4" in self.metrics:
+            out["bleu4"] = 100.0 * _corpus_bleu4(counts @ self._bleu)
+        if "rouge_l" in self.metrics:
+            out["rouge_l"] = 100.0 * float(counts @ self._rouge) / indices.size
+        if "cider" in self.metrics:
+            out["cider"] = 100.0 * float(counts @ self._cider.item_scores(counts)) / indices.size
+        if "meteor" in self.metrics:
+            out["meteor"] = self._meteor.corpus_score([self._meteor_stats[i] for i in indices])
+        return out
+
+
+def bootstrap_resamples(num_items: int, num_resamples: int | str = 1000,
+                        seed: int = 0) -> list[tuple[int, ...]]:
+    """Item indices of each bootstrap resample: ``num_resamples`` draws of ``num_items`` items
+    with replacement (numpy, ``seed``), or ``"all"``: every one of the num_items^num_items
+    equally likely resamples (exact enumeration, for tiny corpora)."""
+    if num_items < 1:
+        raise MetricInputError("the bootstrap needs at least one item")
+    if num_resamples == "all":
+        if num_items > 6:
+            raise MetricInputError(f"enumerating all {num_items}^{num_items} resamples is too "
+                                   f"costly; use at most 6 items or a number of resamples")
+        return list(itertools.product(range(num_items), repeat=num_items))
+    if not isinstance(num_resamples, int) or num_resamples < 1:
+        raise MetricInputError(f"num_resamples must be a positive integer or 'all', got "
+                               f"{num_resamples!r}")
+    rng = np.random.default_rng(seed)
+    return [tuple(row) for row in rng.integers(0, num_items, size=(num_resamples, num_items))]
+
+
+def paired_bootstrap(system: CorpusScorer, baseline: CorpusScorer, num_resamples: int | str = 1000,
+                     seed: int = 0, confidence: float = 0.95) -> dict[str, dict[str, float]]:
+    """Paired bootstrap (Koehn 2004) of ``system − baseline`` per corpus metric.
+
+    Each resample draws items with replacement; both systems are scored on the same items and
+    every corpus metric is recomputed on the resampled corpus (BLEU's clipped counts and brevity
+    penalty, CIDEr's IDF, METEOR's aggregate). Returns ``{metric: {"delta": difference on the full
+    corpus, "low", "high": the percentile interval at ``confidence``, "p_not_better": share of
+    resamples with delta ≤ 0}}``. Cost: ``num_resamples`` × two :meth:`CorpusScorer.score`.
+    """
+    if system.size != baseline.size:
+        raise MetricInputError(f"paired bootstrap over {system.size} and {baseline.size} items: "
+                               f"both systems must be scored on the same items")
+    if not 0.0 < confidence < 1.0:
+        raise MetricInputError(f"confidence must be in (0, 1), got {confidence}")
+    metrics = [m for m in system.metrics if m in baseline.metrics]
+    full = list(range(system.size))
+    first, second = system.score(full), baseline.score(full)
+    deltas = {m: [] for m in metrics}
+    for indices in bootstrap_resamples(system.size, num_resamples, seed):
+        a, b = system.score(indices), baseline.score(indices)
+        for m in metrics:
+            deltas[m].append(a[m] - b[m])
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    out = {}
+    for m in metrics:
+        values = np.asarray(deltas[m])
+        low, high = np.percentile(values, [tail, 100.0 - tail])
+        out[m] = {"delta": first[m] - second[m], "low": float(low), "high": float(high),
+                  "p_not_better": float(np.mean(values <= 0.0))}
+    return out

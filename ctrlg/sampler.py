@@ -60,7 +60,7 @@ from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility
 from ctrlg.guidance import guided_log_probs
 from ctrlg.guide import GuideTables
-from ctrlg.priors import HMMFilterPrior
+from ctrlg.priors import HeadPrior, HMMFilterPrior
 from ctrlg.row_state import RowStates
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
@@ -92,10 +92,14 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         use_kernel: use the Triton backward-table kernel (default: on CUDA).
         progress: tqdm bar while building tables (default: only on a TTY).
         prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.priors`);
-            default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`).
+            default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`); an
+            LM-conditioned head: :class:`ctrlg.priors.HeadPrior` (a source with ``current()``
+            gives every row's prior afresh at each step).
         precision: ``"float32"`` (default) or ``"bfloat16"`` for the per-token products with the
             emission matrix (float32 accumulation; see ``ctrlg.guide.PRECISIONS``): 4–7× faster
             on CPUs with AVX512-BF16, ≤ ~1% relative error on the guidance term.
+        strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guidance`;
+            0 = logical masking, 1 = Ctrl-G); feasibility is exact for every w.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -110,7 +114,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                  prompt_length: int | None = None, max_new_tokens: int = 32,
                  min_new_tokens: int = 0, eos_token_id=None, mode: str = "ctrlg",
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
-                 progress: bool | None = None, prior=None, precision: str = "float32", **old_names):
+                 progress: bool | None = None, prior=None, precision: str = "float32",
+                 strength: float = 1.0,
+                 **old_names):
         constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
         if constraint is None:
             raise ConstraintError("ConstraintLogitsProcessor needs a constraint (a TokenDFA or a "
@@ -122,6 +128,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.dfas = _check_dfas(constraint, hmm if mode == "ctrlg" else None)
         if prompt_length is not None and int(prompt_length) < 0:
             raise ConstraintError(f"prompt_length must be ≥ 0, got {prompt_length}")
+        self.strength = check_strength(strength)
         self.hmm = hmm if mode == "ctrlg" else None
         self.mode = mode
         self.vocab_size = self.dfas[0].vocab_size
@@ -174,6 +181,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         states, priors = self.rows.update(safe, torch.as_tensor(table_of_row))
         if bool(finished.all()):
             return scores
+        if priors is not None and hasattr(self.prior, "current"):
+            priors = self.prior.current(generated)  # per-step priors, in input_ids' row order
         remaining = self.max_new_tokens - generated.shape[1]
         if remaining < 1:
             raise ConstraintError(
@@ -186,7 +195,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             priors = None if priors is None else priors[torch.as_tensor(active, device=priors.device)]
         active_t = None if every else torch.as_tensor(active, device=scores.device)
         lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
-        guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining)
+        guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
+                                  self.strength if self.hmm is not None else 1.0)
         return self._write(scores, guided, active_t)
 
     # ------------------------------------------------------------------ __call__'s steps
@@ -247,6 +257,18 @@ def _renamed(old_names: dict, old: str, new: str, value, where: str):
                       stacklevel=3)
         if value is None:
             return old_names[old]
+    return value
+
+
+def check_strength(strength) -> float:
+    """The guidance strength w as a float, or ConstraintError unless it is finite and ≥ 0."""
+    try:
+        value = float(strength)
+    except (TypeError, ValueError):
+        raise ConstraintError(f"strength must be a number ≥ 0, got {strength!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConstraintError(f"strength must be finite and ≥ 0 (0 = logical masking, 1 = Ctrl-G), "
+                              f"got {strength!r}")
     return value
 
 
@@ -329,7 +351,8 @@ def rerank(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]]
 def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_new_tokens: int = 32,
              min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rank_by_lm: bool = True,
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
-             eos_token_id=None, **generate_kwargs) -> list[Generation]:
+             eos_token_id=None, prior_head="auto", strength: float = 1.0,
+             **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
     ``rerank=`` still works, deprecated: it shadowed :func:`rerank`).
@@ -343,6 +366,10 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     ``num_samples`` beams of ``max(num_beams, num_samples)``. Extra keyword arguments go to
     ``model.generate`` (temperature, top_k, top_p, ...), whose warpers run after the guidance.
     ``seed`` seeds a fork of torch's RNG: the caller's global RNG state is left unchanged.
+    ``prior_head``: a :class:`ctrlg.hmm.prior_head.PriorHead` reading the LM's features
+    (:class:`ctrlg.priors.HeadPrior`), ``None`` for the HMM's filtering prior, or ``"auto"`` (the
+    head saved with the HMM, ``hmm.prior_head``, when it has one). ``strength``: guidance
+    strength w (p_lm · p_hmm(α | ·)^w).
     """
     if "rerank" in generate_kwargs:
         rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
@@ -356,9 +383,31 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
         suffix_ids = tokenizer(suffix, add_special_tokens=False).input_ids if isinstance(suffix, str) \
             else [int(t) for t in suffix]
     eos_ids = eos_list(eos_token_id) if eos_token_id is not None else eos_token_ids(tokenizer, model)
-    proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt_ids),
-                                     max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                                     eos_token_id=eos_ids or None, mode=mode, suffix_ids=suffix_ids)
+    if isinstance(prior_head, str) and prior_head == "auto":
+        prior_head = getattr(hmm, "prior_head", None)
+    head_prior = (HeadPrior(prior_head, model, hidden_size=hmm.hidden_size)
+                  if prior_head is not None and mode == "ctrlg" else None)
+    try:
+        proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt_ids),
+                                         max_new_tokens=max_new_tokens,
+                                         min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
+                                         mode=mode, suffix_ids=suffix_ids, prior=head_prior,
+                                         strength=strength)
+        output = _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens,
+                           num_samples, num_beams, do_sample, seed, generate_kwargs)
+    finally:
+        if head_prior is not None:
+            head_prior.remove()
+    results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
+                        tokenizer)
+    if rank_by_lm and results:
+        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
+    return results
+
+
+def _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, num_samples,
+              num_beams, do_sample, seed, generate_kwargs) -> torch.Tensor:
+    """``model.generate`` with the processor, seeded on a fork of torch's RNG."""
     if do_sample is None:
         do_sample = num_beams == 1
     device = next(model.parameters()).device
@@ -377,12 +426,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(int(seed))
-        output = model.generate(input_ids, **kwargs)
-    results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
-                        tokenizer)
-    if rank_by_lm and results:
-        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
-    return results
+        return model.generate(input_ids, **kwargs)
 
 
 def _check_vocab_fits(model, hmm, constraint: TokenDFA) -> None:

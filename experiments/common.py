@@ -19,7 +19,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from ctrlg.errors import CtrlgError
+
 __all__ = [
+    "ExperimentConfigError",
     "seed_everything",
     "load_lm",
     "load_hmm",
@@ -30,6 +33,11 @@ __all__ = [
     "format_table",
     "progress",
 ]
+
+
+class ExperimentConfigError(CtrlgError):
+    """An experiment configuration that cannot run (a size of 0, an unknown method, a resume
+    folder that does not match); raised before the LM or HMM is loaded where possible."""
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -91,7 +99,8 @@ def start_run(cfg: DictConfig, out_dir: Path, known_methods: Sequence[str]) -> l
     methods = list(cfg.methods)
     unknown = sorted(set(methods) - set(known_methods))
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(known_methods)}")
+        raise ExperimentConfigError(f"unknown method(s) {unknown}; choose from "
+                                    f"{list(known_methods)}")
     return methods
 
 

@@ -1,49 +1,121 @@
 """CommonGen with the embedded LM (Ctrl-G §4.1): generate a sentence using every concept.
 
-    python -m experiments.commongen [data.limit=N] [data.path=items.jsonl] [generation.num_samples=K]
+    python -m experiments.commongen [data.limit=N] [data.offset=M] [methods=[logical,ctrlg]]
+                                    [generation.num_samples=K] [generation.num_beams=B] [resume=true]
 
 For each concept set: the instruction "Write a sentence using the words: field, look, stand." in
 the LM's chat template (the prompt the embedded HMM was distilled on, built by
 :func:`ctrlg.hmm.sampling.commongen_prompts`); a constraint DFA "every concept occurs as a whole
 word in one of its inflected forms, then EOS" (:func:`ctrlg.dfa.commongen_constraint` over keyword
 groups from :func:`ctrlg.dfa.inflections`, lemminflect), at least ``constraint.min_words`` words;
-K samples per method, drawn as one batch, reranked by the LM log-likelihood log p_lm(y | prompt)
-with constraint-satisfying samples first. Methods:
+K samples per method (or K of B beams), reranked by the LM log-likelihood log p_lm(y | prompt)
+with constraint-satisfying samples first.
 
-* ``unconstrained`` — plain ancestral sampling from the LM;
-* ``logical`` — the LM with tokens that make the constraint unsatisfiable within the budget masked
-  (Outlines-style logical masking: ``mode="logical"``);
-* ``ctrlg`` — p(v | x≤t, α) ∝ p_lm(v | x≤t) · p_hmm(α | x≤t, v) with the HMM.
+Batching: ``batch_size`` items are decoded together, left-padded, one DFA per input row
+(:class:`ctrlg.ConstraintLogitsProcessor` takes a list of DFAs); each item expands into its K
+consecutive samples/beams. Each batch draws from its own seed (run seed, first item, method), so
+a resumed run reproduces an uninterrupted one.
 
-Prints BLEU-4 / ROUGE-L / CIDEr / METEOR (when Java is present) / constraint success % per method
-and writes ``generations.jsonl``, ``metrics.json`` and ``config.yaml`` into Hydra's run directory.
+Methods are named entries of ``method_specs`` (``guide``: none | logical | ctrlg; ``prior``:
+filter, the HMM's own forward posterior over the generated tokens, or head, the LM-conditioned
+prior saved with the HMM (:class:`ctrlg.priors.HeadPrior`); ``strength`` w: the guided
+distribution ∝ p_lm(v) · p_hmm(α | x≤t, v)^w, w = 0 is logical masking, w = 1 Ctrl-G). The method
+named ``ctrlg`` is the recommended configuration; ablations have their own names.
+
+Robustness: every finished batch of items is appended to ``generations.jsonl`` at once;
+``resume=true`` (the newest earlier run of the same configuration) or ``resume=<run dir>``
+continues an interrupted run; an item whose constraint cannot be met within the token budget is
+reported by index and concept set, recorded as skipped, and the others go on.
+
+Prints BLEU-4 / ROUGE-L / CIDEr / METEOR (when Java is present) / constraint success % / mean
+words per method (and the references' mean words), the paired-bootstrap 95 % intervals of each
+guided method − ``bootstrap.baseline`` per metric, and writes ``generations.jsonl``,
+``metrics.json`` and ``config.yaml`` into Hydra's run directory.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import sys
 import time
+import zlib
 from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from ctrlg import dfa, metrics
+from ctrlg.data import load_commongen
+from ctrlg.errors import UnsatisfiableConstraintError
+from ctrlg.feasibility import Feasibility
+from ctrlg.hmm.sampling import commongen_prompts
+from ctrlg.priors import HeadPrior
+from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood
 from ctrlg.vocab import eos_token_ids
 
-from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                start_run, write_json, write_jsonl)
+from experiments.common import (ExperimentConfigError, format_table, hydra_output_dir, load_hmm,
+                                load_lm, progress, start_run, write_json)
 
-METHODS = ("unconstrained", "logical", "ctrlg")
-TABLE_COLUMNS = ["method", "bleu4", "rouge_l", "cider", "meteor", "success", "keywords",
+GUIDES = ("none", "logical", "ctrlg")
+PRIORS = ("filter", "head")
+TABLE_COLUMNS = ["method", "bleu4", "rouge_l", "cider", "meteor", "success", "keywords", "words",
                  "seconds"]
-TABLE_HEADERS = ["method", "BLEU-4", "ROUGE-L", "CIDEr", "METEOR", "success %",
-                 "all words %", "time s"]
+TABLE_HEADERS = ["method", "BLEU-4", "ROUGE-L", "CIDEr", "METEOR", "success %", "all words %",
+                 "words", "time s"]
+# the configuration keys that decide the generations: a resumed run must agree on all of them
+GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hmm", "data",
+                   "constraint", "rerank", "batch_size")
 
 
+# ---------------------------------------------------------------------- configuration
+def method_spec(cfg: DictConfig, name: str) -> dict:
+    """The spec of method ``name`` (``method_specs.<name>``), checked."""
+    specs = cfg.get("method_specs") or {}
+    if name not in specs:
+        raise ExperimentConfigError(f"unknown method {name!r}; define it under method_specs or "
+                                    f"choose from {sorted(specs)}")
+    spec = {"guide": "ctrlg", "prior": "filter", "strength": 1.0,
+            **OmegaConf.to_container(specs[name], resolve=True)}
+    if spec["guide"] not in GUIDES:
+        raise ExperimentConfigError(f"method_specs.{name}.guide must be one of {GUIDES}, got "
+                                    f"{spec['guide']!r}")
+    if spec["guide"] == "ctrlg":
+        if spec["prior"] not in PRIORS:
+            raise ExperimentConfigError(f"method_specs.{name}.prior must be one of {PRIORS}, "
+                                        f"got {spec['prior']!r}")
+        strength = spec["strength"]
+        if not isinstance(strength, (int, float)) or not math.isfinite(strength) or strength < 0:
+            raise ExperimentConfigError(f"method_specs.{name}.strength must be a finite number "
+                                        f"≥ 0, got {strength!r}")
+    return spec
+
+
+def check_config(cfg: DictConfig) -> dict[str, dict]:
+    """Validate the sizes and methods before anything is loaded; returns ``{method: spec}``."""
+    gen = cfg.generation
+    for key, value in (("generation.num_samples", gen.num_samples),
+                       ("generation.num_beams", gen.get("num_beams", 1)),
+                       ("generation.max_new_tokens", gen.max_new_tokens),
+                       ("batch_size", cfg.batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ExperimentConfigError(f"{key} must be a positive integer, got {value!r}")
+    limit, offset = cfg.data.get("limit"), cfg.data.get("offset", 0)
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ExperimentConfigError(f"data.limit must be a positive integer or null (all items), "
+                                    f"got {limit!r}")
+    if not isinstance(offset, int) or offset < 0:
+        raise ExperimentConfigError(f"data.offset must be an integer ≥ 0, got {offset!r}")
+    if not cfg.methods:
+        raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
+    return {name: method_spec(cfg, name) for name in cfg.methods}
+
+
+# ---------------------------------------------------------------------- one item's pieces
 def keyword_groups(example, constraint_cfg) -> list[list[str]]:
     """One group of accepted surface forms per concept: the lemma and, with
     ``constraint.inflections``, its inflections (:func:`ctrlg.dfa.inflections`, lemminflect)."""
-    from ctrlg import dfa
 
     if not constraint_cfg.inflections:
         return [[lemma] for lemma in example.concepts]
@@ -52,7 +124,6 @@ def keyword_groups(example, constraint_cfg) -> list[list[str]]:
 
 def build_constraint(example, groups, tokenizer, constraint_cfg, vocab_size: int, eos: int):
     """keywords(groups) ∧ min_words ≤ words ≤ max_words ∧ EOS ends the generation."""
-    from ctrlg import dfa
 
     if constraint_cfg.inflections:
         concepts = [f"{c}_{p[0]}" if p else c for c, p in zip(example.concepts, example.pos)]
@@ -65,10 +136,21 @@ def build_constraint(example, groups, tokenizer, constraint_cfg, vocab_size: int
                          dfa.eos(eos, vocab_size, required=True))
 
 
+def unsatisfiable_reason(constraint, cfg, eos: list[int]) -> str | None:
+    """Why no generation of ≤ ``generation.max_new_tokens`` tokens can satisfy ``constraint``
+    (None when one can): the DFA-only check of :class:`ctrlg.feasibility.Feasibility`."""
+    try:
+        Feasibility(constraint, int(cfg.generation.max_new_tokens),
+                    min_new_tokens=int(cfg.constraint.min_new_tokens),
+                    eos_token_id=list(eos) if eos else None).check_satisfiable()
+    except UnsatisfiableConstraintError as error:
+        return str(error)
+    return None
+
+
 def prompt_ids(example, tokenizer, use_chat_template: bool) -> list[int]:
     """The instruction of :func:`ctrlg.hmm.sampling.commongen_prompts` (the prompt style the
     embedded HMM was distilled on), in the chat template when the model has one."""
-    from ctrlg.hmm.sampling import commongen_prompts
 
     (prompt,) = commongen_prompts([" ".join(example.concepts)],
                                   tokenizer if use_chat_template else None)
@@ -88,98 +170,300 @@ def trim_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
     return tokens
 
 
-def best_sample(method: str, model, tokenizer, prompt: list[int], constraint, hmm, cfg,
-                seed: int) -> dict:
-    """Draw K samples (or, with ``generation.num_beams`` > 1, keep K beams) with ``method`` and
-    keep the best: constraint-satisfying candidates first, then the highest LM log-likelihood
-    log p_lm(candidate | prompt) (:func:`ctrlg.sampler.rerank`)."""
-    import ctrlg
-    from ctrlg.sampler import lm_log_likelihood
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+# ---------------------------------------------------------------------- one batch, one method
+def batch_seed(seed: int, first_index: int, method: str) -> int:
+    """The torch seed of one batch of one method (stable across processes and resumes)."""
+    return zlib.crc32(f"{seed}:{first_index}:{method}".encode())
+
+
+def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
+                   seed: int, processor_cache: dict | None = None) -> list[dict]:
+    """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
+    K rows; ``processor_cache`` lets the methods of one batch share a guide's tables) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
+    the highest log p_lm(candidate | prompt) (:func:`ctrlg.sampler.lm_log_likelihood`)."""
 
     gen = cfg.generation
-    K = int(gen.num_samples)
-    beams = int(gen.get("num_beams", 1))
+    K, beams = int(gen.num_samples), int(gen.get("num_beams", 1))
+    eos = eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     decoding = (dict(do_sample=True, temperature=gen.temperature, top_p=gen.top_p, top_k=0)
                 if beams == 1 else dict(do_sample=False, num_beams=max(beams, K)))
-    eos = eos_ids(model, tokenizer)
-    if method == "unconstrained":
-        input_ids = torch.tensor([prompt])
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                 max_new_tokens=gen.max_new_tokens, num_return_sequences=K,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
-                                 **decoding)
-        samples = [trim_at_eos(r, eos) for r in out[:, len(prompt):].tolist()]
+    processors, extra = [], {}
+    if spec["guide"] != "none":
+        min_new = int(cfg.constraint.min_new_tokens)
+        cache = {} if processor_cache is None else processor_cache
+        head = spec["guide"] == "ctrlg" and spec["prior"] == "head"
+        key = (spec["guide"], head)
+        if key not in cache:  # methods of one batch with the same prior share the tables
+            cache[key] = ConstraintLogitsProcessor(
+                hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
+                max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
+                mode=spec["guide"],
+                prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
+        proc = cache[key]
+        proc.reset()
+        proc.strength = float(spec.get("strength", 1.0))
+        processors, extra = [proc], dict(min_new_tokens=min_new)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(input_ids, attention_mask=attention,
+                             max_new_tokens=gen.max_new_tokens, num_return_sequences=K,
+                             pad_token_id=pad, eos_token_id=eos, logits_processor=processors,
+                             **decoding, **extra)
+    rows = out[:, width:].tolist()
+    results = []
+    for j, (prompt, constraint) in enumerate(zip(prompts, constraints)):
+        samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
         accepted = [constraint.accepts(s) for s in samples]
-        scores = lm_log_likelihood(model, prompt, samples) if cfg.rerank != "none" else [0.0] * K
+        rerank = cfg.rerank != "none"
+        scores = lm_log_likelihood(model, prompt, samples) if rerank else [0.0] * K
         pool = [i for i in range(K) if accepted[i]] or list(range(K))
-        best = max(pool, key=lambda i: scores[i]) if cfg.rerank != "none" else 0
+        best = max(pool, key=lambda i: scores[i]) if rerank else pool[0]
         body = [t for t in samples[best] if t not in eos]
-        return {"text": tokenizer.decode(body, skip_special_tokens=True).strip(),
-                "accepted": accepted[best], "num_accepted": sum(accepted),
-                "log_likelihood": scores[best]}
-    results = ctrlg.generate(model, tokenizer, prompt, constraint,
-                             hmm=hmm if method == "ctrlg" else None,
-                             mode="ctrlg" if method == "ctrlg" else "logical",
-                             max_new_tokens=gen.max_new_tokens,
-                             min_new_tokens=cfg.constraint.min_new_tokens, num_samples=K,
-                             seed=seed, rank_by_lm=cfg.rerank != "none", **decoding)
-    if not results:  # cannot happen when the budget allows acceptance; reported, not hidden
-        return {"text": "", "accepted": False, "num_accepted": 0, "log_likelihood": None}
-    best = results[0]
-    return {"text": best.text.strip(), "accepted": constraint.accepts(best.token_ids),
-            "num_accepted": len(results), "log_likelihood": best.lm_log_likelihood}
+        text = tokenizer.decode(body, skip_special_tokens=True).strip()
+        results.append({"text": text, "accepted": accepted[best], "num_accepted": sum(accepted),
+                        "log_likelihood": scores[best] if rerank else None,
+                        "words": word_count(text)})
+    return results
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """The whole experiment; returns ``{method: metrics row}`` and writes the result files."""
-    from ctrlg import metrics
-    from ctrlg.data import load_commongen
+# ---------------------------------------------------------------------- persistence
+def _generation_config(cfg: DictConfig) -> dict:
+    """The settings that decide the generations (only the specs of the methods in use)."""
+    full = OmegaConf.to_container(cfg, resolve=True)
+    out = {key: full.get(key) for key in GENERATION_KEYS}
+    specs = out.get("method_specs") or {}
+    out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
+    return out
 
-    methods = start_run(cfg, out_dir, METHODS)
-    examples = load_commongen(cfg.data.path, limit=cfg.data.limit)
-    model, tokenizer = load_lm(cfg.model)
-    hmm = load_hmm(cfg.hmm, tokenizer) if "ctrlg" in methods else None
-    eos = eos_ids(model, tokenizer)
 
-    vocab_size = hmm.vocab_size if hmm is not None else len(tokenizer)
-    records, seconds = [], {m: 0.0 for m in methods}
-    for index, example in enumerate(progress(examples, desc="commongen")):
-        groups = keyword_groups(example, cfg.constraint)
-        start = time.perf_counter()
-        constraint = build_constraint(example, groups, tokenizer, cfg.constraint, vocab_size,
-                                      eos[0])
-        build_seconds = time.perf_counter() - start
-        prompt = prompt_ids(example, tokenizer, cfg.model.chat_template)
-        record = {"index": index, "concepts": list(example.concepts), "keyword_groups": groups,
-                  "references": list(example.references), "dfa_states": constraint.num_states,
-                  "dfa_seconds": build_seconds}
-        for method in methods:
-            start = time.perf_counter()
-            record[method] = best_sample(method, model, tokenizer, prompt, constraint, hmm, cfg,
-                                         seed=cfg.seed * 100_003 + index)
-            seconds[method] += time.perf_counter() - start
-        records.append(record)
+def find_resume_dir(cfg: DictConfig, out_dir: Path) -> Path | None:
+    """The run to continue: ``resume=<dir>``, or with ``resume=true`` the newest earlier run
+    folder next to ``out_dir`` whose configuration decides the same generations."""
+    resume = cfg.get("resume")
+    if resume in (None, False):
+        return None
+    if resume is True:
+        wanted = _generation_config(cfg)
+        for candidate in sorted(out_dir.parent.iterdir(), reverse=True):
+            if candidate == out_dir or not (candidate / "generations.jsonl").exists():
+                continue
+            saved = OmegaConf.load(candidate / "config.yaml")
+            if _generation_config(saved) == wanted:
+                return candidate
+        raise ExperimentConfigError(f"resume=true: no earlier run in {out_dir.parent} has this "
+                                    f"configuration ({', '.join(GENERATION_KEYS)}); give "
+                                    f"resume=<run folder> or start afresh")
+    folder = Path(str(resume))
+    if not (folder / "generations.jsonl").exists():
+        raise ExperimentConfigError(f"resume={folder}: no generations.jsonl there")
+    saved = _generation_config(OmegaConf.load(folder / "config.yaml"))
+    differing = [k for k, v in _generation_config(cfg).items() if saved.get(k) != v]
+    if differing:
+        raise ExperimentConfigError(f"resume={folder}: that run differs in {differing}; resume "
+                                    f"only with the same settings")
+    return folder
 
-    with_meteor = cfg.metrics.meteor in ("auto", True)
+
+def read_records(folder: Path) -> list[dict]:
+    """The complete item records of a (possibly interrupted) run; a torn last line is ignored."""
+    records = []
+    for line in (folder / "generations.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+class RecordWriter:
+    """Appends each finished item to ``generations.jsonl`` at once (flushed), so an interrupted
+    or failing run keeps everything finished before it."""
+
+    def __init__(self, path: Path, previous: list[dict]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = path.open("w", encoding="utf-8")
+        for record in previous:
+            self.write(record)
+
+    def write(self, record: dict) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+# ---------------------------------------------------------------------- the run
+def select_items(cfg: DictConfig):
+    """``data.limit`` items of the dataset from ``data.offset`` on, with their dataset indices."""
+
+    offset, limit = int(cfg.data.get("offset", 0)), cfg.data.limit
+    examples = load_commongen(cfg.data.path, limit=None if limit is None else offset + limit)
+    if offset >= len(examples):
+        raise ExperimentConfigError(f"data.offset={offset} but the dataset has only "
+                                    f"{len(examples)} items")
+    return list(enumerate(examples))[offset:]
+
+
+def batches(items: list, size: int) -> list[list]:
+    """Items grouped by ``dataset index // size``: the same batches (hence the same samples)
+    whether items [0, 200) run at once or as [0, 100) and [100, 200) (when size divides 100)."""
+    groups: dict[int, list] = {}
+    for index, example in items:
+        groups.setdefault(index // size, []).append((index, example))
+    return list(groups.values())
+
+
+def score_methods(records: list[dict], methods: list[str], specs: dict, cfg) -> tuple[dict, dict]:
+    """The metric table (one row per method) and the paired-bootstrap intervals of each guided
+    method − ``bootstrap.baseline`` (corpus metrics recomputed on every resample of items)."""
+
+    with_meteor = cfg.metrics.meteor in ("auto", True) and metrics.java_available()
+    refs = [r["references"] or [" ".join(r["concepts"])] for r in records]
     table = {}
     for method in methods:
         hyps = [r[method]["text"] for r in records]
-        refs = [r["references"] or [" ".join(r["concepts"])] for r in records]
         row = metrics.evaluate_generations(hyps, refs, [r[method]["accepted"] for r in records],
                                            with_meteor=with_meteor)
         row["keywords"] = metrics.success_rate(
             metrics.keyword_groups_covered(r[method]["text"], r["keyword_groups"]) for r in records)
-        row["seconds"] = seconds[method]
+        row["words"] = sum(r[method]["words"] for r in records) / len(records)
+        row["seconds"] = sum(r["seconds"][method] for r in records)
         table[method] = row
+    boot = cfg.bootstrap
+    baseline = boot.baseline
+    compared = [m for m in methods if m != baseline and specs[m]["guide"] == "ctrlg"]
+    intervals = {}
+    if baseline in methods and compared and boot.resamples:
+        names = [m for m in metrics.CORPUS_METRICS if m != "meteor" or with_meteor]
+        session = metrics.MeteorSession() if with_meteor else None
+        try:
+            scorer = lambda m: metrics.CorpusScorer(  # noqa: E731
+                [r[m]["text"] for r in records], refs, names, meteor_session=session)
+            base = scorer(baseline)
+            for method in compared:
+                intervals[method] = metrics.paired_bootstrap(
+                    scorer(method), base, num_resamples=int(boot.resamples), seed=int(boot.seed),
+                    confidence=float(boot.confidence))
+        finally:
+            if session is not None:
+                session.close()
+    return table, intervals
 
-    write_jsonl(out_dir / "generations.jsonl", records)
-    write_json(out_dir / "metrics.json", {"items": len(records), "methods": table})
+
+def format_intervals(intervals: dict, baseline: str, confidence: float) -> str:
+    names = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "cider": "CIDEr", "meteor": "METEOR"}
+    rows = []
+    for method, per_metric in intervals.items():
+        row = {"pair": f"{method} − {baseline}"}
+        for metric, ci in per_metric.items():
+            row[metric] = f"{ci['delta']:+.2f} [{ci['low']:+.2f}, {ci['high']:+.2f}]"
+        rows.append(row)
+    columns = ["pair", *names]
+    headers = ["paired bootstrap", *(f"{names[m]} ({100 * confidence:.0f} % CI)" for m in names)]
+    return format_table(rows, columns, headers)
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """The whole experiment; returns ``{method: metrics row}`` and writes the result files."""
+    specs = check_config(cfg)
+    resume_dir = find_resume_dir(cfg, out_dir)
+    methods = start_run(cfg, out_dir, list(specs))
+    items = select_items(cfg)
+    previous = read_records(resume_dir) if resume_dir is not None else []
+    done = {r["index"] for r in previous}
+    model, tokenizer = load_lm(cfg.model)
+    needs_hmm = any(s["guide"] == "ctrlg" for s in specs.values())
+    hmm = load_hmm(cfg.hmm, tokenizer) if needs_hmm else None
+    heads = [m for m in methods if specs[m]["guide"] == "ctrlg" and specs[m]["prior"] == "head"]
+    if heads and getattr(hmm, "prior_head", None) is None:
+        raise ExperimentConfigError(f"method(s) {heads} use prior=head but the HMM "
+                                    f"({cfg.hmm.get('path') or 'the embedded default'}) has no "
+                                    f"prior head saved with it")
+    eos = eos_ids(model, tokenizer)
+    vocab_size = hmm.vocab_size if hmm is not None else len(tokenizer)
+
+    writer = RecordWriter(out_dir / "generations.jsonl", previous)
+    records = list(previous)
+    size = int(cfg.batch_size)
+    bar = progress(None, total=len(items), desc="commongen", initial=len(done & {i for i, _ in items}))
+    try:
+        for group in batches(items, size):
+            batch = [(i, ex) for i, ex in group if i not in done]
+            if not batch:
+                continue
+            ready = []  # (record, constraint, prompt) of the satisfiable items
+            for index, example in batch:
+                groups = keyword_groups(example, cfg.constraint)
+                start = time.perf_counter()
+                constraint = build_constraint(example, groups, tokenizer, cfg.constraint,
+                                              vocab_size, eos[0])
+                record = {"index": index, "concepts": list(example.concepts),
+                          "keyword_groups": groups, "references": list(example.references),
+                          "dfa_states": constraint.num_states,
+                          "dfa_seconds": time.perf_counter() - start}
+                reason = unsatisfiable_reason(constraint, cfg, eos)
+                if reason is not None:
+                    print(f"item {index} ({', '.join(example.concepts)}): skipped, {reason}",
+                          file=sys.stderr)
+                    writer.write({**record, "skipped": reason})
+                    records.append({**record, "skipped": reason})
+                    continue
+                record["seconds"] = {}
+                ready.append((record, constraint,
+                              prompt_ids(example, tokenizer, cfg.model.chat_template)))
+            shared: dict = {}
+            for method in methods:
+                if not ready:
+                    break
+                start = time.perf_counter()
+                outputs = generate_batch(specs[method], model, tokenizer,
+                                         [p for _, _, p in ready], [c for _, c, _ in ready], hmm,
+                                         cfg, batch_seed(cfg.seed, group[0][0], method), shared)
+                share = (time.perf_counter() - start) / len(ready)
+                for (record, _, _), output in zip(ready, outputs):
+                    record[method] = output
+                    record["seconds"][method] = share
+            for proc in shared.values():  # detach the prior heads' hooks from the LM
+                if hasattr(proc.prior, "remove"):
+                    proc.prior.remove()
+            for record, _, _ in ready:
+                writer.write(record)
+                records.append(record)
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        writer.close()
+
+    scored = [r for r in records if "skipped" not in r]
+    skipped = [{"index": r["index"], "concepts": r["concepts"], "reason": r["skipped"]}
+               for r in records if "skipped" in r]
+    if not scored:
+        raise ExperimentConfigError(f"all {len(records)} items were skipped (unsatisfiable within "
+                                    f"generation.max_new_tokens={cfg.generation.max_new_tokens})")
+    table, intervals = score_methods(scored, methods, specs, cfg)
+    ref_words = sum(sum(map(word_count, r["references"])) / max(len(r["references"]), 1)
+                    for r in scored) / len(scored)
+    write_json(out_dir / "metrics.json", {"items": len(scored), "skipped": skipped,
+                                          "reference_words": ref_words, "methods": table,
+                                          "bootstrap": {"baseline": cfg.bootstrap.baseline,
+                                                        "intervals": intervals}})
     rows = [{"method": m, **table[m]} for m in methods]
-    print(f"CommonGen ({len(records)} items, K={cfg.generation.num_samples}, "
+    print(f"CommonGen ({len(scored)} items from index {items[0][0]}, {len(skipped)} skipped, "
+          f"K={cfg.generation.num_samples}, beams={cfg.generation.get('num_beams', 1)}, "
           f"max_new_tokens={cfg.generation.max_new_tokens}) → {out_dir}")
     print(format_table(rows, TABLE_COLUMNS, TABLE_HEADERS))
+    print(f"references: {ref_words:.2f} words on average")
+    if intervals:
+        print(format_intervals(intervals, cfg.bootstrap.baseline, float(cfg.bootstrap.confidence)))
     return table
 
 

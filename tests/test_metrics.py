@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from ctrlg import metrics
@@ -77,3 +78,93 @@ def test_evaluate_generations_row_keys():
     assert row["rouge_l"] == pytest.approx(75.0)
     assert row["success"] == 100.0 and row["meteor"] is None
     assert set(row) == {"bleu4", "rouge_l", "cider", "meteor", "success"}
+
+
+# ---------------------------------------------------------------------- paired bootstrap
+BOOT_REFS = [["a man rides a horse on the beach", "a person riding a horse"],
+             ["two dogs play in the snow", "dogs playing in snow together"],
+             ["a red car parks outside the house", "the car is parked near a house"],
+             ["children fly a kite in the park", "a kite flies over the park"]]
+SYSTEM = ["a man rides a horse", "two dogs play in snow", "a car parks near the house",
+          "kids fly a kite in the park"]
+BASELINE = ["horse man", "the dogs and the snow and more dogs", "red car", "a kite"]
+
+
+def _brute_force(hyps, refs, indices):
+    """The library metrics on the resampled corpus itself (items repeated as drawn)."""
+    h = [hyps[i] for i in indices]
+    r = [refs[i] for i in indices]
+    return {"bleu4": metrics.bleu4(h, r), "rouge_l": metrics.rouge_l(h, r),
+            "cider": 100.0 * metrics.cider(h, r)}
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_corpus_scorer_equals_the_library_on_every_resample(n):
+    """Exact enumeration of all n^n resamples: BLEU's summed statistics, CIDEr's resampled IDF
+    and ROUGE-L's mean reproduce the library's score of each resampled corpus."""
+    scorer = metrics.CorpusScorer(SYSTEM[:n], BOOT_REFS[:n], ("bleu4", "rouge_l", "cider"))
+    for indices in metrics.bootstrap_resamples(n, "all"):
+        expected = _brute_force(SYSTEM[:n], BOOT_REFS[:n], indices)
+        got = scorer.score(indices)
+        for name, value in expected.items():
+            assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-9), (indices, name)
+
+
+def test_paired_bootstrap_interval_matches_the_exact_resampling_distribution():
+    """n = 4: the percentile interval over all 256 equally likely resamples equals the one from
+    brute-force deltas; random resampling (seeded) approaches it."""
+    n, names = 4, ("bleu4", "rouge_l", "cider")
+    system = metrics.CorpusScorer(SYSTEM, BOOT_REFS, names)
+    baseline = metrics.CorpusScorer(BASELINE, BOOT_REFS, names)
+    exact = metrics.paired_bootstrap(system, baseline, num_resamples="all")
+    deltas = {m: [] for m in names}
+    for indices in metrics.bootstrap_resamples(n, "all"):
+        a, b = _brute_force(SYSTEM, BOOT_REFS, indices), _brute_force(BASELINE, BOOT_REFS, indices)
+        for m in names:
+            deltas[m].append(a[m] - b[m])
+    full_a = _brute_force(SYSTEM, BOOT_REFS, range(n))
+    full_b = _brute_force(BASELINE, BOOT_REFS, range(n))
+    sampled = metrics.paired_bootstrap(system, baseline, num_resamples=4000, seed=1)
+    for m in names:
+        values = np.asarray(deltas[m])
+        low, high = np.percentile(values, [2.5, 97.5])
+        assert exact[m]["delta"] == pytest.approx(full_a[m] - full_b[m], rel=1e-9, abs=1e-9)
+        assert exact[m]["low"] == pytest.approx(low, rel=1e-9, abs=1e-9)
+        assert exact[m]["high"] == pytest.approx(high, rel=1e-9, abs=1e-9)
+        assert exact[m]["p_not_better"] == pytest.approx(np.mean(values <= 0))
+        # the sampled interval's ends lie between neighbouring quantiles of the exact law
+        assert np.percentile(values, 1.0) - 1e-9 <= sampled[m]["low"] <= np.percentile(values, 5.0) + 1e-9
+        assert np.percentile(values, 95.0) - 1e-9 <= sampled[m]["high"] <= np.percentile(values, 99.0) + 1e-9
+    # same seed, same interval
+    again = metrics.paired_bootstrap(system, baseline, num_resamples=4000, seed=1)
+    assert again == sampled
+
+
+def test_bootstrap_bad_inputs_raise():
+    scorer = metrics.CorpusScorer(SYSTEM[:2], BOOT_REFS[:2], ("rouge_l",))
+    other = metrics.CorpusScorer(SYSTEM[:3], BOOT_REFS[:3], ("rouge_l",))
+    with pytest.raises(MetricInputError, match="same items"):
+        metrics.paired_bootstrap(scorer, other)
+    with pytest.raises(MetricInputError, match="num_resamples"):
+        metrics.bootstrap_resamples(3, 0)
+    with pytest.raises(MetricInputError, match="at most 6"):
+        metrics.bootstrap_resamples(8, "all")
+    with pytest.raises(MetricInputError, match="unknown metric"):
+        metrics.CorpusScorer(SYSTEM[:2], BOOT_REFS[:2], ("bleu5",))
+    with pytest.raises(MetricInputError, match="meteor_session"):
+        metrics.CorpusScorer(SYSTEM[:2], BOOT_REFS[:2], ("meteor",))
+    with pytest.raises(MetricInputError, match="indices"):
+        scorer.score([0, 5])
+
+
+@pytest.mark.heavy  # starts a JVM
+@pytest.mark.skipif(not metrics.java_available(), reason="METEOR needs java")
+def test_meteor_on_a_resample_equals_the_jar_on_that_corpus():
+    session = metrics.MeteorSession()
+    try:
+        scorer = metrics.CorpusScorer(SYSTEM, BOOT_REFS, ("meteor",), meteor_session=session)
+        for indices in [(0, 1, 2, 3), (3, 3, 0, 1), (2, 2, 2, 2)]:
+            expected = metrics.meteor([SYSTEM[i] for i in indices], [BOOT_REFS[i] for i in indices])
+            assert scorer.score(indices)["meteor"] == pytest.approx(expected, abs=1e-9)
+    finally:
+        session.close()

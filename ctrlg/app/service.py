@@ -326,7 +326,7 @@ class EditorService:
                     self.model, self.tokenizer, prompt_ids, constraint,
                     hmm=self.hmm if request.mode == "ctrlg" else None, mode=request.mode,
                     max_new_tokens=request.max_new_tokens, num_samples=request.num_candidates,
-                    seed=request.seed, rerank=False,
+                    seed=request.seed, rank_by_lm=False,
                     suffix=suffix_ids if request.mode == "ctrlg" else None,
                     eos_token_id=[] if self.eos_id is None else [self.eos_id],
                     stopping_criteria=StoppingCriteriaList([stopper]))

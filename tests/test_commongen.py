@@ -1,0 +1,124 @@
+"""experiments.commongen beyond the smoke tests: configuration errors before anything is loaded,
+finished items kept when a run is interrupted, resume, unsatisfiable items skipped and reported,
+and the per-row bookkeeping of batched items."""
+
+import json
+
+import pytest
+import torch
+
+from experiments.common import ExperimentConfigError
+from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
+
+
+def small_overrides(lm_dir, hmm_dir, *extra):
+    return [f"model.name={lm_dir}", f"hmm.path={hmm_dir}", "generation.num_samples=2",
+            "generation.max_new_tokens=10", "metrics.meteor=false", "bootstrap.resamples=0",
+            "methods=[logical,ctrlg]", *extra]
+
+
+def read_records(folder):
+    return [json.loads(line) for line in (folder / "generations.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("override, named", [
+    ("generation.num_samples=0", "generation.num_samples"),
+    ("data.limit=0", "data.limit"),
+    ("batch_size=0", "batch_size"),
+    ("methods=[logical,nonsense]", "nonsense"),
+    ("+method_specs.bad={guide: ctrlg, strength: -1}", "strength"),
+])
+def test_bad_sizes_and_methods_fail_before_the_lm_is_loaded(tmp_path, override, named):
+    """A missing model folder would fail later: the configuration error must come first."""
+    from experiments import commongen
+
+    extra = ["methods=[logical,bad]"] if "bad=" in override else []
+    cfg = compose("commongen", ["model.name=/nonexistent/lm", "hmm.path=/nonexistent/hmm",
+                                override, *extra])
+    with pytest.raises(ExperimentConfigError, match=named.replace(".", r"\.")):
+        commongen.run(cfg, tmp_path)
+    assert not (tmp_path / "generations.jsonl").exists()
+
+
+def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_dir, tiny_hmm_dir,
+                                                                      tmp_path, monkeypatch):
+    from experiments import commongen
+
+    overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
+    full = tmp_path / "full"
+    commongen.run(compose("commongen", overrides), full)
+
+    real, calls = commongen.generate_batch, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the second batch's first method
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    runs = tmp_path / "runs"
+    monkeypatch.setattr(commongen, "generate_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        commongen.run(compose("commongen", overrides), runs / "2026-01-01_00-00-00")
+    monkeypatch.undo()
+    kept = read_records(runs / "2026-01-01_00-00-00")
+    assert [r["index"] for r in kept] == [0, 1]  # the first batch survived the interruption
+
+    # resume=true finds the newest earlier run of this configuration next to the new folder
+    table = commongen.run(compose("commongen", overrides + ["resume=true"]),
+                          runs / "2026-01-02_00-00-00")
+    resumed, reference = read_records(runs / "2026-01-02_00-00-00"), read_records(full)
+    assert [r["index"] for r in resumed] == [0, 1, 2, 3]
+    for got, want in zip(resumed, reference):  # same batches, same seeds: same outputs
+        assert [got[m]["text"] for m in ("logical", "ctrlg")] == \
+            [want[m]["text"] for m in ("logical", "ctrlg")]
+    assert table["ctrlg"]["success"] == 100.0
+
+    # a resume folder made with other settings is refused, naming what differs
+    with pytest.raises(ExperimentConfigError, match="generation"):
+        commongen.run(compose("commongen", overrides + ["generation.num_samples=3",
+                                                        f"resume={full}"]), tmp_path / "x")
+
+
+def test_unsatisfiable_item_is_reported_and_the_others_go_on(tiny_lm_dir, tiny_hmm_dir, tmp_path,
+                                                             capsys):
+    from experiments import commongen
+
+    items = tmp_path / "items.jsonl"
+    rows = [{"concept_set": "dog_N#cat_N", "scene": ["The dog and the cat."]},
+            {"concept_set": "dog_N#cat_N#bird_N#horse_N#cow_N#pig_N", "scene": ["x"]},
+            {"concept_set": "sun_N#sky_N", "scene": ["The sun is in the sky."]}]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = compose("commongen", small_overrides(tiny_lm_dir, tiny_hmm_dir, f"data.path={items}",
+                                               "data.limit=3", "constraint.min_words=1",
+                                               "generation.max_new_tokens=5"))
+    table = commongen.run(cfg, tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "item 1 (dog, cat, bird, horse, cow, pig): skipped" in err
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["items"] == 2 and [s["index"] for s in saved["skipped"]] == [1]
+    assert table["ctrlg"]["success"] == 100.0 and table["logical"]["success"] == 100.0
+    assert [r["index"] for r in read_records(tmp_path / "run") if "skipped" not in r] == [0, 2]
+
+
+def test_head_methods_run_with_per_row_dfas_and_need_a_head(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    """prior=head reads the LM-conditioned prior saved beside the HMM; with one DFA per item in
+    a batch every guided output still satisfies its constraint. Without a head: a clear error."""
+    from ctrlg import HMM
+    from ctrlg.hmm.prior_head import PriorHead
+    from experiments import commongen
+
+    hmm = HMM.load(tiny_hmm_dir)
+    torch.manual_seed(0)
+    hmm.prior_head = PriorHead(16, hmm.hidden_size, inner_size=4)
+    with_head = tmp_path / "hmm-with-head"
+    hmm.save(with_head)
+    overrides = small_overrides(tiny_lm_dir, with_head, "data.limit=2", "batch_size=2",
+                                "methods=[ctrlg_head,ctrlg_head_w05,ctrlg]")
+    table = commongen.run(compose("commongen", overrides), tmp_path / "run")
+    assert all(table[m]["success"] == 100.0 for m in ("ctrlg_head", "ctrlg_head_w05", "ctrlg"))
+    with pytest.raises(ExperimentConfigError, match="no prior head"):
+        commongen.run(compose("commongen", small_overrides(tiny_lm_dir, tiny_hmm_dir,
+                                                           "data.limit=1",
+                                                           "methods=[ctrlg_head]")),
+                      tmp_path / "none")
