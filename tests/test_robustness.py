@@ -1,0 +1,101 @@
+"""Bad and edge-case inputs: each gets a clear ctrlg error (a ValueError naming the input and the
+fix), never a silent wrong answer, a hang, or a lost/mixed checkpoint. docs/errors.md lists them."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+import ctrlg
+from ctrlg import dfa
+from ctrlg.errors import (CheckpointError, ConstraintError, CtrlgError,
+                          UnsatisfiableConstraintError, VocabularyMismatchError)
+
+
+def small_hmm(h=3, V=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return ctrlg.HMM.from_params(torch.rand(h, generator=g) + 0.1,
+                                 torch.rand(h, h, generator=g) + 0.1,
+                                 torch.rand(h, V, generator=g) + 0.1, normalize=True)
+
+
+# ---------------------------------------------------------------------- HMM entry points
+@pytest.mark.parametrize("args", [(-1, 4), (2, -1), (1.5, 2), ("3", 2), (True, 2)])
+def test_hmm_sample_rejects_bad_counts(args):
+    with pytest.raises(ConstraintError, match="num_samples|length"):
+        small_hmm().sample(*args)
+
+
+def test_hmm_sample_zero_rows_is_empty():
+    assert small_hmm().sample(0, 3).shape == (0, 3)
+
+
+@pytest.mark.parametrize("ids", [torch.tensor([[1.5, 2.0]]), [[1.0, 2.0]], torch.tensor([[True]])])
+def test_hmm_log_prob_rejects_non_integer_ids(ids):
+    with pytest.raises(ConstraintError, match="integer token ids"):
+        small_hmm().log_prob(ids)
+
+
+def test_hmm_log_prob_rejects_a_bad_mask():
+    with pytest.raises(ConstraintError, match="mask must be a bool tensor"):
+        small_hmm().log_prob([[1, 2]], mask=torch.ones(1, 3, dtype=torch.bool))
+
+
+def test_hmm_load_rejects_a_config_that_is_a_json_list(tmp_path):
+    path = small_hmm().save(tmp_path / "h")
+    (path / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="JSON object"):
+        ctrlg.HMM.load(path)
+
+
+def test_hmm_save_is_atomic_when_it_fails_half_way(tmp_path, monkeypatch):
+    """A save that dies after writing the weights leaves the previous checkpoint intact."""
+    old, new = small_hmm(seed=1), small_hmm(seed=2)
+    old.config["tokenizer_hash"] = "old-hash"
+    new.config["tokenizer_hash"] = "new-hash"
+    path = old.save(tmp_path / "h")
+
+    def broken_dumps(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(json, "dumps", broken_dumps)
+    with pytest.raises(OSError, match="disk full"):
+        new.save(path)
+    monkeypatch.undo()
+    loaded = ctrlg.HMM.load(path)
+    assert loaded.config["tokenizer_hash"] == "old-hash"
+    assert torch.allclose(loaded.emission, old.emission)
+    assert [p.name for p in tmp_path.iterdir()] == ["h"]       # no staging folder left behind
+
+
+def test_hmm_load_rejects_files_of_two_different_saves(tmp_path):
+    a = small_hmm(seed=1).save(tmp_path / "a")
+    b = small_hmm(seed=2).save(tmp_path / "b")
+    (b / "config.json").write_text((a / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="mixes files of different saves"):
+        ctrlg.HMM.load(b)
+
+
+def test_hmm_resave_keeps_foreign_files_and_replaces_its_own(tmp_path):
+    path = small_hmm(seed=1).save(tmp_path / "h")
+    (path / "NOTES.txt").write_text("mine")
+    (path / "prior_head.json").write_text("{}")        # a companion file the new save lacks
+    small_hmm(seed=2).save(path)
+    assert (path / "NOTES.txt").read_text() == "mine"
+    assert not (path / "prior_head.json").exists()
+    assert torch.allclose(ctrlg.HMM.load(path).emission, small_hmm(seed=2).emission)
+
+
+def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path):
+    from ctrlg.checkpoint import remove_stale_staging, staging_folder
+
+    alive = staging_folder(tmp_path / "h")           # ours, in progress: kept
+    dead = tmp_path / ".h.staging-999999999-abc"     # a killed writer (no such pid)
+    dead.mkdir()
+    assert remove_stale_staging(tmp_path, "h") == [dead]
+    assert alive.exists() and not dead.exists()
+    dead.mkdir()
+    small_hmm().save(tmp_path / "h")                 # every save cleans up first
+    assert not dead.exists()
