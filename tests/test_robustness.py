@@ -99,3 +99,61 @@ def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path):
     dead.mkdir()
     small_hmm().save(tmp_path / "h")                 # every save cleans up first
     assert not dead.exists()
+
+
+# ---------------------------------------------------------------------- model loading
+def test_unknown_hub_id_fails_fast_when_the_hub_cannot_be_reached(monkeypatch):
+    from huggingface_hub import constants
+
+    from ctrlg.models import ModelLoadError, load_model, load_tokenizer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")   # nothing listens there
+    for load in (load_tokenizer, load_model):
+        start = time.perf_counter()
+        with pytest.raises(ModelLoadError, match="not in the Hugging Face cache"):
+            load("some/unknown-model")
+        assert time.perf_counter() - start < 10
+
+
+def test_unknown_hub_id_offline_names_the_fix(monkeypatch):
+    from ctrlg.models import ModelLoadError, load_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="HF_HUB_OFFLINE"):
+        load_tokenizer("some/unknown-model")
+
+
+def test_folder_without_a_tokenizer_is_a_clear_error(tmp_path):
+    from ctrlg.models import ModelLoadError, load_tokenizer
+
+    with pytest.raises(ModelLoadError, match="has no tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def test_model_config_that_is_a_json_list_is_a_clear_error(tmp_path):
+    from ctrlg.models import ModelLoadError, load_model, load_tokenizer
+
+    (tmp_path / "config.json").write_text("[1, 2]")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ModelLoadError, match="JSON object"):
+            load(tmp_path)
+
+
+def test_stale_conversion_staging_folders_are_removed_by_later_runs(tmp_path, monkeypatch):
+    from ctrlg.models import EMBEDDED_NAME, resolve_model_dir
+
+    monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
+    target = tmp_path / EMBEDDED_NAME
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    killed = tmp_path / f".{EMBEDDED_NAME}.staging-999999999-x1y2"   # writer pid gone
+    legacy = tmp_path / f"{EMBEDDED_NAME}.ab12cd34"                  # older naming, a day old
+    for folder in (killed, legacy):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"partial")
+    os.utime(legacy, (time.time() - 3 * 86400,) * 2)
+    assert resolve_model_dir(None) == str(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [EMBEDDED_NAME]
