@@ -37,7 +37,8 @@ from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
 from ctrlg.dfa.minimize import minimize_table
 from ctrlg.errors import UnsatisfiableConstraintError
 
-__all__ = ["intersect", "union", "complement", "concat", "product"]
+__all__ = ["intersect", "union", "complement", "concat", "product", "bfs_distances",
+           "min_tokens_to_accept", "restrict_to_budget"]
 
 
 # ---------------------------------------------------------------------- class-level helpers
@@ -215,3 +216,69 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
     accepting = np.array([bool(d2.accepting[list(sub)].any()) if sub else False
                           for _, sub in states])
     return finish(table, accepting, 0, classes, True, "concatenation", minimal)
+
+
+# ---------------------------------------------------------------------- token budgets
+def bfs_distances(sources, src: np.ndarray, dst: np.ndarray, num_nodes: int,
+                  limit: int | None = None) -> np.ndarray:
+    """int64 [num_nodes]: the number of edges on a shortest path from any of ``sources`` along
+    edges ``src → dst`` (−1 when unreachable, or farther than ``limit``). Breadth-first search in
+    C (scipy.sparse.csgraph, unweighted): O(S + E), whatever the depth."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    sources = np.asarray(sources, dtype=np.int64)
+    out = np.full(num_nodes, -1, dtype=np.int64)
+    if not len(sources):
+        return out
+    hub = num_nodes                        # one virtual node with an edge to every source
+    rows = np.concatenate([np.asarray(src, dtype=np.int64), np.full(len(sources), hub)])
+    cols = np.concatenate([np.asarray(dst, dtype=np.int64), sources])
+    graph = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(num_nodes + 1,) * 2)
+    dist = dijkstra(graph, indices=hub, unweighted=True,
+                    limit=np.inf if limit is None else limit + 1.5)[:num_nodes]
+    finite = np.isfinite(dist)
+    out[finite] = dist[finite].astype(np.int64) - 1
+    return out
+
+
+def min_tokens_to_accept(dfa: TokenDFA) -> int | None:
+    """The length of the shortest accepted token sequence (None when the language is empty)."""
+    src, dst = dfa._edge_list()
+    dist = bfs_distances([dfa.initial], src, dst, dfa.num_states)
+    lengths = dist[dfa.accepting & (dist >= 0)]
+    return int(lengths.min()) if lengths.size else None
+
+
+def restrict_to_budget(dfa: TokenDFA, max_tokens: int) -> TokenDFA:
+    """A DFA that agrees with ``dfa`` on every sequence of at most ``max_tokens`` tokens, keeping
+    only the states such a sequence can pass through on its way to acceptance: state s is kept
+    iff dist(initial → s) + dist(s → accepting) ≤ ``max_tokens`` (two breadth-first searches);
+    every other transition goes to one dead state. Guide tables over the result cost
+    O(kept states) instead of O(all states) (e.g. ``length(0, 10**5)`` with a budget of 8 keeps
+    9 states). Raises UnsatisfiableConstraintError when no sequence within the budget is accepted.
+    """
+    from ctrlg.dfa.core import TokenClasses
+
+    src, dst = dfa._edge_list()
+    S = dfa.num_states
+    ahead = bfs_distances([dfa.initial], src, dst, S, limit=max_tokens)
+    behind = bfs_distances(np.nonzero(dfa.accepting)[0], dst, src, S, limit=max_tokens)
+    keep = (ahead >= 0) & (behind >= 0) & (ahead + behind <= max_tokens)
+    if not keep[dfa.initial]:
+        raise UnsatisfiableConstraintError(
+            f"the constraint accepts no token sequence of at most {max_tokens} tokens "
+            f"(its shortest accepted sequence is longer); raise the token budget")
+    if keep.all():
+        return dfa
+    classes = (TokenClasses.from_labels(dfa.letter_of_token) if dfa.has_letters
+               else token_classes(dfa))
+    table = dfa.class_table(classes)
+    kept = np.nonzero(keep)[0]
+    n = len(kept)
+    new_id = np.full(S, n, dtype=np.int64)          # n: the dead state
+    new_id[kept] = np.arange(n)
+    out = np.vstack([new_id[table[kept]], np.full((1, classes.num_classes), n)])
+    accepting = np.append(dfa.accepting[kept], False)
+    return finish(out, accepting, int(new_id[dfa.initial]), classes, False,
+                  "budget-restricted constraint", minimal=False)
