@@ -5,8 +5,10 @@ import json
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import ctrlg
 from ctrlg import dfa
@@ -199,3 +201,63 @@ def test_relm_exact_token_budget_check_after_compiling(tiny_lm, smollm2_tokenize
 
     with pytest.raises(UnsatisfiableConstraintError, match="shortest token encoding"):
         search(tiny_lm, smollm2_tokenizer, Query("[a-z]{4}qz", max_tokens=1, encodings="all"))
+
+
+# ---------------------------------------------------------------------- DFA builders and ops
+def _best_time(build, repeats=2):
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        build()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_word_count_beyond_the_supported_bound_fails_at_once(smollm2_tokenizer):
+    start = time.perf_counter()
+    with pytest.raises(ConstraintError, match="max_words=1000000 is above the supported word bound"):
+        dfa.word_count(smollm2_tokenizer, 0, 10**6)
+    with pytest.raises(ConstraintError, match="min_words"):
+        dfa.commongen_constraint(smollm2_tokenizer, "dog_N", min_words=10**6)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("build", ["word_count", "intersect_length"])
+def test_counter_automata_build_in_near_linear_time(smollm2_tokenizer, build):
+    """Quadrupling the counter must cost well under the 16× of a quadratic builder (Moore's
+    refinement needed one O(S·C) round per count; the product search merged sorted sets per
+    BFS level). A time ratio within one process is robust to the machine's load."""
+    V = len(smollm2_tokenizer)
+    make = {"word_count": lambda n: dfa.word_count(smollm2_tokenizer, 0, n),
+            "intersect_length": lambda n: dfa.intersect(dfa.length(0, n, vocab_size=V),
+                                                        dfa.phrase([3, 4], V))}[build]
+    make(10)                                                   # warm caches
+    small, large = _best_time(lambda: make(1000)), _best_time(lambda: make(4000))
+    assert large / small < 10, (small, large)
+
+
+def test_counter_automata_stay_exact_after_the_fast_minimisation():
+    V = 3
+    d = dfa.intersect(dfa.length(2, 300, vocab_size=V), dfa.phrase([1, 2], V))
+    for n in (0, 1, 2, 3, 299, 300, 301):
+        for seq in ([0] * n, ([1, 2] + [0] * n)[:n], ([0] * n + [1, 2])[-n:] if n else []):
+            expect = 2 <= len(seq) <= 300 and any(seq[i:i + 2] == [1, 2] for i in range(len(seq)))
+            assert d.accepts(seq) == expect, seq
+
+
+@settings(max_examples=200, deadline=None)
+@given(table=st.integers(1, 9).flatmap(lambda S: st.lists(
+           st.lists(st.integers(0, S - 1), min_size=3, max_size=3), min_size=S, max_size=S)),
+       data=st.data())
+def test_hopcroft_from_any_moore_round_gives_the_moore_partition(table, data):
+    from ctrlg.dfa.minimize import moore_partition
+
+    table = np.array(table)
+    accepting = np.array(data.draw(st.lists(st.booleans(), min_size=len(table),
+                                            max_size=len(table))))
+    def canonical(block):
+        first: dict = {}
+        return [first.setdefault(b, len(first)) for b in block.tolist()]
+    reference = canonical(moore_partition(table, accepting, max_rounds=None))
+    for rounds in (0, 1, 2):
+        assert canonical(moore_partition(table, accepting, max_rounds=rounds)) == reference

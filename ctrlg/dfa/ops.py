@@ -89,19 +89,38 @@ def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: Toke
     return TokenDFA.from_class_table(table, acc, classes, 0)
 
 
+# pair-key ranges up to this size get a "seen" bitmap (one byte per pair); larger ones a sorted
+# set of reached keys (O(reached) per level)
+_BITMAP_PAIRS = 1 << 25
+
+
 def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2: np.ndarray,
                     i2: int, rule: Callable[[np.ndarray, np.ndarray], np.ndarray]):
-    """Class-level product over reachable pairs only (frontier BFS on pair keys s1·S2 + s2)."""
+    """Class-level product over reachable pairs only (frontier BFS on pair keys s1·S2 + s2).
+    With a bitmap of seen pairs each BFS level costs O(frontier · C), so the whole search is
+    O(reached pairs · C) however deep the product is (a 4,000-token length counter is 4,000
+    levels)."""
     S2 = np.int64(t2.shape[0])
     t1 = t1.astype(np.int64)
     t2 = t2.astype(np.int64)
     start = np.array([i1 * S2 + i2], dtype=np.int64)
-    reached = start
     frontier = start
-    while frontier.size:
-        succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
-        frontier = np.setdiff1d(succ, reached, assume_unique=True)
-        reached = np.union1d(reached, frontier)
+    if t1.shape[0] * int(S2) <= _BITMAP_PAIRS:
+        seen = np.zeros(t1.shape[0] * int(S2), dtype=bool)
+        seen[start] = True
+        levels = [start]
+        while frontier.size:
+            succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
+            frontier = succ[~seen[succ]]
+            seen[frontier] = True
+            levels.append(frontier)
+        reached = np.sort(np.concatenate(levels))
+    else:
+        reached = start
+        while frontier.size:
+            succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
+            frontier = np.setdiff1d(succ, reached, assume_unique=True)
+            reached = np.union1d(reached, frontier)
     table = np.searchsorted(reached, t1[reached // S2] * S2 + t2[reached % S2])
     accepting = rule(a1[reached // S2], a2[reached % S2])
     initial = int(np.searchsorted(reached, start[0]))
