@@ -12,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 import ctrlg
 from ctrlg import dfa
+from dfa_strategies import all_sequences, language, token_dfas
+
 from ctrlg.errors import (CheckpointError, ConstraintError, CtrlgError,
                           UnsatisfiableConstraintError, VocabularyMismatchError)
 
@@ -261,3 +263,32 @@ def test_hopcroft_from_any_moore_round_gives_the_moore_partition(table, data):
     reference = canonical(moore_partition(table, accepting, max_rounds=None))
     for rounds in (0, 1, 2):
         assert canonical(moore_partition(table, accepting, max_rounds=rounds)) == reference
+
+
+@settings(max_examples=150, deadline=None)
+@given(d=token_dfas(max_states=6), budget=st.integers(0, 4))
+def test_restrict_to_budget_keeps_the_language_up_to_the_budget(d, budget):
+    from ctrlg.dfa.ops import min_tokens_to_accept, restrict_to_budget
+
+    full = language(d, budget)
+    shortest = min_tokens_to_accept(d)
+    lengths = [len(x) for x in all_sequences(d.vocab_size, budget)]
+    expect_shortest = min((n for n, ok in zip(lengths, full) if ok), default=None)
+    if expect_shortest is not None:
+        assert shortest == expect_shortest
+    if not full.any():
+        with pytest.raises(UnsatisfiableConstraintError, match=f"at most {budget} tokens"):
+            restrict_to_budget(d, budget)
+        return
+    restricted = restrict_to_budget(d, budget)
+    assert np.array_equal(language(restricted, budget), full)
+    assert restricted.num_states <= d.num_states + 1
+
+
+def test_restrict_to_budget_drops_unreachable_counter_states():
+    from ctrlg.dfa.ops import restrict_to_budget
+
+    d = dfa.length(0, 10**5, vocab_size=7)
+    small = restrict_to_budget(d, 8)
+    assert small.num_states <= 10
+    assert small.accepts([1] * 8) and not small.accepts([1] * 9)
