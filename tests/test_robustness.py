@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 import ctrlg
 from ctrlg import dfa
 from dfa_strategies import all_sequences, language, token_dfas
+from test_relm import lm, tok  # noqa: F401  (fixtures: a tiny Llama over the SmolLM2 tokenizer)
 
 from ctrlg.errors import (CheckpointError, ConstraintError, CtrlgError,
                           UnsatisfiableConstraintError, VocabularyMismatchError)
@@ -164,45 +165,34 @@ def test_stale_conversion_staging_folders_are_removed_by_later_runs(tmp_path, mo
 
 
 # ---------------------------------------------------------------------- ReLM
-@pytest.fixture(scope="module")
-def tiny_lm(smollm2_tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=64)
-    return LlamaForCausalLM(config).eval()
-
-
 @pytest.mark.parametrize("kwargs", [dict(num_results=0), dict(num_results=-2),
                                     dict(num_results=1.5), dict(batch_size=0)])
-def test_relm_search_rejects_bad_counts_before_searching(tiny_lm, smollm2_tokenizer, kwargs):
+def test_relm_search_rejects_bad_counts_before_searching(lm, tok, kwargs):
     from ctrlg.relm import Query, search
 
     with pytest.raises(ConstraintError, match="num_results|batch_size"):
-        list(search(tiny_lm, smollm2_tokenizer, Query("cat|dog", max_tokens=2), **kwargs))
+        list(search(lm, tok, Query("cat|dog", max_tokens=2), **kwargs))
 
 
 @pytest.mark.parametrize("encodings", ["all", "canonical"])
-def test_relm_query_longer_than_its_budget_fails_at_once(tiny_lm, smollm2_tokenizer, encodings):
+def test_relm_query_longer_than_its_budget_fails_at_once(lm, tok, encodings):
     from ctrlg.relm import Query, sample, search
 
     query = Query("[a-z]{200}", max_tokens=4, encodings=encodings)
     start = time.perf_counter()
     with pytest.raises(UnsatisfiableConstraintError, match="max_tokens=4.*at least"):
-        list(search(tiny_lm, smollm2_tokenizer, query, num_results=1))
+        list(search(lm, tok, query, num_results=1))
     with pytest.raises(UnsatisfiableConstraintError, match="max_tokens=4"):
-        sample(tiny_lm, smollm2_tokenizer, query, num_samples=1)
+        sample(lm, tok, query, num_samples=1)
     assert time.perf_counter() - start < 5
 
 
-def test_relm_exact_token_budget_check_after_compiling(tiny_lm, smollm2_tokenizer):
+def test_relm_exact_token_budget_check_after_compiling(lm, tok):
     """The byte bound passes (a 6-letter match might be one token) but no token matches."""
     from ctrlg.relm import Query, search
 
     with pytest.raises(UnsatisfiableConstraintError, match="shortest token encoding"):
-        search(tiny_lm, smollm2_tokenizer, Query("[a-z]{4}qz", max_tokens=1, encodings="all"))
+        search(lm, tok, Query("[a-z]{4}qz", max_tokens=1, encodings="all"))
 
 
 # ---------------------------------------------------------------------- DFA builders and ops
