@@ -205,7 +205,11 @@ def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
         if not isinstance(name, (str, os.PathLike)):
             raise ModelLoadError(f"a model name must be a string or path, got {name!r}")
         if not Path(name).exists():
-            _check_hub_id(str(name))
+            text = str(name)
+            if isinstance(name, os.PathLike) or text.startswith((".", "/", "~")) \
+                    or text.count("/") > 1 or os.sep != "/" and os.sep in text:
+                raise ModelLoadError(f"the model folder {text!r} does not exist")
+            _check_hub_id(text)
         return str(name)
     if not (target / "config.json").is_file():
         _convert_gguf(gguf, target)

@@ -282,3 +282,14 @@ def test_restrict_to_budget_drops_unreachable_counter_states():
     small = restrict_to_budget(d, 8)
     assert small.num_states <= 10
     assert small.accepts([1] * 8) and not small.accepts([1] * 9)
+
+
+@pytest.mark.parametrize("tokens", [[1.5], "ab", [True], [None]])
+def test_dfa_accepts_rejects_what_is_not_a_token_id(tokens):
+    with pytest.raises(ConstraintError, match="token id|sequence of token ids"):
+        dfa.phrase([1, 2], 5).accepts(tokens)
+
+
+def test_dfa_is_accepting_checks_the_state():
+    with pytest.raises(ConstraintError, match="state 99 out of range"):
+        dfa.phrase([1, 2], 5).is_accepting(99)
