@@ -214,6 +214,8 @@ def decode_random_logits(case, constraint, hmm, rng):
             logits[torch.rand(rows, width, generator=g) < 0.4] = -math.inf
         scores = proc(ids, logits)
         probs = torch.softmax(scores[:, :V], -1)
+        # finished rows pass through unguided (possibly all −inf) and are padded with EOS anyway
+        probs = torch.where(done[:, None], torch.ones_like(probs), probs)
         nxt = torch.multinomial(probs, 1, generator=g)[:, 0]
         if eos is not None:
             nxt = torch.where(done, eos, nxt)
