@@ -3,7 +3,8 @@
 Constraints are token-level DFAs (:mod:`ctrlg.dfa`); an HMM distilled from the LM
 (:class:`ctrlg.HMM`) estimates how likely each next token makes the constraint satisfiable
 (:mod:`ctrlg.guide`), and :mod:`ctrlg.sampler` plugs that into ``transformers.generate``.
-Heavy dependencies (transformers) are imported lazily.
+Heavy dependencies (transformers) are imported lazily: ``ctrlg.ConstraintLogitsProcessor``,
+``ctrlg.Generation`` and ``ctrlg.generate`` load :mod:`ctrlg.sampler` on first access.
 """
 
 from ctrlg import dfa
@@ -18,11 +19,14 @@ from ctrlg.errors import (
     VocabularyMismatchError,
 )
 from ctrlg.hmm.model import HMM
+from ctrlg.vocab import Vocabulary
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConstraintLogitsProcessor",
     "HMM",
+    "Vocabulary",
     "dfa",
     "generate",
     "CheckpointError",
@@ -36,9 +40,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name == "generate":
-        from ctrlg.sampler import generate
+_FROM_SAMPLER = ("ConstraintLogitsProcessor", "Generation", "generate")
 
-        return generate
+
+def __getattr__(name):
+    if name in _FROM_SAMPLER:
+        from ctrlg import sampler  # imports transformers (seconds): only when generating
+
+        return getattr(sampler, name)
     raise AttributeError(f"module 'ctrlg' has no attribute {name!r}")

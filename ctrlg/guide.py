@@ -23,11 +23,10 @@ Scaling. Each row is stored as W_r(s, ·) = exp(c_r(s)) · Ŵ_r(s, ·) with max_
 c_r(s) in float64. A step rescales every term of g_s to the common scale m_s = max of the scales
 of the states it mixes, so probabilities like 1e-3000 (n ≤ 1024, V ~ 5e4) never underflow.
 
-Exact feasibility. F_r(s) = "some token sequence of ≤ r tokens from s is accepted" is computed from
-the DFA alone (booleans, no floats): F_0 = accepting, F_r(s) = [some non-exception token exists ∧
-F_{r-1}(default(s))] ∨ ∃ v ∈ exc(s): F_{r-1}(δ(s, v)) ∨ [EOS allowed ∧ ∃ e: δ(s, e) accepting].
-Tokens into states with ¬F_{r-1} get probability exactly 0; feasible tokens whose float weight
-underflowed get a floor (``ratio_floor``) instead, so the guarantee never depends on rounding.
+Exact feasibility. F_r(s) = "some token sequence of ≤ r tokens from s is accepted", computed from
+the DFA alone (:mod:`ctrlg.feasibility`, the base class of :class:`GuideTables`). Tokens into states
+with ¬F_{r-1} get probability exactly 0; feasible tokens whose float weight underflowed get a floor
+(``ratio_floor``) instead, so the guarantee never depends on rounding.
 
 Per generated token (row in DFA state s, prior p over the hidden state of the token being
 generated, r tokens left including this one):
@@ -54,21 +53,23 @@ handled token by token (p · (B[:, v] ⊙ W(t))); larger letters are grouped by 
 extra row (p ⊙ W_{r-1}(t)) in the single [rows, h]·[h, V] product, so a row costs
 O(h·V·(2 + #large-letter successors) + h·#small-letter tokens) — B is still read once.
 
-Logical mode (``hmm=None``): only F is built; guidance is 0 on feasible tokens and −inf on the
-others (what Outlines / guidance do).
+Logical mode (``hmm=None``, or :class:`ctrlg.feasibility.Feasibility` alone): only F is built;
+guidance is 0 on feasible tokens and −inf on the others (what Outlines / guidance do).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from ctrlg.dfa.core import TokenDFA, ragged_indices
-from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.errors import ConstraintError, VocabularyMismatchError
+from ctrlg.feasibility import Feasibility, as_token_list
+from ctrlg.kernels.reference import backward_step_reference
 
 __all__ = [
     "GuideTables",
@@ -84,31 +85,6 @@ RATIO_FLOOR_GAP = 50.0
 _CHUNK = 4096
 
 
-def backward_step_reference(w_prev: torch.Tensor, default: torch.Tensor, coef_default: torch.Tensor,
-                            nonexc_mass: torch.Tensor, exc_src: torch.Tensor, exc_dst: torch.Tensor,
-                            exc_row: torch.Tensor, emission_rows: torch.Tensor, coef_exc: torch.Tensor,
-                            eos_term: torch.Tensor, coef_eos: torch.Tensor,
-                            transition: torch.Tensor) -> torch.Tensor:
-    """One step of the backward recurrence, unnormalised: returns G · Aᵀ ([S, h], float32) where
-
-    G[s] = coef_default[s] · Ŵ[default[s]] ⊙ M[s]
-         + Σ_{k: exc_src[k] = s} coef_exc[k] · B[:, tok_k] ⊙ Ŵ[exc_dst[k]]
-         + coef_eos[s] · eos_term[s]
-
-    ``w_prev`` [S, h] is Ŵ_{r-1}; exception k's emission column is ``emission_rows[exc_row[k]]``
-    (``emission_rows`` is Bᵀ [V, h], or the per-letter sums B̄ᵀ [A, h] for DFAs with letters),
-    the ``coef_*`` are the rescaling factors exp(c_{r-1}(·) − m_s) (0 for infeasible states).
-    This plain-torch version is the reference for ``ctrlg.kernels.backward_table``.
-    """
-    g = w_prev[default].float().mul_(coef_default[:, None]).mul_(nonexc_mass)
-    for lo in range(0, exc_src.numel(), _CHUNK):  # chunks keep the [E, h] temporaries small
-        hi = lo + _CHUNK
-        term = w_prev[exc_dst[lo:hi]].float().mul_(emission_rows[exc_row[lo:hi]]).mul_(coef_exc[lo:hi, None])
-        g.index_add_(0, exc_src[lo:hi], term)
-    g.add_(eos_term * coef_eos[:, None])
-    return g @ transition.T.float()
-
-
 def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch.Tensor,
                    emission_t: torch.Tensor) -> torch.Tensor:
     """Filtering step: q ∝ p ⊙ B[:, v]; returns p_next = q A ([R, h]). ``emission_t`` is Bᵀ
@@ -121,47 +97,9 @@ def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch
     return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
 
 
-def _as_token_list(values, name: str, vocab_size: int) -> list[int]:
-    if values is None:
-        return []
-    if isinstance(values, (int, np.integer)):
-        values = [int(values)]
-    out = [int(v) for v in values]
-    for v in out:
-        if not 0 <= v < vocab_size:
-            raise ConstraintError(f"{name} contains token id {v}, outside [0, {vocab_size})")
-    return out
-
-
-def _step_many(dfa: TokenDFA, states: np.ndarray, token: int) -> np.ndarray:
-    """δ(s, token) for every s in ``states`` (vectorised CSR lookup, letters aware)."""
-    A = dfa.num_letters
-    letter = token if dfa.letter_of_token is None else int(dfa.letter_of_token[token])
-    src = np.repeat(np.arange(dfa.num_states, dtype=np.int64), np.diff(dfa.letter_ptr))
-    keys = src * A + dfa.letter_exc  # sorted: states ascending, letters sorted within a state
-    query = states.astype(np.int64) * A + letter
-    out = dfa.default[states].copy()
-    if len(keys):
-        idx = np.searchsorted(keys, query)
-        idx_c = np.minimum(idx, len(keys) - 1)
-        found = (idx < len(keys)) & (keys[idx_c] == query)
-        out[found] = dfa.letter_next[idx_c[found]]
-    return out
-
-
-@dataclass
-class _Exceptions:
-    """Regular exception edges (over letters; letter = token for DFAs without letters), CSR order.
-    Letters made only of EOS tokens are dropped (EOS is handled by the terminal term)."""
-
-    ptr: np.ndarray   # [S + 1]
-    src: np.ndarray   # [E]
-    tok: np.ndarray   # [E] letter ids
-    dst: np.ndarray   # [E]
-
-
-class GuideTables:
-    """Backward tables W_r (r = 0..n) and exact feasibility F_r for one DFA and one HMM.
+class GuideTables(Feasibility):
+    """Backward tables W_r (r = 0..n) for one DFA and one HMM, on top of the exact feasibility F_r
+    (:class:`ctrlg.feasibility.Feasibility`, which is all logical mode needs).
 
     Build with :func:`build_tables`. Rows of a batch that share a DFA share one ``GuideTables``.
     Tensors live on the HMM's device (CUDA works; the recurrence then uses the Triton kernel).
@@ -176,87 +114,24 @@ class GuideTables:
                  eos_token_id: int | Sequence[int] | None = None,
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
                  progress: bool | None = None):
-        if not isinstance(dfa, TokenDFA):
-            raise ConstraintError(f"expected a TokenDFA, got {type(dfa).__name__}")
-        if int(max_tokens) < 1:
-            raise ConstraintError(f"max_tokens must be ≥ 1, got {max_tokens}")
-        if not 0 <= int(min_tokens) <= int(max_tokens):
-            raise ConstraintError(f"min_tokens must lie in [0, max_tokens={max_tokens}], got {min_tokens}")
+        super().__init__(dfa, max_tokens, min_tokens=min_tokens, eos_token_id=eos_token_id)
         if hmm is not None and hmm.vocab_size != dfa.vocab_size:
             raise VocabularyMismatchError(
                 f"the DFA has vocabulary size {dfa.vocab_size} but the HMM has {hmm.vocab_size}")
-        self.dfa, self.hmm = dfa, hmm
-        self.max_tokens, self.min_tokens = int(max_tokens), int(min_tokens)
-        self.eos_ids = _as_token_list(eos_token_id, "eos_token_id", dfa.vocab_size)
-        self.suffix_ids = _as_token_list(suffix_ids, "suffix_ids", dfa.vocab_size)
+        self.hmm = hmm
+        if hmm is not None:
+            self.device = hmm.emission.device
+        self.suffix_ids = as_token_list(suffix_ids, "suffix_ids", dfa.vocab_size)
         if suffix_ids is not None and not self.suffix_ids:
             raise ConstraintError("suffix_ids must be a non-empty token sequence (or None)")
         if self.suffix_ids and hmm is None:
             raise ConstraintError("an insertion suffix needs an HMM (it is not a DFA constraint)")
-        self.vocab_size = dfa.vocab_size
-        self._prepare_dfa()
-        self._build_feasibility()
         self.w_hat = self.log_scale = None
         if hmm is not None:
             self._build_tables(use_kernel, progress)
 
-    # ------------------------------------------------------------------ structure
-    def _prepare_dfa(self) -> None:
-        dfa, S, V = self.dfa, self.dfa.num_states, self.dfa.vocab_size
-        self.members_ptr, self.members = dfa.letter_members
-        eos = np.asarray(self.eos_ids, dtype=np.int64)
-        letter_of = dfa.letter_of_token
-        size = np.diff(self.members_ptr).astype(np.int64)
-        if len(eos):  # tokens of each letter that are not EOS
-            np.subtract.at(size, eos if letter_of is None else letter_of[eos], 1)
-        self.letter_size = size
-        src = np.repeat(np.arange(S, dtype=np.int64), np.diff(dfa.letter_ptr))
-        keep = size[dfa.letter_exc] > 0
-        src, tok, dst = src[keep], dfa.letter_exc[keep], dfa.letter_next[keep]
-        ptr = np.zeros(S + 1, dtype=np.int64)
-        np.cumsum(np.bincount(src, minlength=S), out=ptr[1:])
-        self.exc = _Exceptions(ptr=ptr, src=src, tok=tok, dst=dst)
-        self.large_letter = size > max(V // 16, 1) if dfa.has_letters else np.zeros(len(size), bool)
-        n_eos = len(self.eos_ids)
-        all_states = np.arange(S, dtype=np.int64)
-        self.eos_next = np.stack([_step_many(dfa, all_states, e) for e in self.eos_ids], axis=1) \
-            if n_eos else np.zeros((S, 0), dtype=np.int64)
-        self.eos_accept = dfa.accepting[self.eos_next] if n_eos else np.zeros((S, 0), dtype=bool)
-        covered = np.bincount(src, weights=size[tok], minlength=S) if len(src) else np.zeros(S)
-        self.has_default = (V - covered - n_eos) > 0
-
-    def eos_allowed(self, remaining: int) -> bool:
-        """Whether EOS may be the next token when ``remaining`` tokens are left (including it)."""
-        return bool(self.eos_ids) and self.max_tokens - int(remaining) >= self.min_tokens
-
-    def _build_feasibility(self) -> None:
-        n, S = self.max_tokens, self.dfa.num_states
-        exc = self.exc
-        eos_any = self.eos_accept.any(axis=1)
-        F = np.zeros((n + 1, S), dtype=bool)
-        F[0] = self.dfa.accepting
-        for r in range(1, n + 1):
-            prev = F[r - 1]
-            f = self.has_default & prev[self.dfa.default]
-            if len(exc.src):
-                f |= np.bincount(exc.src, weights=prev[exc.dst], minlength=S) > 0
-            if self.eos_allowed(r):
-                f |= eos_any
-            F[r] = f
-        self.feasible = F
-
-    def check_satisfiable(self, state: int | None = None) -> None:
-        """Raise UnsatisfiableConstraintError unless acceptance is possible within n tokens."""
-        s = self.dfa.initial if state is None else int(state)
-        if not self.feasible[self.max_tokens, s]:
-            raise UnsatisfiableConstraintError(
-                f"the constraint {self.dfa!r} cannot be satisfied within max_new_tokens="
-                f"{self.max_tokens} tokens" + (f" (min_new_tokens={self.min_tokens})" if self.min_tokens else ""))
-
     # ------------------------------------------------------------------ backward tables
     def _build_tables(self, use_kernel: bool | None, progress: bool | None) -> None:
-        from tqdm.auto import tqdm
-
         hmm, dfa, exc = self.hmm, self.dfa, self.exc
         device, n, S, h = hmm.emission.device, self.max_tokens, dfa.num_states, hmm.hidden_size
         A, B = hmm.transition.float(), hmm.emission.float()
@@ -312,7 +187,7 @@ class GuideTables:
         if use_kernel is None:
             use_kernel = device.type == "cuda"
         if use_kernel:
-            from ctrlg.kernels.backward_table import backward_step
+            from ctrlg.kernels.backward_table import backward_step  # imports triton (heavy, optional)
             step = backward_step
         has_default = tensor(self.has_default)
         feasible = tensor(self.feasible)
@@ -366,42 +241,6 @@ class GuideTables:
     def initial_prior(self, num_rows: int = 1) -> torch.Tensor:
         """The prior over the hidden state of generated token 1: π, repeated ``num_rows`` times."""
         return self.hmm.initial.float().expand(num_rows, -1).clone()
-
-    def _row_exceptions(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row index, exception index) pairs for the regular exceptions of each row's state."""
-        lo, hi = self.exc.ptr[states], self.exc.ptr[states + 1]
-        counts = hi - lo
-        return np.repeat(np.arange(len(states)), counts), ragged_indices(lo, counts)
-
-    def _expand(self, rows: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-token view of letter exceptions: (row, token, exception index) for every token of
-        each exception's letter (EOS tokens included; callers override EOS columns last)."""
-        letters = self.exc.tok[k]
-        starts = self.members_ptr[letters]
-        sizes = self.members_ptr[letters + 1] - starts
-        idx = ragged_indices(starts, sizes)
-        return np.repeat(rows, sizes), self.members[idx], np.repeat(k, sizes)
-
-    def _check_remaining(self, states, remaining) -> tuple[np.ndarray, np.ndarray]:
-        states = np.asarray(states, dtype=np.int64).reshape(-1)
-        remaining = np.broadcast_to(np.asarray(remaining, dtype=np.int64), states.shape)
-        if np.any(remaining < 1) or np.any(remaining > self.max_tokens):
-            raise ConstraintError(f"remaining must lie in [1, {self.max_tokens}], got {remaining.tolist()}")
-        return states, remaining
-
-    def token_feasible(self, states, remaining) -> torch.Tensor:
-        """Exact bool mask [R, V]: token v keeps acceptance possible (r tokens left incl. v)."""
-        states, remaining = self._check_remaining(states, remaining)
-        F = self.feasible
-        mask = np.repeat(F[remaining - 1, self.dfa.default[states]][:, None], self.vocab_size, axis=1)
-        rows, k = self._row_exceptions(states)
-        trows, tokens, tk = self._expand(rows, k)
-        mask[trows, tokens] = F[remaining[trows] - 1, self.exc.dst[tk]]
-        allowed = np.array([self.eos_allowed(r) for r in remaining], dtype=bool)
-        for j, e in enumerate(self.eos_ids):
-            mask[:, e] = allowed & self.eos_accept[states, j]
-        device = self.hmm.emission.device if self.hmm is not None else "cpu"
-        return torch.as_tensor(mask, device=device)
 
     def token_weights(self, states, priors: torch.Tensor, remaining) -> tuple[torch.Tensor, torch.Tensor]:
         """(log P(v, α | x≤t), log P(v | x≤t)), both float32 [R, V], for rows in DFA ``states``

@@ -76,7 +76,7 @@ def _coco_inputs(hypotheses, references):
 
 def bleu4(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """Corpus BLEU-4 × 100 (pycocoevalcap)."""
-    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.bleu.bleu import Bleu  # optional metrics dependency, imported only when this metric runs
 
     gts, res = _coco_inputs(hypotheses, references)
     # pycocoevalcap asserts a non-empty hypothesis; an empty output scores like one unknown word
@@ -87,7 +87,7 @@ def bleu4(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> flo
 
 def rouge_l(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """Mean over items of the best-reference ROUGE-L F-measure × 100 (rouge_score)."""
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # optional metrics dependency, imported only when this metric runs
 
     _check(hypotheses, references)
     scorer = rouge_scorer.RougeScorer(["rougeL"])
@@ -98,7 +98,7 @@ def rouge_l(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> f
 
 def cider(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """Corpus CIDEr-D (pycocoevalcap), on its native 0–10 scale."""
-    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.cider.cider import Cider  # optional metrics dependency, imported only when this metric runs
 
     gts, res = _coco_inputs(hypotheses, references)
     score, _ = Cider().compute_score(gts, res)
@@ -114,7 +114,7 @@ def meteor(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> fl
     """METEOR 1.5 × 100 via pycocoevalcap's Java jar; ``None`` when Java is not installed."""
     if not java_available():
         return None
-    from pycocoevalcap.meteor.meteor import Meteor
+    from pycocoevalcap.meteor.meteor import Meteor  # optional metrics dependency, imported only when this metric runs
 
     gts, res = _coco_inputs(hypotheses, references)
     scorer = Meteor()  # starts the jar; its __del__ stops it

@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 
 __all__ = [
@@ -79,9 +80,7 @@ def embedded_gguf_path() -> Path:
 def _convert_gguf(gguf: Path, target: Path) -> Path:
     """Convert a GGUF checkpoint into a transformers folder at ``target`` (atomic rename, so
     concurrent processes never see a half-written folder)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ctrlg.checkpoint import staging_folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
     _remove_legacy_staging(target)
     staging = staging_folder(target)
@@ -214,8 +213,6 @@ def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
     if not (target / "config.json").is_file():
         _convert_gguf(gguf, target)
     else:
-        from ctrlg.checkpoint import remove_stale_staging
-
         remove_stale_staging(target.parent, target.name)
         _remove_legacy_staging(target)
     return str(target)
@@ -223,7 +220,7 @@ def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
 
 def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
     """The tokenizer for ``name`` (see module docstring)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
     if Path(path).is_dir():
@@ -240,7 +237,7 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
     if Path(path).is_dir():

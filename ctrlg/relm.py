@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -37,9 +38,15 @@ import numpy as np
 import torch
 
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
+from ctrlg.dfa.canonical import canonical_token_dfa
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+from ctrlg.dfa.ops import bfs_distances, min_tokens_to_accept
+from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
+from ctrlg.dfa.vocab_trie import vocab_trie
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
 from ctrlg.validation import check_count
+from ctrlg.vocab import as_vocabulary, lm_vocab_size
 
 __all__ = ["Query", "QueryResult", "search", "sample", "exclude_words", "compile_query"]
 
@@ -92,8 +99,6 @@ class QueryResult:
 def exclude_words(words: Sequence[str], case_sensitive: bool = False) -> Callable[[str], bool]:
     """A result filter rejecting texts that contain any of ``words`` as a whole word
     (e.g. stop words)."""
-    import re
-
     if not words:
         raise ConstraintError("exclude_words needs at least one word")
     flags = 0 if case_sensitive else re.IGNORECASE
@@ -113,14 +118,8 @@ class _Automata:
 
 def _token_dfa(pattern: str, tokenizer, encodings: str, vocab_size: int, edit_distance: int = 0,
                edit_symbols: str | None = None) -> TokenDFA:
-    from ctrlg.dfa.canonical import canonical_token_dfa
-    from ctrlg.dfa.regex import token_dfa_from_bytes_dfa
-    from ctrlg.dfa.vocab_trie import vocab_trie
-
     bdfa = compile_bytes_dfa(pattern)
     if edit_distance:
-        from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
-
         bdfa = within_edit_distance(bdfa, edit_distance, edit_symbols or DEFAULT_EDIT_SYMBOLS)
     what = f"regex {pattern!r}"
     if encodings == "canonical":
@@ -132,8 +131,6 @@ def _token_dfa(pattern: str, tokenizer, encodings: str, vocab_size: int, edit_di
 
 def _shortest_match_bytes(bdfa) -> int | None:
     """Length in bytes of the shortest string a byte DFA accepts (None: it accepts nothing)."""
-    from ctrlg.dfa.ops import bfs_distances
-
     Q = bdfa.num_states
     src = np.repeat(np.arange(Q, dtype=np.int64), 256)
     pairs = np.unique(src * Q + bdfa.table.astype(np.int64).ravel())
@@ -163,9 +160,7 @@ def check_budget_bytes(query: Query, tokenizer) -> None:
     """Before compiling any token automaton: a match of ``b`` bytes needs ≥ ⌈b / L⌉ tokens when
     the longest token made only of bytes the regex can match has L bytes (prefix and query are
     tokenised apart, so their bounds add). O(|vocabulary|) byte scans."""
-    from ctrlg.dfa.vocab_trie import vocabulary_index
-
-    tokens = vocabulary_index(tokenizer).tokens
+    tokens = as_vocabulary(tokenizer).tokens
     needed, parts = 0, []
     for name, pattern in (("prefix", query.prefix), ("pattern", query.pattern)):
         if pattern is None or (name == "pattern" and query.edit_distance):
@@ -188,8 +183,6 @@ def check_budget_bytes(query: Query, tokenizer) -> None:
 
 def check_budget_tokens(query: Query, autom: "_Automata") -> None:
     """After compiling: the shortest accepted token path (prefix, then query) fits the budget."""
-    from ctrlg.dfa.ops import min_tokens_to_accept
-
     needed = 0
     for dfa in (autom.prefix, autom.query):
         if dfa is not None:
@@ -330,7 +323,7 @@ class _ContextScorer:
             self.layers = [(layer.keys, layer.values) for layer in layers]
 
     def _cache(self, batch: int):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy optional dependency: imported on first use
 
         return DynamicCache([(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:]))
                              for k, v in self.layers], config=self.model.config)
@@ -385,8 +378,12 @@ def _right_padded(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _vocab_size(model, tokenizer) -> int:
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
-    return int(size) if size is not None else len(tokenizer)
+    """The LM's (padded) output width (:func:`ctrlg.vocab.lm_vocab_size`), or the tokenizer's
+    size for models that state neither."""
+    try:
+        return lm_vocab_size(model)
+    except VocabularyMismatchError:
+        return as_vocabulary(tokenizer).vocab_size
 
 
 def _topk_mask(log_probs: torch.Tensor, k: int | None) -> np.ndarray | None:
@@ -398,9 +395,7 @@ def _topk_mask(log_probs: torch.Tensor, k: int | None) -> np.ndarray | None:
 
 
 def _decode(tokenizer, ids) -> str:
-    from ctrlg.dfa.vocab_trie import vocabulary_index
-
-    return vocabulary_index(tokenizer).decode(ids)
+    return as_vocabulary(tokenizer).decode(ids)
 
 
 def _passes(query: Query, text: str) -> bool:

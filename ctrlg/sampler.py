@@ -16,12 +16,15 @@ processors (min-length, repetition penalty, ...) run first, then user ``logits_p
 is applied before temperature/top-k/top-p, and since warpers only rescale or set entries to −inf,
 infeasible tokens stay at −inf.
 
-Row state. transformers passes the whole ``input_ids`` each call; rows may be reordered or
-duplicated (beam search, ``num_return_sequences``). The processor keeps a dict from
-``(dfa index, generated-token tuple)`` to ``(DFA state, HMM prior)`` for the previous length, so each
-row finds its parent exactly, whatever the reordering. Row i uses DFA ``i // (B / len(dfas))``
-(transformers expands each input row into consecutive beams/samples). Rows that already emitted EOS
-(finished samples padded by transformers) are passed through unchanged.
+Structure. ``__call__`` (i) infers the prompt length and resets on a new ``generate`` call,
+(ii) updates the row states (:class:`ctrlg.row_state.RowStates`: DFA states and priors as arrays,
+each row's parent found without hashing prefixes; rows may be reordered or duplicated by beam
+search and ``num_return_sequences``), (iii) calls the pure :func:`ctrlg.guidance.guided_log_probs`.
+Priors come from a pluggable source (:mod:`ctrlg.priors`; default the HMM's filtering posterior).
+Row i uses DFA ``i // (B / len(dfas))`` (transformers expands each input row into consecutive
+beams/samples). Rows that already emitted EOS (finished samples padded by transformers) are
+passed through unchanged. Tables: :class:`ctrlg.guide.GuideTables` per distinct DFA, or only
+:class:`ctrlg.feasibility.Feasibility` in logical mode.
 
 Vocabularies. The DFA and HMM have V tokens; ``scores`` may be wider (LMs often pad their output
 layer): the extra columns are set to −inf. Narrower scores raise VocabularyMismatchError.
@@ -35,6 +38,10 @@ the prompt and the middle. :func:`generate` reranks candidates by log p_lm(middl
 
 If the LM gives every feasible token probability 0 (e.g. −inf logits), the row falls back to the
 guidance term alone (a uniform LM), so a feasible token is still chosen.
+
+EOS: :func:`generate` uses :func:`ctrlg.vocab.eos_token_ids` (the tokenizer's EOS, then the
+model's); a generation is accepted iff the DFA accepts its tokens up to and including the EOS that
+ended it (or all n tokens when none did).
 """
 
 from __future__ import annotations
@@ -43,26 +50,28 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor
 
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
+from ctrlg.feasibility import Feasibility
+from ctrlg.guidance import guided_log_probs
 from ctrlg.guide import GuideTables
+from ctrlg.priors import HMMFilterPrior
+from ctrlg.row_state import RowStates
+from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
-__all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_log_likelihood"]
+__all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_log_likelihood",
+           "trim_at_eos", "eos_list"]
 
 MODES = ("ctrlg", "logical")
 
 
-def _eos_list(eos_token_id) -> list[int]:
-    if eos_token_id is None:
-        return []
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.reshape(-1).tolist()
-    if isinstance(eos_token_id, int):
-        return [int(eos_token_id)]
-    return [int(e) for e in eos_token_id]
+def eos_list(eos_token_id) -> list[int]:
+    """``None`` / an id / ids / a tensor of ids → a list of distinct ids, order kept."""
+    return list(dict.fromkeys(_as_id_list(eos_token_id)))
 
 
 class ConstraintLogitsProcessor(LogitsProcessor):
@@ -80,197 +89,170 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         suffix_ids: insertion suffix (token ids) the HMM must emit after the generation.
         use_kernel: use the Triton backward-table kernel (default: on CUDA).
         progress: tqdm bar while building tables (default: only on a TTY).
+        prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.priors`);
+            default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`).
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
+
+    Example::
+
+        proc = ConstraintLogitsProcessor(hmm, constraint, max_new_tokens=32, eos_token_id=eos)
+        model.generate(input_ids, logits_processor=[proc], max_new_tokens=32, do_sample=True)
     """
 
     def __init__(self, hmm, dfa: TokenDFA | Sequence[TokenDFA], prompt_length: int | None = None,
                  max_new_tokens: int = 32, min_new_tokens: int = 0, eos_token_id=None,
                  mode: str = "ctrlg", suffix_ids: Sequence[int] | None = None,
-                 use_kernel: bool | None = None, progress: bool | None = None):
+                 use_kernel: bool | None = None, progress: bool | None = None, prior=None):
         if mode not in MODES:
             raise ConstraintError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "ctrlg" and hmm is None:
             raise ConstraintError("mode='ctrlg' needs an HMM (use mode='logical' for feasibility only)")
-        dfas = [dfa] if isinstance(dfa, TokenDFA) else list(dfa)
-        if not dfas:
-            raise ConstraintError("dfa must be a TokenDFA or a non-empty list of TokenDFAs")
-        for i, d in enumerate(dfas):
-            if not isinstance(d, TokenDFA):
-                raise ConstraintError(f"dfa[{i}] is a {type(d).__name__}, not a TokenDFA")
-            if d.vocab_size != dfas[0].vocab_size:
-                raise VocabularyMismatchError(
-                    f"dfa[{i}] has vocabulary size {d.vocab_size} but dfa[0] has {dfas[0].vocab_size}")
-            if hmm is not None and d.vocab_size != hmm.vocab_size:
-                raise VocabularyMismatchError(
-                    f"dfa[{i}] has vocabulary size {d.vocab_size} but the HMM has {hmm.vocab_size}")
+        self.dfas = _check_dfas(dfa, hmm if mode == "ctrlg" else None)
         if prompt_length is not None and int(prompt_length) < 0:
             raise ConstraintError(f"prompt_length must be ≥ 0, got {prompt_length}")
         self.hmm = hmm if mode == "ctrlg" else None
-        self.dfas = dfas
         self.mode = mode
-        self.vocab_size = dfas[0].vocab_size
+        self.vocab_size = self.dfas[0].vocab_size
         self.max_new_tokens, self.min_new_tokens = int(max_new_tokens), int(min_new_tokens)
-        self.eos_ids = _eos_list(eos_token_id)
+        self.eos_ids = eos_list(eos_token_id)
         self.suffix_ids = None if suffix_ids is None else [int(t) for t in suffix_ids]
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
         self.prompt_length = self._fixed_prompt_length
-        self.tables: list[GuideTables] = []
-        self._table_of_dfa: list[int] = []
-        built: dict[int, int] = {}
-        for d in dfas:  # rows that share a DFA object share its tables
-            if id(d) not in built:
-                t = GuideTables(d, self.hmm, self.max_new_tokens, min_tokens=self.min_new_tokens,
-                                eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
-                                use_kernel=use_kernel, progress=progress)
-                t.check_satisfiable()
-                built[id(d)] = len(self.tables)
-                self.tables.append(t)
-            self._table_of_dfa.append(built[id(d)])
+        self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress)
+        if self.hmm is not None and prior is None:
+            prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t)
+        self.prior = prior if self.hmm is not None else None
+        self.rows = RowStates([self.tables[k].dfa for k in range(len(self.tables))], self.prior)
         self.reset()
+
+    def _build_tables(self, use_kernel, progress) -> tuple[list[Feasibility], np.ndarray]:
+        """One table per distinct DFA object (rows that share a DFA share its tables)."""
+        tables: list[Feasibility] = []
+        built: dict[int, int] = {}
+        table_of_dfa = []
+        for d in self.dfas:
+            if id(d) not in built:
+                if self.hmm is None and self.suffix_ids is None:
+                    t = Feasibility(d, self.max_new_tokens, min_tokens=self.min_new_tokens,
+                                    eos_token_id=self.eos_ids or None)
+                else:
+                    t = GuideTables(d, self.hmm, self.max_new_tokens, min_tokens=self.min_new_tokens,
+                                    eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
+                                    use_kernel=use_kernel, progress=progress)
+                t.check_satisfiable()
+                built[id(d)] = len(tables)
+                tables.append(t)
+            table_of_dfa.append(built[id(d)])
+        return tables, np.asarray(table_of_dfa, dtype=np.int64)
 
     def reset(self) -> None:
         """Forget the row states (a new ``generate`` call starts)."""
-        self._cache: dict[tuple, tuple[int, torch.Tensor | None]] = {}
+        self.rows.reset()
         self._last_width = -1
         self.prompt_length = self._fixed_prompt_length
 
-    # ------------------------------------------------------------------ row states
-    def _root(self, dfa_index: int) -> tuple[int, torch.Tensor | None]:
-        table = self.tables[self._table_of_dfa[dfa_index]]
-        prior = table.initial_prior()[0] if self.hmm is not None else None
-        return table.dfa.initial, prior
-
-    def _states_for(self, keys: list[tuple]) -> list[tuple[int, torch.Tensor | None]]:
-        """DFA state and prior for each (dfa index, generated tuple), from the cached parents."""
-        out: list = [None] * len(keys)
-        pending: dict[int, list[tuple[int, tuple, int, torch.Tensor | None]]] = {}
-        for i, key in enumerate(keys):
-            if key in self._cache:
-                out[i] = self._cache[key]
-                continue
-            dfa_index, generated = key
-            if not generated:
-                out[i] = self._root(dfa_index)
-                continue
-            parent = (dfa_index, generated[:-1])
-            if parent not in self._cache:  # not from the previous call: replay from the root
-                self._cache[parent] = self._replay(dfa_index, generated[:-1])
-            state, prior = self._cache[parent]
-            nxt = self.dfas[dfa_index].step(state, generated[-1])
-            pending.setdefault(self._table_of_dfa[dfa_index], []).append((i, key, nxt, prior))
-        for table_index, items in pending.items():
-            if self.hmm is not None:
-                priors = torch.stack([p for _, _, _, p in items])
-                tokens = [key[1][-1] for _, key, _, _ in items]
-                priors = self.tables[table_index].advance(priors, tokens)
-            for j, (i, key, nxt, _) in enumerate(items):
-                out[i] = (nxt, priors[j] if self.hmm is not None else None)
-        return out
-
-    def _replay(self, dfa_index: int, generated: tuple) -> tuple[int, torch.Tensor | None]:
-        state, prior = self._root(dfa_index)
-        table = self.tables[self._table_of_dfa[dfa_index]]
-        for tok in generated:
-            state = self.dfas[dfa_index].step(state, tok)
-            if prior is not None:
-                prior = table.advance(prior[None], [tok])[0]
-        return state, prior
-
-    @staticmethod
-    def _check_rows_match_dfas(prompts: torch.Tensor, per_dfa: int) -> None:
-        """transformers expands each input into ``per_dfa`` consecutive identical rows; rows that
-        share a DFA but differ reveal a batch whose size does not match the number of DFAs."""
-        for lo in range(0, prompts.shape[0], per_dfa):
-            for i in range(lo + 1, lo + per_dfa):
-                if not torch.equal(prompts[lo], prompts[i]):
-                    raise ConstraintError(
-                        f"rows {lo} and {i} share DFA {lo // per_dfa} but have different prompts: "
-                        f"the number of DFAs ({prompts.shape[0] // per_dfa}) does not match the "
-                        f"number of input rows; give one DFA per input row")
-
     # ------------------------------------------------------------------ the protocol
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        B, T = input_ids.shape
-        V = self.vocab_size
+        B = input_ids.shape[0]
+        self._check_shapes(input_ids, scores)
+        generated = self._generated(input_ids)
+        table_of_row = self._table_of_dfa[np.arange(B) // (B // len(self.dfas))]
+        finished = self._finished(generated)
+        safe = generated.masked_fill(finished[:, None], 0) if bool(finished.any()) else generated
+        states, priors = self.rows.update(safe, torch.as_tensor(table_of_row))
+        if bool(finished.all()):
+            return scores
+        remaining = self.max_new_tokens - generated.shape[1]
+        if remaining < 1:
+            raise ConstraintError(
+                f"generation reached token {generated.shape[1] + 1} but the processor was built for "
+                f"max_new_tokens={self.max_new_tokens}; pass the same max_new_tokens to generate")
+        active = np.flatnonzero(~finished.numpy())
+        every = len(active) == B
+        if not every:
+            states, table_of_row = states[active], table_of_row[active]
+            priors = None if priors is None else priors[torch.as_tensor(active, device=priors.device)]
+        active_t = None if every else torch.as_tensor(active, device=scores.device)
+        lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
+        guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining)
+        return self._write(scores, guided, active_t)
+
+    # ------------------------------------------------------------------ __call__'s steps
+    def _check_shapes(self, input_ids: torch.Tensor, scores: torch.Tensor) -> None:
+        B, V, k = input_ids.shape[0], self.vocab_size, len(self.dfas)
         if scores.shape[1] < V:
             raise VocabularyMismatchError(
                 f"the LM scores have {scores.shape[1]} columns but the constraint's vocabulary has "
                 f"{V} tokens")
         if scores.shape[0] != B:
             raise ConstraintError(f"scores have {scores.shape[0]} rows but input_ids has {B}")
-        k = len(self.dfas)
         if B % k:
             raise ConstraintError(
                 f"the batch has {B} rows (inputs × beams/samples), which is not a multiple of the "
                 f"number of DFAs ({k}); give one DFA per input row")
-        if self._fixed_prompt_length is None and (self.prompt_length is None or T <= self._last_width):
+
+    def _generated(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The generated part ``input_ids[:, P:]`` (CPU); infers P on a generation's first call
+        and resets the row states when a new generation starts (``input_ids`` got narrower)."""
+        T = input_ids.shape[1]
+        if T <= self._last_width or (self._fixed_prompt_length is None and self.prompt_length is None):
             self.reset()
-            self.prompt_length = T
-        elif self._fixed_prompt_length is not None and T <= self._last_width:
-            self.reset()
+            if self._fixed_prompt_length is None:
+                self.prompt_length = T
         self._last_width = T
         P = self.prompt_length
-        if T == P and k > 1:
-            self._check_rows_match_dfas(input_ids, B // k)
         if T < P:
             raise ConstraintError(f"input_ids has {T} columns, fewer than prompt_length={P}")
-        generated_len = T - P
-        remaining = self.max_new_tokens - generated_len
-        per_dfa = B // k
-        rows_ids = input_ids[:, P:].tolist()
-        eos = set(self.eos_ids)
-        active = [i for i in range(B) if not eos.intersection(rows_ids[i])]
-        if active and remaining < 1:
-            raise ConstraintError(
-                f"generation reached token {generated_len + 1} but the processor was built for "
-                f"max_new_tokens={self.max_new_tokens}; pass the same max_new_tokens to generate")
-        keys = [(i // per_dfa, tuple(rows_ids[i])) for i in active]
-        states = self._states_for(keys)
-        self._cache = dict(zip(keys, states))
+        if T == P and len(self.dfas) > 1:
+            _check_rows_match_dfas(input_ids, input_ids.shape[0] // len(self.dfas))
+        return input_ids[:, P:].to("cpu", torch.long)
 
-        if not active:
-            return scores
-        dev = scores.device
-        groups: dict[int, list[int]] = {}
-        for j, i in enumerate(active):
-            groups.setdefault(self._table_of_dfa[i // per_dfa], []).append(j)
-        ratio = None
-        for table_index, js in groups.items():
-            table = self.tables[table_index]
-            live = [j for j in js if table.feasible[remaining, states[j][0]]]
-            if not live:  # rows in dead states (possible only for non-top beams): all −inf
-                continue
-            priors = torch.stack([states[j][1] for j in live]) if self.hmm is not None else None
-            r = table.log_ratio([states[j][0] for j in live], priors, remaining).to(dev)
-            if len(live) == len(active):
-                ratio = r
-            else:
-                if ratio is None:
-                    ratio = torch.full((len(active), V), -math.inf, device=dev)
-                ratio[torch.tensor(live, device=dev)] = r
-        if ratio is None:
-            ratio = torch.full((len(active), V), -math.inf, device=dev)
-        everyone = len(active) == B
-        active_t = None if everyone else torch.tensor(active, device=dev)
-        lm = scores[:, :V] if everyone else scores[active_t, :V]
-        guided = lm.float() + ratio
-        lse = torch.logsumexp(guided, 1, keepdim=True)
-        bad = ~torch.isfinite(lse[:, 0])
-        guided = guided - lse
-        if bool(bad.any()):
-            # the LM gives every feasible token probability 0: use the guidance alone; rows in
-            # dead states (no feasible token) stay all −inf
-            fallback = torch.log_softmax(ratio[bad], -1)
-            guided[bad] = torch.where(torch.isnan(fallback), -math.inf, fallback)
-        if everyone and scores.shape[1] == V:
+    def _finished(self, generated: torch.Tensor) -> torch.Tensor:
+        """Bool [B]: rows that already emitted EOS (transformers pads them; passed through)."""
+        if not self.eos_ids or generated.shape[1] == 0:
+            return torch.zeros(generated.shape[0], dtype=torch.bool)
+        return torch.isin(generated, torch.tensor(self.eos_ids)).any(1)
+
+    def _write(self, scores: torch.Tensor, guided: torch.Tensor, active: torch.Tensor | None):
+        """Scores with the active rows replaced by ``guided`` and padded columns set to −inf."""
+        V = self.vocab_size
+        if active is None and scores.shape[1] == V:
             return guided.to(scores.dtype)
         out = scores.clone()
-        rows = slice(None) if everyone else active_t
+        rows = slice(None) if active is None else active
         out[rows, :V] = guided.to(out.dtype)
         out[rows, V:] = -math.inf
         return out
+
+
+def _check_dfas(dfa, hmm) -> list[TokenDFA]:
+    dfas = [dfa] if isinstance(dfa, TokenDFA) else list(dfa)
+    if not dfas:
+        raise ConstraintError("dfa must be a TokenDFA or a non-empty list of TokenDFAs")
+    for i, d in enumerate(dfas):
+        if not isinstance(d, TokenDFA):
+            raise ConstraintError(f"dfa[{i}] is a {type(d).__name__}, not a TokenDFA")
+        if d.vocab_size != dfas[0].vocab_size:
+            raise VocabularyMismatchError(
+                f"dfa[{i}] has vocabulary size {d.vocab_size} but dfa[0] has {dfas[0].vocab_size}")
+        if hmm is not None and d.vocab_size != hmm.vocab_size:
+            raise VocabularyMismatchError(
+                f"dfa[{i}] has vocabulary size {d.vocab_size} but the HMM has {hmm.vocab_size}")
+    return dfas
+
+
+def _check_rows_match_dfas(prompts: torch.Tensor, per_dfa: int) -> None:
+    """transformers expands each input into ``per_dfa`` consecutive identical rows; rows that
+    share a DFA but differ reveal a batch whose size does not match the number of DFAs."""
+    for lo in range(0, prompts.shape[0], per_dfa):
+        for i in range(lo + 1, lo + per_dfa):
+            if not torch.equal(prompts[lo], prompts[i]):
+                raise ConstraintError(
+                    f"rows {lo} and {i} share DFA {lo // per_dfa} but have different prompts: "
+                    f"the number of DFAs ({prompts.shape[0] // per_dfa}) does not match the "
+                    f"number of input rows; give one DFA per input row")
 
 
 # ---------------------------------------------------------------------- helpers
@@ -283,14 +265,6 @@ class Generation:
     token_ids: list[int]
     lm_log_likelihood: float = float("nan")
     extra: dict = field(default_factory=dict)
-
-
-def _lm_vocab_size(model) -> int:
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is not None and hasattr(out, "weight"):
-        return int(out.weight.shape[0])
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.vocab_size)
 
 
 @torch.no_grad()
@@ -336,36 +310,25 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rerank`` (else in generation order).
 
-    ``prompt``: a string (tokenised with ``tokenizer``) or token ids. ``constraint``: a TokenDFA over
-    the LM's token ids. ``suffix``: text or ids that must follow (insertion). Sampling draws
+    ``prompt``: a string (tokenised with ``tokenizer``; a string that already starts with one of
+    the tokenizer's special tokens, e.g. a chat-templated prompt, is tokenised without adding
+    special tokens again) or token ids. ``constraint``: a TokenDFA over the LM's token ids.
+    ``suffix``: text or ids that must follow (insertion). ``eos_token_id`` defaults to
+    :func:`ctrlg.vocab.eos_token_ids` (the tokenizer's, then the model's). Sampling draws
     ``num_samples`` outputs (``do_sample`` defaults to ``num_beams == 1``); beam search returns
     ``num_samples`` beams of ``max(num_beams, num_samples)``. Extra keyword arguments go to
     ``model.generate`` (temperature, top_k, top_p, ...), whose warpers run after the guidance.
+    ``seed`` seeds a fork of torch's RNG: the caller's global RNG state is left unchanged.
     """
     if mode == "ctrlg" and hmm is None:
         raise ConstraintError("generate(mode='ctrlg') needs hmm=...; use mode='logical' without one")
-    lm_vocab = _lm_vocab_size(model)
-    if hmm is not None and hmm.vocab_size > lm_vocab:
-        raise VocabularyMismatchError(
-            f"the HMM has vocabulary size {hmm.vocab_size} but the LM outputs only {lm_vocab} logits")
-    if constraint.vocab_size > lm_vocab:
-        raise VocabularyMismatchError(
-            f"the DFA has vocabulary size {constraint.vocab_size} but the LM outputs only {lm_vocab} logits")
-    if isinstance(prompt, str):
-        prompt_ids = tokenizer(prompt).input_ids
-    else:
-        prompt_ids = [int(t) for t in prompt]
-    if not prompt_ids:
-        raise ConstraintError("the prompt is empty; give at least a BOS token")
+    _check_vocab_fits(model, hmm, constraint)
+    prompt_ids = _prompt_ids(tokenizer, prompt)
     suffix_ids = None
     if suffix is not None:
         suffix_ids = tokenizer(suffix, add_special_tokens=False).input_ids if isinstance(suffix, str) \
             else [int(t) for t in suffix]
-    if eos_token_id is None:
-        eos_token_id = model.generation_config.eos_token_id
-        if eos_token_id is None and tokenizer is not None:
-            eos_token_id = tokenizer.eos_token_id
-    eos_ids = _eos_list(eos_token_id)
+    eos_ids = eos_list(eos_token_id) if eos_token_id is not None else eos_token_ids(tokenizer, model)
     proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt_ids),
                                      max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                                      eos_token_id=eos_ids or None, mode=mode, suffix_ids=suffix_ids)
@@ -376,9 +339,6 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     pad = model.generation_config.pad_token_id
     if pad is None:
         pad = eos_ids[0] if eos_ids else 0
-    torch.manual_seed(int(seed))
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(int(seed))
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
                   num_return_sequences=num_samples, logits_processor=[proc],
                   attention_mask=torch.ones_like(input_ids), pad_token_id=pad,
@@ -386,16 +346,60 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     if num_beams > 1:
         kwargs["num_beams"] = max(num_beams, num_samples)
     kwargs.update(generate_kwargs)
-    output = model.generate(input_ids, **kwargs)
+    # transformers samples from torch's global generator: seed a fork of it, restored on exit
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        output = model.generate(input_ids, **kwargs)
+    results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
+                        tokenizer)
+    if rerank and results:
+        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
+    return results
+
+
+def _check_vocab_fits(model, hmm, constraint: TokenDFA) -> None:
+    lm_vocab = lm_vocab_size(model)
+    if hmm is not None and hmm.vocab_size > lm_vocab:
+        raise VocabularyMismatchError(
+            f"the HMM has vocabulary size {hmm.vocab_size} but the LM outputs only {lm_vocab} logits")
+    if constraint.vocab_size > lm_vocab:
+        raise VocabularyMismatchError(
+            f"the DFA has vocabulary size {constraint.vocab_size} but the LM outputs only {lm_vocab} logits")
+
+
+def _prompt_ids(tokenizer, prompt) -> list[int]:
+    """Token ids of the prompt; special tokens are added only to a string that has none yet."""
+    if isinstance(prompt, str):
+        specials = [t for t in (getattr(tokenizer, "all_special_tokens", None) or []) if t]
+        templated = any(prompt.startswith(t) for t in specials)
+        prompt_ids = list(tokenizer(prompt, add_special_tokens=not templated).input_ids)
+    else:
+        prompt_ids = [int(t) for t in prompt]
+    if not prompt_ids:
+        raise ConstraintError("the prompt is empty; give at least a BOS token")
+    return prompt_ids
+
+
+def trim_at_eos(ids: Sequence[int], eos_ids) -> list[int]:
+    """``ids`` up to and including the first EOS (all of ``ids`` when none)."""
+    eos = set(eos_ids)
+    out = []
+    for tok in ids:
+        out.append(int(tok))
+        if tok in eos:
+            break
+    return out
+
+
+def _accepted(rows: list[list[int]], constraint: TokenDFA, eos_ids: list[int], max_new_tokens: int,
+              tokenizer) -> list[Generation]:
+    """Distinct accepted generations (EOS included when it ended one), in generation order."""
     results: list[Generation] = []
     seen = set()
     eos_set = set(eos_ids)
-    for row in output[:, len(prompt_ids):].tolist():
-        ids = []
-        for tok in row:
-            ids.append(tok)
-            if tok in eos_set:
-                break
+    for row in rows:
+        ids = trim_at_eos(row, eos_set)
         ended = bool(ids) and ids[-1] in eos_set
         if not ended and len(ids) < max_new_tokens:
             continue
@@ -405,11 +409,15 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
         body = ids[:-1] if ended else ids
         text = tokenizer.decode(body, skip_special_tokens=True) if tokenizer is not None else ""
         results.append(Generation(text=text, token_ids=ids))
-    if rerank and results:
-        bodies = [g.token_ids[:-1] if g.token_ids and g.token_ids[-1] in eos_set and suffix_ids
-                  else g.token_ids for g in results]
-        scores = lm_log_likelihood(model, prompt_ids, [b + (suffix_ids or []) for b in bodies])
-        for g, s in zip(results, scores):
-            g.lm_log_likelihood = s
-        results.sort(key=lambda g: -g.lm_log_likelihood)
     return results
+
+
+def _rerank_in_place(model, prompt_ids, results: list[Generation], eos_set: set,
+                     suffix_ids) -> None:
+    """Score each generation by log p_lm(ids [+ suffix] | prompt) and sort, best first."""
+    bodies = [g.token_ids[:-1] if g.token_ids and g.token_ids[-1] in eos_set and suffix_ids
+              else g.token_ids for g in results]
+    scores = lm_log_likelihood(model, prompt_ids, [b + (suffix_ids or []) for b in bodies])
+    for g, s in zip(results, scores):
+        g.lm_log_likelihood = s
+    results.sort(key=lambda g: -g.lm_log_likelihood)

@@ -28,6 +28,8 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from ctrlg.vocab import eos_token_ids
+
 from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
                                 start_run, write_json, write_jsonl)
 
@@ -74,11 +76,8 @@ def prompt_ids(example, tokenizer, use_chat_template: bool) -> list[int]:
 
 
 def eos_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
+    """The EOS ids (:func:`ctrlg.vocab.eos_token_ids`: the tokenizer's, then the model's)."""
+    return eos_token_ids(tokenizer, model)
 
 
 def trim_at_eos(tokens: list[int], eos: list[int]) -> list[int]:

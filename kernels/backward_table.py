@@ -12,7 +12,7 @@ loop runs over that state's CSR slice only, so the work is O(S·h + E·h)), then
 multiplies by Aᵀ with ``tl.dot`` at IEEE fp32 precision (no TF32). Inputs may be bf16/fp16
 (``w_prev``, ``transition``, ...); everything is accumulated in fp32.
 
-:func:`backward_step` is the launcher; it falls back to ``ctrlg.guide.backward_step_reference``
+:func:`backward_step` is the launcher; it falls back to ``ctrlg.kernels.reference.backward_step_reference``
 (plain torch) when Triton is missing or the tensors are on CPU without ``TRITON_INTERPRET=1``.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ctrlg.guide import backward_step_reference
+from ctrlg.kernels.reference import backward_step_reference
 from ctrlg.kernels._triton import tl, triton, triton_available
 
 __all__ = ["backward_step", "triton_available"]

@@ -1,4 +1,4 @@
-"""Triton kernels for the Baum-Welch E-step (reference: ``ctrlg.hmm.em.estep_torch``).
+"""Triton kernels for the Baum-Welch E-step (reference: ``ctrlg.kernels.reference.estep_torch``).
 
 With E_t[b, :] = B[:, x_{b,t}] (a gather of the transposed emission matrix Bᵀ [V, h]):
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ctrlg.hmm.em import ExpectedCounts, estep_torch
+from ctrlg.kernels.reference import ExpectedCounts, estep_torch
 from ctrlg.kernels._triton import tl, triton, triton_available
 
 __all__ = ["estep_triton", "triton_available"]
@@ -92,7 +92,7 @@ def estep_triton(initial: torch.Tensor, transition: torch.Tensor, emission: torc
                  tokens: torch.Tensor, *, block_m: int = 32, block_n: int = 64, block_k: int = 32,
                  block_h: int = 128) -> ExpectedCounts:
     """Expected counts of one batch ``tokens`` [n, L] with the Triton kernels (module docstring);
-    same result as ``ctrlg.hmm.em.estep_torch``."""
+    same result as ``ctrlg.kernels.reference.estep_torch``."""
     if not triton_available(emission.device):
         return estep_torch(initial, transition, emission, tokens)
     n, L = tokens.shape

@@ -211,7 +211,7 @@ def test_word_count_beyond_the_supported_bound_fails_at_once(smollm2_tokenizer):
         dfa.word_count(smollm2_tokenizer, 0, 10**6)
     with pytest.raises(ConstraintError, match="min_words"):
         dfa.commongen_constraint(smollm2_tokenizer, "dog_N", min_words=10**6)
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 10          # it ran > 100 s before the bound
 
 
 @pytest.mark.parametrize("build", ["word_count", "intersect_length"])

@@ -302,3 +302,48 @@ def test_rerank_orders_by_lm_likelihood():
     with_suffix = rerank(lm, [PROMPT], candidates, suffix_ids=[3])
     assert math.isclose(with_suffix[0][0], max(math.log(seq_prob(hmm, c + [3])) for c in candidates),
                         rel_tol=1e-4)
+
+
+def test_generate_leaves_the_global_rng_alone_and_is_reproducible():
+    V, eos = 5, 4
+    hmm = random_hmm(3, V, 7)
+    lm = HMMForCausalLM.from_hmm(random_hmm(2, V, 8), prompt_length=1, eos_token_id=eos)
+    constraint = dfa.intersect(dfa.phrase([1], vocab_size=V), dfa.eos(eos, V))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=4, num_samples=6, seed=5,
+                     rerank=False)
+    assert torch.equal(torch.get_rng_state(), before)
+    second = generate(lm, None, [0], constraint, hmm=hmm, max_new_tokens=4, num_samples=6, seed=5,
+                      rerank=False)
+    assert [g.token_ids for g in first] == [g.token_ids for g in second] and first
+
+
+class _RecordingTokenizer:
+    """A tokenizer stub: ``<s>`` is its special BOS, added unless ``add_special_tokens=False``."""
+
+    all_special_tokens = ["<s>"]
+    eos_token_id = 4
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, text, add_special_tokens=True):
+        self.calls.append(add_special_tokens)
+        body = [0 if text.startswith("<s>") else 1] + [2] * (len(text) % 3)
+        return type("Encoding", (), {"input_ids": ([0] if add_special_tokens else []) + body})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_a_templated_string_prompt_gets_no_second_set_of_special_tokens():
+    V, eos = 5, 4
+    lm = HMMForCausalLM.from_hmm(random_hmm(2, V, 3), prompt_length=1, eos_token_id=eos)
+    tokenizer = _RecordingTokenizer()
+    constraint = dfa.eos(eos, V)
+    generate(lm, tokenizer, "<s>user: hi", constraint, mode="logical", max_new_tokens=2,
+             num_samples=1, rerank=False)
+    generate(lm, tokenizer, "plain text", constraint, mode="logical", max_new_tokens=2,
+             num_samples=1, rerank=False)
+    assert tokenizer.calls == [False, True]

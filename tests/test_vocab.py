@@ -4,6 +4,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ctrlg.errors import VocabularyMismatchError
 from ctrlg.vocab import UndecodableVocabularyError, VocabularyIndex, bytes_to_unicode, token_bytes
 
 TEXTS = [
@@ -91,3 +92,75 @@ def test_undecodable_vocabulary_is_named():
 
     with pytest.raises(UndecodableVocabularyError, match="weird|cannot decode"):
         token_bytes(Opaque())
+
+
+def test_vocabulary_is_built_once_per_tokenizer_and_padded_on_demand():
+    from ctrlg import Vocabulary
+    from ctrlg.vocab import as_vocabulary
+
+    tokenizer = _byte_level_tokenizer()
+    vocab = Vocabulary.from_tokenizer(tokenizer)
+    assert Vocabulary.from_tokenizer(tokenizer) is vocab and as_vocabulary(vocab) is vocab
+    assert VocabularyIndex is Vocabulary and VocabularyIndex.for_tokenizer(tokenizer) is vocab
+    assert vocab.eos_token_ids == (tokenizer.eos_token_id,) and vocab.eos_token_id == tokenizer.eos_token_id
+    assert vocab.num_tokenizer_tokens == vocab.vocab_size == len(tokenizer)
+    wide = vocab.padded(len(tokenizer) + 3)
+    assert wide is vocab.padded(len(tokenizer) + 3) and vocab.padded(len(tokenizer)) is vocab
+    assert wide.tokens[:len(tokenizer)] == vocab.tokens and wide.tokens[-3:] == (b"",) * 3
+    assert wide.fingerprint == vocab.fingerprint and wide.num_tokenizer_tokens == len(tokenizer)
+    assert token_bytes(vocab) == list(vocab.tokens)
+
+
+def test_one_eos_rule_and_one_lm_width_rule():
+    import torch
+
+    from ctrlg import Vocabulary
+    from ctrlg.vocab import eos_token_ids, lm_vocab_size
+
+    class Config:
+        eos_token_id = [7, 3]
+        vocab_size = 99
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.generation_config = type("G", (), {"eos_token_id": 5})()
+            self.head = torch.nn.Linear(2, 12)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    tokenizer = _byte_level_tokenizer()
+    eos = tokenizer.eos_token_id
+    model = Model()
+    # the tokenizer's EOS first, then the generation config's, then the config's; no duplicates
+    assert eos_token_ids(tokenizer, model) == list(dict.fromkeys([eos, 5, 7, 3]))
+    assert eos_token_ids(tokenizer) == [eos] and eos_token_ids(None, model) == [5, 7, 3]
+    # the width is the output embedding's row count, else config.vocab_size
+    assert lm_vocab_size(model) == 12
+    model.get_output_embeddings = lambda: None
+    assert lm_vocab_size(model) == 99
+    model.config.vocab_size = len(tokenizer) + 2
+    vocab = Vocabulary.from_model(model, tokenizer)
+    assert vocab.vocab_size == len(tokenizer) + 2 and vocab.eos_token_ids[0] == eos
+    assert set(vocab.eos_token_ids) == {eos, 5, 7, 3}
+
+
+def test_builders_accept_a_vocabulary_like_a_tokenizer():
+    from ctrlg import Vocabulary, dfa
+
+    tokenizer = _byte_level_tokenizer()
+    vocab = Vocabulary.from_tokenizer(tokenizer)
+    for build in (lambda t: dfa.regex("[a-z]+ (dog|park)", t),
+                  lambda t: dfa.word_count(t, 1, 3),
+                  lambda t: dfa.keywords(t, [["dog"], ["park"]]),
+                  lambda t: dfa.contains("park", t, "canonical")):
+        a, b = build(tokenizer), build(vocab)
+        assert a.num_states == b.num_states and a.vocab_size == b.vocab_size
+        ids = tokenizer.encode("the dog runs in the park", add_special_tokens=False)
+        assert a.accepts(ids) == b.accepts(ids)
+    raw = Vocabulary.from_token_bytes([b"a", b"b", b""], eos_token_id=2)
+    assert dfa.regex("ab", raw).accepts([0, 1, 2])
+    with pytest.raises(VocabularyMismatchError, match="raw token bytes"):
+        dfa.keywords(raw, [["a"]])

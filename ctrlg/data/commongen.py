@@ -78,7 +78,7 @@ def load_commongen_hub(split: str = "validation", limit: int | None = None,
     part-of-speech tags, so ``pos`` is all ``None``.
     """
     try:
-        import datasets
+        import datasets  # optional hub path; a heavy import (seconds)
     except ImportError as error:  # pragma: no cover - optional dependency
         raise DatasetError("load_commongen_hub needs the 'datasets' package "
                            "(pip install datasets)") from error

@@ -39,7 +39,11 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.minimize import minimize
+from ctrlg.dfa.regex_index import resolve_eos, token_dfa_from_bytes_dfa
+from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.vocab import bytes_to_unicode, tokenizer_of
 
 __all__ = ["canonical_token_dfa", "PairChecker", "is_canonical"]
 
@@ -51,9 +55,7 @@ class PairChecker:
     tokenizer (see the module docstring)."""
 
     def __init__(self, tokenizer):
-        from ctrlg.dfa.vocab_trie import vocabulary_index
-        from ctrlg.vocab import bytes_to_unicode
-
+        tokenizer = tokenizer_of(tokenizer, "canonical encodings")
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise VocabularyMismatchError(
@@ -159,40 +161,26 @@ def _starts_nonspace(data: bytes) -> bool:
     return not text[0].isspace()
 
 
-_CHECKERS: dict[str, PairChecker] = {}
-
-
 def pair_checker(tokenizer) -> PairChecker:
-    """The cached :class:`PairChecker` of a tokenizer (keyed by its vocabulary fingerprint)."""
-    from ctrlg.dfa.vocab_trie import vocabulary_index
-
-    fingerprint = vocabulary_index(tokenizer).fingerprint
-    checker = _CHECKERS.get(fingerprint)
-    if checker is None:
-        checker = _CHECKERS[fingerprint] = PairChecker(tokenizer)
-    return checker
+    """The :class:`PairChecker` of a tokenizer or Vocabulary (memoised on the vocabulary)."""
+    return vocabulary_index(tokenizer).memo("pair_checker", lambda: PairChecker(tokenizer))
 
 
 def is_canonical(ids, tokenizer) -> bool:
     """Whether ``ids`` is the tokenizer's own encoding of its decoded string (the definition in
     the module docstring, evaluated directly with ``tokenizer.encode``)."""
-    from ctrlg.dfa.vocab_trie import vocabulary_index
-
     data = vocabulary_index(tokenizer).decode_bytes(ids)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return list(tokenizer.encode(text, add_special_tokens=False)) == [int(i) for i in ids]
+    encoded = tokenizer_of(tokenizer, "is_canonical").encode(text, add_special_tokens=False)
+    return list(encoded) == [int(i) for i in ids]
 
 
 def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: int | None,
                         max_pair_checks: int = 5_000_000, what: str = "pattern") -> TokenDFA:
     """The canonical-encodings token DFA of the byte DFA ``bdfa`` (module docstring)."""
-    from ctrlg.dfa.minimize import minimize
-    from ctrlg.dfa.regex import resolve_eos, token_dfa_from_bytes_dfa
-    from ctrlg.dfa.vocab_trie import vocab_trie
-
     checker = pair_checker(tokenizer)
     trie = vocab_trie(tokenizer)
     all_dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,

@@ -301,6 +301,31 @@ class TokenDFA:
             return int(self.letter_next[k])
         return int(self.default[state])
 
+    @cached_property
+    def _letter_keys(self) -> np.ndarray:
+        """int64 [E_letters]: ``state · A + letter`` of every stored exception (sorted, as the CSR
+        order keeps states ascending and letters sorted within a state)."""
+        return self._letter_states * self.num_letters + self.letter_exc
+
+    def step_many(self, states, tokens) -> np.ndarray:
+        """δ(states[i], tokens[i]) for arrays of states and tokens (broadcast), vectorised:
+        one binary search over the stored exceptions, O(R · log E)."""
+        states, tokens = np.broadcast_arrays(np.asarray(states, dtype=np.int64),
+                                             np.asarray(tokens, dtype=np.int64))
+        if states.size and (states.min() < 0 or states.max() >= self.num_states):
+            raise ConstraintError(f"a state is out of range [0, {self.num_states})")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ConstraintError(f"a token id is out of range [0, {self.vocab_size})")
+        letters = tokens if self.letter_of_token is None else self.letter_of_token[tokens]
+        keys = self._letter_keys
+        out = self.default[states].copy()
+        if len(keys):
+            query = states * self.num_letters + letters
+            idx = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+            found = keys[idx] == query
+            out[found] = self.letter_next[idx[found]]
+        return out
+
     def run(self, tokens: Iterable[int], state: int | None = None) -> int:
         """The state reached from ``state`` (default: initial) after reading ``tokens``."""
         if isinstance(tokens, (str, bytes)):

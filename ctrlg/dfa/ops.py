@@ -277,8 +277,6 @@ def restrict_to_budget(dfa: TokenDFA, max_tokens: int) -> TokenDFA:
     O(kept states) instead of O(all states) (e.g. ``length(0, 10**5)`` with a budget of 8 keeps
     9 states). Raises UnsatisfiableConstraintError when no sequence within the budget is accepted.
     """
-    from ctrlg.dfa.core import TokenClasses
-
     src, dst = dfa._edge_list()
     S = dfa.num_states
     ahead = bfs_distances([dfa.initial], src, dst, S, limit=max_tokens)

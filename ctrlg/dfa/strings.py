@@ -22,8 +22,13 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from ctrlg.dfa.builders import phrase
 from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.ops import intersect, union
+from ctrlg.dfa.regex import regex
+from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError
+from ctrlg.vocab import tokenizer_of
 
 __all__ = ["contains", "contains_all", "contains_any"]
 
@@ -35,23 +40,18 @@ def _check_keyword(keyword) -> str:
 
 
 def _vocab_size(tokenizer, vocab_size: int | None) -> int:
-    from ctrlg.dfa.vocab_trie import vocab_trie
-
     return vocab_trie(tokenizer).vocab_size if vocab_size is None else int(vocab_size)
 
 
 def contains(keyword: str, tokenizer, encodings: str = "all", *,
              vocab_size: int | None = None) -> TokenDFA:
     """Token sequences whose text contains ``keyword`` (module docstring for the two modes)."""
-    from ctrlg.dfa.builders import phrase
-    from ctrlg.dfa.regex import regex
-
     keyword = _check_keyword(keyword)
     if encodings == "all":
         pattern = r"[\s\S]*" + re.escape(keyword) + r"[\s\S]*"
         return regex(pattern, tokenizer, "all", eos_token_id=None, vocab_size=vocab_size)
     if encodings == "canonical":
-        ids = list(tokenizer.encode(keyword, add_special_tokens=False))
+        ids = list(tokenizer_of(tokenizer, "contains").encode(keyword, add_special_tokens=False))
         return phrase(ids, vocab_size=_vocab_size(tokenizer, vocab_size))
     raise ConstraintError(f"encodings must be 'all' or 'canonical', got {encodings!r}")
 
@@ -66,8 +66,6 @@ def _keyword_dfas(keywords: Sequence[str], tokenizer, encodings: str, vocab_size
 def contains_all(keywords: Sequence[str], tokenizer, encodings: str = "all", *,
                  vocab_size: int | None = None) -> TokenDFA:
     """The text contains every keyword (in any order)."""
-    from ctrlg.dfa.ops import intersect
-
     dfas = _keyword_dfas(keywords, tokenizer, encodings, vocab_size, "contains_all")
     return dfas[0] if len(dfas) == 1 else intersect(*dfas)
 
@@ -75,7 +73,5 @@ def contains_all(keywords: Sequence[str], tokenizer, encodings: str = "all", *,
 def contains_any(keywords: Sequence[str], tokenizer, encodings: str = "all", *,
                  vocab_size: int | None = None) -> TokenDFA:
     """The text contains at least one of the keywords."""
-    from ctrlg.dfa.ops import union
-
     dfas = _keyword_dfas(keywords, tokenizer, encodings, vocab_size, "contains_any")
     return dfas[0] if len(dfas) == 1 else union(*dfas)

@@ -1,4 +1,4 @@
-"""A byte trie over a tokenizer's vocabulary, built once per tokenizer and cached.
+"""A byte trie over a tokenizer's vocabulary, built once per :class:`ctrlg.Vocabulary` (memoised on it).
 
 Compiling a regex to a token DFA walks this trie from every state of the regex's byte DFA at once
 (:func:`walk`): a level-synchronous, vectorised depth-first search over ``trie ∩ byte-DFA`` that
@@ -13,7 +13,6 @@ byte-fallback ``<0x41>``). Tokens with no bytes (special tokens) are left out.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import VocabularyMismatchError
+from ctrlg.vocab import Vocabulary, as_vocabulary
 
 __all__ = ["VocabTrie", "vocab_trie", "vocabulary_index", "walk"]
 
@@ -86,28 +86,16 @@ class VocabTrie:
                    tok_ptr.astype(np.int64), node_tokens, eos_token_id)
 
 
-_CACHE: "weakref.WeakKeyDictionary[object, VocabTrie]" = weakref.WeakKeyDictionary()
-_CACHE_BY_ID: dict[int, VocabTrie] = {}
-_CACHE_BY_FINGERPRINT: dict[str, VocabTrie] = {}
-
-
-def vocabulary_index(tokenizer):
-    """``ctrlg.vocab.VocabularyIndex.for_tokenizer(tokenizer)`` (memoised there per tokenizer
-    object), with any failure to decode the vocabulary reported as VocabularyMismatchError."""
-    from ctrlg.vocab import VocabularyIndex
-
-    try:
-        return VocabularyIndex.for_tokenizer(tokenizer)
-    except VocabularyMismatchError:
-        raise
-    except Exception as exc:  # a tokenizer whose vocabulary has no byte decoding
-        raise VocabularyMismatchError(
-            f"cannot decode the vocabulary of {type(tokenizer).__name__} to bytes: {exc}") from exc
+def vocabulary_index(tokenizer) -> Vocabulary:
+    """The :class:`ctrlg.Vocabulary` of a tokenizer (built once; a Vocabulary is returned as is);
+    failures to decode the vocabulary raise VocabularyMismatchError."""
+    return as_vocabulary(tokenizer)
 
 
 def vocab_trie(tokenizer) -> VocabTrie:
-    """The (cached) :class:`VocabTrie` of a ``transformers`` tokenizer, a :class:`VocabTrie`
-    (returned as is) or a list of token byte strings (EOS unknown).
+    """The :class:`VocabTrie` of a :class:`ctrlg.Vocabulary` or a ``transformers`` tokenizer
+    (memoised on the vocabulary), a :class:`VocabTrie` (returned as is) or a list of token byte
+    strings (EOS unknown).
 
     Raises VocabularyMismatchError when the tokenizer's vocabulary cannot be decoded to bytes.
     """
@@ -117,22 +105,9 @@ def vocab_trie(tokenizer) -> VocabTrie:
         if not all(isinstance(t, (bytes, bytearray)) for t in tokenizer):
             raise VocabularyMismatchError("a vocabulary given as a list must hold bytes objects")
         return VocabTrie.from_token_bytes(tokenizer)
-    try:
-        cached = _CACHE.get(tokenizer)
-    except TypeError:
-        cached = _CACHE_BY_ID.get(id(tokenizer))
-    if cached is not None:
-        return cached
-    index = vocabulary_index(tokenizer)
-    trie = _CACHE_BY_FINGERPRINT.get(index.fingerprint)
-    if trie is None:
-        trie = VocabTrie.from_token_bytes(index.tokens, eos_token_id=index.eos_token_id)
-        _CACHE_BY_FINGERPRINT[index.fingerprint] = trie
-    try:
-        _CACHE[tokenizer] = trie
-    except TypeError:
-        _CACHE_BY_ID[id(tokenizer)] = trie
-    return trie
+    vocab = as_vocabulary(tokenizer)
+    return vocab.memo("vocab_trie", lambda: VocabTrie.from_token_bytes(
+        vocab.tokens, eos_token_id=vocab.eos_token_id))
 
 
 def walk(trie: VocabTrie, table: np.ndarray, live: np.ndarray, sources: np.ndarray

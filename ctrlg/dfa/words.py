@@ -31,7 +31,6 @@ Groups are combined by intersection.
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Sequence
 
 import numpy as np
@@ -40,6 +39,7 @@ from ctrlg.dfa.builders import any_phrase, check_count_range, eos as eos_discipl
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
+from ctrlg.vocab import as_vocabulary, tokenizer_of
 
 __all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary",
            "inflections", "parse_concepts", "commongen_constraint"]
@@ -86,31 +86,10 @@ def _token_effect(data: bytes) -> tuple[int, ...]:
     return tuple(effect)
 
 
-_TOKEN_BYTES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _token_bytes(tokenizer) -> list[bytes]:
-    """:func:`ctrlg.vocab.token_bytes`, memoised per tokenizer object (and its length)."""
-    from ctrlg.vocab import token_bytes
-
-    try:
-        cached = _TOKEN_BYTES.get(tokenizer)
-    except TypeError:                                   # not weak-referenceable
-        return token_bytes(tokenizer)
-    if cached is None or cached[0] != len(tokenizer):
-        cached = (len(tokenizer), token_bytes(tokenizer))
-        _TOKEN_BYTES[tokenizer] = cached
-    return cached[1]
-
-
-def _vocabulary(tokenizer, vocab_size: int | None) -> list[bytes]:
-    tokens = _token_bytes(tokenizer)
-    if vocab_size is None:
-        return tokens
-    if vocab_size < len(tokens):
-        raise ConstraintError(f"vocab_size={vocab_size} is smaller than the tokenizer's "
-                              f"{len(tokens)} tokens")
-    return tokens + [b""] * (vocab_size - len(tokens))      # padded ids: no text
+def _vocabulary(tokenizer, vocab_size: int | None) -> tuple[bytes, ...]:
+    """Token bytes of a tokenizer or :class:`ctrlg.Vocabulary`, padded to ``vocab_size`` (padded
+    ids: no text)."""
+    return as_vocabulary(tokenizer, vocab_size).tokens
 
 
 def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
@@ -206,7 +185,8 @@ def keywords(tokenizer, groups: Sequence[Sequence[str]], *, whole_word: bool = T
     """Accepts the token sequences that contain, for **every** group, at least one of the
     group's surface forms as a word (see the module docstring). ``whole_word=False`` drops the
     end-of-word check (a smaller automaton; ``Ġlook`` + ``out`` then counts as "look")."""
-    return _keywords(tokenizer, groups, _vocabulary(tokenizer, vocab_size), whole_word)
+    tokens = _vocabulary(tokenizer, vocab_size)
+    return _keywords(tokenizer_of(tokenizer, "keywords"), groups, tokens, whole_word)
 
 
 def word_boundary(tokens: Sequence[bytes]) -> np.ndarray:
@@ -234,7 +214,7 @@ def inflections(word: str, pos: str | None = None) -> list[str]:
     """The word and its inflections (lemminflect), e.g. ``"stand", "V"`` → stand, stands, stood,
     standing; ``"field", "N"`` → field, fields. ``pos`` is a CommonGen tag (N, V, A/J, R), a
     universal POS tag (NOUN, VERB, ADJ, ADV) or None for every part of speech."""
-    import lemminflect
+    import lemminflect  # optional dependency; loads its inflection tables on first use
 
     if not isinstance(word, str) or not word.strip():
         raise ConstraintError(f"inflections needs a non-empty word, got {word!r}")
@@ -286,13 +266,13 @@ def commongen_constraint(tokenizer, concepts: str | Sequence[str], min_words: in
     ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
     ``whole_word`` as in :func:`keywords`.
     """
-    groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     _check_word_range(min_words, max_words)
+    groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     tokens = _vocabulary(tokenizer, vocab_size)
     V = len(tokens)
-    parts = [_keywords(tokenizer, groups, tokens, whole_word),
+    parts = [_keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word),
              _word_count_from_bytes(tokens, min_words, max_words)]
-    eos_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+    eos_id = as_vocabulary(tokenizer).eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
         parts.append(eos_discipline(int(eos_id), V, required=require_eos))
     return intersect(*parts)

@@ -28,8 +28,13 @@ from typing import Any, Mapping
 
 import torch
 
+from ctrlg import models
 from ctrlg.data._files import bundled_path
 from ctrlg.errors import CtrlgError
+from ctrlg.hmm.em import baum_welch, forward_loglik, unigram_prior
+from ctrlg.hmm.lvd import lvd_init
+from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
+from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["distill", "build_prompts", "unigram_loglik", "plot_curve"]
 
@@ -46,8 +51,6 @@ def _get(cfg: Mapping, dotted: str, default=None):
 def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     """Prompts from ``prompts.file`` (or the inline list ``prompts.list``): ``format: commongen``
     turns concept lines into chat-template instructions, ``raw`` uses each line as is."""
-    from ctrlg.hmm.sampling import commongen_prompts, read_prompts
-
     lines = list(_get(cfg, "prompts.list") or []) or read_prompts(
         _get(cfg, "prompts.file") or bundled_path("commongen.train.src_alpha.txt"))
     limit = _get(cfg, "prompts.limit")
@@ -63,14 +66,12 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
 
 def unigram_loglik(train_tokens: torch.Tensor, heldout_tokens: torch.Tensor, vocab_size: int) -> float:
     """Held-out mean log-likelihood per token of the add-one-smoothed training unigram."""
-    from ctrlg.hmm.em import unigram_prior
-
     return float(unigram_prior(train_tokens, vocab_size).log()[heldout_tokens.flatten()].mean())
 
 
 def plot_curve(history: Mapping, path: Path, title: str = "") -> None:
     """Training and held-out log-likelihood per token against the EM step (PNG)."""
-    import matplotlib
+    import matplotlib  # optional plotting dependency, needed only here
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -89,12 +90,6 @@ def plot_curve(history: Mapping, path: Path, title: str = "") -> None:
 
 def distill(cfg: Mapping) -> dict:
     """Run the whole pipeline (module docstring); returns the metrics dictionary."""
-    from ctrlg import models
-    from ctrlg.hmm.em import baum_welch, forward_loglik
-    from ctrlg.hmm.lvd import lvd_init
-    from ctrlg.hmm.model import tokenizer_fingerprint
-    from ctrlg.hmm.sampling import load_chunks, sample_to_disk
-
     seed = int(_get(cfg, "seed", 0))
     torch.manual_seed(seed)
     threads = _get(cfg, "threads")

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ctrlg.hmm.em import EMHistory, ExpectedCounts, baum_welch
 from ctrlg.hmm.model import HMM
+from ctrlg.hmm.sampling import load_chunks
 
 __all__ = ["allreduce_counts", "distributed_baum_welch", "main"]
 
@@ -45,7 +46,6 @@ def distributed_baum_welch(hmm: HMM, train_tokens: torch.Tensor, **kwargs) -> tu
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ctrlg.hmm.sampling import load_chunks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--init", required=True, help="initial HMM checkpoint directory")

@@ -42,37 +42,12 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from ctrlg.errors import CtrlgError
+from ctrlg.errors import CtrlgError, VocabularyMismatchError
 from ctrlg.hmm.model import HMM
+from ctrlg.kernels.reference import ExpectedCounts, estep_torch
 
 __all__ = ["ExpectedCounts", "estep_torch", "forward_loglik", "m_step", "expected_counts",
            "baum_welch", "EMHistory", "parse_schedule", "log_prior", "unigram_prior"]
-
-
-@dataclass
-class ExpectedCounts:
-    """Sufficient statistics of one E-step: initial [h], transition [h, h], emission [h, V],
-    total log-likelihood and number of sequences / tokens it covers."""
-    initial: torch.Tensor
-    transition: torch.Tensor
-    emission: torch.Tensor
-    loglik: torch.Tensor  # float64 scalar tensor
-    sequences: torch.Tensor  # float64 scalar tensor
-    tokens: torch.Tensor  # float64 scalar tensor
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.initial, self.transition, self.emission, self.loglik, self.sequences, self.tokens]
-
-    def add_(self, other: "ExpectedCounts") -> "ExpectedCounts":
-        for mine, theirs in zip(self.tensors(), other.tensors()):
-            mine += theirs
-        return self
-
-    @classmethod
-    def zeros(cls, h: int, V: int, device) -> "ExpectedCounts":
-        z = lambda *s, d=torch.float32: torch.zeros(*s, dtype=d, device=device)  # noqa: E731
-        return cls(z(h), z(h, h), z(h, V), z((), d=torch.float64), z((), d=torch.float64),
-                   z((), d=torch.float64))
 
 
 def _check_tokens(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -80,46 +55,9 @@ def _check_tokens(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if tokens.ndim != 2 or tokens.shape[1] == 0:
         raise CtrlgError(f"token batches must be [n, L] with L ≥ 1; got shape {tuple(tokens.shape)}")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        from ctrlg.errors import VocabularyMismatchError
         raise VocabularyMismatchError(f"token ids must lie in [0, {vocab_size}); got range "
                                       f"[{int(tokens.min())}, {int(tokens.max())}]")
     return tokens.long()
-
-
-def estep_torch(initial: torch.Tensor, transition: torch.Tensor, emission: torch.Tensor,
-                tokens: torch.Tensor) -> ExpectedCounts:
-    """Expected counts of one batch ``tokens`` [n, L] (module equations), plain torch."""
-    n, L = tokens.shape
-    h, V = emission.shape
-    tiny = torch.finfo(torch.float32).tiny
-    E = emission.T[tokens]  # [n, L, h]
-    alpha = torch.empty(L, n, h, dtype=torch.float32, device=emission.device)
-    norm = torch.empty(L, n, dtype=torch.float32, device=emission.device)
-    a = initial[None] * E[:, 0]
-    for t in range(L):
-        if t > 0:
-            a = (a @ transition) * E[:, t]
-        c = a.sum(-1).clamp_min(tiny)
-        a = a / c[:, None]
-        alpha[t], norm[t] = a, c
-    beta = torch.empty_like(alpha)
-    beta[L - 1] = 1.0
-    weighted = torch.empty_like(alpha)  # E_{t+1} ⊙ β̂_{t+1} / c_{t+1}, for t+1 = 1..L-1
-    for t in range(L - 2, -1, -1):
-        w = E[:, t + 1] * beta[t + 1] / norm[t + 1][:, None]
-        weighted[t + 1] = w
-        beta[t] = w @ transition.T
-    gamma = alpha * beta  # [L, n, h]
-    if L > 1:
-        xi = alpha[:-1].reshape(-1, h).T @ weighted[1:].reshape(-1, h)
-        trans_counts = transition * xi
-    else:
-        trans_counts = torch.zeros_like(transition)
-    emit_t = torch.zeros(V, h, dtype=torch.float32, device=emission.device)
-    emit_t.index_add_(0, tokens.T.reshape(-1), gamma.reshape(-1, h))
-    return ExpectedCounts(gamma[0].sum(0), trans_counts, emit_t.T.contiguous(),
-                          norm.double().log().sum(), torch.tensor(float(n), dtype=torch.float64),
-                          torch.tensor(float(n * L), dtype=torch.float64))
 
 
 def forward_loglik(hmm: HMM, tokens: torch.Tensor, *, batch_size: int = 1024) -> torch.Tensor:
@@ -135,7 +73,7 @@ def _estep_fn(backend: str) -> Callable:
     if backend == "torch":
         return estep_torch
     if backend == "triton":
-        from ctrlg.kernels.em_estep import estep_triton
+        from ctrlg.kernels.em_estep import estep_triton  # imports triton (heavy, optional)
         return estep_triton
     raise CtrlgError(f"unknown E-step backend {backend!r}; use 'torch' or 'triton'")
 

@@ -21,8 +21,10 @@ and Ctrl-G).
 from __future__ import annotations
 
 import torch
+from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
+from ctrlg.hmm.em import unigram_prior
 from ctrlg.hmm.model import HMM
 
 __all__ = ["kmeans", "assign_clusters", "padding_mask", "count_hmm", "lvd_init"]
@@ -45,8 +47,6 @@ def assign_clusters(x: torch.Tensor, centroids: torch.Tensor, *, block: int = 16
 def kmeans(x: torch.Tensor, k: int, *, iters: int = 20, seed: int = 0, init_sample: int = 20000,
            progress: bool = False) -> torch.Tensor:
     """k-means (k-means++ seeding on ≤ ``init_sample`` points, then Lloyd) → centroids [k, d]."""
-    from tqdm.auto import tqdm
-
     x = x.float()
     n = x.shape[0]
     if k <= 0 or k > n:
@@ -135,8 +135,6 @@ def lvd_init(tokens: torch.Tensor, hidden: torch.Tensor, hidden_size: int, vocab
     centroids = kmeans(features, clusters, iters=kmeans_iters, seed=seed, progress=progress)
     states = torch.full(tokens.shape, hidden_size - 1, dtype=torch.long)
     states[~pad] = assign_clusters(features, centroids)
-    from ctrlg.hmm.em import unigram_prior
-
     if emission_prior not in ("uniform", "unigram"):
         raise CtrlgError(f"emission_prior must be 'uniform' or 'unigram', got {emission_prior!r}")
     prior = unigram_prior(tokens, vocab_size) if emission_prior == "unigram" else None

@@ -15,17 +15,20 @@ vocab size, tokenizer identity, training config); never pickle.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
+from ctrlg.checkpoint import atomic_folder, check_same_save, new_save_id
 from ctrlg.errors import (CheckpointError, ConstraintError, HMMParameterError,
                           VocabularyMismatchError)
 from ctrlg.validation import as_token_ids, check_count
+from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["HMM", "tokenizer_fingerprint"]
 
@@ -34,17 +37,6 @@ CONFIG_NAME = "config.json"
 FORMAT_VERSION = 1
 # every file an HMM checkpoint folder may hold (a re-save drops the ones it does not rewrite)
 CHECKPOINT_FILES = (WEIGHTS_NAME, CONFIG_NAME, "prior_head.safetensors", "prior_head.json")
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A stable hash of a tokenizer's vocabulary (token strings in id order), used to check that a
-    checkpoint is used with the tokenizer it was made for."""
-    vocab = tokenizer.get_vocab()
-    ordered = sorted(vocab.items(), key=lambda kv: kv[1])
-    digest = hashlib.sha256()
-    for token, index in ordered:
-        digest.update(f"{index}\t{token}\n".encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()[:16]
 
 
 def _check_distribution(name: str, tensor: torch.Tensor, atol: float = 1e-3) -> None:
@@ -62,10 +54,6 @@ def _check_distribution(name: str, tensor: torch.Tensor, atol: float = 1e-3) -> 
 
 def _check_same_save(path: Path, config: dict, weights_file: Path) -> None:
     """CheckpointError when config.json and the weights come from different saves."""
-    from safetensors import safe_open
-
-    from ctrlg.checkpoint import check_same_save
-
     with safe_open(str(weights_file), framework="pt") as handle:
         weights_id = (handle.metadata() or {}).get("save_id")
     check_same_save(path, {CONFIG_NAME: config.get("save_id"), WEIGHTS_NAME: weights_id})
@@ -192,7 +180,8 @@ class HMM(torch.nn.Module):
     # ------------------------------------------------------------------ vocabulary checks
     def check_vocab(self, vocab_size: int | None = None, *, tokenizer=None, what: str = "LM") -> None:
         """Raise VocabularyMismatchError unless this HMM fits a vocabulary of ``vocab_size`` tokens
-        (an LM's output size) and, if given, the ``tokenizer`` it was distilled with."""
+        (an LM's output size) and, if given, the ``tokenizer`` (or :class:`ctrlg.Vocabulary`) it
+        was distilled with."""
         if vocab_size is not None and int(vocab_size) != self.vocab_size:
             raise VocabularyMismatchError(
                 f"the HMM has vocabulary size {self.vocab_size} but the {what} has {int(vocab_size)}")
@@ -202,7 +191,8 @@ class HMM(torch.nn.Module):
                 raise VocabularyMismatchError(
                     f"the HMM was distilled for tokenizer {self.config.get('tokenizer_name', '?')!r} "
                     f"(vocabulary hash {expected}), which differs from the given tokenizer "
-                    f"{getattr(tokenizer, 'name_or_path', '?')!r} (hash {tokenizer_fingerprint(tokenizer)})")
+                    f"{getattr(tokenizer, 'name_or_path', None) or getattr(tokenizer, 'name', '?')!r} "
+                    f"(hash {tokenizer_fingerprint(tokenizer)})")
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
@@ -210,10 +200,6 @@ class HMM(torch.nn.Module):
         into a staging folder that then replaces ``path`` (:func:`ctrlg.checkpoint.atomic_folder`),
         and both carry the same save id, which :meth:`load` checks. ``dtype=torch.bfloat16``
         halves the file (parameters are renormalised in float32 on load)."""
-        from safetensors.torch import save_file
-
-        from ctrlg.checkpoint import atomic_folder, new_save_id
-
         path = Path(path)
         save_id = new_save_id()
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
@@ -231,9 +217,6 @@ class HMM(torch.nn.Module):
     @classmethod
     def load(cls, path: str | os.PathLike, *, tokenizer=None, device: str | torch.device = "cpu") -> "HMM":
         """Load a checkpoint written by :meth:`save`. With ``tokenizer``, check it matches."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         path = Path(path)
         config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
         if not config_file.is_file() or not weights_file.is_file():

@@ -26,9 +26,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
+from ctrlg.vocab import eos_token_ids
 
 __all__ = [
     "commongen_prompts",
@@ -72,15 +75,8 @@ def commongen_prompts(concept_lines: Iterable[str], tokenizer=None) -> list[str]
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
-    ids: list[int] = []
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is None:
-            continue
-        ids.extend([value] if isinstance(value, int) else list(value))
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.insert(0, int(tokenizer.eos_token_id))
-    ids = list(dict.fromkeys(int(i) for i in ids))
+    """The EOS ids (:func:`ctrlg.vocab.eos_token_ids`); at least one is needed for padding."""
+    ids = eos_token_ids(tokenizer, model)
     if not ids:
         raise CtrlgError("neither the model nor the tokenizer defines an EOS token id")
     return ids
@@ -103,7 +99,7 @@ def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     [B, length] (log p_lm(x_t | prefix); 0 after the first EOS), and with ``return_hidden``,
     ``hidden`` [B, length, d] (model dtype): the last-layer state from which x_t was sampled.
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # heavy import (seconds): only when an LM is run
 
     device = input_ids.device
     B = input_ids.shape[0]
@@ -159,7 +155,7 @@ def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 @torch.no_grad()
 def prefix_kv_cache(model, prefix_ids: torch.Tensor):
     """The DynamicCache of running ``prefix_ids`` [P] through ``model`` at batch size 1."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # heavy import (seconds): only when an LM is run
 
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     ids = torch.as_tensor(prefix_ids, device=next(model.parameters()).device)[None]
@@ -195,8 +191,6 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
     once and its KV cache shared (``share_prefix``). Existing chunks are kept (resume); a
     ``meta.json`` that disagrees with the arguments raises CtrlgError.
     """
-    from safetensors.torch import save_file
-
     if num_sequences <= 0 or length <= 0 or chunk_size <= 0 or batch_size <= 0:
         raise CtrlgError(f"num_sequences, length, chunk_size and batch_size must be positive; got "
                          f"{num_sequences}, {length}, {chunk_size}, {batch_size}")
@@ -240,7 +234,6 @@ def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path
             start, stop = chunk * chunk_size, min(num_sequences, (chunk + 1) * chunk_size)
             path = out_dir / f"chunk_{chunk:05d}.safetensors"
             if path.is_file():
-                from safetensors import safe_open
                 with safe_open(str(path), "pt") as handle:
                     rows_on_disk = handle.get_slice("tokens").get_shape()[0]
                 if rows_on_disk != stop - start:
@@ -283,8 +276,6 @@ def load_chunks(directory: str | Path, keys: Sequence[str] = ("tokens",), *,
                 chunks: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """Concatenate ``keys`` over the chunks in ``directory`` (all, or the listed chunk numbers).
     Tokens are returned as int64."""
-    from safetensors.torch import load_file
-
     paths = list_chunks(directory)
     if not paths:
         raise CtrlgError(f"{directory} holds no sample chunks (chunk_*.safetensors)")
