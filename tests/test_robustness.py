@@ -293,3 +293,94 @@ def test_dfa_accepts_rejects_what_is_not_a_token_id(tokens):
 def test_dfa_is_accepting_checks_the_state():
     with pytest.raises(ConstraintError, match="state 99 out of range"):
         dfa.phrase([1, 2], 5).is_accepting(99)
+
+
+# ---------------------------------------------------------------------- sampler / generate
+@pytest.fixture(scope="module")
+def padded_lm(smollm2_tokenizer):
+    """A tiny Llama over the SmolLM2 tokenizer whose output layer is padded by 64 columns."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer) + 64, hidden_size=16,
+                         intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=64,
+                         eos_token_id=smollm2_tokenizer.eos_token_id,
+                         pad_token_id=smollm2_tokenizer.eos_token_id)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_generate_rejects_a_dfa_narrower_than_the_tokenizer(padded_lm, smollm2_tokenizer):
+    with pytest.raises(VocabularyMismatchError, match="vocabulary size 8 but the tokenizer has 49152"):
+        ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", dfa.phrase([3], 8), mode="logical",
+                       max_new_tokens=4, num_samples=2)
+
+
+def test_generate_rejects_an_hmm_narrower_than_the_tokenizer(padded_lm, smollm2_tokenizer):
+    hmm = small_hmm(V=8)
+    with pytest.raises(VocabularyMismatchError, match="tokenizer has 49152"):
+        ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", dfa.phrase([3], 8), hmm=hmm,
+                       max_new_tokens=4, num_samples=2)
+
+
+def test_generate_accepts_output_layer_padding(padded_lm, smollm2_tokenizer):
+    V = len(smollm2_tokenizer)
+    out = ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", dfa.phrase([3], V), mode="logical",
+                         max_new_tokens=3, num_samples=2, rerank=False)
+    assert out and all(3 in g.token_ids and max(g.token_ids) < V for g in out)
+
+
+def test_processor_rejects_logits_much_wider_than_its_dfa():
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    proc = ConstraintLogitsProcessor(None, dfa.phrase([3], 8), prompt_length=1, max_new_tokens=4,
+                                     mode="logical")
+    with pytest.raises(VocabularyMismatchError, match="49152 logits"):
+        proc(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 49152))
+    assert torch.isinf(proc(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 72))[0, 8:]).all()
+
+
+@pytest.mark.parametrize("num_samples", [0, -1, 1.5])
+def test_generate_rejects_bad_num_samples(padded_lm, smollm2_tokenizer, num_samples):
+    V = len(smollm2_tokenizer)
+    with pytest.raises(ConstraintError, match="num_samples"):
+        ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", dfa.phrase([3], V), mode="logical",
+                       max_new_tokens=2, num_samples=num_samples)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_new_tokens=0), dict(max_new_tokens=-3),
+                                    dict(max_new_tokens=2, min_new_tokens=3),
+                                    dict(max_new_tokens=2, num_beams=0)])
+def test_generate_rejects_bad_budgets(padded_lm, smollm2_tokenizer, kwargs):
+    V = len(smollm2_tokenizer)
+    with pytest.raises(ConstraintError, match="max_new_tokens|min_new_tokens|num_beams"):
+        ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", dfa.phrase([3], V), mode="logical",
+                       **kwargs)
+
+
+def test_generate_rejects_a_constraint_that_is_a_list(padded_lm, smollm2_tokenizer):
+    V = len(smollm2_tokenizer)
+    with pytest.raises(ConstraintError, match="one TokenDFA"):
+        ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", [dfa.phrase([3], V)] * 2,
+                       mode="logical", max_new_tokens=2)
+
+
+def test_processor_rejects_integer_scores():
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    proc = ConstraintLogitsProcessor(small_hmm(V=5), dfa.phrase([3], 5), prompt_length=1,
+                                     max_new_tokens=3)
+    with pytest.raises(ConstraintError, match="floating-point"):
+        proc(torch.zeros(1, 1, dtype=torch.long), torch.tensor([[0, -1, -2, -3, -4]]))
+
+
+def test_processor_on_a_huge_counter_builds_tables_only_for_the_budget():
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    start = time.perf_counter()
+    proc = ConstraintLogitsProcessor(small_hmm(h=8, V=7), dfa.length(0, 10**5, vocab_size=7),
+                                     prompt_length=1, max_new_tokens=8)
+    assert time.perf_counter() - start < 5
+    assert max(t.dfa.num_states for t in proc.tables) <= 10
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    assert torch.isfinite(proc(ids, torch.zeros(2, 7))).all()
