@@ -384,3 +384,15 @@ def test_processor_on_a_huge_counter_builds_tables_only_for_the_budget():
     assert max(t.dfa.num_states for t in proc.tables) <= 10
     ids = torch.zeros(2, 1, dtype=torch.long)
     assert torch.isfinite(proc(ids, torch.zeros(2, 7))).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(d=token_dfas(max_states=7), limit=st.integers(0, 8))
+def test_level_bfs_and_scipy_bfs_agree(d, limit):
+    from ctrlg.dfa.ops import bfs_distances
+
+    src, dst = d._edge_list()
+    sources = np.nonzero(d.accepting)[0]
+    by_levels = bfs_distances(sources, dst, src, d.num_states, limit=limit)
+    by_scipy = bfs_distances(sources, dst, src, d.num_states)
+    assert np.array_equal(by_levels, np.where(by_scipy <= limit, by_scipy, -1))

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
-                            reachable_mask, token_classes)
+                            ragged_indices, reachable_mask, token_classes)
 from ctrlg.dfa.minimize import minimize_table
 from ctrlg.errors import UnsatisfiableConstraintError
 
@@ -238,21 +238,42 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
 
 
 # ---------------------------------------------------------------------- token budgets
+# budgets up to this many levels are searched level by level in numpy (no scipy import)
+_LEVEL_BFS_LIMIT = 256
+
+
 def bfs_distances(sources, src: np.ndarray, dst: np.ndarray, num_nodes: int,
                   limit: int | None = None) -> np.ndarray:
     """int64 [num_nodes]: the number of edges on a shortest path from any of ``sources`` along
-    edges ``src → dst`` (−1 when unreachable, or farther than ``limit``). Breadth-first search in
-    C (scipy.sparse.csgraph, unweighted): O(S + E), whatever the depth."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import dijkstra
-
-    sources = np.asarray(sources, dtype=np.int64)
+    edges ``src → dst`` (−1 when unreachable, or farther than ``limit``). Breadth-first search:
+    for a small ``limit`` one numpy step per level over a CSR adjacency, O(E log E + reached
+    edges); otherwise in C (scipy.sparse.csgraph, unweighted), O(S + E) whatever the depth."""
+    sources = np.unique(np.asarray(sources, dtype=np.int64))
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
     out = np.full(num_nodes, -1, dtype=np.int64)
     if not len(sources):
         return out
+    if limit is not None and limit <= _LEVEL_BFS_LIMIT:
+        order = np.argsort(src, kind="stable")
+        ptr = np.searchsorted(src[order], np.arange(num_nodes + 1))
+        targets = dst[order]
+        out[sources] = 0
+        frontier = sources
+        for level in range(1, limit + 1):
+            nxt = targets[ragged_indices(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
+            nxt = np.unique(nxt[out[nxt] < 0])
+            if not nxt.size:
+                break
+            out[nxt] = level
+            frontier = nxt
+        return out
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
     hub = num_nodes                        # one virtual node with an edge to every source
-    rows = np.concatenate([np.asarray(src, dtype=np.int64), np.full(len(sources), hub)])
-    cols = np.concatenate([np.asarray(dst, dtype=np.int64), sources])
+    rows = np.concatenate([src, np.full(len(sources), hub)])
+    cols = np.concatenate([dst, sources])
     graph = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(num_nodes + 1,) * 2)
     dist = dijkstra(graph, indices=hub, unweighted=True,
                     limit=np.inf if limit is None else limit + 1.5)[:num_nodes]
