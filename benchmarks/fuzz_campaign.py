@@ -14,6 +14,9 @@ Each case draws, from its own seed:
   (b) transformers beam search (2–4 beams) from such an LM; (c) a hand-written sampling loop fed
   raw random logits (Gaussian, some columns −inf, sometimes padded wider than V).
 
+A concatenation whose subset construction would exceed ``CONCAT_STATES`` states raises
+ConstraintError (``dfa.concat(max_states=...)``); such a constraint is redrawn and counted.
+
 The **oracle** is an independent dynamic programme over the dense transition table: the set of
 DFA states after k non-EOS tokens; a generation of ≤ n tokens is accepted iff the DFA accepts its
 tokens up to and including EOS if EOS ends it (README's semantics). A case is a **violation** if
@@ -46,11 +49,13 @@ import numpy as np
 import torch
 
 from ctrlg import HMM, dfa
-from ctrlg.errors import UnsatisfiableConstraintError
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
 # A toy byte vocabulary for regex constraints; the last token (no bytes) is EOS.
 TOY_TOKENS = [b"a", b"b", b"c", b"ab", b"ba", b"bc", b"ca", b" ", b""]
 TOY_EOS = len(TOY_TOKENS) - 1
+# a concatenation whose subset construction would exceed this raises ConstraintError: redrawn
+CONCAT_STATES = 5_000
 REGEX_ATOMS = ["a", "b", "c", "[ab]", "[bc]", "(ab|c)", "a?", "b*", " ", "[abc]"]
 
 
@@ -123,7 +128,8 @@ def random_constraint(rng, V, eos, toy: bool, depth: int = 0):
         return f"¬({name})", op, dfa.complement(inner, allow_empty=True)
     parts = [random_constraint(rng, V, eos, toy, depth + 1)
              for _ in range(int(rng.integers(2, 4)))]
-    fn = {"intersect": dfa.intersect, "union": dfa.union, "concat": dfa.concat}[op]
+    fn = {"intersect": dfa.intersect, "union": dfa.union,
+          "concat": lambda *d, **kw: dfa.concat(*d, max_states=CONCAT_STATES, **kw)}[op]
     symbol = {"intersect": " ∧ ", "union": " ∨ ", "concat": " · "}[op]
     return ("(" + symbol.join(p[0] for p in parts) + ")", op,
             fn(*(p[2] for p in parts), allow_empty=True))
@@ -242,10 +248,18 @@ def run_case(seed: int) -> dict:
                 decoder=str(rng.choice(["sample", "beam", "random_logits"])))
     case["op"] = "?"
     try:
-        for attempt in range(2):       # redraw an unsatisfiable constraint once: ~1 case in 6
-            name, case["op"], constraint = random_constraint(rng, V, eos, toy)
+        attempt = 0
+        while True:   # redraw an unsatisfiable constraint once (~1 case in 6 stays unsatisfiable)
+            try:
+                name, case["op"], constraint = random_constraint(rng, V, eos, toy)
+            except ConstraintError as err:
+                if "max_states" not in str(err):
+                    raise
+                case["redrawn_too_large"] = case.get("redrawn_too_large", 0) + 1
+                continue
             expect = satisfiable(constraint, n, case["m"], eos)
-            if expect or rng.random() < 0.5:
+            attempt += 1
+            if expect or attempt == 2 or rng.random() < 0.5:
                 break
         case["constraint"] = name
         case["states"] = constraint.num_states
@@ -278,20 +292,22 @@ def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
     """Run ``cases`` cases with seeds ``seed, seed + 1, ...``; returns the summary dict."""
     start = time.perf_counter()
     violations, by_decoder, by_op, unsat = [], Counter(), Counter(), 0
-    outputs = 0
+    outputs = too_large = 0
     for i in range(cases):
         result = run_case(seed + i)
         by_decoder[result["decoder"]] += 1
         by_op[result["op"]] += 1
         unsat += result.get("satisfiable") is False
         outputs += result.get("outputs", 0) or 0
+        too_large += result.get("redrawn_too_large", 0)
         if result["violation"]:
             violations.append(result)
         if progress and (i + 1) % 500 == 0:
             print(f"  {i + 1}/{cases} cases, {len(violations)} violations, "
                   f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return dict(cases=cases, seed=seed, violations=len(violations), outputs_checked=outputs,
-                unsatisfiable_cases=unsat, by_decoder=dict(by_decoder), by_top_operation=dict(by_op),
+                unsatisfiable_cases=unsat, constraints_redrawn_too_large=too_large,
+                by_decoder=dict(by_decoder), by_top_operation=dict(by_op),
                 seconds=round(time.perf_counter() - start, 1), first_violations=violations[:20])
 
 

@@ -396,3 +396,14 @@ def test_level_bfs_and_scipy_bfs_agree(d, limit):
     by_levels = bfs_distances(sources, dst, src, d.num_states, limit=limit)
     by_scipy = bfs_distances(sources, dst, src, d.num_states)
     assert np.array_equal(by_levels, np.where(by_scipy <= limit, by_scipy, -1))
+
+
+def test_concat_subset_construction_is_bounded_with_a_clear_error():
+    """Found by the fuzz campaign: a concatenation whose subset construction ran for minutes."""
+    V = 3
+    first = dfa.complement(dfa.phrase([0], V))          # accepting states lead on: subsets needed
+    second = dfa.phrase([1, 2], V)
+    with pytest.raises(ConstraintError, match="max_states=2"):
+        dfa.concat(first, second, max_states=2)
+    both = dfa.concat(first, second)
+    assert both.accepts([1, 2]) and both.accepts([0, 1, 2]) and not both.accepts([0, 2, 1])

@@ -35,7 +35,8 @@ import numpy as np
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
                             ragged_indices, reachable_mask, token_classes)
 from ctrlg.dfa.minimize import minimize_table
-from ctrlg.errors import UnsatisfiableConstraintError
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+from ctrlg.validation import check_count
 
 __all__ = ["intersect", "union", "complement", "concat", "product", "bfs_distances",
            "min_tokens_to_accept", "restrict_to_budget"]
@@ -164,13 +165,20 @@ def complement(dfa: TokenDFA, allow_empty: bool = False, minimal: bool = True) -
                   "complement", minimal)
 
 
-def concat(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
+# Default bound on the states of one subset construction (worst case exponential in |Q₂|).
+MAX_CONCAT_STATES = 100_000
+
+
+def concat(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True,
+           max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     """A DFA for the concatenation L₁·L₂·…: sequences that split into consecutive pieces, the
-    i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring)."""
+    i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring). The subset
+    construction raises ConstraintError instead of building more than ``max_states`` states."""
     check_same_vocab(dfas)
+    max_states = check_count("max_states", max_states, minimum=1)
     result = dfas[0].trim()
     for d in dfas[1:]:
-        result = _concat2(result, d.trim(), minimal)
+        result = _concat2(result, d.trim(), minimal, max_states)
     if not allow_empty:
         result.require_nonempty("concatenation")
     return result
@@ -185,7 +193,8 @@ def accepting_states_lead_only_to_dead(dfa: TokenDFA) -> bool:
     return not live[dfa.letter_next[dfa.accepting[dfa.letter_exception_states()]]].any()
 
 
-def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool) -> TokenDFA:
+def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool,
+             max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     classes = token_classes(d1, d2)
     t1 = d1.class_table(classes).astype(np.int64)
     t2 = d2.class_table(classes).astype(np.int64)
@@ -198,11 +207,12 @@ def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool) -> TokenDFA:
         table[acc1] = t2[d2.initial] + S1
         accepting[acc1] = d2.accepting[d2.initial]
         return finish(table, accepting, d1.initial, classes, True, "concatenation", minimal)
-    return _concat_subsets(d1, d2, t1, t2, classes, minimal)
+    return _concat_subsets(d1, d2, t1, t2, classes, minimal, max_states)
 
 
 def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
-                    classes: TokenClasses, minimal: bool) -> TokenDFA:
+                    classes: TokenClasses, minimal: bool,
+                    max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     """Subset construction: state (q1, set of D2 states running on suffixes after a split)."""
     C = classes.num_classes
     acc1, i2 = d1.accepting, d2.initial
@@ -227,6 +237,12 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
         for c in range(C):
             key = close(int(t1[q1, c]), frozenset(nxt_sets[:, c].tolist()))
             if key not in ids:
+                if len(states) >= max_states:
+                    raise ConstraintError(
+                        f"the concatenation of a {d1.num_states}-state and a {d2.num_states}-state "
+                        f"DFA needs more than max_states={max_states} states (the subset "
+                        "construction is exponential in the worst case); simplify the operands "
+                        "(e.g. make the first one end unambiguously) or raise max_states")
                 ids[key] = len(states)
                 states.append(key)
             row[c] = ids[key]
