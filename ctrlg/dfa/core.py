@@ -29,6 +29,7 @@ given the transition function and the default), so equal automata compare equal 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Mapping, Sequence
@@ -254,6 +255,8 @@ class TokenDFA:
         return len(self.letter_exc)
 
     def is_accepting(self, state: int) -> bool:
+        if not 0 <= state < self.num_states:
+            raise ConstraintError(f"state {state} out of range [0, {self.num_states})")
         return bool(self.accepting[state])
 
     def exception_states(self) -> np.ndarray:
@@ -325,9 +328,18 @@ class TokenDFA:
 
     def run(self, tokens: Iterable[int], state: int | None = None) -> int:
         """The state reached from ``state`` (default: initial) after reading ``tokens``."""
+        if isinstance(tokens, (str, bytes)):
+            raise ConstraintError(f"tokens must be a sequence of token ids, got the string "
+                                  f"{tokens!r} (encode it with the tokenizer first)")
         s = self.initial if state is None else state
         for token in tokens:
-            s = self.step(s, int(token))
+            try:
+                if isinstance(token, (bool, float, np.bool_)):
+                    raise TypeError
+                token = operator.index(token)          # ints, numpy and torch integer scalars
+            except TypeError:
+                raise ConstraintError(f"{token!r} is not a token id (an int)") from None
+            s = self.step(s, token)
         return s
 
     def accepts(self, tokens: Sequence[int]) -> bool:

@@ -11,6 +11,16 @@ their successors are in the same block. Each round gives the rows
 byte strings); the partition is stable after at most S rounds. The stable
 partition is the Myhill–Nerode equivalence on reachable states, so the quotient automaton is the
 unique minimal complete DFA for the language (all dead states collapse into one).
+
+Moore needs as many rounds as the longest shortest distinguishing string: a counter automaton
+(``length(0, 4000)``, ``word_count(0, 4000)``) needs thousands of O(S·C) rounds — quadratic. So
+after :data:`MOORE_ROUNDS` vectorised rounds an unfinished refinement continues with **Hopcroft's
+algorithm** (1971) from Moore's current partition: a worklist of splitters (block, class); each
+one splits every block by "successor under the class lies in the splitter", and only the smaller
+half of a split block is queued again, so each state enters O(log S) splitters per class:
+O(C·S·log S) in all. Starting from any partition that refines {accepting, rejecting} and is
+refined by Myhill–Nerode (every Moore round is one), with every (block, class) pair queued, it
+ends at the coarsest stable refinement: the same Myhill–Nerode partition.
 """
 
 from __future__ import annotations
@@ -19,7 +29,10 @@ import numpy as np
 
 from ctrlg.dfa.core import TokenDFA, bfs_order, token_classes
 
-__all__ = ["minimize", "minimize_table", "moore_partition"]
+__all__ = ["minimize", "minimize_table", "moore_partition", "hopcroft_refine"]
+
+# Vectorised Moore rounds before switching to Hopcroft (shallow automata finish within them).
+MOORE_ROUNDS = 24
 
 
 def _row_ids(rows: np.ndarray) -> np.ndarray:
@@ -29,17 +42,77 @@ def _row_ids(rows: np.ndarray) -> np.ndarray:
     return np.unique(keys, return_inverse=True)[1].ravel()
 
 
-def moore_partition(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+def moore_partition(table: np.ndarray, accepting: np.ndarray,
+                    max_rounds: int | None = MOORE_ROUNDS) -> np.ndarray:
     """Block id of every state in the coarsest partition that separates accepting from
-    non-accepting states and is compatible with the successor table ``[S, C]``."""
+    non-accepting states and is compatible with the successor table ``[S, C]`` (Moore rounds,
+    then :func:`hopcroft_refine` if ``max_rounds`` did not suffice; ``None``: Moore only)."""
     block = np.unique(np.asarray(accepting, dtype=np.int64), return_inverse=True)[1].ravel()
     count = int(block.max()) + 1
+    rounds = 0
     while True:
+        if max_rounds is not None and rounds >= max_rounds:
+            return hopcroft_refine(table, block)
         new_block = _row_ids(np.concatenate([block[:, None], block[table]], axis=1))
         new_count = int(new_block.max()) + 1
+        rounds += 1
         if new_count == count:
             return block
         block, count = new_block, new_count
+
+
+def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """The coarsest refinement of the partition ``block`` [S] that is stable under the successor
+    table ``[S, C]`` (Hopcroft's algorithm, module docstring). Blocks are contiguous segments of
+    one state array; marking a state swaps it to the front of its segment, so a split costs the
+    size of its marked part. Returns dense block ids."""
+    table = np.asarray(table, dtype=np.int64)
+    S, C = table.shape
+    block = np.unique(np.asarray(block, dtype=np.int64), return_inverse=True)[1].ravel()
+    keys = (np.arange(C, dtype=np.int64)[None, :] * S + table).ravel()    # (class, target)
+    order = np.argsort(keys, kind="stable")
+    pred_ptr = np.searchsorted(keys[order], np.arange(C * S + 1)).tolist()
+    preds = (order // C).tolist()                        # predecessors grouped by (class, target)
+    elems = np.argsort(block, kind="stable")
+    loc = np.empty(S, dtype=np.int64)
+    loc[elems] = np.arange(S)
+    sizes = np.bincount(block)
+    ends = np.cumsum(sizes).tolist()
+    starts = [0] + ends[:-1]
+    elems, loc, block_of = elems.tolist(), loc.tolist(), block.tolist()
+    waiting = [(b, c) for b in range(len(starts)) for c in range(C)]
+    queued = set(waiting)
+    while waiting:
+        splitter, c = waiting.pop()
+        queued.discard((splitter, c))
+        base = c * S
+        marked: dict[int, int] = {}
+        for target in elems[starts[splitter]:ends[splitter]]:
+            for k in range(pred_ptr[base + target], pred_ptr[base + target + 1]):
+                s = preds[k]
+                b = block_of[s]
+                m = marked.get(b, 0)
+                j = starts[b] + m                        # swap s to the front of its block
+                other, pos = elems[j], loc[s]
+                elems[pos], elems[j] = other, s
+                loc[other], loc[s] = pos, j
+                marked[b] = m + 1
+        for b, m in marked.items():
+            if m == ends[b] - starts[b]:
+                continue                                 # every state of b is marked: no split
+            new = len(starts)
+            starts.append(starts[b])
+            ends.append(starts[b] + m)
+            starts[b] += m
+            for i in range(starts[new], ends[new]):
+                block_of[elems[i]] = new
+            smaller = new if m <= ends[b] - starts[b] else b
+            for a in range(C):
+                pick = new if (b, a) in queued else smaller
+                if (pick, a) not in queued:
+                    queued.add((pick, a))
+                    waiting.append((pick, a))
+    return np.asarray(block_of, dtype=np.int64)
 
 
 def minimize_table(table: np.ndarray, accepting: np.ndarray, initial: int):

@@ -33,11 +33,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
-                            reachable_mask, token_classes)
+                            ragged_indices, reachable_mask, token_classes)
 from ctrlg.dfa.minimize import minimize_table
-from ctrlg.errors import UnsatisfiableConstraintError
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+from ctrlg.validation import check_count
 
-__all__ = ["intersect", "union", "complement", "concat", "product"]
+__all__ = ["intersect", "union", "complement", "concat", "product", "bfs_distances",
+           "min_tokens_to_accept", "restrict_to_budget"]
 
 
 # ---------------------------------------------------------------------- class-level helpers
@@ -88,19 +90,38 @@ def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: Toke
     return TokenDFA.from_class_table(table, acc, classes, 0)
 
 
+# pair-key ranges up to this size get a "seen" bitmap (one byte per pair); larger ones a sorted
+# set of reached keys (O(reached) per level)
+_BITMAP_PAIRS = 1 << 25
+
+
 def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2: np.ndarray,
                     i2: int, rule: Callable[[np.ndarray, np.ndarray], np.ndarray]):
-    """Class-level product over reachable pairs only (frontier BFS on pair keys s1·S2 + s2)."""
+    """Class-level product over reachable pairs only (frontier BFS on pair keys s1·S2 + s2).
+    With a bitmap of seen pairs each BFS level costs O(frontier · C), so the whole search is
+    O(reached pairs · C) however deep the product is (a 4,000-token length counter is 4,000
+    levels)."""
     S2 = np.int64(t2.shape[0])
     t1 = t1.astype(np.int64)
     t2 = t2.astype(np.int64)
     start = np.array([i1 * S2 + i2], dtype=np.int64)
-    reached = start
     frontier = start
-    while frontier.size:
-        succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
-        frontier = np.setdiff1d(succ, reached, assume_unique=True)
-        reached = np.union1d(reached, frontier)
+    if t1.shape[0] * int(S2) <= _BITMAP_PAIRS:
+        seen = np.zeros(t1.shape[0] * int(S2), dtype=bool)
+        seen[start] = True
+        levels = [start]
+        while frontier.size:
+            succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
+            frontier = succ[~seen[succ]]
+            seen[frontier] = True
+            levels.append(frontier)
+        reached = np.sort(np.concatenate(levels))
+    else:
+        reached = start
+        while frontier.size:
+            succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
+            frontier = np.setdiff1d(succ, reached, assume_unique=True)
+            reached = np.union1d(reached, frontier)
     table = np.searchsorted(reached, t1[reached // S2] * S2 + t2[reached % S2])
     accepting = rule(a1[reached // S2], a2[reached % S2])
     initial = int(np.searchsorted(reached, start[0]))
@@ -144,13 +165,20 @@ def complement(dfa: TokenDFA, allow_empty: bool = False, minimal: bool = True) -
                   "complement", minimal)
 
 
-def concat(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
+# Default bound on the states of one subset construction (worst case exponential in |Q₂|).
+MAX_CONCAT_STATES = 100_000
+
+
+def concat(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True,
+           max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     """A DFA for the concatenation L₁·L₂·…: sequences that split into consecutive pieces, the
-    i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring)."""
+    i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring). The subset
+    construction raises ConstraintError instead of building more than ``max_states`` states."""
     check_same_vocab(dfas)
+    max_states = check_count("max_states", max_states, minimum=1)
     result = dfas[0].trim()
     for d in dfas[1:]:
-        result = _concat2(result, d.trim(), minimal)
+        result = _concat2(result, d.trim(), minimal, max_states)
     if not allow_empty:
         result.require_nonempty("concatenation")
     return result
@@ -165,7 +193,8 @@ def accepting_states_lead_only_to_dead(dfa: TokenDFA) -> bool:
     return not live[dfa.letter_next[dfa.accepting[dfa.letter_exception_states()]]].any()
 
 
-def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool) -> TokenDFA:
+def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool,
+             max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     classes = token_classes(d1, d2)
     t1 = d1.class_table(classes).astype(np.int64)
     t2 = d2.class_table(classes).astype(np.int64)
@@ -178,11 +207,12 @@ def _concat2(d1: TokenDFA, d2: TokenDFA, minimal: bool) -> TokenDFA:
         table[acc1] = t2[d2.initial] + S1
         accepting[acc1] = d2.accepting[d2.initial]
         return finish(table, accepting, d1.initial, classes, True, "concatenation", minimal)
-    return _concat_subsets(d1, d2, t1, t2, classes, minimal)
+    return _concat_subsets(d1, d2, t1, t2, classes, minimal, max_states)
 
 
 def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
-                    classes: TokenClasses, minimal: bool) -> TokenDFA:
+                    classes: TokenClasses, minimal: bool,
+                    max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     """Subset construction: state (q1, set of D2 states running on suffixes after a split)."""
     C = classes.num_classes
     acc1, i2 = d1.accepting, d2.initial
@@ -207,6 +237,12 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
         for c in range(C):
             key = close(int(t1[q1, c]), frozenset(nxt_sets[:, c].tolist()))
             if key not in ids:
+                if len(states) >= max_states:
+                    raise ConstraintError(
+                        f"the concatenation of a {d1.num_states}-state and a {d2.num_states}-state "
+                        f"DFA needs more than max_states={max_states} states (the subset "
+                        "construction is exponential in the worst case); simplify the operands "
+                        "(e.g. make the first one end unambiguously) or raise max_states")
                 ids[key] = len(states)
                 states.append(key)
             row[c] = ids[key]
@@ -215,3 +251,88 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
     accepting = np.array([bool(d2.accepting[list(sub)].any()) if sub else False
                           for _, sub in states])
     return finish(table, accepting, 0, classes, True, "concatenation", minimal)
+
+
+# ---------------------------------------------------------------------- token budgets
+# budgets up to this many levels are searched level by level in numpy (no scipy import)
+_LEVEL_BFS_LIMIT = 256
+
+
+def bfs_distances(sources, src: np.ndarray, dst: np.ndarray, num_nodes: int,
+                  limit: int | None = None) -> np.ndarray:
+    """int64 [num_nodes]: the number of edges on a shortest path from any of ``sources`` along
+    edges ``src → dst`` (−1 when unreachable, or farther than ``limit``). Breadth-first search:
+    for a small ``limit`` one numpy step per level over a CSR adjacency, O(E log E + reached
+    edges); otherwise in C (scipy.sparse.csgraph, unweighted), O(S + E) whatever the depth."""
+    sources = np.unique(np.asarray(sources, dtype=np.int64))
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    out = np.full(num_nodes, -1, dtype=np.int64)
+    if not len(sources):
+        return out
+    if limit is not None and limit <= _LEVEL_BFS_LIMIT:
+        order = np.argsort(src, kind="stable")
+        ptr = np.searchsorted(src[order], np.arange(num_nodes + 1))
+        targets = dst[order]
+        out[sources] = 0
+        frontier = sources
+        for level in range(1, limit + 1):
+            nxt = targets[ragged_indices(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
+            nxt = np.unique(nxt[out[nxt] < 0])
+            if not nxt.size:
+                break
+            out[nxt] = level
+            frontier = nxt
+        return out
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    hub = num_nodes                        # one virtual node with an edge to every source
+    rows = np.concatenate([src, np.full(len(sources), hub)])
+    cols = np.concatenate([dst, sources])
+    graph = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(num_nodes + 1,) * 2)
+    dist = dijkstra(graph, indices=hub, unweighted=True,
+                    limit=np.inf if limit is None else limit + 1.5)[:num_nodes]
+    finite = np.isfinite(dist)
+    out[finite] = dist[finite].astype(np.int64) - 1
+    return out
+
+
+def min_tokens_to_accept(dfa: TokenDFA) -> int | None:
+    """The length of the shortest accepted token sequence (None when the language is empty)."""
+    src, dst = dfa._edge_list()
+    dist = bfs_distances([dfa.initial], src, dst, dfa.num_states)
+    lengths = dist[dfa.accepting & (dist >= 0)]
+    return int(lengths.min()) if lengths.size else None
+
+
+def restrict_to_budget(dfa: TokenDFA, max_tokens: int) -> TokenDFA:
+    """A DFA that agrees with ``dfa`` on every sequence of at most ``max_tokens`` tokens, keeping
+    only the states such a sequence can pass through on its way to acceptance: state s is kept
+    iff dist(initial → s) + dist(s → accepting) ≤ ``max_tokens`` (two breadth-first searches);
+    every other transition goes to one dead state. Guide tables over the result cost
+    O(kept states) instead of O(all states) (e.g. ``length(0, 10**5)`` with a budget of 8 keeps
+    9 states). Raises UnsatisfiableConstraintError when no sequence within the budget is accepted.
+    """
+    src, dst = dfa._edge_list()
+    S = dfa.num_states
+    ahead = bfs_distances([dfa.initial], src, dst, S, limit=max_tokens)
+    behind = bfs_distances(np.nonzero(dfa.accepting)[0], dst, src, S, limit=max_tokens)
+    keep = (ahead >= 0) & (behind >= 0) & (ahead + behind <= max_tokens)
+    if not keep[dfa.initial]:
+        raise UnsatisfiableConstraintError(
+            f"the constraint accepts no token sequence of at most {max_tokens} tokens "
+            f"(its shortest accepted sequence is longer); raise the token budget")
+    if keep.all():
+        return dfa
+    classes = (TokenClasses.from_labels(dfa.letter_of_token) if dfa.has_letters
+               else token_classes(dfa))
+    table = dfa.class_table(classes)
+    kept = np.nonzero(keep)[0]
+    n = len(kept)
+    new_id = np.full(S, n, dtype=np.int64)          # n: the dead state
+    new_id[kept] = np.arange(n)
+    out = np.vstack([new_id[table[kept]], np.full((1, classes.num_classes), n)])
+    accepting = np.append(dfa.accepting[kept], False)
+    return finish(out, accepting, int(new_id[dfa.initial]), classes, False,
+                  "budget-restricted constraint", minimal=False)

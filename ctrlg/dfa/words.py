@@ -96,15 +96,29 @@ def _vocabulary(tokenizer, vocab_size: int | None) -> tuple[bytes, ...]:
 def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
                vocab_size: int | None = None) -> TokenDFA:
     """Accepts the token sequences whose decoded text has ``min_words ≤ words ≤ max_words``
-    words (no upper bound when ``max_words`` is None). ``vocab_size`` (default: the tokenizer's)
+    words (no upper bound when ``max_words`` is None; both bounds ≤ :data:`MAX_WORD_BOUND`).
+    ``vocab_size`` (default: the tokenizer's)
     may exceed the tokenizer's size when the LM pads its vocabulary; padded ids add no text."""
     _check_word_range(min_words, max_words)
     tokens = _vocabulary(tokenizer, vocab_size)
     return _word_count_from_bytes(tokens, min_words, max_words)
 
 
+# Largest word bound accepted: the automaton has ~2 states per word and builds in O(S·log S)
+# (about 3 s at this bound on one core); no guided generation comes near it (a 1,024-token
+# budget holds at most a few thousand words).
+MAX_WORD_BOUND = 16_384
+
+
 def _check_word_range(min_words, max_words) -> None:
     check_count_range("word", "min_words", min_words, "max_words", max_words)
+    for name, value in (("min_words", min_words), ("max_words", max_words)):
+        if value is not None and value > MAX_WORD_BOUND:
+            raise ConstraintError(
+                f"{name}={value} is above the supported word bound {MAX_WORD_BOUND}: the automaton "
+                f"needs states for every count up to it, and no generation within a token budget "
+                f"has that many words; use max_words=None for no upper bound, or bound the tokens "
+                f"with dfa.length")
 
 
 def _word_count_from_bytes(tokens: Sequence[bytes], min_words: int,
@@ -258,8 +272,8 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     (``commongen_constraint(tokenizer, concepts, ...)``, the older order, also works).
     """
     concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer)
-    groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     _check_word_range(min_words, max_words)
+    groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     tokens = _vocabulary(tokenizer, vocab_size)
     V = len(tokens)
     parts = [_keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word),

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ctrlg.errors import CheckpointError, HMMParameterError, VocabularyMismatchError
-from ctrlg.hmm.prior_head import (HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, PriorHead, _atomic_write,
-                                  has_prior_head)
+from ctrlg.checkpoint import atomic_folder, check_same_save, new_save_id
+from ctrlg.errors import (CheckpointError, ConstraintError, HMMParameterError,
+                          VocabularyMismatchError)
+from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, PriorHead, has_prior_head
+from ctrlg.validation import as_token_ids, check_count
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["HMM", "tokenizer_fingerprint"]
@@ -37,6 +39,8 @@ __all__ = ["HMM", "tokenizer_fingerprint"]
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 FORMAT_VERSION = 1
+# every file an HMM checkpoint folder may hold (a re-save drops the ones it does not rewrite)
+CHECKPOINT_FILES = (WEIGHTS_NAME, CONFIG_NAME, HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME)
 
 
 def _file_sha256(path: Path) -> str:
@@ -72,6 +76,13 @@ def _check_distribution(name: str, tensor: torch.Tensor, atol: float = 1e-3) -> 
         raise HMMParameterError(
             f"HMM parameter '{name}': rows must sum to 1, but one sums to "
             f"{sums.flatten()[(sums - 1).abs().flatten().argmax()].item():.6f}")
+
+
+def _check_same_save(path: Path, config: dict, weights_file: Path) -> None:
+    """CheckpointError when config.json and the weights come from different saves."""
+    with safe_open(str(weights_file), framework="pt") as handle:
+        weights_id = (handle.metadata() or {}).get("save_id")
+    check_same_save(path, {CONFIG_NAME: config.get("save_id"), WEIGHTS_NAME: weights_id})
 
 
 class HMM(torch.nn.Module):
@@ -143,13 +154,17 @@ class HMM(torch.nn.Module):
         suffix) contribute nothing, so rows of different lengths can share a batch.
         Returns float32 [B] (accumulated in float64).
         """
-        ids = torch.as_tensor(ids, device=self.emission.device)
+        ids = as_token_ids(ids, "log_prob ids", vocab_size=self.vocab_size,
+                           device=self.emission.device)
         if ids.ndim == 1:
             ids = ids[None]
-        if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise VocabularyMismatchError(
-                f"token ids must lie in [0, {self.vocab_size}) for this HMM; got range "
-                f"[{int(ids.min())}, {int(ids.max())}]")
+        if ids.ndim != 2:
+            raise ConstraintError(f"log_prob ids must be [B, n] or [n], got shape {tuple(ids.shape)}")
+        if mask is not None:
+            mask = torch.as_tensor(mask, device=ids.device)
+            if mask.dtype != torch.bool or mask.shape != ids.shape:
+                raise ConstraintError(f"mask must be a bool tensor of shape {tuple(ids.shape)}, got "
+                                      f"dtype {mask.dtype} and shape {tuple(mask.shape)}")
         B, n = ids.shape
         total = torch.zeros(B, dtype=torch.float64, device=ids.device)
         if n == 0:
@@ -173,6 +188,10 @@ class HMM(torch.nn.Module):
     def sample(self, num_samples: int, length: int, *, seed: int | None = None,
                generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw ``num_samples`` token sequences of ``length`` tokens: int64 [num_samples, length]."""
+        num_samples = check_count("num_samples", num_samples)
+        length = check_count("length", length)
+        if num_samples == 0:
+            return torch.empty(0, length, dtype=torch.long, device=self.emission.device)
         if generator is None:
             generator = torch.Generator(device=self.emission.device)
             if seed is not None:
@@ -204,26 +223,27 @@ class HMM(torch.nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
-        """Write ``path/model.safetensors`` and ``path/config.json`` (each by an atomic rename), and
-        the attached ``prior_head`` if any (a stale head in ``path`` is removed otherwise).
-        ``dtype=torch.bfloat16`` halves the file (parameters are renormalised in float32 on load)."""
+        """Write ``path/model.safetensors``, ``path/config.json`` and the attached ``prior_head``
+        (if any) atomically: all are written into a staging folder that then replaces ``path``
+        (:func:`ctrlg.checkpoint.atomic_folder`; a stale head in ``path`` disappears with it), and
+        the HMM's two files carry the same save id, which :meth:`load` checks; the head records
+        the hash of the weights it was saved with. ``dtype=torch.bfloat16`` halves the file
+        (parameters are renormalised in float32 on load)."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        save_id = new_save_id()
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
                    for name in ("initial", "transition", "emission")}
-        _atomic_write(path / WEIGHTS_NAME,
-                      lambda tmp: save_file(tensors, tmp, metadata={"format": "ctrlg-hmm"}))
         config = dict(self.config)
         config.update(format_version=FORMAT_VERSION, hidden_size=self.hidden_size,
-                      vocab_size=self.vocab_size, dtype=str(dtype).replace("torch.", ""))
-        _atomic_write(path / CONFIG_NAME,
-                      lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2, sort_keys=True)))
-        if self.prior_head is not None:
-            self.prior_head.config["hmm_sha256"] = _file_sha256(path / WEIGHTS_NAME)
-            self.prior_head.save(path)
-        else:
-            for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME):
-                (path / name).unlink(missing_ok=True)
+                      vocab_size=self.vocab_size, dtype=str(dtype).replace("torch.", ""),
+                      save_id=save_id)
+        with atomic_folder(path, owned=CHECKPOINT_FILES) as staging:
+            save_file(tensors, str(staging / WEIGHTS_NAME),
+                      metadata={"format": "ctrlg-hmm", "save_id": save_id})
+            (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+            if self.prior_head is not None:
+                self.prior_head.config["hmm_sha256"] = _file_sha256(staging / WEIGHTS_NAME)
+                self.prior_head.save(staging)
         return path
 
     @classmethod
@@ -237,10 +257,14 @@ class HMM(torch.nn.Module):
             config = json.loads(config_file.read_text())
         except json.JSONDecodeError as err:
             raise CheckpointError(f"{config_file} is not valid JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_file} must hold a JSON object (hidden_size, vocab_size, "
+                                  f"...), got a {type(config).__name__}; save the HMM again")
         try:
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, RuntimeError) as err:
             raise CheckpointError(f"{weights_file} is truncated or corrupt ({err})") from None
+        _check_same_save(path, config, weights_file)
         missing = {"initial", "transition", "emission"} - tensors.keys()
         if missing:
             raise CheckpointError(f"{weights_file} lacks tensors {sorted(missing)}")

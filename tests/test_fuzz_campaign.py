@@ -1,0 +1,34 @@
+"""A small run of the fuzz campaign (benchmarks/fuzz_campaign.py; the full campaign is 10,000
+cases): every guided output is accepted by its constraint, and the campaign does catch a broken
+processor."""
+
+import pytest
+
+from benchmarks.fuzz_campaign import accepted, run_campaign, satisfiable
+from ctrlg import dfa
+
+
+def test_small_campaign_has_no_violations():
+    summary = run_campaign(cases=60, seed=2024)
+    assert summary["cases"] == 60
+    assert summary["violations"] == 0, summary["first_violations"][:3]
+    assert summary["outputs_checked"] > 60
+    assert set(summary["by_decoder"]) == {"sample", "beam", "random_logits"}
+
+
+def test_campaign_catches_a_processor_that_does_not_guide(monkeypatch):
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    monkeypatch.setattr(ConstraintLogitsProcessor, "__call__", lambda self, ids, scores: scores)
+    summary = run_campaign(cases=30, seed=5)
+    assert summary["violations"] > 0
+
+
+def test_oracle_semantics_on_a_hand_checked_constraint():
+    V, eos = 3, 2
+    d = dfa.intersect(dfa.phrase([1], V), dfa.eos(eos, V, required=True))
+    assert accepted(d, [1, 2, 0, 0], eos) and not accepted(d, [0, 0, 0], eos)
+    assert satisfiable(d, 2, 0, eos) and not satisfiable(d, 1, 0, eos)
+    assert not satisfiable(d, 2, 2, eos)          # EOS forbidden before 2 tokens, budget 2
+    assert satisfiable(dfa.length(3, 3, vocab_size=V), 3, 0, None)
+    assert not satisfiable(dfa.length(4, 4, vocab_size=V), 3, 0, None)
