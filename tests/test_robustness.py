@@ -326,7 +326,7 @@ def test_generate_rejects_an_hmm_narrower_than_the_tokenizer(padded_lm, smollm2_
 def test_generate_accepts_output_layer_padding(padded_lm, smollm2_tokenizer):
     V = len(smollm2_tokenizer)
     out = ctrlg.generate(padded_lm, smollm2_tokenizer, "Hi", dfa.phrase([3], V), mode="logical",
-                         max_new_tokens=3, num_samples=2, rerank=False)
+                         max_new_tokens=3, num_samples=2, rank_by_lm=False)
     assert out and all(3 in g.token_ids and max(g.token_ids) < V for g in out)
 
 

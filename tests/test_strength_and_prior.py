@@ -159,7 +159,7 @@ def test_generate_with_a_prior_head_accepts_and_checks_sizes():
     for beams in (1, 3):
         outs = ctrlg.generate(model, None, [0, 3, 5], dfa, hmm=hmm, max_new_tokens=6,
                               num_samples=3, num_beams=beams, eos_token_id=EOS_TINY,
-                              prior_head=head, rerank=False)
+                              prior_head=head, rank_by_lm=False)
         assert outs and all(dfa.accepts(g.token_ids) for g in outs)
     # the hook is gone after generate
     assert not model.get_output_embeddings()._forward_pre_hooks
