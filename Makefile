@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-heavy commongen
+.PHONY: setup test test-heavy commongen app
 
 setup:
 	bash scripts/setup.sh
@@ -15,3 +15,6 @@ test-heavy: setup
 
 commongen: setup
 	$(PY) -m experiments.commongen
+
+app: setup
+	$(PY) -m ctrlg.app
