@@ -139,14 +139,14 @@ def generation_config(cfg: DictConfig, keys: Sequence[str]) -> dict:
     return {key: full.get(key) for key in keys}
 
 
-def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConfig], dict]
-                    ) -> Path | None:
+def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConfig], dict],
+                    records: str = "generations.jsonl") -> Path | None:
     """The run to continue: ``resume=<dir>``, or with ``resume=true`` the newest earlier run
     folder next to ``out_dir`` whose ``settings(config)`` (the generation-deciding part of its
     saved ``config.yaml``) equals this run's. None when ``resume`` is null/false.
 
     Raises :class:`ExperimentConfigError` when no earlier run matches, when the folder has no
-    ``generations.jsonl``, or when its settings differ (naming the differing keys)."""
+    ``records`` file, or when its settings differ (naming the differing keys)."""
     resume = cfg.get("resume")
     if resume in (None, False):
         return None
@@ -154,7 +154,7 @@ def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConf
     if resume is True:
         parent = out_dir.parent
         for candidate in sorted(parent.iterdir() if parent.is_dir() else [], reverse=True):
-            if candidate == out_dir or not (candidate / "generations.jsonl").exists() \
+            if candidate == out_dir or not (candidate / records).exists() \
                     or not (candidate / "config.yaml").exists():
                 continue
             if settings(OmegaConf.load(candidate / "config.yaml")) == wanted:
@@ -163,8 +163,8 @@ def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConf
                                     f"configuration ({', '.join(wanted)}); give "
                                     f"resume=<run folder> or start afresh")
     folder = Path(str(resume))
-    if not (folder / "generations.jsonl").exists() or not (folder / "config.yaml").exists():
-        raise ExperimentConfigError(f"resume={folder}: no generations.jsonl and config.yaml there")
+    if not (folder / records).exists() or not (folder / "config.yaml").exists():
+        raise ExperimentConfigError(f"resume={folder}: no {records} and config.yaml there")
     saved = settings(OmegaConf.load(folder / "config.yaml"))
     differing = [k for k, v in wanted.items() if saved.get(k) != v]
     if differing:
@@ -173,11 +173,11 @@ def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConf
     return folder
 
 
-def read_records(folder: Path) -> list[dict]:
-    """The complete item records of a (possibly interrupted) run's ``generations.jsonl``; a torn
-    last line is ignored."""
+def read_records(folder: Path, records_file: str = "generations.jsonl") -> list[dict]:
+    """The complete item records of a (possibly interrupted) run's ``records_file``; a torn last
+    line is ignored."""
     records = []
-    for line in (folder / "generations.jsonl").read_text(encoding="utf-8").splitlines():
+    for line in (folder / records_file).read_text(encoding="utf-8").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
