@@ -7,7 +7,7 @@ import json
 import pytest
 
 from experiments.common import ExperimentConfigError
-from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
+from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
 STORIES = ["Tom had a red kite. It flew over the hill.\n\nThen the wind stopped and it fell.",
            "Anna baked bread in the morning. The kitchen smelled warm and sweet all day long."]
@@ -30,26 +30,16 @@ def read_records(folder):
 
 
 def test_interrupted_run_keeps_finished_passages_and_resume_reproduces_it(
-        tiny_lm_dir, tiny_hmm_dir, tmp_path, monkeypatch):
+        tiny_lm_dir, tiny_hmm_dir, tmp_path):
     from experiments import infill
 
     settings = overrides(tiny_lm_dir, tiny_hmm_dir, write_stories(tmp_path, STORIES))
     full = tmp_path / "full"
     infill.run(compose("infill", settings), full)
 
-    real, calls = infill.infill_item, []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # the second passage
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
     runs = tmp_path / "runs"
-    monkeypatch.setattr(infill, "infill_item", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        infill.run(compose("infill", settings), runs / "2026-01-01_00-00-00")
-    monkeypatch.undo()
+    run_interrupted(infill, "infill_item", 2,  # on the second passage
+                    lambda: infill.run(compose("infill", settings), runs / "2026-01-01_00-00-00"))
     assert [r["index"] for r in read_records(runs / "2026-01-01_00-00-00")] == [0]
 
     table = infill.run(compose("infill", settings + ["resume=true"]), runs / "2026-01-02_00-00-00")

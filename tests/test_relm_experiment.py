@@ -7,15 +7,14 @@ import json
 import pytest
 
 from experiments.common import ExperimentConfigError
-from test_experiments import compose, tiny_lm_dir  # noqa: F401 (fixture)
+from test_experiments import compose, run_interrupted, tiny_lm_dir  # noqa: F401 (fixture)
 
 
 def read_rows(folder):
     return [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
 
 
-def test_interrupted_lambada_run_resumes_to_the_same_predictions(tiny_lm_dir, tmp_path,
-                                                                 monkeypatch):
+def test_interrupted_lambada_run_resumes_to_the_same_predictions(tiny_lm_dir, tmp_path):
     from experiments import relm
 
     settings = [f"model.name={tiny_lm_dir}", "task=lambada", "lambada.limit=2",
@@ -24,19 +23,9 @@ def test_interrupted_lambada_run_resumes_to_the_same_predictions(tiny_lm_dir, tm
     full = tmp_path / "full"
     relm.run(compose("relm", settings), full)
 
-    real, calls = relm.predict_lambada, []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # the second passage
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
     runs = tmp_path / "runs"
-    monkeypatch.setattr(relm, "predict_lambada", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        relm.run(compose("relm", settings), runs / "2026-01-01_00-00-00")
-    monkeypatch.undo()
+    run_interrupted(relm, "predict_lambada", 2,  # on the second passage
+                    lambda: relm.run(compose("relm", settings), runs / "2026-01-01_00-00-00"))
     assert [r["index"] for r in read_rows(runs / "2026-01-01_00-00-00")] == [0]
 
     result = relm.run(compose("relm", settings + ["resume=true"]), runs / "2026-01-02_00-00-00")
