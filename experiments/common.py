@@ -12,7 +12,7 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,10 @@ __all__ = [
     "save_resolved_config",
     "write_json",
     "write_jsonl",
+    "generation_config",
+    "find_resume_dir",
+    "read_records",
+    "RecordWriter",
     "format_table",
     "progress",
 ]
@@ -126,6 +130,84 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
         for row in rows:
             handle.write(json.dumps(row, default=_jsonable, ensure_ascii=False) + "\n")
     return path
+
+
+# ---------------------------------------------------------------------- persistence and resume
+def generation_config(cfg: DictConfig, keys: Sequence[str]) -> dict:
+    """The resolved values of the configuration ``keys`` that decide a run's generations."""
+    full = OmegaConf.to_container(cfg, resolve=True)
+    return {key: full.get(key) for key in keys}
+
+
+def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConfig], dict],
+                    records: str = "generations.jsonl") -> Path | None:
+    """The run to continue: ``resume=<dir>``, or with ``resume=true`` the newest earlier run
+    folder next to ``out_dir`` whose ``settings(config)`` (the generation-deciding part of its
+    saved ``config.yaml``) equals this run's. None when ``resume`` is null/false.
+
+    Raises :class:`ExperimentConfigError` when no earlier run matches, when the folder has no
+    ``records`` file, or when its settings differ (naming the differing keys)."""
+    resume = cfg.get("resume")
+    if resume in (None, False):
+        return None
+    wanted = settings(cfg)
+    if resume is True:
+        parent = out_dir.parent
+        for candidate in sorted(parent.iterdir() if parent.is_dir() else [], reverse=True):
+            if candidate == out_dir or not (candidate / records).exists() \
+                    or not (candidate / "config.yaml").exists():
+                continue
+            if settings(OmegaConf.load(candidate / "config.yaml")) == wanted:
+                return candidate
+        raise ExperimentConfigError(f"resume=true: no earlier run in {parent} has this "
+                                    f"configuration ({', '.join(wanted)}); give "
+                                    f"resume=<run folder> or start afresh")
+    folder = Path(str(resume))
+    if not (folder / records).exists() or not (folder / "config.yaml").exists():
+        raise ExperimentConfigError(f"resume={folder}: no {records} and config.yaml there")
+    saved = settings(OmegaConf.load(folder / "config.yaml"))
+    differing = [k for k, v in wanted.items() if saved.get(k) != v]
+    if differing:
+        raise ExperimentConfigError(f"resume={folder}: that run differs in {differing}; resume "
+                                    f"only with the same settings")
+    return folder
+
+
+def read_records(folder: Path, records_file: str = "generations.jsonl") -> list[dict]:
+    """The complete item records of a (possibly interrupted) run's ``records_file``; a torn last
+    line is ignored."""
+    records = []
+    for line in (folder / records_file).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+class RecordWriter:
+    """Appends each finished item to ``path`` (``generations.jsonl``) at once, flushed, so an
+    interrupted or failing run keeps everything finished before it; ``previous`` records (of
+    the run being resumed) are written first."""
+
+    def __init__(self, path: Path, previous: Iterable[dict] = ()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = path.open("w", encoding="utf-8")
+        for record in previous:
+            self.write(record)
+
+    def write(self, record: dict) -> None:
+        self._handle.write(json.dumps(record, default=_jsonable, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> "RecordWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _cell(value) -> str:

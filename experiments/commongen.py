@@ -35,7 +35,6 @@ guided method − ``bootstrap.baseline`` per metric, and writes ``generations.js
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -55,8 +54,9 @@ from ctrlg.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood
 from ctrlg.vocab import eos_token_ids
 
-from experiments.common import (ExperimentConfigError, format_table, hydra_output_dir, load_hmm,
-                                load_lm, progress, start_run, write_json)
+from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
+                                format_table, generation_config, hydra_output_dir, load_hmm,
+                                load_lm, progress, read_records, start_run, write_json)
 
 GUIDES = ("none", "logical", "ctrlg")
 PRIORS = ("filter", "head")
@@ -237,68 +237,10 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
 # ---------------------------------------------------------------------- persistence
 def _generation_config(cfg: DictConfig) -> dict:
     """The settings that decide the generations (only the specs of the methods in use)."""
-    full = OmegaConf.to_container(cfg, resolve=True)
-    out = {key: full.get(key) for key in GENERATION_KEYS}
+    out = generation_config(cfg, GENERATION_KEYS)
     specs = out.get("method_specs") or {}
     out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
     return out
-
-
-def find_resume_dir(cfg: DictConfig, out_dir: Path) -> Path | None:
-    """The run to continue: ``resume=<dir>``, or with ``resume=true`` the newest earlier run
-    folder next to ``out_dir`` whose configuration decides the same generations."""
-    resume = cfg.get("resume")
-    if resume in (None, False):
-        return None
-    if resume is True:
-        wanted = _generation_config(cfg)
-        for candidate in sorted(out_dir.parent.iterdir(), reverse=True):
-            if candidate == out_dir or not (candidate / "generations.jsonl").exists():
-                continue
-            saved = OmegaConf.load(candidate / "config.yaml")
-            if _generation_config(saved) == wanted:
-                return candidate
-        raise ExperimentConfigError(f"resume=true: no earlier run in {out_dir.parent} has this "
-                                    f"configuration ({', '.join(GENERATION_KEYS)}); give "
-                                    f"resume=<run folder> or start afresh")
-    folder = Path(str(resume))
-    if not (folder / "generations.jsonl").exists():
-        raise ExperimentConfigError(f"resume={folder}: no generations.jsonl there")
-    saved = _generation_config(OmegaConf.load(folder / "config.yaml"))
-    differing = [k for k, v in _generation_config(cfg).items() if saved.get(k) != v]
-    if differing:
-        raise ExperimentConfigError(f"resume={folder}: that run differs in {differing}; resume "
-                                    f"only with the same settings")
-    return folder
-
-
-def read_records(folder: Path) -> list[dict]:
-    """The complete item records of a (possibly interrupted) run; a torn last line is ignored."""
-    records = []
-    for line in (folder / "generations.jsonl").read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
-
-
-class RecordWriter:
-    """Appends each finished item to ``generations.jsonl`` at once (flushed), so an interrupted
-    or failing run keeps everything finished before it."""
-
-    def __init__(self, path: Path, previous: list[dict]):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = path.open("w", encoding="utf-8")
-        for record in previous:
-            self.write(record)
-
-    def write(self, record: dict) -> None:
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._handle.flush()
-
-    def close(self) -> None:
-        self._handle.close()
 
 
 # ---------------------------------------------------------------------- the run
@@ -375,7 +317,7 @@ def format_intervals(intervals: dict, baseline: str, confidence: float) -> str:
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The whole experiment; returns ``{method: metrics row}`` and writes the result files."""
     specs = check_config(cfg)
-    resume_dir = find_resume_dir(cfg, out_dir)
+    resume_dir = find_resume_dir(cfg, out_dir, _generation_config)
     methods = start_run(cfg, out_dir, list(specs))
     items = select_items(cfg)
     previous = read_records(resume_dir) if resume_dir is not None else []

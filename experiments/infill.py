@@ -1,6 +1,6 @@
 """Text infilling with ILM-style hierarchical masks (Ctrl-G §4.2, after Donahue et al. 2020).
 
-    python -m experiments.infill [data.limit=N] [data.mask_ratios=[0.13,0.4]]
+    python -m experiments.infill [data.limit=N] [data.mask_ratios=[0.13,0.4]] [resume=true]
 
 Corpus: LAMBADA passages (narrative fiction, bundled, CC BY 4.0) — the ROC Stories split of ILM
 is not available offline. For each target mask ratio (≈ 13/21/32/40 %), the mask probability p of
@@ -18,21 +18,33 @@ gaps may not contain a newline; no gap may contain EOS, nor the first token of t
 follows it, which keeps the automaton deterministic and linear in size). Methods: ``logical`` (tokens that make
 the constraint unsatisfiable are masked) and ``ctrlg`` (HMM-guided). The completed stories are
 scored against the originals with BLEU-4 and ROUGE-L, per mask ratio.
+
+Robustness: every finished passage is appended to ``generations.jsonl`` at once;
+``resume=true`` (the newest earlier run of the same configuration) or ``resume=<run dir>``
+continues an interrupted run (the same masks and seeds per passage, so the same outputs); a
+passage whose constraint raises a ctrlg error is reported by ratio and index, recorded as
+skipped, and the others go on.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                start_run, write_json, write_jsonl)
+from ctrlg.errors import CtrlgError
+from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
+                                format_table, generation_config, hydra_output_dir, load_hmm,
+                                load_lm, progress, read_records, start_run, write_json)
 from experiments.commongen import eos_ids
 
 METHODS = ("logical", "ctrlg")
+# the configuration keys that decide the generations: a resumed run must agree on all of them
+GENERATION_KEYS = ("seed", "methods", "generation", "model", "hmm", "data", "gap_tokens",
+                   "instruction", "rerank")
 
 
 def newline_tokens(tokenizer) -> list[int]:
@@ -116,14 +128,80 @@ def prompt_ids(document, tokenizer, cfg) -> list[int]:
     return tokenizer(message + "\n\n")["input_ids"]
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """The whole experiment; returns ``{ratio: {method: metrics}}`` and writes the result files."""
-    import ctrlg
-    from ctrlg import metrics
-    from ctrlg.data import calibrate_mask_probability, load_lambada_passages, mask_document, \
-        mask_ratio
+def _generation_config(cfg: DictConfig) -> dict:
+    """The settings that decide the generations; a resumed run must agree on all of them."""
+    return generation_config(cfg, GENERATION_KEYS)
 
+
+def infill_item(story: str, index: int, p: float, target: float, methods, model, tokenizer, hmm,
+                eos, newlines, cfg) -> dict:
+    """Mask one passage, build its constraint and complete it with each method: its record."""
+    import ctrlg
+    from ctrlg.data import mask_document, mask_ratio
+
+    data = cfg.data
+    document = mask_document(story, p, cfg.seed * 7919 + index, data.max_ngram)
+    constraint, budget = infill_constraint(document, tokenizer, cfg.gap_tokens, eos, newlines)
+    budget = min(budget, int(cfg.generation.max_new_tokens_cap))
+    prompt = prompt_ids(document, tokenizer, cfg)
+    record = {"target_ratio": float(target), "p": p, "index": index,
+              "mask_ratio": mask_ratio(document), "story": story,
+              "blanked": document.with_blanks("___"),
+              "granularities": [g.value for g in document.granularities],
+              "dfa_states": constraint.num_states, "max_new_tokens": budget, "seconds": {}}
+    for method in methods:
+        start = time.perf_counter()
+        results = ctrlg.generate(model, tokenizer, prompt, constraint,
+                                 hmm=hmm if method == "ctrlg" else None,
+                                 mode="ctrlg" if method == "ctrlg" else "logical",
+                                 max_new_tokens=budget, num_samples=int(cfg.generation.num_samples),
+                                 seed=cfg.seed * 100_003 + index,
+                                 rank_by_lm=cfg.rerank != "none", do_sample=True,
+                                 temperature=cfg.generation.temperature,
+                                 top_p=cfg.generation.top_p, top_k=0)
+        record["seconds"][method] = time.perf_counter() - start
+        text = results[0].text.strip() if results else ""
+        ok = bool(results) and constraint.accepts(results[0].token_ids)
+        record[method] = {"text": text, "accepted": ok}
+    return record
+
+
+def score(records: list[dict], targets, methods) -> list[dict]:
+    """One row per (mask ratio, method): BLEU-4 / ROUGE-L against the original story, success %,
+    summed seconds; skipped items are left out."""
+    from ctrlg import metrics
+
+    rows = []
+    for target in targets:
+        done = [r for r in records if r["target_ratio"] == float(target) and "skipped" not in r]
+        if not done:
+            continue
+        for method in methods:
+            row = metrics.evaluate_generations([r[method]["text"] for r in done],
+                                               [[r["story"]] for r in done],
+                                               [r[method]["accepted"] for r in done],
+                                               with_meteor=False)
+            rows.append({"target_ratio": float(target),
+                         "mask_ratio": 100 * sum(r["mask_ratio"] for r in done) / len(done),
+                         "method": method, "bleu4": row["bleu4"], "rouge_l": row["rouge_l"],
+                         "success": row["success"],
+                         "seconds": sum(r["seconds"][method] for r in done)})
+    return rows
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """The whole experiment; returns ``{"ratio/method": metrics}`` and writes the result files.
+
+    Each finished passage is appended to ``generations.jsonl`` at once; ``resume=true`` (the
+    newest earlier run with the same :data:`GENERATION_KEYS`) or ``resume=<run dir>`` continues
+    an interrupted run; a passage whose constraint raises a :class:`ctrlg.errors.CtrlgError` is
+    reported by ratio and index, recorded as skipped, and the others go on."""
+    from ctrlg.data import calibrate_mask_probability, load_lambada_passages
+
+    resume_dir = find_resume_dir(cfg, out_dir, _generation_config)
     methods = start_run(cfg, out_dir, METHODS)
+    previous = read_records(resume_dir) if resume_dir is not None else []
+    done = {(r["target_ratio"], r["index"]) for r in previous}
     data = cfg.data
     passages = load_lambada_passages(data.path, limit=data.offset + data.limit)
     calibration = passages[:data.calibration_docs]
@@ -133,57 +211,34 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     eos = eos_ids(model, tokenizer)
     newlines = newline_tokens(tokenizer)
 
-    records, table = [], {}
-    for target in data.mask_ratios:
-        p = calibrate_mask_probability(calibration, float(target), seed=cfg.seed,
-                                       max_ngram=data.max_ngram, iterations=16)
-        outputs = {m: [] for m in methods}
-        accepted = {m: [] for m in methods}
-        seconds = {m: 0.0 for m in methods}
-        ratios = []
-        for index, story in enumerate(progress(stories, desc=f"infill {target:.0%}")):
-            document = mask_document(story, p, cfg.seed * 7919 + index, data.max_ngram)
-            ratios.append(mask_ratio(document))
-            constraint, budget = infill_constraint(document, tokenizer, cfg.gap_tokens, eos,
-                                                   newlines)
-            budget = min(budget, int(cfg.generation.max_new_tokens_cap))
-            prompt = prompt_ids(document, tokenizer, cfg)
-            record = {"target_ratio": float(target), "p": p, "index": index,
-                      "mask_ratio": ratios[-1], "story": story,
-                      "blanked": document.with_blanks("___"),
-                      "granularities": [g.value for g in document.granularities],
-                      "dfa_states": constraint.num_states, "max_new_tokens": budget}
-            K = int(cfg.generation.num_samples)
-            for method in methods:
-                start = time.perf_counter()
-                results = ctrlg.generate(model, tokenizer, prompt, constraint,
-                                         hmm=hmm if method == "ctrlg" else None,
-                                         mode="ctrlg" if method == "ctrlg" else "logical",
-                                         max_new_tokens=budget, num_samples=K,
-                                         seed=cfg.seed * 100_003 + index,
-                                         rank_by_lm=cfg.rerank != "none", do_sample=True,
-                                         temperature=cfg.generation.temperature,
-                                         top_p=cfg.generation.top_p, top_k=0)
-                seconds[method] += time.perf_counter() - start
-                text = results[0].text.strip() if results else ""
-                ok = bool(results) and constraint.accepts(results[0].token_ids)
-                outputs[method].append(text)
-                accepted[method].append(ok)
-                record[method] = {"text": text, "accepted": ok}
-            records.append(record)
-        for method in methods:
-            row = metrics.evaluate_generations(outputs[method], [[s] for s in stories],
-                                               accepted[method], with_meteor=False)
-            table[(float(target), method)] = {
-                "target_ratio": float(target), "mask_ratio": 100 * sum(ratios) / len(ratios),
-                "method": method, "bleu4": row["bleu4"], "rouge_l": row["rouge_l"],
-                "success": row["success"], "seconds": seconds[method]}
+    records = list(previous)
+    with RecordWriter(out_dir / "generations.jsonl", previous) as writer:
+        for target in data.mask_ratios:
+            p = calibrate_mask_probability(calibration, float(target), seed=cfg.seed,
+                                           max_ngram=data.max_ngram, iterations=16)
+            for index, story in enumerate(progress(stories, desc=f"infill {target:.0%}")):
+                if (float(target), index) in done:
+                    continue
+                try:
+                    record = infill_item(story, index, p, target, methods, model, tokenizer,
+                                         hmm, eos, newlines, cfg)
+                except CtrlgError as error:
+                    print(f"ratio {target} item {index}: skipped, {error}", file=sys.stderr)
+                    record = {"target_ratio": float(target), "p": p, "index": index,
+                              "story": story, "skipped": f"{type(error).__name__}: {error}"}
+                writer.write(record)
+                records.append(record)
 
-    rows = list(table.values())
-    write_jsonl(out_dir / "generations.jsonl", records)
-    write_json(out_dir / "metrics.json", {"stories": len(stories), "rows": rows})
-    print(f"Infilling ({len(stories)} LAMBADA passages per ratio, K={cfg.generation.num_samples})"
-          f" → {out_dir}")
+    rows = score(records, data.mask_ratios, methods)
+    skipped = [{"target_ratio": r["target_ratio"], "index": r["index"], "reason": r["skipped"]}
+               for r in records if "skipped" in r]
+    if not rows:
+        raise ExperimentConfigError(f"all {len(records)} passages were skipped: "
+                                    f"{skipped[0]['reason'] if skipped else 'no passages'}")
+    write_json(out_dir / "metrics.json", {"stories": len(stories), "skipped": skipped,
+                                          "rows": rows})
+    print(f"Infilling ({len(stories)} LAMBADA passages per ratio, {len(skipped)} skipped, "
+          f"K={cfg.generation.num_samples}) → {out_dir}")
     print(format_table(rows, ["mask_ratio", "method", "bleu4", "rouge_l", "success", "seconds"],
                        ["mask %", "method", "BLEU-4", "ROUGE-L", "success %", "time s"]))
     return {f"{r['target_ratio']}/{r['method']}": r for r in rows}

@@ -23,11 +23,16 @@
   second.
 
 Writes ``results.json`` (+ ``predictions.jsonl`` / ``samples.jsonl``) and ``config.yaml``.
+For ``lambada`` each finished passage is appended to ``predictions.jsonl`` at once,
+``resume=true`` (the newest earlier run with the same settings) or ``resume=<run dir>``
+continues an interrupted run, and a passage whose query raises a ctrlg error is reported by
+index and skipped.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -36,10 +41,16 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from experiments.common import (format_table, hydra_output_dir, load_lm, progress,
-                                save_resolved_config, seed_everything, write_json, write_jsonl)
+from ctrlg.errors import CtrlgError
+from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
+                                format_table, generation_config, hydra_output_dir, load_lm,
+                                progress, read_records, save_resolved_config, seed_everything,
+                                write_json, write_jsonl)
 
 TASKS = ("lambada", "bias", "extraction")
+PREDICTIONS = "predictions.jsonl"
+# the configuration keys that decide the LAMBADA predictions: a resumed run must agree on them
+LAMBADA_KEYS = ("task", "seed", "model", "lambada", "batch_size")
 
 #: English stop words (the NLTK list), used by the ``no_stop`` variant.
 STOP_WORDS = tuple("""i me my myself we our ours ourselves you you're you've you'll you'd your yours
@@ -100,7 +111,34 @@ def predict_query(model, tokenizer, context_ids: list[int], query, batch_size: i
     return ""
 
 
-def run_lambada(cfg, model, tokenizer, out_dir: Path) -> dict:
+def lambada_settings(cfg: DictConfig) -> dict:
+    """The settings that decide the LAMBADA predictions; a resumed run must agree on all."""
+    return generation_config(cfg, LAMBADA_KEYS)
+
+
+def predict_lambada(example, variants, queries, model, tokenizer, cfg) -> dict:
+    """One passage's row: the target and each variant's guess, with its seconds."""
+    lcfg = cfg.lambada
+    context = tokenizer(example.context, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None:
+        context = [tokenizer.bos_token_id] + context
+    row = {"target": example.target, "seconds": {}}
+    for variant in variants:
+        start = time.perf_counter()
+        if variant == "baseline":
+            guess = predict_baseline(model, tokenizer, context, int(lcfg.max_tokens))
+        else:
+            guess = predict_query(model, tokenizer, context, queries[variant], cfg.batch_size,
+                                  int(lcfg.max_expansions))
+        row["seconds"][variant] = time.perf_counter() - start
+        row[variant] = guess
+    return row
+
+
+def run_lambada(cfg, model, tokenizer, out_dir: Path, previous: list[dict] = ()) -> dict:
+    """Each finished passage is appended to ``predictions.jsonl`` at once (after the
+    ``previous`` rows of a resumed run, whose passages are not redone); a passage whose query
+    raises a :class:`ctrlg.errors.CtrlgError` is reported by index and skipped."""
     from ctrlg.data import load_lambada
 
     lcfg = cfg.lambada
@@ -108,32 +146,33 @@ def run_lambada(cfg, model, tokenizer, out_dir: Path) -> dict:
     variants = list(lcfg.variants)
     queries = {v: lambada_query(v, int(lcfg.max_tokens), lcfg.top_k, lcfg.encodings)
                for v in variants if v != "baseline"}
-    correct = {v: 0 for v in variants}
-    seconds = {v: 0.0 for v in variants}
-    rows = []
-    for example in progress(examples, desc="lambada"):
-        context = tokenizer(example.context, add_special_tokens=False)["input_ids"]
-        if tokenizer.bos_token_id is not None:
-            context = [tokenizer.bos_token_id] + context
-        row = {"target": example.target}
-        for variant in variants:
-            start = time.perf_counter()
-            if variant == "baseline":
-                guess = predict_baseline(model, tokenizer, context, int(lcfg.max_tokens))
-            else:
-                guess = predict_query(model, tokenizer, context, queries[variant], cfg.batch_size,
-                                      int(lcfg.max_expansions))
-            seconds[variant] += time.perf_counter() - start
-            row[variant] = guess
-            correct[variant] += guess == example.target
-        rows.append(row)
-    write_jsonl(out_dir / "predictions.jsonl", rows)
-    table = [{"variant": v, "accuracy": 100 * correct[v] / len(examples),
-              "correct": correct[v], "seconds": seconds[v]} for v in variants]
-    print(f"LAMBADA zero-shot last word, first {len(examples)} passages → {out_dir}")
+    done = {r["index"] for r in previous}
+    rows = list(previous)
+    with RecordWriter(out_dir / PREDICTIONS, previous) as writer:
+        for index, example in enumerate(progress(examples, desc="lambada")):
+            if index in done:
+                continue
+            try:
+                row = {"index": index, **predict_lambada(example, variants, queries, model,
+                                                         tokenizer, cfg)}
+            except CtrlgError as error:
+                print(f"lambada item {index}: skipped, {error}", file=sys.stderr)
+                row = {"index": index, "target": example.target,
+                       "skipped": f"{type(error).__name__}: {error}"}
+            writer.write(row)
+            rows.append(row)
+    scored = [r for r in rows if "skipped" not in r]
+    skipped = [r["index"] for r in rows if "skipped" in r]
+    table = []
+    for v in variants:
+        correct = sum(r[v] == r["target"] for r in scored)
+        table.append({"variant": v, "accuracy": 100 * correct / max(len(scored), 1),
+                      "correct": correct, "seconds": sum(r["seconds"][v] for r in scored)})
+    print(f"LAMBADA zero-shot last word, first {len(examples)} passages "
+          f"({len(skipped)} skipped) → {out_dir}")
     print(format_table(table, ["variant", "accuracy", "correct", "seconds"],
                        ["variant", "accuracy %", "correct", "time s"]))
-    return {"examples": len(examples), "variants": table}
+    return {"examples": len(scored), "skipped": skipped, "variants": table}
 
 
 # ---------------------------------------------------------------------- bias
@@ -255,12 +294,20 @@ def run_extraction(cfg, model, tokenizer, out_dir: Path) -> dict:
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.task not in TASKS:
-        raise ValueError(f"unknown task {cfg.task!r}; choose from {list(TASKS)}")
+        raise ExperimentConfigError(f"unknown task {cfg.task!r}; choose from {list(TASKS)}")
+    if cfg.get("resume") not in (None, False) and cfg.task != "lambada":
+        raise ExperimentConfigError(f"resume is supported for task=lambada only, not "
+                                    f"task={cfg.task}; drop resume=")
+    resume_dir = find_resume_dir(cfg, out_dir, lambada_settings, PREDICTIONS)
     seed_everything(cfg.seed)
     save_resolved_config(cfg, out_dir)
     model, tokenizer = load_lm(cfg.model)
-    runner = {"lambada": run_lambada, "bias": run_bias, "extraction": run_extraction}[cfg.task]
-    result = runner(cfg, model, tokenizer, out_dir)
+    if cfg.task == "lambada":
+        previous = read_records(resume_dir, PREDICTIONS) if resume_dir is not None else []
+        result = run_lambada(cfg, model, tokenizer, out_dir, previous)
+    else:
+        runner = {"bias": run_bias, "extraction": run_extraction}[cfg.task]
+        result = runner(cfg, model, tokenizer, out_dir)
     write_json(out_dir / "results.json", {"task": cfg.task, **result})
     return result
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from experiments.common import ExperimentConfigError
-from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
+from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
 
 def small_overrides(lm_dir, hmm_dir, *extra):
@@ -41,26 +41,17 @@ def test_bad_sizes_and_methods_fail_before_the_lm_is_loaded(tmp_path, override, 
 
 
 def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_dir, tiny_hmm_dir,
-                                                                      tmp_path, monkeypatch):
+                                                                      tmp_path):
     from experiments import commongen
 
     overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
     full = tmp_path / "full"
     commongen.run(compose("commongen", overrides), full)
 
-    real, calls = commongen.generate_batch, []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:  # the second batch's first method
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
     runs = tmp_path / "runs"
-    monkeypatch.setattr(commongen, "generate_batch", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        commongen.run(compose("commongen", overrides), runs / "2026-01-01_00-00-00")
-    monkeypatch.undo()
+    run_interrupted(commongen, "generate_batch", 3,  # the second batch's first method
+                    lambda: commongen.run(compose("commongen", overrides),
+                                          runs / "2026-01-01_00-00-00"))
     kept = read_records(runs / "2026-01-01_00-00-00")
     assert [r["index"] for r in kept] == [0, 1]  # the first batch survived the interruption
 

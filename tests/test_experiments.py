@@ -55,6 +55,25 @@ def compose(config_name: str, overrides: list[str]):
         return hydra_compose(config_name=config_name, overrides=overrides)
 
 
+def run_interrupted(module, name: str, call: int, run) -> None:
+    """``run()`` with ``module.name`` raising KeyboardInterrupt on its ``call``-th call (an
+    interrupted run); the function is restored afterwards."""
+    real, calls = getattr(module, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    setattr(module, name, interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run()
+    finally:
+        setattr(module, name, real)
+
+
 def test_commongen_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path, capsys):
     from experiments import commongen
 
