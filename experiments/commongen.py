@@ -51,7 +51,7 @@ from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
 from ctrlg.priors import HeadPrior
-from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood
+from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
 from ctrlg.vocab import eos_token_ids
 
 from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
@@ -160,14 +160,6 @@ def prompt_ids(example, tokenizer, use_chat_template: bool) -> list[int]:
 def eos_ids(model, tokenizer) -> list[int]:
     """The EOS ids (:func:`ctrlg.vocab.eos_token_ids`: the tokenizer's, then the model's)."""
     return eos_token_ids(tokenizer, model)
-
-
-def trim_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
-    """Tokens up to and including the first EOS (padding after it dropped)."""
-    for index, token in enumerate(tokens):
-        if token in eos:
-            return tokens[:index + 1]
-    return tokens
 
 
 def word_count(text: str) -> int:
