@@ -5,11 +5,13 @@ embedded SmolLM2-135M-Instruct on CommonGen train prompts, old settings against 
 
 Variants (each a full ``sample_to_disk`` call, hidden states stored, into a temporary folder):
 
-- ``before``: the previous defaults — float32 weights, PyTorch SDPA attention,
-  ``torch.multinomial``, batch 128, one thread;
-- ablations switching one thing at a time: the sampler (inverse CDF), the attention
-  (grouped-query, no K/V repetition), bfloat16 weights;
-- ``after``: bfloat16 + grouped attention + inverse-CDF sampler (the new defaults), one thread;
+- ``before``: the first defaults — float32 weights, PyTorch SDPA attention,
+  ``torch.multinomial``, transformers' DynamicCache, batch 128, one thread;
+- ablations switching one thing at a time: the sampler (inverse CDF, its [B, V] temporaries in
+  reused buffers), the attention (grouped-query, no K/V repetition), bfloat16 weights
+  (``after_dynamic_cache``);
+- ``after``: bfloat16 + grouped attention + inverse-CDF sampler + the preallocated KV cache
+  (:mod:`ctrlg.hmm.kv_cache`; the defaults), one thread;
 - ``after_2_workers``: the same with two chunks made at once by two threads of this process
   (``sample_to_disk(workers=2)``, each chunk half the sequences): both cores.
 
@@ -33,11 +35,16 @@ from pathlib import Path
 import torch
 
 VARIANTS = {
-    "before": dict(dtype="float32", attention="sdpa", sampler="multinomial"),
-    "inverse_cdf": dict(dtype="float32", attention="sdpa", sampler="inverse_cdf"),
-    "inverse_cdf+grouped": dict(dtype="float32", attention="ctrlg_grouped", sampler="inverse_cdf"),
-    "after": dict(dtype="bfloat16", attention="ctrlg_grouped", sampler="inverse_cdf"),
-    "after_2_workers": dict(dtype="bfloat16", attention="ctrlg_grouped", sampler="inverse_cdf", workers=2),
+    "before": dict(dtype="float32", attention="sdpa", sampler="multinomial", kv_cache="dynamic"),
+    "inverse_cdf": dict(dtype="float32", attention="sdpa", sampler="inverse_cdf", kv_cache="dynamic"),
+    "inverse_cdf+grouped": dict(dtype="float32", attention="ctrlg_grouped", sampler="inverse_cdf",
+                                kv_cache="dynamic"),
+    "after_dynamic_cache": dict(dtype="bfloat16", attention="ctrlg_grouped", sampler="inverse_cdf",
+                                kv_cache="dynamic"),
+    "after": dict(dtype="bfloat16", attention="ctrlg_grouped", sampler="inverse_cdf",
+                  kv_cache="preallocated"),
+    "after_2_workers": dict(dtype="bfloat16", attention="ctrlg_grouped", sampler="inverse_cdf",
+                            kv_cache="preallocated", workers=2),
 }
 
 
@@ -83,7 +90,8 @@ def main(argv=None) -> dict:
                 sample_to_disk(model, tokenizer, prompts, folder, num_sequences=args.sequences,
                                length=args.length, chunk_size=-(-args.sequences // workers),
                                batch_size=min(args.batch_size, -(-args.sequences // workers)),
-                               seed=0, sampler=v["sampler"], workers=workers, progress=False)
+                               seed=0, sampler=v["sampler"], kv_cache=v["kv_cache"], workers=workers,
+                               progress=False)
                 times[name].append(time.perf_counter() - start)
                 data = load_chunks(folder, ("tokens", "logprob", "hidden"))
                 real_tokens[name] = int((data["logprob"] != 0).sum())
@@ -92,6 +100,11 @@ def main(argv=None) -> dict:
         after = load_chunks(Path(tmp) / f"{last}_0", ("tokens", "logprob", "hidden"))
         again = load_chunks(Path(tmp) / f"{last}_{args.repeats - 1}", ("tokens", "logprob", "hidden"))
         reproducible = all(torch.equal(after[k], again[k]) for k in after)
+        same_as_dynamic = None  # the preallocated cache against the DynamicCache, same settings
+        if "after" in names and "after_dynamic_cache" in names:
+            a, b = (load_chunks(Path(tmp) / f"{n}_0", ("tokens", "logprob", "hidden"))
+                    for n in ("after", "after_dynamic_cache"))
+            same_as_dynamic = all(torch.equal(a[k], b[k]) for k in a)
         # bfloat16 vs float32 LM on the same (bf16-sampled) tokens: teacher-forced log-probs
         fp32 = lms.get(("float32", "sdpa")) or models.load_model(None)
         rescored = _rescore(fp32, tokenizer, prompts, Path(tmp) / f"{last}_0", args.length)
@@ -105,7 +118,9 @@ def main(argv=None) -> dict:
                      "speedup_vs_before_median": statistics.median(ratios)})
     result = {"sequences": args.sequences, "length": args.length, "batch_size": args.batch_size,
               "threads": args.threads, "repeats": args.repeats, "rows": rows,
-              "after_reproducible_bit_for_bit": reproducible, "bf16_vs_fp32_logprob": rescored,
+              "after_reproducible_bit_for_bit": reproducible,
+              "after_equals_dynamic_cache_bit_for_bit": same_as_dynamic,
+              "bf16_vs_fp32_logprob": rescored,
               "note": "absolute tokens/s depend on the shared machine's load; the speed-ups are "
                       "same-round ratios"}
     for row in rows:
