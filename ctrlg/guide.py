@@ -67,7 +67,7 @@ guidance is 0 on feasible tokens and −inf on the others (what Outlines / guida
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -77,6 +77,7 @@ from tqdm.auto import tqdm
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility, as_token_list, renamed_budget
+from ctrlg.kernels.packed_linear import PackedLinear
 from ctrlg.kernels.reference import backward_step_reference
 
 __all__ = [
@@ -101,11 +102,11 @@ INLINE_ROWS = 16
 #: float32 accumulation (the output rounded to bfloat16: relative error ≤ ~1% on P(v | x≤t) and
 #: P(v, α | x≤t); feasibility stays exact). bfloat16 is 4–7× faster on CPUs with AVX512-BF16/AMX.
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: A product q · B[:, v] bounded below by this (see ``GuideTables._weight_floor``) is a normal
+#: positive float in float32 and bfloat16 whatever the rounding, so it cannot have underflowed.
+UNDERFLOW_BOUND = 1e-30
 
 
-def _dot(x: torch.Tensor, y_t: torch.Tensor) -> torch.Tensor:
-    """x · y_tᵀ ([R, h] · [h, N]) in ``y_t``'s dtype, returned as float32 [R, N]."""
-    return torch.nn.functional.linear(x.to(y_t.dtype), y_t).float()
 _CHUNK = 4096
 
 
@@ -194,11 +195,15 @@ class GuideTables(Feasibility):
         (gathers; p B = linear(p, Bᵀ) gives a contiguous [R, V]); a copy in the product
         precision; and one with its rows grouped by letter (letters evaluated as blocks)."""
         self._emission_t = B.T.contiguous()
-        self._emission_mm = self._emission_t.to(PRECISIONS[self.precision])
+        emission = self._emission_t.to(PRECISIONS[self.precision])
+        self._emission_min = emission.float().amin(0)                   # min_v B[z, v], [h]
+        self._emission_product = PackedLinear(emission)
         self.block_letter = np.diff(self.members_ptr) >= BLOCK_LETTER
         self._members_t = torch.as_tensor(self.members, device=B.device)
-        if self.block_letter[self.exc.tok].any():
-            self._emission_by_letter = self._emission_mm[self._members_t].contiguous()
+        self._letter_products = {}      # block letter a → p · B[:, members of a], packed
+        for a in np.unique(self.exc.tok[self.block_letter[self.exc.tok]]).tolist():
+            tokens = self._members_t[self.members_ptr[a]:self.members_ptr[a + 1]]
+            self._letter_products[a] = PackedLinear(emission[tokens].contiguous())
 
     def _prepare_recurrence(self, A: torch.Tensor, B: torch.Tensor) -> None:
         """The recurrence's fixed operands: DFA arrays, per-letter emission rows B̄, the
@@ -298,9 +303,13 @@ class GuideTables(Feasibility):
         :meth:`token_feasible` (see :meth:`log_ratio`)."""
         return self._weights(states, priors, remaining, ratio=False)
 
-    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool):
+    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool, shifted: bool = False):
         """Shared body of :meth:`token_weights` and :meth:`log_ratio`. With ``ratio`` it returns
-        log(P(v, α | x≤t) / P(v | x≤t)) directly (one log per entry instead of two).
+        (log(P(v, α | x≤t) / P(v | x≤t)), safe) directly (one log per entry instead of two), where
+        ``safe`` says that no feasible token's weight can have underflowed
+        (:meth:`_weight_floor`), so the result needs no per-entry check. With ``shifted`` each
+        row is returned minus its default successor's log scale c_{r-1}(default(s)) (a per-row
+        constant: one pass over [R, V] less).
 
         One [2R, h]·[h, V] product gives P(v | x≤t) and the default-successor joint for every v;
         exception tokens are then overwritten: tokens of block letters by one
@@ -314,49 +323,64 @@ class GuideTables(Feasibility):
         rr = torch.as_tensor(remaining - 1, device=dev)
         d = self._default_t[torch.as_tensor(states, device=dev)]
         c_default = self.log_scale[rr, d]                                # [R] float64
+        default_live = torch.isfinite(c_default)
         rows, k = self._row_exceptions(states)
         block = self.block_letter[self.exc.tok[k]]
-        exc = _RowExceptions(priors, None, rr, ratio)
-        stacked = [priors, priors * self.w_hat[rr, d]]
+        # Exception values are written relative to ``shift`` (0, or the finite c_default).
+        shift = torch.where(default_live, c_default, 0.0) if shifted else torch.zeros_like(c_default)
+        exc = _RowExceptions(priors, None, rr, ratio, shift)
+        q_default = priors * self.w_hat[rr, d]
+        stacked = [priors, q_default]
         inline = 2 * R + int(block.sum()) <= INLINE_ROWS
         if inline:  # few rows: B is read once, block letters as extra rows of the same product
             block_terms = self._successor_terms(exc, rows[block], k[block])
             stacked.append(block_terms[1])
-        both = _dot(torch.cat(stacked), self._emission_mm)               # one pass over B
-        exc.marginal, joint = both[:R], both[R:2 * R]
-        if ratio:
-            out = torch.log(joint.div_(exc.marginal))
+        both = self._emission_product(torch.cat(stacked))                # one pass over B
+        exc.marginal = both[:R]                                          # product dtype
+        if ratio:  # the quotient in the product dtype (bfloat16: ≤ 0.4 % relative), log in float32
+            out = torch.empty(R, both.shape[1], device=dev)
+            torch.div(both[R:2 * R], exc.marginal, out=out).log_()
             log_marginal = None
+            exc.floors += [self._weight_floor(priors), self._weight_floor(q_default, default_live)]
         else:
-            log_marginal = torch.log(exc.marginal)
-            out = torch.log(joint)
-        out.add_(c_default.float()[:, None])
-        out[~torch.isfinite(c_default)] = -math.inf
+            log_marginal = torch.log(exc.marginal.float())
+            out = torch.log(both[R:2 * R].float())
+        if not shifted:
+            out.add_(c_default.float()[:, None])
+        if not bool(default_live.all()):
+            out[~default_live] = -math.inf
         if inline:
             self._inline_block_values(out, exc, both[2 * R:], block_terms, k[block])
         else:
             self._block_letter_values(out, exc, rows[block], k[block])
         self._token_values(out, exc, rows[~block], k[~block])
         self._eos_values(out, exc, states, remaining, log_marginal)
-        return out if ratio else (out, log_marginal)
+        if ratio:
+            return out, bool(torch.cat(exc.floors).min() >= UNDERFLOW_BOUND)
+        return out, log_marginal
+
+    def _weight_floor(self, q: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+        """A lower bound on every q · B[:, v] per row (q [n, h] ≥ 0; rows without ``live`` get
+        +inf: their zeros are exact), in the product precision: max_z q_z · min_v B[z, v], in
+        O(n·h) instead of an O(n·V) pass over the result. When every bound is ≥
+        ``UNDERFLOW_BOUND``, every feasible token's weight is a positive normal float and the
+        ratio needs no per-entry check."""
+        floor = (q * self._emission_min).amax(1)
+        return floor if live is None else floor.masked_fill(~live, math.inf)
 
     def _inline_block_values(self, out, exc: "_RowExceptions", products: torch.Tensor,
                              terms, k: np.ndarray) -> None:
-        """Block-letter exceptions whose q · B rows were computed with the dense product."""
-        if not len(k):
-            return
+        """Block-letter exceptions whose q · B rows were computed with the dense product (few:
+        at most ``INLINE_ROWS``), one contiguous run of letter members each."""
         rows_t, _, scale = terms
-        letters = self.exc.tok[k]
-        starts = self.members_ptr[letters]
-        sizes = self.members_ptr[letters + 1] - starts
-        dev = products.device
-        at = torch.as_tensor(np.repeat(np.arange(len(k)), sizes), device=dev)
-        tok = torch.as_tensor(self.members[ragged_indices(starts, sizes)], device=dev)
-        r = rows_t[at]
-        vals = products[at, tok]
-        if exc.ratio:
-            vals = vals / exc.marginal[r, tok]
-        out[r, tok] = torch.log(vals) + scale[at]
+        ptr = self.members_ptr
+        for i, a in enumerate(self.exc.tok[k].tolist()):
+            tok = self._members_t[ptr[a]:ptr[a + 1]]
+            r = int(rows_t[i])
+            vals = products[i].index_select(0, tok).float()
+            if exc.ratio:
+                vals.div_(exc.marginal[r].index_select(0, tok))
+            out[r].index_copy_(0, tok, vals.log_().add_(scale[i]))
 
     def _successor_terms(self, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray):
         """(rows tensor, q = p ⊙ Ŵ_{r-1}(t) [P, h], log scale c_{r-1}(t) [P]) per exception."""
@@ -364,7 +388,10 @@ class GuideTables(Feasibility):
         rows_t = torch.as_tensor(rows, device=dev)
         dst = self._exc_dst_t[torch.as_tensor(k, device=dev)]
         steps = exc.rr[rows_t]
-        return rows_t, exc.priors[rows_t] * self.w_hat[steps, dst], self.log_scale[steps, dst].float()
+        q, scale = exc.priors[rows_t] * self.w_hat[steps, dst], self.log_scale[steps, dst]
+        if exc.ratio:
+            exc.floors.append(self._weight_floor(q, torch.isfinite(scale)))
+        return rows_t, q, (scale - exc.shift[rows_t]).float()
 
     def _block_letter_values(self, out, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray) -> None:
         """Exceptions over letters of ≥ BLOCK_LETTER tokens: per distinct letter a, the rows'
@@ -379,11 +406,16 @@ class GuideTables(Feasibility):
             a = int(letters[idx[0]])
             lo, hi = int(self.members_ptr[a]), int(self.members_ptr[a + 1])
             idx_t = torch.as_tensor(idx, device=q.device)
-            vals = _dot(q[idx_t], self._emission_by_letter[lo:hi])           # [n_a, |a|]
-            r, tok = rows_t[idx_t][:, None], self._members_t[lo:hi][None, :]
-            if exc.ratio:
-                vals = vals / exc.marginal[r, tok]
-            out[r, tok] = torch.log(vals) + scale[idx_t][:, None]
+            vals = self._letter_products[a](q[idx_t])                        # [n_a, |a|]
+            tok = self._members_t[lo:hi]
+            r = rows_t[idx_t]
+            if exc.ratio:   # column gather first: index_select along dim 1 is one fast pass
+                vals.div_(exc.marginal.index_select(1, tok)[r])
+            vals = vals.float().log_().add_(scale[idx_t][:, None])
+            if len(idx) == out.shape[0] and bool((r == torch.arange(len(r), device=r.device)).all()):
+                out.index_copy_(1, tok, vals)                              # every row, in order
+            else:
+                out[r[:, None], tok[None, :]] = vals
 
     def _token_values(self, out, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray) -> None:
         """Exceptions over single tokens or small letters: p · (B[:, v] ⊙ Ŵ(t)) token by token."""
@@ -415,19 +447,23 @@ class GuideTables(Feasibility):
         for j, e in enumerate(self.eos_ids):
             allowed = allowed_rows & torch.as_tensor(self.eos_accept[states, j], device=dev)
             if suffix_value is not None:
-                value = suffix_value - (torch.log(exc.marginal[:, e]) if exc.ratio else 0.0)
+                value = suffix_value - (torch.log(exc.marginal[:, e].float()) if exc.ratio else 0.0)
             else:
                 value = torch.zeros(R, device=dev) if exc.ratio else log_marginal[:, e]
-            out[:, e] = torch.where(allowed, value, -math.inf)
+            out[:, e] = torch.where(allowed, value - exc.shift.float(), -math.inf)
 
-    def log_ratio(self, states, priors: torch.Tensor | None, remaining) -> torch.Tensor:
+    def log_ratio(self, states, priors: torch.Tensor | None, remaining, *,
+                  shifted: bool = False) -> torch.Tensor:
         """Ctrl-G's guidance term log p_hmm(α | x≤t, v) = log P(v, α | x≤t) − log P(v | x≤t),
         float32 [R, V]: −inf exactly on infeasible tokens; feasible tokens whose weight underflowed
         get the row's smallest finite log-ratio minus ``RATIO_FLOOR_GAP``. In logical mode
-        (no HMM, or ``priors=None``) it is 0 on feasible tokens."""
+        (no HMM, or ``priors=None``) it is 0 on feasible tokens. ``shifted=True`` allows each
+        row to be off by a constant (what a row-wise softmax removes; one pass less)."""
         if self.hmm is None or priors is None:
             return super().log_ratio(states, priors, remaining)
-        ratio = self._weights(states, priors, remaining, ratio=True)
+        ratio, safe = self._weights(states, priors, remaining, ratio=True, shifted=shifted)
+        if safe:  # no feasible weight can have underflowed: −inf exactly on infeasible tokens
+            return ratio
         finite = torch.isfinite(ratio)
         # A finite ratio implies a feasible token (infeasible successors have W = 0 exactly), so
         # when each row has as many finite entries as feasible tokens, the two sets coincide.
@@ -468,6 +504,8 @@ class _RowExceptions:
     marginal: torch.Tensor | None   # [R, V], P(v | x≤t) (set once the dense product is done)
     rr: torch.Tensor            # [R], remaining − 1
     ratio: bool
+    shift: torch.Tensor         # [R] float64, subtracted from every value of the row
+    floors: list = field(default_factory=list)   # per-row weight floors (ratio mode)
 
 
 def build_tables(hmm, dfa: TokenDFA, max_new_tokens: int, **kwargs) -> GuideTables:
