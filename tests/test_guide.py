@@ -91,6 +91,8 @@ def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
         dfa = make(S, V, 100 * seed + dfa_seed)
         weights = brute_weights(hmm, dfa, n, m, eos, suffix)
         tables = build_tables(hmm, dfa, n, min_new_tokens=m, eos_token_id=eos or None, suffix_ids=suffix)
+        bf16 = build_tables(hmm, dfa, n, min_new_tokens=m, eos_token_id=eos or None, suffix_ids=suffix,
+                            precision="bfloat16")
         total = sum(weights.values())
         assert tables.feasible[n, dfa.initial] == (len(weights) > 0)
         if not weights:
@@ -119,6 +121,14 @@ def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
                                         seq_prob(hmm, x + (v,)) / px, rel_tol=1e-4)
                 ratio = tables.log_ratio([state], prior, r)[0]
                 assert torch.equal(torch.isfinite(ratio), mask)
+                want = (log_joint - log_marg)[0]
+                torch.testing.assert_close(ratio[mask], want[mask], rtol=1e-4, atol=1e-5)
+                shifted = tables.log_ratio([state], prior, r, shifted=True)[0]
+                offset = (ratio - shifted)[mask]      # one constant per row
+                torch.testing.assert_close(offset, offset[:1].expand_as(offset), rtol=0, atol=1e-4)
+                low = bf16.log_ratio([state], prior, r)[0]   # bfloat16 products: ≤ ~1 % relative
+                assert torch.equal(torch.isfinite(low), mask)
+                torch.testing.assert_close(low[mask].exp(), want[mask].exp(), rtol=2e-2, atol=1e-6)
 
 
 def test_backward_table_rows_equal_brute_force():
