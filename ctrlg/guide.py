@@ -303,18 +303,23 @@ class GuideTables(Feasibility):
         :meth:`token_feasible` (see :meth:`log_ratio`)."""
         return self._weights(states, priors, remaining, ratio=False)
 
-    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool, shifted: bool = False):
+    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool, shifted: bool = False,
+                 fold: bool = True):
         """Shared body of :meth:`token_weights` and :meth:`log_ratio`. With ``ratio`` it returns
         (log(P(v, α | x≤t) / P(v | x≤t)), safe) directly (one log per entry instead of two), where
         ``safe`` says that no feasible token's weight can have underflowed
         (:meth:`_weight_floor`), so the result needs no per-entry check. With ``shifted`` each
-        row is returned minus its default successor's log scale c_{r-1}(default(s)) (a per-row
-        constant: one pass over [R, V] less).
+        row is returned minus a constant of its own (one pass over [R, V] less).
 
         One [2R, h]·[h, V] product gives P(v | x≤t) and the default-successor joint for every v;
         exception tokens are then overwritten: tokens of block letters by one
         [rows, h]·[h, |letter|] product per distinct letter (or, for few rows, by extra rows of
-        the dense product), the others token by token, EOS last."""
+        the dense product), the others token by token, EOS last.
+
+        ``fold`` (ratio mode, per-letter block products): each row's block-letter joints are
+        brought to one scale ĉ = max(c_default, c_letters) by scaling the q vectors (O(R·h)),
+        and written into the joint rows *before* the quotient and log, so those run once over
+        [R, V]. If a scaled weight could underflow, the call is redone without folding."""
         if self.hmm is None:
             raise ConstraintError("token weights need an HMM; these tables are logical-only")
         states, remaining = self._check_remaining(states, remaining)
@@ -323,41 +328,76 @@ class GuideTables(Feasibility):
         rr = torch.as_tensor(remaining - 1, device=dev)
         d = self._default_t[torch.as_tensor(states, device=dev)]
         c_default = self.log_scale[rr, d]                                # [R] float64
-        default_live = torch.isfinite(c_default)
         rows, k = self._row_exceptions(states)
         block = self.block_letter[self.exc.tok[k]]
-        # Exception values are written relative to ``shift`` (0, or the finite c_default).
-        shift = torch.where(default_live, c_default, 0.0) if shifted else torch.zeros_like(c_default)
-        exc = _RowExceptions(priors, None, rr, ratio, shift)
-        q_default = priors * self.w_hat[rr, d]
-        stacked = [priors, q_default]
         inline = 2 * R + int(block.sum()) <= INLINE_ROWS
+        fold = fold and ratio and not inline and bool(block.any())
+        reference = c_default                     # each row's values are relative to this scale
+        if fold:
+            c_block = self.log_scale[rr[rows[block]], self._exc_dst_t[k[block]]]
+            reference = c_default.scatter_reduce(0, torch.as_tensor(rows[block], device=dev),
+                                                 c_block, reduce="amax")
+        live = torch.isfinite(reference)
+        base = torch.where(live, reference, 0.0)
+        exc = _RowExceptions(priors, None, rr, ratio, base if shifted else torch.zeros_like(base))
+        q_default = priors * self.w_hat[rr, d] * torch.exp(c_default - base).float()[:, None]
+        stacked = [priors, q_default]
         if inline:  # few rows: B is read once, block letters as extra rows of the same product
             block_terms = self._successor_terms(exc, rows[block], k[block])
             stacked.append(block_terms[1])
         both = self._emission_product(torch.cat(stacked))                # one pass over B
         exc.marginal = both[:R]                                          # product dtype
+        if ratio:
+            exc.floors += [self._weight_floor(priors),
+                           self._weight_floor(q_default, torch.isfinite(c_default))]
+        if fold:
+            self._fold_block_letters(both[R:2 * R], exc, base, rows[block], k[block])
+            if not bool(torch.cat(exc.floors).min() >= UNDERFLOW_BOUND):
+                return self._weights(states, priors, remaining, ratio, shifted, fold=False)
         if ratio:  # the quotient in the product dtype (bfloat16: ≤ 0.4 % relative), log in float32
             out = torch.empty(R, both.shape[1], device=dev)
             torch.div(both[R:2 * R], exc.marginal, out=out).log_()
             log_marginal = None
-            exc.floors += [self._weight_floor(priors), self._weight_floor(q_default, default_live)]
         else:
             log_marginal = torch.log(exc.marginal.float())
             out = torch.log(both[R:2 * R].float())
         if not shifted:
-            out.add_(c_default.float()[:, None])
-        if not bool(default_live.all()):
-            out[~default_live] = -math.inf
+            out.add_(base.float()[:, None])
         if inline:
             self._inline_block_values(out, exc, both[2 * R:], block_terms, k[block])
-        else:
+        elif not fold:
             self._block_letter_values(out, exc, rows[block], k[block])
         self._token_values(out, exc, rows[~block], k[~block])
         self._eos_values(out, exc, states, remaining, log_marginal)
         if ratio:
             return out, bool(torch.cat(exc.floors).min() >= UNDERFLOW_BOUND)
         return out, log_marginal
+
+    def _fold_block_letters(self, joint: torch.Tensor, exc: "_RowExceptions", base: torch.Tensor,
+                            rows: np.ndarray, k: np.ndarray) -> None:
+        """Block-letter joints at the rows' common scale ``base``: per distinct letter a,
+        (p ⊙ Ŵ(t) · e^{c(t) − base}) · B[:, a] written into ``joint`` (the default joint rows,
+        product dtype) at the letter's columns."""
+        dev = exc.priors.device
+        rows_t = torch.as_tensor(rows, device=dev)
+        dst = self._exc_dst_t[torch.as_tensor(k, device=dev)]
+        steps = exc.rr[rows_t]
+        c = self.log_scale[steps, dst]
+        q = exc.priors[rows_t] * self.w_hat[steps, dst] * torch.exp(c - base[rows_t]).float()[:, None]
+        exc.floors.append(self._weight_floor(q, torch.isfinite(c)))
+        letters = self.exc.tok[k]
+        order = np.argsort(letters, kind="stable")
+        cuts = np.flatnonzero(np.diff(letters[order])) + 1
+        for idx in np.split(order, cuts):
+            a = int(letters[idx[0]])
+            idx_t = torch.as_tensor(idx, device=dev)
+            vals = self._letter_products[a](q[idx_t])                        # [n_a, |a|]
+            tok = self._members_t[self.members_ptr[a]:self.members_ptr[a + 1]]
+            r = rows_t[idx_t]
+            if len(idx) == joint.shape[0] and bool((r == torch.arange(len(r), device=dev)).all()):
+                joint.index_copy_(1, tok, vals)                            # every row, in order
+            else:
+                joint[r[:, None], tok[None, :]] = vals
 
     def _weight_floor(self, q: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """A lower bound on every q · B[:, v] per row (q [n, h] ≥ 0; rows without ``live`` get

@@ -76,9 +76,14 @@ def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, 
 
 
 @pytest.mark.parametrize("S,V,h,n,m,eos,suffix,seed", CASES[6:])
-def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, m, eos, suffix, seed):
-    """Every exceptional letter through the per-letter block product (large vocabularies)."""
+@pytest.mark.parametrize("bound", [None, math.inf])
+def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, m, eos, suffix, seed,
+                                                        bound):
+    """Every exceptional letter through the per-letter block product (large vocabularies); with
+    an infinite underflow bound every call takes the unfolded path and then the per-entry check."""
     monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
+    if bound is not None:
+        monkeypatch.setattr("ctrlg.guide.UNDERFLOW_BOUND", bound)
     for inline_rows in (0, 1000):   # per-letter products, and extra rows of the dense product
         monkeypatch.setattr("ctrlg.guide.INLINE_ROWS", inline_rows)
         _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
