@@ -105,6 +105,9 @@ PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: A product q · B[:, v] bounded below by this (see ``GuideTables._weight_floor``) is a normal
 #: positive float in float32 and bfloat16 whatever the rounding, so it cannot have underflowed.
 UNDERFLOW_BOUND = 1e-30
+#: Block-letter joints are folded into the default's scale only while the factor e^{c(t) − c}
+#: stays below e^this (so q · B ≤ e^this, far from overflow in float32 and bfloat16).
+FOLD_MAX_GAIN = 60.0
 
 
 _CHUNK = 4096
@@ -303,8 +306,7 @@ class GuideTables(Feasibility):
         :meth:`token_feasible` (see :meth:`log_ratio`)."""
         return self._weights(states, priors, remaining, ratio=False)
 
-    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool, shifted: bool = False,
-                 fold: bool = True):
+    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool, shifted: bool = False):
         """Shared body of :meth:`token_weights` and :meth:`log_ratio`. With ``ratio`` it returns
         (log(P(v, α | x≤t) / P(v | x≤t)), safe) directly (one log per entry instead of two), where
         ``safe`` says that no feasible token's weight can have underflowed
@@ -316,10 +318,11 @@ class GuideTables(Feasibility):
         [rows, h]·[h, |letter|] product per distinct letter (or, for few rows, by extra rows of
         the dense product), the others token by token, EOS last.
 
-        ``fold`` (ratio mode, per-letter block products): each row's block-letter joints are
-        brought to one scale ĉ = max(c_default, c_letters) by scaling the q vectors (O(R·h)),
-        and written into the joint rows *before* the quotient and log, so those run once over
-        [R, V]. If a scaled weight could underflow, the call is redone without folding."""
+        Folding (ratio mode, per-letter block products): a row's block-letter joints are brought
+        to the default's scale c_default by scaling their q vectors by e^{c(t) − c_default}
+        (O(h) per exception) and written into the joint rows *before* the quotient and log,
+        so those run once over [R, V]. Exceptions whose scaled weights could underflow (or
+        overflow) keep their own scale and are written after the log instead."""
         if self.hmm is None:
             raise ConstraintError("token weights need an HMM; these tables are logical-only")
         states, remaining = self._check_remaining(states, remaining)
@@ -331,16 +334,11 @@ class GuideTables(Feasibility):
         rows, k = self._row_exceptions(states)
         block = self.block_letter[self.exc.tok[k]]
         inline = 2 * R + int(block.sum()) <= INLINE_ROWS
-        fold = fold and ratio and not inline and bool(block.any())
-        reference = c_default                     # each row's values are relative to this scale
-        if fold:
-            c_block = self.log_scale[rr[rows[block]], self._exc_dst_t[k[block]]]
-            reference = c_default.scatter_reduce(0, torch.as_tensor(rows[block], device=dev),
-                                                 c_block, reduce="amax")
-        live = torch.isfinite(reference)
-        base = torch.where(live, reference, 0.0)
+        fold = ratio and not inline and bool(block.any())
+        live = torch.isfinite(c_default)
+        base = torch.where(live, c_default, 0.0)  # each row's values are relative to this scale
         exc = _RowExceptions(priors, None, rr, ratio, base if shifted else torch.zeros_like(base))
-        q_default = priors * self.w_hat[rr, d] * torch.exp(c_default - base).float()[:, None]
+        q_default = priors * self.w_hat[rr, d] * live.float()[:, None]
         stacked = [priors, q_default]
         if inline:  # few rows: B is read once, block letters as extra rows of the same product
             block_terms = self._successor_terms(exc, rows[block], k[block])
@@ -348,12 +346,10 @@ class GuideTables(Feasibility):
         both = self._emission_product(torch.cat(stacked))                # one pass over B
         exc.marginal = both[:R]                                          # product dtype
         if ratio:
-            exc.floors += [self._weight_floor(priors),
-                           self._weight_floor(q_default, torch.isfinite(c_default))]
+            exc.floors += [self._weight_floor(priors), self._weight_floor(q_default, live)]
+        late = np.zeros_like(block) if inline else block.copy()   # block letters written after the log
         if fold:
-            self._fold_block_letters(both[R:2 * R], exc, base, rows[block], k[block])
-            if not bool(torch.cat(exc.floors).min() >= UNDERFLOW_BOUND):
-                return self._weights(states, priors, remaining, ratio, shifted, fold=False)
+            late[late] = ~self._fold_block_letters(both[R:2 * R], exc, base, rows[late], k[late])
         if ratio:  # the quotient in the product dtype (bfloat16: ≤ 0.4 % relative), log in float32
             out = torch.empty(R, both.shape[1], device=dev)
             torch.div(both[R:2 * R], exc.marginal, out=out).log_()
@@ -365,8 +361,7 @@ class GuideTables(Feasibility):
             out.add_(base.float()[:, None])
         if inline:
             self._inline_block_values(out, exc, both[2 * R:], block_terms, k[block])
-        elif not fold:
-            self._block_letter_values(out, exc, rows[block], k[block])
+        self._block_letter_values(out, exc, rows[late], k[late])
         self._token_values(out, exc, rows[~block], k[~block])
         self._eos_values(out, exc, states, remaining, log_marginal)
         if ratio:
@@ -374,21 +369,27 @@ class GuideTables(Feasibility):
         return out, log_marginal
 
     def _fold_block_letters(self, joint: torch.Tensor, exc: "_RowExceptions", base: torch.Tensor,
-                            rows: np.ndarray, k: np.ndarray) -> None:
-        """Block-letter joints at the rows' common scale ``base``: per distinct letter a,
+                            rows: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Block-letter joints at their rows' scale ``base``: per distinct letter a,
         (p ⊙ Ŵ(t) · e^{c(t) − base}) · B[:, a] written into ``joint`` (the default joint rows,
-        product dtype) at the letter's columns."""
+        product dtype) at the letter's columns. Returns which exceptions were folded: those
+        whose scaled weights stay within [``UNDERFLOW_BOUND``, e^{FOLD_MAX_GAIN}] (infeasible
+        successors, with exact zeros, always are)."""
         dev = exc.priors.device
         rows_t = torch.as_tensor(rows, device=dev)
         dst = self._exc_dst_t[torch.as_tensor(k, device=dev)]
         steps = exc.rr[rows_t]
-        c = self.log_scale[steps, dst]
-        q = exc.priors[rows_t] * self.w_hat[steps, dst] * torch.exp(c - base[rows_t]).float()[:, None]
-        exc.floors.append(self._weight_floor(q, torch.isfinite(c)))
+        gap = self.log_scale[steps, dst] - base[rows_t]
+        live = torch.isfinite(gap)
+        q = exc.priors[rows_t] * self.w_hat[steps, dst] * torch.exp(gap).float()[:, None]
+        floor = self._weight_floor(q, live)
+        ok = (floor >= UNDERFLOW_BOUND) & (~live | (gap <= FOLD_MAX_GAIN))
+        folded = ok.cpu().numpy()
         letters = self.exc.tok[k]
-        order = np.argsort(letters, kind="stable")
+        order = np.flatnonzero(folded)
+        order = order[np.argsort(letters[order], kind="stable")]
         cuts = np.flatnonzero(np.diff(letters[order])) + 1
-        for idx in np.split(order, cuts):
+        for idx in np.split(order, cuts) if len(order) else []:
             a = int(letters[idx[0]])
             idx_t = torch.as_tensor(idx, device=dev)
             vals = self._letter_products[a](q[idx_t])                        # [n_a, |a|]
@@ -398,6 +399,7 @@ class GuideTables(Feasibility):
                 joint.index_copy_(1, tok, vals)                            # every row, in order
             else:
                 joint[r[:, None], tok[None, :]] = vals
+        return folded
 
     def _weight_floor(self, q: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """A lower bound on every q · B[:, v] per row (q [n, h] ≥ 0; rows without ``live`` get
