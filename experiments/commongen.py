@@ -127,12 +127,12 @@ def build_constraint(example, groups, tokenizer, constraint_cfg, vocab_size: int
 
     if constraint_cfg.inflections:
         concepts = [f"{c}_{p[0]}" if p else c for c, p in zip(example.concepts, example.pos)]
-        return dfa.commongen_constraint(tokenizer, concepts, min_words=constraint_cfg.min_words,
+        return dfa.commongen_constraint(concepts, tokenizer, min_words=constraint_cfg.min_words,
                                         max_words=constraint_cfg.max_words, eos_token_id=eos,
                                         vocab_size=vocab_size)
-    return dfa.intersect(dfa.keywords(tokenizer, groups, vocab_size=vocab_size),
-                         dfa.word_count(tokenizer, constraint_cfg.min_words,
-                                        constraint_cfg.max_words, vocab_size=vocab_size),
+    return dfa.intersect(dfa.keywords(groups, tokenizer, vocab_size=vocab_size),
+                         dfa.word_count(constraint_cfg.min_words, constraint_cfg.max_words,
+                                        tokenizer, vocab_size=vocab_size),
                          dfa.eos(eos, vocab_size, required=True))
 
 
