@@ -105,6 +105,31 @@ def _old_word_count_parameters(tokenizer, min_words: int = 0, max_words: int | N
     """The parameters of :func:`word_count` in the deprecated tokenizer-first order."""
 
 
+_WORD_COUNT_ORDER = inspect.signature(_word_count_parameters)
+_WORD_COUNT_OLD_ORDER = inspect.signature(_old_word_count_parameters)
+
+
+def _word_count_arguments(args: tuple, kwargs: dict) -> tuple:
+    """``(min_words, max_words, tokenizer, vocab_size)`` from :func:`word_count`'s arguments in
+    the documented order or, with a DeprecationWarning, in the older tokenizer-first one (told
+    apart by a tokenizer or Vocabulary in the first position)."""
+    old_order = bool(args) and is_vocabulary_like(args[0])
+    if old_order:
+        warnings.warn("word_count(tokenizer, min_words, max_words) is deprecated: give the word "
+                      "range first, word_count(min_words, max_words, tokenizer)",
+                      DeprecationWarning, stacklevel=3)
+    bound = (_WORD_COUNT_OLD_ORDER if old_order else _WORD_COUNT_ORDER).bind(*args, **kwargs)
+    bound.apply_defaults()
+    min_words, max_words, tokenizer, vocab_size = (
+        bound.arguments[k] for k in ("min_words", "max_words", "tokenizer", "vocab_size"))
+    if tokenizer is None and is_vocabulary_like(max_words):     # word_count(min_words, tokenizer)
+        max_words, tokenizer = None, max_words
+    if tokenizer is None:
+        raise ConstraintError("word_count needs a tokenizer or ctrlg.Vocabulary after the word "
+                              "range: word_count(min_words, max_words, tokenizer)")
+    return min_words, max_words, tokenizer, vocab_size
+
+
 def word_count(*args, **kwargs) -> TokenDFA:
     """Accepts the token sequences whose decoded text has ``min_words ≤ words ≤ max_words``
     words (no upper bound when ``max_words`` is None; both bounds ≤ :data:`MAX_WORD_BOUND`).
@@ -116,28 +141,11 @@ def word_count(*args, **kwargs) -> TokenDFA:
     and gives the same automaton, with a DeprecationWarning. ``vocab_size`` (default: the
     tokenizer's) may exceed the tokenizer's size when the LM pads its vocabulary; padded ids add
     no text."""
-    old_order = bool(args) and is_vocabulary_like(args[0])
-    if old_order:
-        warnings.warn("word_count(tokenizer, min_words, max_words) is deprecated: give the word "
-                      "range first, word_count(min_words, max_words, tokenizer)",
-                      DeprecationWarning, stacklevel=2)
-    bound = _WORD_COUNT_OLD_ORDER.bind(*args, **kwargs) if old_order else \
-        _WORD_COUNT_ORDER.bind(*args, **kwargs)
-    bound.apply_defaults()
-    min_words, max_words, tokenizer, vocab_size = (
-        bound.arguments[k] for k in ("min_words", "max_words", "tokenizer", "vocab_size"))
-    if tokenizer is None and is_vocabulary_like(max_words):     # word_count(min_words, tokenizer)
-        max_words, tokenizer = None, max_words
-    if tokenizer is None:
-        raise ConstraintError("word_count needs a tokenizer or ctrlg.Vocabulary after the word "
-                              "range: word_count(min_words, max_words, tokenizer)")
+    min_words, max_words, tokenizer, vocab_size = _word_count_arguments(args, kwargs)
     _check_word_range(min_words, max_words)
-    tokens = _vocabulary(tokenizer, vocab_size)
-    return _word_count_from_bytes(tokens, min_words, max_words)
+    return _word_count_from_bytes(_vocabulary(tokenizer, vocab_size), min_words, max_words)
 
 
-_WORD_COUNT_ORDER = inspect.signature(_word_count_parameters)
-_WORD_COUNT_OLD_ORDER = inspect.signature(_old_word_count_parameters)
 word_count.__signature__ = _WORD_COUNT_ORDER
 
 
