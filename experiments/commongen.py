@@ -197,7 +197,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
             cache[key] = ConstraintLogitsProcessor(
                 hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
                 max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
-                mode=spec["guide"],
+                mode=spec["guide"], precision=str(gen.get("precision", "float32")),
                 prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
         proc = cache[key]
         proc.reset()

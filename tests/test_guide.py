@@ -10,7 +10,7 @@ import torch
 from ctrlg import HMM
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.guide import GuideTables, build_tables
+from ctrlg.guide import GuideTables, build_tables, resolve_precision
 from helpers import random_dfa, random_hmm, random_letter_dfa
 
 
@@ -269,3 +269,14 @@ def test_rows_of_a_batch_equal_rows_alone(monkeypatch, inline_rows):
     for i, (s, r) in enumerate(zip(states, remaining)):
         alone = tables.log_ratio([s], priors[i:i + 1], r)[0]
         torch.testing.assert_close(together[i], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_precision_auto_resolves_to_what_the_hardware_has():
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert resolve_precision("auto") == ("bfloat16" if native else "float32")
+    assert resolve_precision("float32") == "float32"
+    with pytest.raises(ConstraintError, match="precision must be one of"):
+        resolve_precision("fp8")
+    hmm, dfa = random_hmm(2, 4, 0), random_dfa(3, 4, 0)
+    assert build_tables(hmm, dfa, 3, precision="auto").precision == resolve_precision("auto")
+    assert build_tables(hmm, dfa, 3).precision == "float32"          # the tables' default
