@@ -210,8 +210,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             priors = None if priors is None else priors[torch.as_tensor(active, device=priors.device)]
         active_t = None if every else torch.as_tensor(active, device=scores.device)
         lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
+        if self.hmm is None or self.strength == 0:   # w = 0 is logical masking: no HMM products
+            priors = None
         guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
-                                  self.strength if self.hmm is not None else 1.0)
+                                  self.strength if priors is not None else 1.0)
         return self._write(scores, guided, active_t)
 
     # ------------------------------------------------------------------ __call__'s steps
