@@ -136,7 +136,7 @@ def main(argv=None):
     result = dict(model="SmolLM2-135M-Instruct (embedded)", hidden=args.hidden, concepts=CONCEPTS,
                   words=[5, 20], dfa_states=constraint.num_states, max_new_tokens=args.max_new_tokens,
                   threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                  cpu_count=os.cpu_count(), rows=rows,
+                  cpu_count=os.cpu_count(), load_average=os.getloadavg(), rows=rows,
                   command="OMP_NUM_THREADS=%s python -m benchmarks.bench_batch --threads %d"
                           % (os.environ.get("OMP_NUM_THREADS", "?"), args.threads))
     if not args.profile:
