@@ -50,15 +50,24 @@ Letters (token classes, ``TokenDFA.letter_of_token``). Exceptions may be stored 
 set of tokens that behave alike). The recurrence then uses B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], so
 a step costs O(S·h² + E_letters·h).
 
-Per token, for a batch of R rows: one [2R, h]·[h, V] product gives P(v | x≤t) and the default
-successor's joint for every v. Exceptional letters with ≥ ``BLOCK_LETTER`` tokens get one
-[rows, h]·[h, |a|] product per distinct letter a over B's columns grouped by letter (or, while
-2R + #such exceptions ≤ ``INLINE_ROWS``, extra rows p ⊙ Ŵ_{r-1}(t) of the dense product, so B is
-read once — what matters when the product is memory-bound); smaller letters are handled token by
-token (p · (B[:, v] ⊙ Ŵ(t))). A row costs O(h·V·2 + h·Σ_{exceptional a}|a|). ``precision=
-"bfloat16"`` runs these products in bfloat16 with float32 accumulation (≤ ~1% relative error on
-the guidance term; feasibility stays exact). Feasibility per row is checked by counting
-(:meth:`Feasibility.feasible_counts`): a finite guidance value implies a feasible token.
+Per token, for a batch of R rows: one [2R, h]·[h, V] product (B packed once for oneDNN,
+:class:`ctrlg.kernels.packed_linear.PackedLinear`) gives P(v | x≤t) and the default successor's
+joint for every v. Exceptional letters with ≥ ``BLOCK_LETTER`` tokens get one
+[rows, h]·[h, |a|] product per distinct letter a over its own packed columns; their q vectors
+are first scaled to the row's default scale (e^{c(t) − c(default)}, O(h)) and the results written
+into the joint rows, so the quotient and the log run once over [R, V] ("folding"; an exception
+whose scaled weights could leave the float range keeps its own scale and is written after the
+log). While 2R + #such exceptions ≤ ``INLINE_ROWS`` they ride along as extra rows of the dense
+product instead, so B is read once. Smaller letters are handled token by token
+(p · (B[:, v] ⊙ Ŵ(t))). A row costs O(h·V·2 + h·Σ_{exceptional a}|a|) multiply-adds and four
+passes over its V entries. ``precision="bfloat16"`` runs the products in bfloat16 with float32
+accumulation (≤ ~1% relative error on the guidance term; feasibility stays exact).
+
+Feasibility per row: a finite guidance value implies a feasible token, and the converse is
+proved without touching the [R, V] result when every q vector's lower bound
+max_z q_z · min_v B[z, v] is ≥ ``UNDERFLOW_BOUND`` (no feasible weight can then be 0 in float32 or
+bfloat16); otherwise the finite entries are counted against :meth:`Feasibility.feasible_counts`
+and underflowed feasible tokens get a floor.
 
 Logical mode (``hmm=None``, or :class:`ctrlg.feasibility.Feasibility` alone): only F is built;
 guidance is 0 on feasible tokens and −inf on the others (what Outlines / guidance do).
