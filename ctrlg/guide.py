@@ -86,7 +86,7 @@ from tqdm.auto import tqdm
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility, as_token_list, renamed_budget
-from ctrlg.kernels.packed_linear import PackedLinear
+from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.reference import backward_step_reference
 
 __all__ = [
@@ -132,8 +132,7 @@ def resolve_precision(precision: str, device: torch.device | str = "cpu") -> str
         if device.type == "cuda":
             native = torch.cuda.is_bf16_supported()
         else:
-            native = (device.type == "cpu" and torch.backends.mkldnn.is_available()
-                      and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+            native = device.type == "cpu" and native_bfloat16()
         return "bfloat16" if native else "float32"
     if precision not in PRECISIONS:
         raise ConstraintError(f"precision must be one of {tuple(PRECISIONS) + ('auto',)}, got {precision!r}")

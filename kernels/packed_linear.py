@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PackedLinear"]
+__all__ = ["PackedLinear", "native_bfloat16"]
 
 #: oneDNN's reorder takes the expected number of rows as a hint; a typical batch.
 BATCH_HINT = 32
@@ -45,15 +45,22 @@ class PackedLinear:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
 
 
+def native_bfloat16() -> bool:
+    """Whether this CPU's oneDNN computes bfloat16 products natively (AVX512-BF16 / AMX)."""
+    try:
+        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor | None:
     """The oneDNN-packed weight, or None where that path is unavailable or disagrees with
     ``linear`` on a probe (rows of varied scale, so a wrong layout cannot pass)."""
     if weight.device.type != "cpu" or weight.dim() != 2 or not torch.backends.mkldnn.is_available():
         return None
-    if weight.dtype == torch.bfloat16:
-        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return None
-    elif weight.dtype != torch.float32:
+    if weight.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if weight.dtype == torch.bfloat16 and not native_bfloat16():
         return None
     weight = weight.contiguous()
     try:

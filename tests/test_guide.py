@@ -11,6 +11,7 @@ from ctrlg import HMM
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide import GuideTables, build_tables, resolve_precision
+from ctrlg.kernels.packed_linear import native_bfloat16
 from helpers import random_dfa, random_hmm, random_letter_dfa
 
 
@@ -272,7 +273,7 @@ def test_rows_of_a_batch_equal_rows_alone(monkeypatch, inline_rows):
 
 
 def test_precision_auto_resolves_to_what_the_hardware_has():
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    native = native_bfloat16()
     assert resolve_precision("auto") == ("bfloat16" if native else "float32")
     assert resolve_precision("float32") == "float32"
     with pytest.raises(ConstraintError, match="precision must be one of"):
