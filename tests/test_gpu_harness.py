@@ -69,6 +69,10 @@ def test_every_section_ran_with_positive_timings(tiny_run):
     assert math.isfinite(lls["distilled HMM"]) and lls["distilled HMM"] < 0
     # a trained HMM beats the unigram baseline on held-out samples, even at this size
     assert lls["distilled HMM"] > lls["unigram"]
+    # the prior head trained with the HMM: filtering and head rows for each prefix length
+    head_rows = [m for m in lls if m.startswith(("HMM filtering, after", "HMM + prior head, after"))]
+    assert head_rows and all(math.isfinite(lls[m]) and lls[m] < 0 for m in head_rows)
+    assert any(m.startswith("HMM + prior head") for m in head_rows)
 
 
 def test_torch_rows_present_and_kernels_agree_with_torch(tiny_run):
