@@ -9,9 +9,10 @@ vocabulary object is built once, outside the timing, and reported separately). c
 index (``minimize=False``) over letters (tokens with the same transformation of the states);
 the JSON also records the minimised DFA's time and the time including the per-token view
 (``exc_ptr``/``exc_tokens``). Mask time: mean time to produce the allowed-token set as a boolean
-mask over the vocabulary at each step of the same accepted token walk (ctrlg: the minimised
-DFA's state: a mask filled with "the default successor is live", overwritten by the state's
-per-token exception slice; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
+mask over the vocabulary at each step of the same accepted token walk, plus the step to the next
+state (ctrlg: the minimised DFA's masks precomputed per state by :class:`ctrlg.dfa.masks.TokenMasks`,
+its build time recorded as ``ctrlg_mask_table_s``; ``ctrlg_mask_cold_us`` builds each mask afresh
+from the letter-level exceptions; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
 llguidance: ``fill_next_token_bitmask`` + ``consume_token``).
 
 Ratios are taken from interleaved runs (ctrlg and outlines-core in turn, all-encodings and
@@ -86,6 +87,7 @@ def main(argv=None):
     from ctrlg import dfa
     from ctrlg.errors import ConstraintError
     from ctrlg.dfa.canonical import pair_checker
+    from ctrlg.dfa.masks import TokenMasks
     from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
     from ctrlg.models import load_tokenizer
 
@@ -166,19 +168,20 @@ def main(argv=None):
             row["ctrlg_canonical_s"] = None
             row["ctrlg_canonical_error"] = str(exc)
 
-        # the minimised DFA's per-token view (default successor + exceptions): a state's mask
-        # is "default is live" overwritten by its exceptions, O(exceptions) per step
-        ptr, toks, nxt = d_min.exc_ptr, d_min.exc_tokens, d_min.exc_next
-        live_min = d_min.live_states()
+        # the minimised DFA's allowed-token masks, precomputed per state (ctrlg.dfa.masks):
+        # a step costs a row view plus the DFA step; "cold" builds each mask afresh instead
+        t0 = time.perf_counter()
+        masks = TokenMasks(d_min)
+        row["ctrlg_mask_table_s"] = time.perf_counter() - t0
 
-        def ctrlg_masks():
+        def mask_walk(mask_of):
             s = d_min.initial
             for t in walk:
-                mask = np.full(V, live_min[d_min.default[s]])
-                lo, hi = ptr[s], ptr[s + 1]
-                mask[toks[lo:hi]] = live_min[nxt[lo:hi]]
-                assert mask[t]
+                assert mask_of(s)[t]
                 s = d_min.step(s, t)
+        ctrlg_masks = lambda: mask_walk(masks)  # noqa: E731
+        row["ctrlg_mask_cold_us"] = _best(lambda: mask_walk(masks.build),
+                                          args.repeats)[0] / len(walk) * 1e6
         row["ctrlg_mask_us"] = _best(ctrlg_masks, args.repeats)[0] / len(walk) * 1e6
 
         if Index is not None and "outlines_core_s" in row:
