@@ -14,7 +14,7 @@ from test_canonical import _sample_strings, sample_path
 from tiny_bpe import tiny_bpe_tokenizer
 
 from ctrlg import dfa
-from ctrlg.dfa.bpe_merges import MergeTables, right_context_classes
+from ctrlg.dfa.bpe_merges import MergeTables, loop_transition_bound, right_context_classes
 from ctrlg.dfa.canonical import is_canonical, pair_checker
 
 
@@ -155,6 +155,18 @@ def test_merge_rank_pair_test_on_every_pair(tok):
     rows = across_rows = tables.merges_across(la, lb).reshape(len(letters), len(letters))
     classes, forbidden = right_context_classes(tables, letters, letters)
     assert classes == len({r.tobytes() for r in across_rows}) and forbidden == rows.sum()
+    # the bound on transitions, by brute force: per class, the distinct classes it may precede
+    ids: dict[bytes, int] = {}
+    cls = np.array([ids.setdefault(r.tobytes(), len(ids)) for r in across_rows])
+    reps = [int(np.flatnonzero(cls == c)[0]) for c in range(len(ids))]
+    transitions = sum(len(set(cls[~across_rows[r]].tolist())) for r in reps)
+    assert loop_transition_bound(tables, letters) == (classes, transitions)
+    # and the canonical DFA of the loop meets it
+    d = dfa.regex("[a-z]+", tok, encodings="canonical", eos_token_id=None)
+    live = d.live_states()
+    assert d.num_states >= classes
+    succ = sum(len(set(row[live[row]].tolist())) for row in d.dense())
+    assert succ >= transitions
 
 
 def test_merge_rank_pair_test_on_smollm2_pairs():

@@ -28,8 +28,9 @@ The signatures are two sparse token × rank tables built once per tokenizer, vec
 spine depth: O(Σ_a |SR(a)| + Σ_b |SL(b)|) (~1.4M and ~3M entries for SmolLM2). A batch of pairs
 costs O(Σ_k |SR(a_k)| · log |SL|). Two tokens with equal rows of ``forbidden = SR · SLᵀ``
 (restricted to the tokens that may follow) have the same future in any canonical automaton:
-:func:`right_context_classes` counts these Myhill–Nerode classes, a lower bound on the states
-of a canonical token DFA that loops over those tokens.
+:func:`right_context_classes` counts these Myhill–Nerode classes, and
+:func:`loop_transition_bound` the states and transitions any canonical token DFA looping over
+those tokens must have.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import VocabularyMismatchError
 
-__all__ = ["MergeTables", "right_context_classes"]
+__all__ = ["MergeTables", "loop_transition_bound", "right_context_classes"]
 
 _FOREVER = np.iinfo(np.int64).max // 4
 
@@ -150,8 +151,46 @@ def right_context_classes(tables: MergeTables, tokens, followers) -> tuple[int, 
     across (a, b)}`` over ``a ∈ tokens`` (Myhill–Nerode classes of the previous token when the
     next one ranges over ``followers`` inside one pre-token), and the number of such pairs.
     One sparse product ``SR · SLᵀ``: O(forbidden pairs)."""
+    forbidden = _forbidden(tables, tokens, followers)
+    return len(_row_classes(forbidden)[1]), int(forbidden.nnz)
+
+
+def loop_transition_bound(tables: MergeTables, tokens) -> tuple[int, int]:
+    """``(states, transitions)``: lower bounds for any deterministic automaton that accepts
+    exactly the canonical token sequences of a loop over ``tokens`` (a set closed under
+    following each other inside one pre-token, e.g. every ``[a-z]+`` token). After token ``a``
+    the automaton must know ``a``'s class (:func:`right_context_classes`), so it has at least
+    one state per class, and from it one transition per distinct class among the allowed
+    next tokens. Over letters (token classes) or tokens alike, that many transitions must be
+    stored."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    forbidden = _forbidden(tables, tokens, tokens)
+    cls, reps = _row_classes(forbidden)
+    from scipy import sparse
+
+    K = len(reps)
+    onehot = sparse.csr_matrix((np.ones(len(tokens)), (np.arange(len(tokens)), cls)),
+                               shape=(len(tokens), K))
+    per_class = (forbidden[reps] @ onehot).tocoo()     # forbidden members of each class
+    sizes = np.bincount(cls, minlength=K)
+    fully = per_class.data == sizes[per_class.col]
+    closed = np.bincount(per_class.row[fully], minlength=K)
+    return K, int((K - closed).sum())
+
+
+def _forbidden(tables: MergeTables, tokens, followers):
     sr, sl = tables.signature_matrices(tokens, followers)
     forbidden = (sr @ sl.T).tocsr()
-    rows = {forbidden.indices[forbidden.indptr[i]:forbidden.indptr[i + 1]].tobytes()
-            for i in range(forbidden.shape[0])}
-    return len(rows), int(forbidden.nnz)
+    forbidden.data[:] = 1
+    return forbidden
+
+
+def _row_classes(matrix) -> tuple[np.ndarray, np.ndarray]:
+    """``(class of each row, one representative row per class)`` by the rows' column sets."""
+    ids: dict[bytes, int] = {}
+    cls = np.array([ids.setdefault(matrix.indices[matrix.indptr[i]:matrix.indptr[i + 1]]
+                                   .tobytes(), len(ids)) for i in range(matrix.shape[0])],
+                   dtype=np.int64)
+    reps = np.full(len(ids), -1, dtype=np.int64)
+    reps[cls[::-1]] = np.arange(len(cls))[::-1]
+    return cls, reps
