@@ -18,7 +18,8 @@ llguidance: ``fill_next_token_bitmask`` + ``consume_token``).
 Ratios are taken from interleaved runs (ctrlg and outlines-core in turn, all-encodings and
 canonical in turn, best of ``--repeats`` each), so that both sides see the same machine load.
 Canonical mode is timed with the tokenizer-level tables built beforehand
-(like the vocabularies: first-token verdicts) but an empty token-pair cache at every repeat, with a budget of ``--max-pair-checks`` pair
+(like the vocabularies: first-token verdicts and the merge-rank junction signatures of
+:mod:`ctrlg.dfa.bpe_merges`) but an empty token-pair cache at every repeat, with a budget of ``--max-pair-checks`` pair
 checks; regexes whose loops range over large token classes exceed it and are reported as such.
 Prints a table and writes benchmarks/results/bench_regex.json. A competitor that is not
 installed is skipped and reported as such.
@@ -76,6 +77,42 @@ def _best(fn, repeats):
     return min(times), out
 
 
+def _canonical_lower_bound(rows, tok, checker, notes):
+    """For the patterns canonical mode refuses: whether their all-encodings DFA has a live state
+    that loops on every ``[a-z]+`` token, and the Myhill–Nerode lower bound
+    (:func:`ctrlg.dfa.bpe_merges.loop_transition_bound`) on the states and transitions of any
+    canonical DFA containing such a loop."""
+    from ctrlg.dfa.bpe_merges import MergeTables, loop_transition_bound
+
+    refused = [r for r in rows if r["ctrlg_canonical_s"] is None]
+    for r in rows:
+        d_all = r.pop("all_dfa")
+        r["_live"] = d_all.live_states(), d_all
+    if refused:
+        letters = np.array([t for t, b in enumerate(checker.tokens) if b.isalpha()
+                            and b.islower() and b.isascii() and checker._is_whole(t)])
+        t0 = time.perf_counter()
+        states, transitions = loop_transition_bound(
+            MergeTables(tok.backend_tokenizer, len(tok)), letters)
+        seconds = time.perf_counter() - t0
+        loops = []
+        for r in refused:
+            live, d_all = r["_live"]
+            r["loops_over_lowercase_tokens"] = any(
+                bool(np.all(d_all.step_many(q, letters) == q)) for q in np.flatnonzero(live))
+            if r["loops_over_lowercase_tokens"]:
+                r["canonical_lower_bound_states"] = states
+                r["canonical_lower_bound_transitions"] = transitions
+                loops.append(r["regex"])
+        notes.append(f"canonical refused on {', '.join(r['regex'] for r in refused)}; "
+                     f"{', '.join(loops) or 'none'} loop(s) over all {len(letters)} [a-z]+ tokens, "
+                     f"and any canonical DFA of such a loop needs >= {states} states and >= "
+                     f"{transitions} transitions (Myhill-Nerode classes from the merge ranks, "
+                     f"computed in {seconds:.1f} s)")
+    for r in rows:
+        r.pop("_live")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -103,6 +140,7 @@ def main(argv=None):
     checker = pair_checker(tok)
     checker.starts_nonspace(np.zeros(1, dtype=np.int64))
     checker.singles(np.arange(V))     # first-token verdicts: per tokenizer, like the trie
+    checker.merge_tables()            # merge-rank junction signatures: per tokenizer
     setup["ctrlg_canonical_tables_s"] = time.perf_counter() - t0
     dfa.regex("[0-9]", tok, encodings="canonical")   # warm-up of the tokenizers backend
     notes = []
@@ -220,9 +258,11 @@ def main(argv=None):
             except Exception as exc:
                 row["llguidance_error"] = f"{exc.__class__.__name__}: {exc}"
         rows.append(row)
+        row["all_dfa"] = d_all
 
+    _canonical_lower_bound(rows, tok, checker, notes)
     header = (f"{'regex':8} {'ctrlg all':>10} {'canonical':>10} {'can/all':>8} {'outlines':>10} "
-              f"{'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'mask oc':>9} {'mask llg':>9}")
+              f"{'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'cold':>6} {'mask oc':>9} {'mask llg':>9}")
     print(f"vocabulary: SmolLM2, V={V}; setup {json.dumps({k: round(v, 3) for k, v in setup.items()})}")
     print(header)
     fmt = lambda v, unit="s": "-" if v is None else (f"{v * 1e3:.1f}ms" if unit == "s" else f"{v:.0f}us")
@@ -233,7 +273,8 @@ def main(argv=None):
               f"{r.get('canonical_over_all', float('nan')):>7.2f}x "
               f"{fmt(oc):>10} {fmt(r.get('llguidance_s')):>10} "
               f"{ratio:>8.2f}x "
-              f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
+              f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r['ctrlg_mask_cold_us'], 'us'):>6} "
+              f"{fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
               f"{fmt(r.get('llguidance_mask_us'), 'us'):>9}")
     for n in notes:
         print("note:", n)

@@ -39,6 +39,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from ctrlg.dfa.bpe_merges import MergeTables
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.dfa.minimize import minimize
@@ -77,6 +78,7 @@ class PairChecker:
         self._starts_nonspace: np.ndarray | None = None
         self._byte_level: dict[bytes, str] = {}
         self._whole: dict[int, bool] = {}
+        self._merge_tables: MergeTables | bool | None = None
 
     # -- window checks -------------------------------------------------------------
     def _bpe_ids(self, *parts: bytes) -> list[int]:
@@ -161,27 +163,50 @@ class PairChecker:
         keys = list(zip(np.asarray(left).tolist(), np.asarray(right).tolist()))
         cache = self.pair_cache
         todo = {key for key in keys if key not in cache}
-        batch, texts = [], []
+        batch, texts, inside = [], [], []
         for key in todo:
             a, b = key
             data = self.tokens[a] + self.tokens[b]
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:   # inside one multi-byte character: one pre-token
-                cache[key] = FREE if self._bpe_ids(self.tokens[a], self.tokens[b]) == [a, b] \
-                    else REJECT
+                inside.append(key)
                 continue
             if _ends_with_space(self.tokens[b]):
                 cache[key] = self._verdicts((self.tokens[a], self.tokens[b]), [a, b])
             else:
                 texts.append(text)
                 batch.append(key)
+        if inside:
+            for key, ok in zip(inside, self._bpe_pairs(inside)):
+                cache[key] = FREE if ok else REJECT
         if batch:
             encodings = self.backend.encode_batch(texts, add_special_tokens=False)
             for key, enc in zip(batch, encodings):
-                self.pair_cache[key] = FREE if enc.ids == list(key) else REJECT
-        return np.fromiter((self.pair_cache[key] for key in keys), dtype=np.int8,
-                           count=len(keys))
+                cache[key] = FREE if enc.ids == list(key) else REJECT
+        return np.fromiter((cache[key] for key in keys), dtype=np.int8, count=len(keys))
+
+    def _bpe_pairs(self, keys: list[tuple[int, int]]) -> list[bool]:
+        """Whether BPE (the model alone) encodes each pair's bytes as the pair: both tokens
+        are BPE's encoding of themselves and no merge fires across the junction
+        (:meth:`MergeTables.merges_across`, from the merge ranks); per pair through the model
+        when the merge tables do not apply to this tokenizer."""
+        tables = self.merge_tables()
+        if tables is None:
+            return [self._bpe_ids(self.tokens[a], self.tokens[b]) == [a, b] for a, b in keys]
+        left, right = (np.array(side, dtype=np.int64) for side in zip(*keys))
+        whole = np.array([self._is_whole(a) and self._is_whole(b) for a, b in keys])
+        return (whole & ~tables.merges_across(left, right)).tolist()
+
+    def merge_tables(self) -> MergeTables | None:
+        """The tokenizer's :class:`MergeTables` (built on first use), or None where the merge
+        rank test does not apply (not a plain BPE model)."""
+        if self._merge_tables is None:
+            try:
+                self._merge_tables = MergeTables(self.backend, len(self.tokens))
+            except (VocabularyMismatchError, KeyError, ValueError):
+                self._merge_tables = False
+        return self._merge_tables or None
 
     def starts_nonspace(self, tokens: np.ndarray) -> np.ndarray:
         if self._starts_nonspace is None:
