@@ -35,6 +35,7 @@ large token classes such as ``[a-z]+`` can need millions of pairs).
 
 from __future__ import annotations
 
+import json
 from itertools import accumulate
 
 import numpy as np
@@ -79,6 +80,7 @@ class PairChecker:
         self._byte_level: dict[bytes, str] = {}
         self._whole: dict[int, bool] = {}
         self._merge_tables: MergeTables | bool | None = None
+        self._ascii_runs: list[int] | None = None
 
     # -- window checks -------------------------------------------------------------
     def _bpe_ids(self, *parts: bytes) -> list[int]:
@@ -154,18 +156,24 @@ class PairChecker:
     def pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """Flag per pair (a, b): the verdict on b following a.
 
-        Pairs whose right token does not end with whitespace and whose bytes are valid UTF-8
-        are decided in one batched ``encode_batch`` call: then the verdict is FREE iff
+        Pairs inside one pre-token by construction (ASCII letter or digit runs,
+        :meth:`ascii_runs`) and pairs inside one multi-byte character are BPE's alone, decided
+        from the merge ranks (:meth:`_bpe_pairs`). Other pairs whose right token does not end
+        with whitespace and whose bytes are valid UTF-8 are decided in one batched
+        ``encode_batch`` call: then the verdict is FREE iff
         ``encode(a + b) == [a, b]`` (equivalent to the window test, since every token of a
-        canonical sequence is BPE's encoding of its own bytes). Pairs inside one multi-byte
-        character are BPE's alone; pairs ending with whitespace use the window test
-        (:meth:`_verdicts`)."""
+        canonical sequence is BPE's encoding of its own bytes); pairs ending with whitespace use
+        the window test (:meth:`_verdicts`)."""
         keys = list(zip(np.asarray(left).tolist(), np.asarray(right).tolist()))
         cache = self.pair_cache
         todo = {key for key in keys if key not in cache}
         batch, texts, inside = [], [], []
+        run = self.ascii_runs()
         for key in todo:
             a, b = key
+            if run[b] in (2, 4) and run[a] in (run[b], run[b] - 1):
+                inside.append(key)       # " ?[A-Za-z]+" + "[A-Za-z]+" (or digits): one pre-token
+                continue
             data = self.tokens[a] + self.tokens[b]
             try:
                 text = data.decode("utf-8")
@@ -185,6 +193,24 @@ class PairChecker:
             for key, enc in zip(batch, encodings):
                 cache[key] = FREE if enc.ids == list(key) else REJECT
         return np.fromiter((cache[key] for key in keys), dtype=np.int8, count=len(keys))
+
+    def ascii_runs(self) -> list[int]:
+        """Per token: 2 for tokens ``[A-Za-z]+``, 1 for `` [A-Za-z]+``, 4 for ``[0-9]+``, 3 for
+        `` [0-9]+``, else 0. A pair (a, b) with ``run[b] ∈ {2, 4}`` and ``run[a] ∈ {run[b],
+        run[b] − 1}`` lies inside one pre-token of the GPT-2 pattern (`` ?\\p{L}+`` or
+        `` ?\\p{N}+``), so ``encode`` is BPE alone there. All 0 (no shortcut) unless the
+        pre-tokenizer is exactly GPT-2's (``ByteLevel`` with ``use_regex``)."""
+        if self._ascii_runs is None:
+            runs = [0] * len(self.tokens)
+            pre = json.loads(self.backend.to_str()).get("pre_tokenizer") or {}
+            if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+                for t, data in enumerate(self.tokens):
+                    spaced = data[:1] == b" "
+                    body = data[1:] if spaced else data
+                    if body and body.isascii() and (body.isalpha() or body.isdigit()):
+                        runs[t] = (2 if body.isalpha() else 4) - int(spaced)
+            self._ascii_runs = runs
+        return self._ascii_runs
 
     def _bpe_pairs(self, keys: list[tuple[int, int]]) -> list[bool]:
         """Whether BPE (the model alone) encodes each pair's bytes as the pair: both tokens
