@@ -186,3 +186,32 @@ def test_merge_rank_pair_test_on_smollm2_pairs():
     assert 0.05 < truth.mean() < 0.5
     assert np.array_equal(tables.merges_across(a, b), truth)
     assert right_context_classes(tables, letters, letters)[0] == 4188
+
+
+def test_pair_shortcuts_agree_with_encode_on_smollm2():
+    """Pairs the checker decides from the merge ranks (ASCII letter/digit runs, bytes inside
+    one multi-byte character) get the verdict ``encode`` (or BPE, for partial characters)
+    gives."""
+    from ctrlg.dfa.canonical import FREE
+    from ctrlg.models import load_tokenizer
+
+    tok = load_tokenizer()
+    checker = pair_checker(tok)
+    runs = np.array(checker.ascii_runs())
+    rng = np.random.default_rng(1)
+    spaced_letters, letters = np.flatnonzero(runs == 1), np.flatnonzero(runs == 2)
+    digits = np.flatnonzero(runs == 4)
+    partial = np.array([t for t, b in enumerate(checker.tokens) if b and b[-1] >= 0xC0])
+    tails = np.array([t for t, b in enumerate(checker.tokens) if b and 0x80 <= b[0] < 0xC0])
+    groups = [(spaced_letters, letters), (letters, letters), (digits, digits), (partial, tails)]
+    for left, right in groups:
+        a, b = rng.choice(left, 400), rng.choice(right, 400)
+        checker.pair_cache.clear()
+        got = checker.pairs(a, b) == FREE
+        for x, y, ok in zip(a.tolist(), b.tolist(), got.tolist()):
+            data = checker.tokens[x] + checker.tokens[y]
+            try:
+                truth = tok.encode(data.decode("utf-8"), add_special_tokens=False) == [x, y]
+            except UnicodeDecodeError:
+                truth = checker._bpe_ids(checker.tokens[x], checker.tokens[y]) == [x, y]
+            assert ok == truth, tok.convert_ids_to_tokens([x, y])
