@@ -132,11 +132,11 @@ def main(argv=None):
                   flush=True)
         del proc
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(profiler).sort_stats(os.environ.get("SORT","cumulative")).print_stats(int(os.environ.get("NSTAT","25")))
     result = dict(model="SmolLM2-135M-Instruct (embedded)", hidden=args.hidden, concepts=CONCEPTS,
                   words=[5, 20], dfa_states=constraint.num_states, max_new_tokens=args.max_new_tokens,
                   threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                  cpu_count=os.cpu_count(), rows=rows,
+                  cpu_count=os.cpu_count(), load_average=os.getloadavg(), rows=rows,
                   command="OMP_NUM_THREADS=%s python -m benchmarks.bench_batch --threads %d"
                           % (os.environ.get("OMP_NUM_THREADS", "?"), args.threads))
     if not args.profile:

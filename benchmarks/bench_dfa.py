@@ -120,7 +120,7 @@ def main() -> None:
                                   ("commongen_4_no_word_end", CONCEPTS_4, False),
                                   ("commongen_5", CONCEPTS_5, True)):
         d, seconds, peak = measure(
-            lambda c=concepts, w=whole: dfa.commongen_constraint(tokenizer, c, min_words=5,
+            lambda c=concepts, w=whole: dfa.commongen_constraint(c, tokenizer, min_words=5,
                                                                  max_words=20, whole_word=w))
         entry = {"concepts": concepts, "whole_word": whole, "states": d.num_states,
                  "letters": d.num_letters,
@@ -133,7 +133,7 @@ def main() -> None:
     if not args.quick:
         groups = [dfa.inflections(w, p) for w, p in
                   (c.split("_") for c in CONCEPTS_4.split("#"))]
-        parts = (dfa.keywords(tokenizer, groups, whole_word=False), dfa.word_count(tokenizer, 5, 20),
+        parts = (dfa.keywords(groups, tokenizer, whole_word=False), dfa.word_count(5, 20, tokenizer),
                  dfa.eos(tokenizer.eos_token_id, len(token_bytes(tokenizer)), required=True))
 
         def per_token():
@@ -147,7 +147,7 @@ def main() -> None:
         ref_s = time.perf_counter() - start
         ref_states = ref.num_states
         ref_min = dfa.minimize(ref).num_states
-        ours = dfa.commongen_constraint(tokenizer, CONCEPTS_4, min_words=5, max_words=20,
+        ours = dfa.commongen_constraint(CONCEPTS_4, tokenizer, min_words=5, max_words=20,
                                         whole_word=False)
         same_language = (dfa.intersect(ref, dfa.complement(ours, allow_empty=True),
                                        allow_empty=True).is_empty()
@@ -160,7 +160,7 @@ def main() -> None:
         rows.append(("commongen_4_no_word_end (per-token ref)", ref_states, ref.num_exceptions,
                      ref.num_exceptions, ref_s, float("nan")))
 
-    keyword_dfas = [dfa.keywords(tokenizer, [dfa.inflections(w)]) for w in KEYWORDS_10]
+    keyword_dfas = [dfa.keywords([dfa.inflections(w)], tokenizer) for w in KEYWORDS_10]
     full_product = int(np.prod([float(k.num_states) for k in keyword_dfas]))
     reach, reach_s, reach_mb = measure(lambda: dfa.intersect(*keyword_dfas, minimal=False), 1)
     mini, mini_s, mini_mb = measure(lambda: dfa.intersect(*keyword_dfas), 1)

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: precision of the guidance products (``--precision``; float32 as in the recorded results)
+PRECISION = "float32"
 
 
 def dirichlet_hmm(h: int, V: int, seed: int, emission_concentration: float = 0.05):
@@ -91,7 +93,7 @@ def bench_overhead(model, tokenizer, concepts, hidden_sizes, steps, max_new_toke
     for h in hidden_sizes:
         hmm = dirichlet_hmm(h, constraint.vocab_size, seed=h)
         t0 = time.perf_counter()
-        proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt),
+        proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=len(prompt), precision=PRECISION,
                                          max_new_tokens=max_new_tokens,
                                          eos_token_id=tokenizer.eos_token_id)
         build = time.perf_counter() - t0
@@ -122,7 +124,8 @@ def bench_vs_length(tokenizer, concepts, h, lengths, repeats=9):
     constraint = commongen_dfa(tokenizer, concepts, 1, None)
     n = max(lengths) + 1
     hmm = dirichlet_hmm(h, constraint.vocab_size, seed=1)
-    proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=1, max_new_tokens=n)
+    proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=1, max_new_tokens=n,
+                                      precision=PRECISION)
     g = torch.Generator().manual_seed(0)
     scores = torch.log_softmax(torch.randn(1, constraint.vocab_size, generator=g), -1)
     ids = torch.zeros(1, 1, dtype=torch.long)
@@ -171,7 +174,8 @@ def bench_vs_states(h, state_counts, exceptions_per_state, V, repeats=7):
     out = []
     for S in state_counts:
         constraint = chain_dfa(S, exceptions_per_state, V, seed=S)
-        proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=1, max_new_tokens=4)
+        proc = ConstraintLogitsProcessor(hmm, constraint, prompt_length=1, max_new_tokens=4,
+                                          precision=PRECISION)
         scores = torch.log_softmax(torch.randn(1, V), -1)
         ids = torch.zeros(1, 1, dtype=torch.long)
         samples = []
@@ -237,11 +241,15 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--quick", action="store_true", help="small length/state sweeps")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "auto"],
+                        help="of the guidance products (ConstraintLogitsProcessor(precision=))")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     parser.add_argument("--sections", nargs="+", default=["length", "states", "overhead"],
                         help="run only these sections, keeping the others from the existing JSON")
     args = parser.parse_args(argv)
+    global PRECISION
+    PRECISION = args.precision
     if args.plot_only:
         plot(json.loads((args.out / "bench_guide.json").read_text()), args.out / "bench_guide.png")
         return
@@ -259,7 +267,8 @@ def main(argv=None):
     old = args.out / "bench_guide.json"
     results = json.loads(old.read_text()) if old.exists() and len(args.sections) < 3 else {}
     results["config"] = dict(concepts=concepts, threads=torch.get_num_threads(), vocab=len(tokenizer),
-                              length_hidden=256, states_hidden=256, cpu=os.cpu_count())
+                              length_hidden=256, states_hidden=256, cpu=os.cpu_count(),
+                              precision=args.precision)
     save = lambda: (args.out / "bench_guide.json").write_text(json.dumps(results, indent=2))  # noqa: E731
     if "length" in args.sections:
         lengths = [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256, 512]
@@ -281,7 +290,10 @@ def main(argv=None):
         results["overhead"].sort(key=lambda o: o["hidden"])
         save()
 
-    plot(results, args.out / "bench_guide.png")
+    if all(key in results for key in ("overhead", "vs_length", "vs_states")):
+        plot(results, args.out / "bench_guide.png")
+    else:  # a first partial run into a new folder: nothing to draw the other panels from
+        print("plot skipped: run every section once into this --out folder")
     print(f"wrote {args.out / 'bench_guide.json'} and {args.out / 'bench_guide.png'}")
 
 

@@ -9,15 +9,17 @@ vocabulary object is built once, outside the timing, and reported separately). c
 index (``minimize=False``) over letters (tokens with the same transformation of the states);
 the JSON also records the minimised DFA's time and the time including the per-token view
 (``exc_ptr``/``exc_tokens``). Mask time: mean time to produce the allowed-token set as a boolean
-mask over the vocabulary at each step of the same accepted token walk (ctrlg: the minimised
-DFA's state: a mask filled with "the default successor is live", overwritten by the state's
-per-token exception slice; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
+mask over the vocabulary at each step of the same accepted token walk, plus the step to the next
+state (ctrlg: the minimised DFA's masks precomputed per state by :class:`ctrlg.dfa.masks.TokenMasks`,
+its build time recorded as ``ctrlg_mask_table_s``; ``ctrlg_mask_cold_us`` builds each mask afresh
+from the letter-level exceptions; outlines-core: ``Index.get_allowed_tokens`` scattered into a mask;
 llguidance: ``fill_next_token_bitmask`` + ``consume_token``).
 
 Ratios are taken from interleaved runs (ctrlg and outlines-core in turn, all-encodings and
 canonical in turn, best of ``--repeats`` each), so that both sides see the same machine load.
 Canonical mode is timed with the tokenizer-level tables built beforehand
-(like the vocabularies: first-token verdicts) but an empty token-pair cache at every repeat, with a budget of ``--max-pair-checks`` pair
+(like the vocabularies: first-token verdicts and the merge-rank junction signatures of
+:mod:`ctrlg.dfa.bpe_merges`) but an empty token-pair cache at every repeat, with a budget of ``--max-pair-checks`` pair
 checks; regexes whose loops range over large token classes exceed it and are reported as such.
 Prints a table and writes benchmarks/results/bench_regex.json. A competitor that is not
 installed is skipped and reported as such.
@@ -30,6 +32,7 @@ import json
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -75,6 +78,215 @@ def _best(fn, repeats):
     return min(times), out
 
 
+def _canonical_lower_bound(rows, all_dfas, ctx, notes):
+    """For the patterns canonical mode refuses: whether their all-encodings DFA has a live state
+    that loops on every ``[a-z]+`` token, and the Myhill–Nerode lower bound
+    (:func:`ctrlg.dfa.bpe_merges.loop_transition_bound`) on the states and transitions of any
+    canonical DFA containing such a loop."""
+    from ctrlg.dfa.bpe_merges import MergeTables, loop_transition_bound
+
+    refused = [r for r in rows if r["ctrlg_canonical_s"] is None]
+    if not refused:
+        return
+    checker = ctx.checker
+    letters = np.array([t for t, b in enumerate(checker.tokens) if b.isalpha()
+                        and b.islower() and b.isascii() and checker._is_whole(t)])
+    t0 = time.perf_counter()
+    states, transitions = loop_transition_bound(
+        MergeTables(ctx.tok.backend_tokenizer, ctx.V), letters)
+    seconds = time.perf_counter() - t0
+    loops = []
+    for r in refused:
+        d_all = all_dfas[r["regex"]]
+        r["loops_over_lowercase_tokens"] = any(
+            bool(np.all(d_all.step_many(q, letters) == q))
+            for q in np.flatnonzero(d_all.live_states()))
+        if r["loops_over_lowercase_tokens"]:
+            r["canonical_lower_bound_states"] = states
+            r["canonical_lower_bound_transitions"] = transitions
+            loops.append(r["regex"])
+    notes.append(f"canonical refused on {', '.join(r['regex'] for r in refused)}; "
+                 f"{', '.join(loops) or 'none'} loop(s) over all {len(letters)} [a-z]+ tokens, "
+                 f"and any canonical DFA of such a loop needs >= {states} states and >= "
+                 f"{transitions} transitions (Myhill-Nerode classes from the merge ranks, "
+                 f"computed in {seconds:.1f} s)")
+
+
+def _setup(tok):
+    """Per-tokenizer objects of every library, built once outside the timings:
+    ``(ctx, setup seconds, notes)``."""
+    from ctrlg import dfa
+    from ctrlg.dfa.canonical import pair_checker
+    from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
+
+    ctx = SimpleNamespace(tok=tok, V=len(tok), eos=tok.eos_token_id, Index=None, llguidance=None)
+    t0 = time.perf_counter()
+    index = vocabulary_index(tok)
+    trie = vocab_trie(tok)
+    trie.levels, trie.node_of_token   # noqa: B018 - the per-tokenizer trie levels
+    setup = {"ctrlg_vocab_index_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    ctx.checker = checker = pair_checker(tok)
+    checker.starts_nonspace(np.zeros(1, dtype=np.int64))
+    checker.singles(np.arange(ctx.V))   # first-token verdicts: per tokenizer, like the trie
+    checker.merge_tables()              # merge-rank junction signatures: per tokenizer
+    checker.ascii_runs()
+    setup["ctrlg_canonical_tables_s"] = time.perf_counter() - t0
+    dfa.regex("[0-9]", tok, encodings="canonical")   # warm-up of the tokenizers backend
+    notes = []
+    try:
+        from outlines_core import Index, Vocabulary
+        t0 = time.perf_counter()
+        mapping: dict[bytes, list[int]] = {}
+        for i, b in enumerate(index.tokens):
+            if b and i != ctx.eos:
+                mapping.setdefault(b, []).append(i)
+        ctx.oc_vocab = Vocabulary(ctx.eos, mapping)
+        ctx.Index = Index
+        setup["outlines_core_vocabulary_s"] = time.perf_counter() - t0
+    except ImportError:
+        notes.append("outlines-core not installed: skipped")
+    try:
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy as llnp
+        t0 = time.perf_counter()
+        ctx.ll_tok = llguidance.hf.from_tokenizer(tok)
+        ctx.llguidance, ctx.llnp = llguidance, llnp
+        setup["llguidance_tokenizer_s"] = time.perf_counter() - t0
+    except Exception as exc:  # not installed or incompatible
+        notes.append(f"llguidance unavailable: {exc.__class__.__name__}: {exc}")
+    return ctx, setup, notes
+
+
+def _compile_times(row, ctx, pattern, repeats):
+    """ctrlg all-encodings vs outlines-core compile times (interleaved), plus ctrlg's variants:
+    ``(raw DFA, minimised DFA, outlines-core index or None)``."""
+    from ctrlg import dfa
+
+    tok = ctx.tok
+    compile_all = lambda: dfa.regex(pattern, tok, minimize=False)  # noqa: E731
+    oc = None
+    if ctx.Index is not None:
+        try:
+            (row["ctrlg_all_s"], row["outlines_core_s"]), (d_all, oc) = _interleaved(
+                [compile_all, lambda: ctx.Index(pattern, ctx.oc_vocab)], repeats)
+            row["compile_ratio_ctrlg_over_outlines"] = row["ctrlg_all_s"] / row["outlines_core_s"]
+        except Exception as exc:
+            row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
+    if "ctrlg_all_s" not in row:
+        row["ctrlg_all_s"], d_all = _best(compile_all, repeats)
+    row["ctrlg_all_with_token_view_s"], _ = _best(
+        lambda: dfa.regex(pattern, tok, minimize=False).exc_tokens, repeats)
+    row["ctrlg_letters"] = d_all.num_letters
+    row["ctrlg_all_minimized_s"], d_min = _best(lambda: dfa.regex(pattern, tok), repeats)
+    row["ctrlg_minimized_exceptions"] = d_min.num_exceptions
+    row["ctrlg_exceptions"] = d_all.num_exceptions
+    row["ctrlg_states"] = d_all.num_states
+    return d_all, d_min, oc
+
+
+def _canonical_times(row, ctx, pattern, walk, repeats, max_pair_checks):
+    """Canonical vs all-encodings compile time, interleaved (or the refusal's message)."""
+    from ctrlg import dfa
+    from ctrlg.errors import ConstraintError
+
+    def canonical():
+        ctx.checker.pair_cache.clear()     # every repeat checks its token pairs afresh
+        return dfa.regex(pattern, ctx.tok, encodings="canonical", max_pair_checks=max_pair_checks)
+    try:
+        canonical()
+        (row["ctrlg_all_paired_s"], row["ctrlg_canonical_s"]), (_, d_can) = _interleaved(
+            [lambda: dfa.regex(pattern, ctx.tok, minimize=False), canonical], repeats)
+        assert d_can.accepts(walk), row["regex"]
+        row["canonical_over_all"] = row["ctrlg_canonical_s"] / row["ctrlg_all_paired_s"]
+        row["ctrlg_canonical_states"] = d_can.num_states
+    except ConstraintError as exc:
+        row["ctrlg_canonical_s"] = None
+        row["ctrlg_canonical_error"] = str(exc)
+
+
+def _ctrlg_masks(row, d_min, walk, repeats):
+    """The minimised DFA's allowed-token masks, precomputed per state (ctrlg.dfa.masks): a step
+    costs a row view plus the DFA step; "cold" builds each mask afresh instead."""
+    from ctrlg.dfa.masks import TokenMasks
+
+    t0 = time.perf_counter()
+    masks = TokenMasks(d_min)
+    row["ctrlg_mask_table_s"] = time.perf_counter() - t0
+
+    def mask_walk(mask_of):
+        s = d_min.initial
+        for t in walk:
+            assert mask_of(s)[t]
+            s = d_min.step(s, t)
+    row["ctrlg_mask_cold_us"] = _best(lambda: mask_walk(masks.build), repeats)[0] / len(walk) * 1e6
+    row["ctrlg_mask_us"] = _best(lambda: mask_walk(masks), repeats)[0] / len(walk) * 1e6
+
+
+def _outlines_masks(row, ctx, oc, walk, repeats):
+    """outlines-core: ``get_allowed_tokens`` scattered into a mask at each step of the walk."""
+    try:
+        def oc_masks():
+            s = oc.get_initial_state()
+            for t in walk:
+                mask = np.zeros(ctx.V, dtype=bool)
+                mask[oc.get_allowed_tokens(s)] = True
+                assert mask[t], (f"outlines-core disallows token {t} "
+                                 f"({ctx.tok.convert_ids_to_tokens(t)!r}) of the sample")
+                if t != ctx.eos:
+                    s = oc.get_next_state(s, t)
+        row["outlines_core_mask_us"] = _best(oc_masks, repeats)[0] / len(walk) * 1e6
+        row["compile_ratio_outlines_over_ctrlg"] = row["outlines_core_s"] / row["ctrlg_all_s"]
+        row["compile_ratio_ctrlg_with_token_view_over_outlines"] = (
+            row["ctrlg_all_with_token_view_s"] / row["outlines_core_s"])
+    except Exception as exc:
+        row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
+
+
+def _llguidance_row(row, ctx, pattern, walk, repeats):
+    """llguidance: matcher construction time, and ``fill_next_token_bitmask`` +
+    ``consume_token`` per step (the construction subtracted)."""
+    llguidance, llnp, ll_tok = ctx.llguidance, ctx.llnp, ctx.ll_tok
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+        row["llguidance_s"], _ = _best(lambda: llguidance.LLMatcher(ll_tok, grammar), repeats)
+        bitmask = llnp.allocate_token_bitmask(1, ll_tok.vocab_size)
+
+        def ll_masks():
+            m = llguidance.LLMatcher(ll_tok, grammar)
+            for t in walk:
+                llnp.fill_next_token_bitmask(m, bitmask, 0)
+                m.consume_token(t)
+        t_total, _ = _best(ll_masks, repeats)
+        t_init, _ = _best(lambda: llguidance.LLMatcher(ll_tok, grammar), repeats)
+        row["llguidance_mask_us"] = max(t_total - t_init, 0.0) / len(walk) * 1e6
+        row["compile_ratio_llguidance_over_ctrlg"] = row["llguidance_s"] / row["ctrlg_all_s"]
+    except Exception as exc:
+        row["llguidance_error"] = f"{exc.__class__.__name__}: {exc}"
+
+
+def _print_table(rows, V, setup, notes):
+    header = (f"{'regex':8} {'ctrlg all':>10} {'canonical':>10} {'can/all':>8} {'outlines':>10} "
+              f"{'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'cold':>6} {'mask oc':>9} "
+              f"{'mask llg':>9}")
+    print(f"vocabulary: SmolLM2, V={V}; setup {json.dumps({k: round(v, 3) for k, v in setup.items()})}")
+    print(header)
+    fmt = lambda v, unit="s": "-" if v is None else (f"{v * 1e3:.1f}ms" if unit == "s" else f"{v:.0f}us")  # noqa: E731
+    for r in rows:
+        oc = r.get("outlines_core_s")
+        ratio = r["ctrlg_all_s"] / oc if oc else float("nan")
+        print(f"{r['regex']:8} {fmt(r['ctrlg_all_s']):>10} {fmt(r['ctrlg_canonical_s']):>10} "
+              f"{r.get('canonical_over_all', float('nan')):>7.2f}x "
+              f"{fmt(oc):>10} {fmt(r.get('llguidance_s')):>10} "
+              f"{ratio:>8.2f}x "
+              f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r['ctrlg_mask_cold_us'], 'us'):>6} "
+              f"{fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
+              f"{fmt(r.get('llguidance_mask_us'), 'us'):>9}")
+    for n in notes:
+        print("note:", n)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -83,160 +295,28 @@ def main(argv=None):
     parser.add_argument("--out", default="benchmarks/results/bench_regex.json")
     args = parser.parse_args(argv)
 
-    from ctrlg import dfa
-    from ctrlg.errors import ConstraintError
-    from ctrlg.dfa.canonical import pair_checker
-    from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
     from ctrlg.models import load_tokenizer
 
-    tok = load_tokenizer()
-    V = len(tok)
-    eos = tok.eos_token_id
-    t0 = time.perf_counter()
-    index = vocabulary_index(tok)
-    trie = vocab_trie(tok)
-    trie.levels, trie.node_of_token   # noqa: B018 - the per-tokenizer trie levels
-    setup = {"ctrlg_vocab_index_s": time.perf_counter() - t0}
-    t0 = time.perf_counter()
-    checker = pair_checker(tok)
-    checker.starts_nonspace(np.zeros(1, dtype=np.int64))
-    checker.singles(np.arange(V))     # first-token verdicts: per tokenizer, like the trie
-    setup["ctrlg_canonical_tables_s"] = time.perf_counter() - t0
-    dfa.regex("[0-9]", tok, encodings="canonical")   # warm-up of the tokenizers backend
-    notes = []
-
-    try:
-        from outlines_core import Index, Vocabulary
-        t0 = time.perf_counter()
-        mapping: dict[bytes, list[int]] = {}
-        for i, b in enumerate(index.tokens):
-            if b and i != eos:
-                mapping.setdefault(b, []).append(i)
-        oc_vocab = Vocabulary(eos, mapping)
-        setup["outlines_core_vocabulary_s"] = time.perf_counter() - t0
-    except ImportError:
-        Index = None
-        notes.append("outlines-core not installed: skipped")
-    try:
-        import llguidance
-        import llguidance.hf
-        import llguidance.numpy as llnp
-        t0 = time.perf_counter()
-        ll_tok = llguidance.hf.from_tokenizer(tok)
-        setup["llguidance_tokenizer_s"] = time.perf_counter() - t0
-    except Exception as exc:  # not installed or incompatible
-        llguidance = None
-        notes.append(f"llguidance unavailable: {exc.__class__.__name__}: {exc}")
-
-    rows = []
+    ctx, setup, notes = _setup(load_tokenizer())
+    rows, all_dfas = [], {}
     for name, pattern in REGEXES.items():
         row = {"regex": name, "pattern": pattern}
-        compile_all = lambda: dfa.regex(pattern, tok, minimize=False)  # noqa: E731
-        if Index is not None:
-            try:
-                (row["ctrlg_all_s"], row["outlines_core_s"]), (d_all, oc) = _interleaved(
-                    [compile_all, lambda: Index(pattern, oc_vocab)], args.repeats)
-                row["compile_ratio_ctrlg_over_outlines"] = (
-                    row["ctrlg_all_s"] / row["outlines_core_s"])
-            except Exception as exc:
-                row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
-        if "ctrlg_all_s" not in row:
-            row["ctrlg_all_s"], d_all = _best(compile_all, args.repeats)
-        row["ctrlg_all_with_token_view_s"], _ = _best(
-            lambda: dfa.regex(pattern, tok, minimize=False).exc_tokens, args.repeats)
-        row["ctrlg_letters"] = d_all.num_letters
-        row["ctrlg_all_minimized_s"], d_min = _best(lambda: dfa.regex(pattern, tok), args.repeats)
-        row["ctrlg_minimized_exceptions"] = d_min.num_exceptions
-        row["ctrlg_exceptions"] = d_all.num_exceptions
-        row["ctrlg_states"] = d_all.num_states
-        walk = tok.encode(SAMPLES[name], add_special_tokens=False) + [eos]
+        d_all, d_min, oc = _compile_times(row, ctx, pattern, args.repeats)
+        all_dfas[name] = d_all
+        walk = ctx.tok.encode(SAMPLES[name], add_special_tokens=False) + [ctx.eos]
         assert d_all.accepts(walk), name
-        def canonical():
-            checker.pair_cache.clear()     # every repeat checks its token pairs afresh
-            return dfa.regex(pattern, tok, encodings="canonical",
-                             max_pair_checks=args.max_pair_checks)
-        try:
-            canonical()
-            (row["ctrlg_all_paired_s"], row["ctrlg_canonical_s"]), (_, d_can) = _interleaved(
-                [compile_all, canonical], args.repeats)
-            assert d_can.accepts(walk), name
-            row["canonical_over_all"] = row["ctrlg_canonical_s"] / row["ctrlg_all_paired_s"]
-            row["ctrlg_canonical_states"] = d_can.num_states
-        except ConstraintError as exc:
-            row["ctrlg_canonical_s"] = None
-            row["ctrlg_canonical_error"] = str(exc)
-
-        # the minimised DFA's per-token view (default successor + exceptions): a state's mask
-        # is "default is live" overwritten by its exceptions, O(exceptions) per step
-        ptr, toks, nxt = d_min.exc_ptr, d_min.exc_tokens, d_min.exc_next
-        live_min = d_min.live_states()
-
-        def ctrlg_masks():
-            s = d_min.initial
-            for t in walk:
-                mask = np.full(V, live_min[d_min.default[s]])
-                lo, hi = ptr[s], ptr[s + 1]
-                mask[toks[lo:hi]] = live_min[nxt[lo:hi]]
-                assert mask[t]
-                s = d_min.step(s, t)
-        row["ctrlg_mask_us"] = _best(ctrlg_masks, args.repeats)[0] / len(walk) * 1e6
-
-        if Index is not None and "outlines_core_s" in row:
-            try:
-                def oc_masks():
-                    s = oc.get_initial_state()
-                    for t in walk:
-                        mask = np.zeros(V, dtype=bool)
-                        mask[oc.get_allowed_tokens(s)] = True
-                        assert mask[t], (f"outlines-core disallows token {t} "
-                                         f"({tok.convert_ids_to_tokens(t)!r}) of the sample")
-                        if t != eos:
-                            s = oc.get_next_state(s, t)
-                row["outlines_core_mask_us"] = _best(oc_masks, args.repeats)[0] / len(walk) * 1e6
-                row["compile_ratio_outlines_over_ctrlg"] = row["outlines_core_s"] / row["ctrlg_all_s"]
-                row["compile_ratio_ctrlg_with_token_view_over_outlines"] = (
-                    row["ctrlg_all_with_token_view_s"] / row["outlines_core_s"])
-            except Exception as exc:
-                row["outlines_core_error"] = f"{exc.__class__.__name__}: {exc}"
-        if llguidance is not None:
-            try:
-                grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
-                row["llguidance_s"], _ = _best(
-                    lambda: llguidance.LLMatcher(ll_tok, grammar), args.repeats)
-                bitmask = llnp.allocate_token_bitmask(1, ll_tok.vocab_size)
-
-                def ll_masks():
-                    m = llguidance.LLMatcher(ll_tok, grammar)
-                    for t in walk:
-                        llnp.fill_next_token_bitmask(m, bitmask, 0)
-                        m.consume_token(t)
-                t_total, _ = _best(ll_masks, args.repeats)
-                t_init, _ = _best(lambda: llguidance.LLMatcher(ll_tok, grammar), args.repeats)
-                row["llguidance_mask_us"] = max(t_total - t_init, 0.0) / len(walk) * 1e6
-                row["compile_ratio_llguidance_over_ctrlg"] = row["llguidance_s"] / row["ctrlg_all_s"]
-            except Exception as exc:
-                row["llguidance_error"] = f"{exc.__class__.__name__}: {exc}"
+        _canonical_times(row, ctx, pattern, walk, args.repeats, args.max_pair_checks)
+        _ctrlg_masks(row, d_min, walk, args.repeats)
+        if oc is not None:
+            _outlines_masks(row, ctx, oc, walk, args.repeats)
+        if ctx.llguidance is not None:
+            _llguidance_row(row, ctx, pattern, walk, args.repeats)
         rows.append(row)
-
-    header = (f"{'regex':8} {'ctrlg all':>10} {'canonical':>10} {'can/all':>8} {'outlines':>10} "
-              f"{'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'mask oc':>9} {'mask llg':>9}")
-    print(f"vocabulary: SmolLM2, V={V}; setup {json.dumps({k: round(v, 3) for k, v in setup.items()})}")
-    print(header)
-    fmt = lambda v, unit="s": "-" if v is None else (f"{v * 1e3:.1f}ms" if unit == "s" else f"{v:.0f}us")
-    for r in rows:
-        oc = r.get("outlines_core_s")
-        ratio = r["ctrlg_all_s"] / oc if oc else float("nan")
-        print(f"{r['regex']:8} {fmt(r['ctrlg_all_s']):>10} {fmt(r['ctrlg_canonical_s']):>10} "
-              f"{r.get('canonical_over_all', float('nan')):>7.2f}x "
-              f"{fmt(oc):>10} {fmt(r.get('llguidance_s')):>10} "
-              f"{ratio:>8.2f}x "
-              f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
-              f"{fmt(r.get('llguidance_mask_us'), 'us'):>9}")
-    for n in notes:
-        print("note:", n)
+    _canonical_lower_bound(rows, all_dfas, ctx, notes)
+    _print_table(rows, ctx.V, setup, notes)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "vocab_size": V, "setup": setup,
+    out.write_text(json.dumps({"machine": platform.platform(), "vocab_size": ctx.V, "setup": setup,
                                "notes": notes, "rows": rows}, indent=2))
     print(f"wrote {out}")
 

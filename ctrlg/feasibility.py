@@ -215,7 +215,8 @@ class Feasibility:
             count += (allowed[:, None] & self.eos_accept[states]).sum(1)
         return count
 
-    def log_ratio(self, states, priors=None, remaining=1) -> torch.Tensor:
-        """Logical guidance [R, V]: 0 on feasible tokens, −inf on the others (``priors`` ignored)."""
+    def log_ratio(self, states, priors=None, remaining=1, *, shifted: bool = False) -> torch.Tensor:
+        """Logical guidance [R, V]: 0 on feasible tokens, −inf on the others (``priors`` and
+        ``shifted`` ignored)."""
         mask = self.token_feasible(states, remaining)
         return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, -math.inf)

@@ -32,10 +32,11 @@ __all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs"]
 
 def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
                        priors: torch.Tensor | None, remaining: int,
-                       device: torch.device | str = "cpu") -> torch.Tensor:
+                       device: torch.device | str = "cpu", *, shifted: bool = False) -> torch.Tensor:
     """log p_hmm(α | x≤t, v), float32 [R, V], for rows using ``tables[table_of_row[i]]`` in DFA
     state ``states[i]`` with prior ``priors[i]`` (None: logical guidance) and ``remaining`` tokens
-    left (including v). Rows whose state cannot reach acceptance get −inf everywhere."""
+    left (including v). Rows whose state cannot reach acceptance get −inf everywhere. With
+    ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`)."""
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = len(states), tables[0].vocab_size
@@ -48,7 +49,7 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
             continue
         rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
         ratio = table.log_ratio(states[rows], None if priors is None else priors[rows_t],
-                                remaining).to(device)
+                                remaining, shifted=shifted).to(device)
         if len(rows) == R:
             return ratio
         if out is None:
@@ -62,16 +63,11 @@ def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor,
     """THE place where guidance meets the LM: log_softmax(lm_scores + w · log_ratio) per row,
     float32 [R, V], with the fallback of the module docstring. The guidance strength w ≥ 0 scales
     only finite terms, so infeasible tokens stay exactly −inf for every w (w = 0: logical masking,
-    w = 1: Ctrl-G)."""
-    if strength != 1.0:
-        log_ratio = torch.where(torch.isfinite(log_ratio), strength * log_ratio, log_ratio)
-    guided = lm_scores.float() + log_ratio
-    lse = torch.logsumexp(guided, 1, keepdim=True)
-    bad = ~torch.isfinite(lse[:, 0])
-    guided = guided - lse
-    if bool(bad.any()):
-        fallback = torch.log_softmax(log_ratio[bad], -1)
-        guided[bad] = torch.where(torch.isnan(fallback), -math.inf, fallback)
+    w = 1: Ctrl-G). The inputs are left unchanged."""
+    guided = _combine(lm_scores, log_ratio.clone(), strength)
+    bad = _dead_rows(guided)
+    if bad is not None:
+        guided[bad] = _fallback(log_ratio[bad], strength)
     return guided
 
 
@@ -80,6 +76,46 @@ def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_
                      strength: float = 1.0) -> torch.Tensor:
     """Guided log-probabilities [R, V] from the LM's ``scores`` [R, V] (module docstring):
     :func:`apply_guidance` of :func:`guidance_log_ratio` at guidance strength ``strength``. Pure:
-    no state is read or kept."""
-    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device)
-    return apply_guidance(scores, ratio, strength)
+    no state is read or kept.
+
+    Cost: besides the HMM products, four passes over [R, V] (quotient, log, the sum with the LM's
+    scores in place, log_softmax); the guidance term is computed up to a per-row constant (the
+    softmax removes it), and only for rows that fall back is it recomputed."""
+    table_of_row, states = np.asarray(table_of_row), np.asarray(states)
+    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device,
+                               shifted=True)   # a per-row constant cancels in the softmax
+    guided = _combine(scores, ratio, strength)                       # consumes ``ratio``
+    bad = _dead_rows(guided)
+    if bad is not None:
+        rows = bad.nonzero()[:, 0].cpu().numpy()
+        again = guidance_log_ratio(tables, table_of_row[rows], states[rows],
+                                   None if priors is None else priors[bad.to(priors.device)],
+                                   remaining, scores.device, shifted=True)
+        guided[bad] = _fallback(again, strength)
+    return guided
+
+
+def _combine(lm_scores: torch.Tensor, log_ratio: torch.Tensor, strength: float) -> torch.Tensor:
+    """log_softmax(lm + w · log_ratio), overwriting ``log_ratio`` with the sum (one pass, no
+    new [R, V] buffer); w · (−inf) = −inf for w > 0, and w = 0 is masking (0 · −inf is NaN)."""
+    lm = lm_scores.float()
+    if strength == 0.0:
+        log_ratio.masked_fill_(torch.isfinite(log_ratio), 0.0).add_(lm)
+    else:
+        torch.add(lm, log_ratio, alpha=strength, out=log_ratio)
+    return torch.log_softmax(log_ratio, 1)
+
+
+def _dead_rows(guided: torch.Tensor) -> torch.Tensor | None:
+    """Bool [R] of rows with no finite entry (log_softmax made them NaN throughout, so column 0
+    tells), or None when there is none."""
+    bad = torch.isnan(guided[:, 0])
+    return bad if bool(bad.any()) else None
+
+
+def _fallback(log_ratio: torch.Tensor, strength: float) -> torch.Tensor:
+    """The guidance term alone, log_softmax(w · log_ratio) (a uniform LM); rows without a
+    feasible token stay all −inf."""
+    term = torch.where(torch.isfinite(log_ratio), strength * log_ratio, log_ratio)
+    fallback = torch.log_softmax(term, -1)
+    return torch.where(torch.isnan(fallback), -math.inf, fallback)

@@ -28,16 +28,10 @@ the DFA alone (:mod:`ctrlg.feasibility`, the base class of :class:`GuideTables`)
 with ¬F_{r-1} get probability exactly 0; feasible tokens whose float weight underflowed get a floor
 (``ratio_floor``) instead, so the guarantee never depends on rounding.
 
-Per generated token (row in DFA state s, prior p over the hidden state of the token being
-generated, r tokens left including this one):
-
-    P(v | x≤t)    = (p B)[v]
-    P(v, α | x≤t) = ((p ⊙ W_{r-1}(default(s))) B)[v]           for non-exception v
-                  = p · (B[:, v] ⊙ W_{r-1}(δ(s, v)))           for v ∈ exc(s)
-                  = P(e | x≤t) · [EOS allowed ∧ δ(s, e) accepting]  for v = e ∈ EOS
-
-costing O(h·V + h·|exc(s)|) — independent of S and t. After choosing v the forward message is
-updated: q ∝ p ⊙ B[:, v], p_next = q A (O(h²)).
+Per generated token, the guide reads P(v | x≤t), P(v, α | x≤t) and their ratio off these
+tables (:mod:`ctrlg.token_weights`, the other half of :class:`GuideTables`): O(h·V + h·|exc(s)|)
+per row, independent of S and t. After choosing v the forward message is updated: q ∝ p ⊙ B[:, v],
+p_next = q A (O(h²)).
 
 Insertion (Ctrl-G §5). With a suffix σ (token ids), the HMM must emit σ right after the generated
 middle y, and α = "the DFA accepts y" ∧ "σ follows": W_0(s, z) = [s accepting] · P_hmm(σ | z),
@@ -50,16 +44,6 @@ Letters (token classes, ``TokenDFA.letter_of_token``). Exceptions may be stored 
 set of tokens that behave alike). The recurrence then uses B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], so
 a step costs O(S·h² + E_letters·h).
 
-Per token, for a batch of R rows: one [2R, h]·[h, V] product gives P(v | x≤t) and the default
-successor's joint for every v. Exceptional letters with ≥ ``BLOCK_LETTER`` tokens get one
-[rows, h]·[h, |a|] product per distinct letter a over B's columns grouped by letter (or, while
-2R + #such exceptions ≤ ``INLINE_ROWS``, extra rows p ⊙ Ŵ_{r-1}(t) of the dense product, so B is
-read once — what matters when the product is memory-bound); smaller letters are handled token by
-token (p · (B[:, v] ⊙ Ŵ(t))). A row costs O(h·V·2 + h·Σ_{exceptional a}|a|). ``precision=
-"bfloat16"`` runs these products in bfloat16 with float32 accumulation (≤ ~1% relative error on
-the guidance term; feasibility stays exact). Feasibility per row is checked by counting
-(:meth:`Feasibility.feasible_counts`): a finite guidance value implies a feasible token.
-
 Logical mode (``hmm=None``, or :class:`ctrlg.feasibility.Feasibility` alone): only F is built;
 guidance is 0 on feasible tokens and −inf on the others (what Outlines / guidance do).
 """
@@ -67,17 +51,18 @@ guidance is 0 on feasible tokens and −inf on the others (what Outlines / guida
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ctrlg.dfa.core import TokenDFA, ragged_indices
+from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility, as_token_list, renamed_budget
+from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.reference import backward_step_reference
+from ctrlg.token_weights import RATIO_FLOOR_GAP, TokenWeights
 
 __all__ = [
     "GuideTables",
@@ -85,28 +70,34 @@ __all__ = [
     "backward_step_reference",
     "forward_update",
     "RATIO_FLOOR_GAP",
+    "resolve_precision",
 ]
 
-#: A feasible token whose float weight underflowed gets a log-ratio this much below the smallest
-#: finite log-ratio of its row (or 0 when none is finite), so it stays possible but negligible.
-RATIO_FLOOR_GAP = 50.0
 #: Exceptional letters with at least this many tokens are evaluated as one matrix product per
 #: letter over a contiguous block of B's columns (grouped by letter); smaller ones token by token.
 BLOCK_LETTER = 64
-#: Up to this many rows in the dense product (2 per query row + 1 per block-letter exception),
-#: block letters ride along as extra rows (B is read once: what matters at small batch, where the
-#: product is memory-bound); beyond it, each block letter gets its own small product.
-INLINE_ROWS = 16
-#: ``precision`` of the per-token products p·B: "float32" (default), or "bfloat16" inputs with
-#: float32 accumulation (the output rounded to bfloat16: relative error ≤ ~1% on P(v | x≤t) and
-#: P(v, α | x≤t); feasibility stays exact). bfloat16 is 4–7× faster on CPUs with AVX512-BF16/AMX.
+#: ``precision`` of the per-token products p·B: "float32", or "bfloat16" inputs with float32
+#: accumulation (the output rounded to bfloat16: relative error ≤ ~1% on P(v | x≤t) and
+#: P(v, α | x≤t); feasibility stays exact), about 2× faster on CPUs with AVX512-BF16/AMX.
+#: "auto" (:func:`resolve_precision`) picks bfloat16 where the hardware computes it natively.
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-
-def _dot(x: torch.Tensor, y_t: torch.Tensor) -> torch.Tensor:
-    """x · y_tᵀ ([R, h] · [h, N]) in ``y_t``'s dtype, returned as float32 [R, N]."""
-    return torch.nn.functional.linear(x.to(y_t.dtype), y_t).float()
 _CHUNK = 4096
+
+
+def resolve_precision(precision: str, device: torch.device | str = "cpu") -> str:
+    """``precision`` with "auto" resolved: "bfloat16" on a CUDA device that supports it or a CPU
+    whose oneDNN has native bfloat16 dot products (AVX512-BF16 / AMX), else "float32"."""
+    if precision == "auto":
+        device = torch.device(device)
+        if device.type == "cuda":
+            native = torch.cuda.is_bf16_supported()
+        else:
+            native = device.type == "cpu" and native_bfloat16()
+        return "bfloat16" if native else "float32"
+    if precision not in PRECISIONS:
+        raise ConstraintError(f"precision must be one of {tuple(PRECISIONS) + ('auto',)}, got {precision!r}")
+    return precision
 
 
 def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch.Tensor,
@@ -121,7 +112,7 @@ def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch
     return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
 
 
-class GuideTables(Feasibility):
+class GuideTables(TokenWeights, Feasibility):
     """Backward tables W_r (r = 0..n) for one DFA and one HMM, on top of the exact feasibility F_r
     (:class:`ctrlg.feasibility.Feasibility`, which is all logical mode needs).
 
@@ -151,9 +142,7 @@ class GuideTables(Feasibility):
             raise ConstraintError("suffix_ids must be a non-empty token sequence (or None)")
         if self.suffix_ids and hmm is None:
             raise ConstraintError("an insertion suffix needs an HMM (it is not a DFA constraint)")
-        if precision not in PRECISIONS:
-            raise ConstraintError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-        self.precision = precision
+        self.precision = resolve_precision(precision, self.device if hmm is not None else "cpu")
         self.w_hat = self.log_scale = None
         if hmm is not None:
             self._build_tables(use_kernel, progress)
@@ -194,11 +183,15 @@ class GuideTables(Feasibility):
         (gathers; p B = linear(p, Bᵀ) gives a contiguous [R, V]); a copy in the product
         precision; and one with its rows grouped by letter (letters evaluated as blocks)."""
         self._emission_t = B.T.contiguous()
-        self._emission_mm = self._emission_t.to(PRECISIONS[self.precision])
+        emission = self._emission_t.to(PRECISIONS[self.precision])
+        self._emission_min = emission.float().amin(0)                   # min_v B[z, v], [h]
+        self._emission_product = PackedLinear(emission)
         self.block_letter = np.diff(self.members_ptr) >= BLOCK_LETTER
         self._members_t = torch.as_tensor(self.members, device=B.device)
-        if self.block_letter[self.exc.tok].any():
-            self._emission_by_letter = self._emission_mm[self._members_t].contiguous()
+        self._letter_products = {}      # block letter a → p · B[:, members of a], packed
+        for a in np.unique(self.exc.tok[self.block_letter[self.exc.tok]]).tolist():
+            tokens = self._members_t[self.members_ptr[a]:self.members_ptr[a + 1]]
+            self._letter_products[a] = PackedLinear(emission[tokens].contiguous())
 
     def _prepare_recurrence(self, A: torch.Tensor, B: torch.Tensor) -> None:
         """The recurrence's fixed operands: DFA arrays, per-letter emission rows B̄, the
@@ -290,159 +283,6 @@ class GuideTables(Feasibility):
         """The prior over the hidden state of generated token 1: π, repeated ``num_rows`` times."""
         return self.hmm.initial.float().expand(num_rows, -1).clone()
 
-    def token_weights(self, states, priors: torch.Tensor, remaining) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log P(v, α | x≤t), log P(v | x≤t)), both float32 [R, V], for rows in DFA ``states``
-        with priors ``priors`` [R, h] (normalised) and ``remaining`` tokens left (incl. v).
-
-        Raw values: −inf where the float product is 0 (infeasible or underflowed); combine with
-        :meth:`token_feasible` (see :meth:`log_ratio`)."""
-        return self._weights(states, priors, remaining, ratio=False)
-
-    def _weights(self, states, priors: torch.Tensor, remaining, ratio: bool):
-        """Shared body of :meth:`token_weights` and :meth:`log_ratio`. With ``ratio`` it returns
-        log(P(v, α | x≤t) / P(v | x≤t)) directly (one log per entry instead of two).
-
-        One [2R, h]·[h, V] product gives P(v | x≤t) and the default-successor joint for every v;
-        exception tokens are then overwritten: tokens of block letters by one
-        [rows, h]·[h, |letter|] product per distinct letter (or, for few rows, by extra rows of
-        the dense product), the others token by token, EOS last."""
-        if self.hmm is None:
-            raise ConstraintError("token weights need an HMM; these tables are logical-only")
-        states, remaining = self._check_remaining(states, remaining)
-        dev = priors.device
-        R = len(states)
-        rr = torch.as_tensor(remaining - 1, device=dev)
-        d = self._default_t[torch.as_tensor(states, device=dev)]
-        c_default = self.log_scale[rr, d]                                # [R] float64
-        rows, k = self._row_exceptions(states)
-        block = self.block_letter[self.exc.tok[k]]
-        exc = _RowExceptions(priors, None, rr, ratio)
-        stacked = [priors, priors * self.w_hat[rr, d]]
-        inline = 2 * R + int(block.sum()) <= INLINE_ROWS
-        if inline:  # few rows: B is read once, block letters as extra rows of the same product
-            block_terms = self._successor_terms(exc, rows[block], k[block])
-            stacked.append(block_terms[1])
-        both = _dot(torch.cat(stacked), self._emission_mm)               # one pass over B
-        exc.marginal, joint = both[:R], both[R:2 * R]
-        if ratio:
-            out = torch.log(joint.div_(exc.marginal))
-            log_marginal = None
-        else:
-            log_marginal = torch.log(exc.marginal)
-            out = torch.log(joint)
-        out.add_(c_default.float()[:, None])
-        out[~torch.isfinite(c_default)] = -math.inf
-        if inline:
-            self._inline_block_values(out, exc, both[2 * R:], block_terms, k[block])
-        else:
-            self._block_letter_values(out, exc, rows[block], k[block])
-        self._token_values(out, exc, rows[~block], k[~block])
-        self._eos_values(out, exc, states, remaining, log_marginal)
-        return out if ratio else (out, log_marginal)
-
-    def _inline_block_values(self, out, exc: "_RowExceptions", products: torch.Tensor,
-                             terms, k: np.ndarray) -> None:
-        """Block-letter exceptions whose q · B rows were computed with the dense product."""
-        if not len(k):
-            return
-        rows_t, _, scale = terms
-        letters = self.exc.tok[k]
-        starts = self.members_ptr[letters]
-        sizes = self.members_ptr[letters + 1] - starts
-        dev = products.device
-        at = torch.as_tensor(np.repeat(np.arange(len(k)), sizes), device=dev)
-        tok = torch.as_tensor(self.members[ragged_indices(starts, sizes)], device=dev)
-        r = rows_t[at]
-        vals = products[at, tok]
-        if exc.ratio:
-            vals = vals / exc.marginal[r, tok]
-        out[r, tok] = torch.log(vals) + scale[at]
-
-    def _successor_terms(self, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray):
-        """(rows tensor, q = p ⊙ Ŵ_{r-1}(t) [P, h], log scale c_{r-1}(t) [P]) per exception."""
-        dev = exc.priors.device
-        rows_t = torch.as_tensor(rows, device=dev)
-        dst = self._exc_dst_t[torch.as_tensor(k, device=dev)]
-        steps = exc.rr[rows_t]
-        return rows_t, exc.priors[rows_t] * self.w_hat[steps, dst], self.log_scale[steps, dst].float()
-
-    def _block_letter_values(self, out, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray) -> None:
-        """Exceptions over letters of ≥ BLOCK_LETTER tokens: per distinct letter a, the rows'
-        q · B[:, tokens of a] as one small product over a contiguous block of B's columns."""
-        if not len(rows):
-            return
-        rows_t, q, scale = self._successor_terms(exc, rows, k)
-        letters = self.exc.tok[k]
-        order = np.argsort(letters, kind="stable")
-        cuts = np.flatnonzero(np.diff(letters[order])) + 1
-        for idx in np.split(order, cuts):
-            a = int(letters[idx[0]])
-            lo, hi = int(self.members_ptr[a]), int(self.members_ptr[a + 1])
-            idx_t = torch.as_tensor(idx, device=q.device)
-            vals = _dot(q[idx_t], self._emission_by_letter[lo:hi])           # [n_a, |a|]
-            r, tok = rows_t[idx_t][:, None], self._members_t[lo:hi][None, :]
-            if exc.ratio:
-                vals = vals / exc.marginal[r, tok]
-            out[r, tok] = torch.log(vals) + scale[idx_t][:, None]
-
-    def _token_values(self, out, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray) -> None:
-        """Exceptions over single tokens or small letters: p · (B[:, v] ⊙ Ŵ(t)) token by token."""
-        if not len(rows):
-            return
-        _, q, scale = self._successor_terms(exc, rows, k)
-        letters = self.exc.tok[k]
-        starts = self.members_ptr[letters]
-        sizes = self.members_ptr[letters + 1] - starts
-        tokens = self.members[ragged_indices(starts, sizes)]
-        at = np.repeat(np.arange(len(k)), sizes)                 # exception of each token
-        trows = rows[at]
-        dev = q.device
-        pos = torch.as_tensor(at, device=dev)
-        rows_t, tok_t = torch.as_tensor(trows, device=dev), torch.as_tensor(tokens, device=dev)
-        val = (q[pos] * self._emission_t[tok_t]).sum(-1)
-        if exc.ratio:
-            val = val / exc.marginal[rows_t, tok_t]
-        out[rows_t, tok_t] = torch.log(val) + scale[pos]
-
-    def _eos_values(self, out, exc: "_RowExceptions", states, remaining, log_marginal) -> None:
-        """EOS columns: terminal (or "the suffix follows" with insertion), overriding the rest."""
-        if not self.eos_ids:
-            return
-        dev, R = exc.priors.device, len(states)
-        allowed_rows = torch.as_tensor([self.eos_allowed(r) for r in remaining], device=dev)
-        suffix_value = (torch.log(exc.priors @ self._suffix_hat) + self._suffix_log) \
-            if self.suffix_ids else None
-        for j, e in enumerate(self.eos_ids):
-            allowed = allowed_rows & torch.as_tensor(self.eos_accept[states, j], device=dev)
-            if suffix_value is not None:
-                value = suffix_value - (torch.log(exc.marginal[:, e]) if exc.ratio else 0.0)
-            else:
-                value = torch.zeros(R, device=dev) if exc.ratio else log_marginal[:, e]
-            out[:, e] = torch.where(allowed, value, -math.inf)
-
-    def log_ratio(self, states, priors: torch.Tensor | None, remaining) -> torch.Tensor:
-        """Ctrl-G's guidance term log p_hmm(α | x≤t, v) = log P(v, α | x≤t) − log P(v | x≤t),
-        float32 [R, V]: −inf exactly on infeasible tokens; feasible tokens whose weight underflowed
-        get the row's smallest finite log-ratio minus ``RATIO_FLOOR_GAP``. In logical mode
-        (no HMM, or ``priors=None``) it is 0 on feasible tokens."""
-        if self.hmm is None or priors is None:
-            return super().log_ratio(states, priors, remaining)
-        ratio = self._weights(states, priors, remaining, ratio=True)
-        finite = torch.isfinite(ratio)
-        # A finite ratio implies a feasible token (infeasible successors have W = 0 exactly), so
-        # when each row has as many finite entries as feasible tokens, the two sets coincide.
-        expected = torch.as_tensor(self.feasible_counts(states, remaining), device=finite.device)
-        if torch.equal(finite.sum(1), expected):
-            return ratio.masked_fill_(~finite, -math.inf)
-        mask = self.token_feasible(states, remaining)
-        lost = mask & ~finite
-        if bool(lost.any()):  # underflow on a feasible token: floor it (rare)
-            good = finite & mask
-            lowest = torch.where(good, ratio, math.inf).amin(1, keepdim=True)
-            floor = torch.where(torch.isfinite(lowest), lowest - RATIO_FLOOR_GAP, 0.0)
-            ratio = torch.where(lost, floor, ratio)
-        return ratio.masked_fill_(~mask, -math.inf)
-
     def log_prob_accept(self, state: int | None = None, prior: torch.Tensor | None = None,
                         remaining: int | None = None) -> float:
         """log P_hmm(α) from a DFA state and prior (defaults: the start of generation)."""
@@ -458,16 +298,6 @@ class GuideTables(Feasibility):
         """Forward messages after emitting ``tokens`` [R]: see :func:`forward_update`."""
         tokens = torch.as_tensor(tokens, device=priors.device).reshape(-1)
         return forward_update(priors, tokens, self._transition, self._emission_t)
-
-
-@dataclass
-class _RowExceptions:
-    """What the exception passes of :meth:`GuideTables._weights` share."""
-
-    priors: torch.Tensor        # [R, h]
-    marginal: torch.Tensor | None   # [R, V], P(v | x≤t) (set once the dense product is done)
-    rr: torch.Tensor            # [R], remaining − 1
-    ratio: bool
 
 
 def build_tables(hmm, dfa: TokenDFA, max_new_tokens: int, **kwargs) -> GuideTables:

@@ -64,7 +64,7 @@ from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.feasibility import Feasibility
 from ctrlg.guidance import guided_log_probs
-from ctrlg.guide import GuideTables
+from ctrlg.guide import GuideTables, resolve_precision
 from ctrlg.priors import HeadPrior, HMMFilterPrior
 from ctrlg.row_state import RowStates
 from ctrlg.validation import MAX_PADDING, check_count, check_float_scores, check_vocab_width
@@ -101,9 +101,12 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`); an
             LM-conditioned head: :class:`ctrlg.priors.HeadPrior` (a source with ``current()``
             gives every row's prior afresh at each step).
-        precision: ``"float32"`` (default) or ``"bfloat16"`` for the per-token products with the
-            emission matrix (float32 accumulation; see ``ctrlg.guide.PRECISIONS``): 4–7× faster
-            on CPUs with AVX512-BF16, ≤ ~1% relative error on the guidance term.
+        precision: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (default: bfloat16 where the
+            hardware computes it natively, :func:`ctrlg.guide.resolve_precision`) for the
+            per-token products with the emission matrix (float32 accumulation; see
+            ``ctrlg.guide.PRECISIONS``): about 2× faster on CPUs with AVX512-BF16/AMX, ≤ ~1%
+            relative error on the guidance term; feasibility is exact either way. Pass
+            ``"float32"`` for results that reproduce bit for bit across machines.
         strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guidance`;
             0 = logical masking, 1 = Ctrl-G); feasibility is exact for every w.
 
@@ -120,7 +123,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                  prompt_length: int | None = None, max_new_tokens: int = 32,
                  min_new_tokens: int = 0, eos_token_id=None, mode: str = "ctrlg",
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
-                 progress: bool | None = None, prior=None, precision: str = "float32",
+                 progress: bool | None = None, prior=None, precision: str = "auto",
                  strength: float = 1.0,
                  **old_names):
         constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
@@ -147,6 +150,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.suffix_ids = None if suffix_ids is None else [int(t) for t in suffix_ids]
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
         self.prompt_length = self._fixed_prompt_length
+        resolve_precision(precision)      # a bad value is an error in logical mode too
         self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress, precision)
         if self.hmm is not None and prior is None:
             prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t)
@@ -206,8 +210,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             priors = None if priors is None else priors[torch.as_tensor(active, device=priors.device)]
         active_t = None if every else torch.as_tensor(active, device=scores.device)
         lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
+        if self.hmm is None or self.strength == 0:   # w = 0 is logical masking: no HMM products
+            priors = None
         guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
-                                  self.strength if self.hmm is not None else 1.0)
+                                  self.strength if priors is not None else 1.0)
         return self._write(scores, guided, active_t)
 
     # ------------------------------------------------------------------ __call__'s steps
@@ -365,7 +371,7 @@ def rerank(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]]
 def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_new_tokens: int = 32,
              min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rank_by_lm: bool = True,
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
-             eos_token_id=None, prior_head="auto", strength: float = 1.0,
+             eos_token_id=None, prior_head="auto", strength: float = 1.0, precision: str = "auto",
              **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
@@ -383,7 +389,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     ``prior_head``: a :class:`ctrlg.hmm.prior_head.PriorHead` reading the LM's features
     (:class:`ctrlg.priors.HeadPrior`), ``None`` for the HMM's filtering prior, or ``"auto"`` (the
     head saved with the HMM, ``hmm.prior_head``, when it has one). ``strength``: guidance
-    strength w (p_lm · p_hmm(α | ·)^w).
+    strength w (p_lm · p_hmm(α | ·)^w). ``precision``: of the guidance products
+    (:class:`ConstraintLogitsProcessor`).
     """
     if "rerank" in generate_kwargs:
         rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
@@ -416,7 +423,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                          max_new_tokens=max_new_tokens,
                                          min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
                                          mode=mode, suffix_ids=suffix_ids, prior=head_prior,
-                                         strength=strength)
+                                         strength=strength, precision=precision)
         output = _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens,
                            num_samples, num_beams, do_sample, seed, generate_kwargs)
     finally:

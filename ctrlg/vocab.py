@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -401,10 +402,13 @@ def is_vocabulary_like(value) -> bool:
     return isinstance(value, Vocabulary) or hasattr(value, "get_vocab")
 
 
-def spec_then_vocabulary(first, second):
+def spec_then_vocabulary(first, second, builder: str = "this builder", spec: str = "spec"):
     """``(spec, vocabulary)`` from the two leading arguments of a tokenizer-aware builder, in
     either order: the documented order is what the constraint is about first, then the
-    vocabulary (as ``regex(pattern, vocab)``); the older vocabulary-first order still works."""
+    vocabulary (as ``regex(pattern, vocab)``); the older vocabulary-first order still works,
+    with a DeprecationWarning naming ``builder``."""
     if is_vocabulary_like(first) and not is_vocabulary_like(second):
+        warnings.warn(f"{builder}(tokenizer, {spec}, ...) is deprecated: give the {spec} first, "
+                      f"{builder}({spec}, tokenizer, ...)", DeprecationWarning, stacklevel=3)
         return second, first
     return first, second

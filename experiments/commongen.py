@@ -127,12 +127,12 @@ def build_constraint(example, groups, tokenizer, constraint_cfg, vocab_size: int
 
     if constraint_cfg.inflections:
         concepts = [f"{c}_{p[0]}" if p else c for c, p in zip(example.concepts, example.pos)]
-        return dfa.commongen_constraint(tokenizer, concepts, min_words=constraint_cfg.min_words,
+        return dfa.commongen_constraint(concepts, tokenizer, min_words=constraint_cfg.min_words,
                                         max_words=constraint_cfg.max_words, eos_token_id=eos,
                                         vocab_size=vocab_size)
-    return dfa.intersect(dfa.keywords(tokenizer, groups, vocab_size=vocab_size),
-                         dfa.word_count(tokenizer, constraint_cfg.min_words,
-                                        constraint_cfg.max_words, vocab_size=vocab_size),
+    return dfa.intersect(dfa.keywords(groups, tokenizer, vocab_size=vocab_size),
+                         dfa.word_count(constraint_cfg.min_words, constraint_cfg.max_words,
+                                        tokenizer, vocab_size=vocab_size),
                          dfa.eos(eos, vocab_size, required=True))
 
 
@@ -197,7 +197,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
             cache[key] = ConstraintLogitsProcessor(
                 hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
                 max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
-                mode=spec["guide"],
+                mode=spec["guide"], precision=str(gen.get("precision", "float32")),
                 prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
         proc = cache[key]
         proc.reset()
@@ -306,77 +306,103 @@ def format_intervals(intervals: dict, baseline: str, confidence: float) -> str:
     return format_table(rows, columns, headers)
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """The whole experiment; returns ``{method: metrics row}`` and writes the result files."""
-    specs = check_config(cfg)
-    resume_dir = find_resume_dir(cfg, out_dir, _generation_config)
-    methods = start_run(cfg, out_dir, list(specs))
-    items = select_items(cfg)
-    previous = read_records(resume_dir) if resume_dir is not None else []
-    done = {r["index"] for r in previous}
+def load_models(cfg: DictConfig, specs: dict):
+    """(model, tokenizer, hmm): the LM and, when a method guides with it, the HMM (None
+    otherwise), checked to carry a prior head when a method uses ``prior=head``."""
     model, tokenizer = load_lm(cfg.model)
     needs_hmm = any(s["guide"] == "ctrlg" for s in specs.values())
     hmm = load_hmm(cfg.hmm, tokenizer) if needs_hmm else None
-    heads = [m for m in methods if specs[m]["guide"] == "ctrlg" and specs[m]["prior"] == "head"]
+    heads = [m for m in cfg.methods if specs[m]["guide"] == "ctrlg" and specs[m]["prior"] == "head"]
     if heads and getattr(hmm, "prior_head", None) is None:
         raise ExperimentConfigError(f"method(s) {heads} use prior=head but the HMM "
                                     f"({cfg.hmm.get('path') or 'the embedded default'}) has no "
                                     f"prior head saved with it")
+    return model, tokenizer, hmm
+
+
+def prepare_batch(batch: list, cfg: DictConfig, tokenizer, vocab_size: int, eos: list[int],
+                  keep) -> list[tuple[dict, object, list[int]]]:
+    """(record, constraint, prompt ids) of each item of ``batch`` whose constraint can be met
+    within the token budget; an item whose cannot is reported on stderr and passed to ``keep``
+    as skipped."""
+    ready = []
+    for index, example in batch:
+        groups = keyword_groups(example, cfg.constraint)
+        start = time.perf_counter()
+        constraint = build_constraint(example, groups, tokenizer, cfg.constraint, vocab_size, eos[0])
+        record = {"index": index, "concepts": list(example.concepts),
+                  "keyword_groups": groups, "references": list(example.references),
+                  "dfa_states": constraint.num_states,
+                  "dfa_seconds": time.perf_counter() - start}
+        reason = unsatisfiable_reason(constraint, cfg, eos)
+        if reason is not None:
+            print(f"item {index} ({', '.join(example.concepts)}): skipped, {reason}",
+                  file=sys.stderr)
+            keep({**record, "skipped": reason})
+            continue
+        record["seconds"] = {}
+        ready.append((record, constraint, prompt_ids(example, tokenizer, cfg.model.chat_template)))
+    return ready
+
+
+def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict, model, tokenizer,
+                 hmm, cfg: DictConfig) -> None:
+    """Every method on the ``ready`` items of one batch (:func:`generate_batch`, seeded by
+    :func:`batch_seed`; the methods share guide tables); each record gets the method's output
+    and its share of the batch's seconds."""
+    if not ready:
+        return
+    shared: dict = {}
+    for method in methods:
+        start = time.perf_counter()
+        outputs = generate_batch(specs[method], model, tokenizer, [p for _, _, p in ready],
+                                 [c for _, c, _ in ready], hmm, cfg,
+                                 batch_seed(cfg.seed, first_index, method), shared)
+        share = (time.perf_counter() - start) / len(ready)
+        for (record, _, _), output in zip(ready, outputs):
+            record[method] = output
+            record["seconds"][method] = share
+    for proc in shared.values():  # detach the prior heads' hooks from the LM
+        if hasattr(proc.prior, "remove"):
+            proc.prior.remove()
+
+
+def decode_items(items: list, previous: list[dict], methods: list[str], specs: dict, model,
+                 tokenizer, hmm, cfg: DictConfig, out_dir: Path) -> list[dict]:
+    """Every item not in ``previous`` (the records of a resumed run), batch by batch
+    (:func:`batches`); each finished record is appended to ``generations.jsonl`` at once.
+    Returns all records, the previous ones first."""
+    done = {r["index"] for r in previous}
     eos = eos_ids(model, tokenizer)
     vocab_size = hmm.vocab_size if hmm is not None else len(tokenizer)
-
     writer = RecordWriter(out_dir / "generations.jsonl", previous)
     records = list(previous)
-    size = int(cfg.batch_size)
+
+    def keep(record: dict) -> None:
+        writer.write(record)
+        records.append(record)
+
     bar = progress(None, total=len(items), desc="commongen", initial=len(done & {i for i, _ in items}))
     try:
-        for group in batches(items, size):
+        for group in batches(items, int(cfg.batch_size)):
             batch = [(i, ex) for i, ex in group if i not in done]
             if not batch:
                 continue
-            ready = []  # (record, constraint, prompt) of the satisfiable items
-            for index, example in batch:
-                groups = keyword_groups(example, cfg.constraint)
-                start = time.perf_counter()
-                constraint = build_constraint(example, groups, tokenizer, cfg.constraint,
-                                              vocab_size, eos[0])
-                record = {"index": index, "concepts": list(example.concepts),
-                          "keyword_groups": groups, "references": list(example.references),
-                          "dfa_states": constraint.num_states,
-                          "dfa_seconds": time.perf_counter() - start}
-                reason = unsatisfiable_reason(constraint, cfg, eos)
-                if reason is not None:
-                    print(f"item {index} ({', '.join(example.concepts)}): skipped, {reason}",
-                          file=sys.stderr)
-                    writer.write({**record, "skipped": reason})
-                    records.append({**record, "skipped": reason})
-                    continue
-                record["seconds"] = {}
-                ready.append((record, constraint,
-                              prompt_ids(example, tokenizer, cfg.model.chat_template)))
-            shared: dict = {}
-            for method in methods:
-                if not ready:
-                    break
-                start = time.perf_counter()
-                outputs = generate_batch(specs[method], model, tokenizer,
-                                         [p for _, _, p in ready], [c for _, c, _ in ready], hmm,
-                                         cfg, batch_seed(cfg.seed, group[0][0], method), shared)
-                share = (time.perf_counter() - start) / len(ready)
-                for (record, _, _), output in zip(ready, outputs):
-                    record[method] = output
-                    record["seconds"][method] = share
-            for proc in shared.values():  # detach the prior heads' hooks from the LM
-                if hasattr(proc.prior, "remove"):
-                    proc.prior.remove()
+            ready = prepare_batch(batch, cfg, tokenizer, vocab_size, eos, keep)
+            decode_batch(ready, group[0][0], methods, specs, model, tokenizer, hmm, cfg)
             for record, _, _ in ready:
-                writer.write(record)
-                records.append(record)
+                keep(record)
             bar.update(len(batch))
     finally:
         bar.close()
         writer.close()
+    return records
 
+
+def report(records: list[dict], first_index: int, methods: list[str], specs: dict,
+           cfg: DictConfig, out_dir: Path) -> dict:
+    """Score the records that were not skipped (:func:`score_methods`), write ``metrics.json``
+    and print the tables; returns ``{method: metrics row}``."""
     scored = [r for r in records if "skipped" not in r]
     skipped = [{"index": r["index"], "concepts": r["concepts"], "reason": r["skipped"]}
                for r in records if "skipped" in r]
@@ -391,7 +417,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                           "bootstrap": {"baseline": cfg.bootstrap.baseline,
                                                         "intervals": intervals}})
     rows = [{"method": m, **table[m]} for m in methods]
-    print(f"CommonGen ({len(scored)} items from index {items[0][0]}, {len(skipped)} skipped, "
+    print(f"CommonGen ({len(scored)} items from index {first_index}, {len(skipped)} skipped, "
           f"K={cfg.generation.num_samples}, beams={cfg.generation.get('num_beams', 1)}, "
           f"max_new_tokens={cfg.generation.max_new_tokens}) → {out_dir}")
     print(format_table(rows, TABLE_COLUMNS, TABLE_HEADERS))
@@ -399,6 +425,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if intervals:
         print(format_intervals(intervals, cfg.bootstrap.baseline, float(cfg.bootstrap.confidence)))
     return table
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """The whole experiment; returns ``{method: metrics row}`` and writes the result files."""
+    specs = check_config(cfg)
+    resume_dir = find_resume_dir(cfg, out_dir, _generation_config)
+    methods = start_run(cfg, out_dir, list(specs))
+    items = select_items(cfg)
+    previous = read_records(resume_dir) if resume_dir is not None else []
+    model, tokenizer, hmm = load_models(cfg, specs)
+    records = decode_items(items, previous, methods, specs, model, tokenizer, hmm, cfg, out_dir)
+    return report(records, items[0][0], methods, specs, cfg, out_dir)
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="commongen")

@@ -158,6 +158,7 @@ def infill_item(story: str, index: int, p: float, target: float, methods, model,
                                  seed=cfg.seed * 100_003 + index,
                                  rank_by_lm=cfg.rerank != "none", do_sample=True,
                                  temperature=cfg.generation.temperature,
+                                 precision=str(cfg.generation.get("precision", "float32")),
                                  top_p=cfg.generation.top_p, top_k=0)
         record["seconds"][method] = time.perf_counter() - start
         text = results[0].text.strip() if results else ""

@@ -42,8 +42,8 @@ def constraint(tokenizer, concepts: str, max_words: int, vocab_size: int):
     from ctrlg.dfa.words import parse_concepts
 
     groups = [dfa.inflections(word, pos) for word, pos in parse_concepts(list(concepts))]
-    return dfa.intersect(dfa.keywords(tokenizer, groups, vocab_size=vocab_size),
-                         dfa.word_count(tokenizer, 1, max_words, vocab_size=vocab_size))
+    return dfa.intersect(dfa.keywords(groups, tokenizer, vocab_size=vocab_size),
+                         dfa.word_count(1, max_words, tokenizer, vocab_size=vocab_size))
 
 
 @torch.no_grad()

@@ -114,3 +114,32 @@ def test_head_methods_run_with_per_row_dfas_and_need_a_head(tiny_lm_dir, tiny_hm
                                                                "data.limit=1",
                                                                f"methods=[{method}]")),
                           tmp_path / f"none-{method}")
+
+
+def test_prepare_batch_keeps_satisfiable_items_and_reports_the_others(smollm2_tokenizer, capsys):
+    """One item's record, constraint and prompt, checked against a hand-written sentence; the
+    same item under a 3-token budget is passed to ``keep`` as skipped."""
+    from ctrlg.data.commongen import CommonGenExample
+    from experiments import commongen
+
+    tok = smollm2_tokenizer
+    eos = [tok.eos_token_id]
+    example = CommonGenExample(("dog", "catch"), ("NOUN", "VERB"), ("A dog catches a ball.",), "k")
+    cfg = compose("commongen", ["constraint.min_words=3", "constraint.max_words=8"])
+    kept = []
+    (ready,) = commongen.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append)
+    record, constraint, prompt = ready
+    assert kept == [] and record["index"] == 7 and record["seconds"] == {}
+    assert record["keyword_groups"] == commongen.keyword_groups(example, cfg.constraint)
+    assert record["dfa_states"] == constraint.num_states
+    assert prompt == commongen.prompt_ids(example, tok, cfg.model.chat_template)
+    ids = lambda text: tok.encode(text, add_special_tokens=False) + eos  # noqa: E731
+    assert constraint.accepts(ids("The dog caught the ball."))
+    assert not constraint.accepts(ids("The dog ran."))                      # no form of "catch"
+    assert not constraint.accepts(ids("The dog caught the ball on a sunny day."))  # 9 words
+    cfg.generation.max_new_tokens = 3
+    assert commongen.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append) == []
+    assert len(kept) == 1 and "max_new_tokens=3" in kept[0]["skipped"]
+    assert {k: v for k, v in kept[0].items() if k not in ("skipped", "dfa_seconds")} == {
+        k: v for k, v in record.items() if k not in ("seconds", "dfa_seconds")}
+    assert "item 7 (dog, catch): skipped" in capsys.readouterr().err

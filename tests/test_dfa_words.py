@@ -73,7 +73,7 @@ def test_count_words_rule_examples():
 @pytest.mark.parametrize("lo, hi", [(0, 0), (1, 2), (2, None), (0, 3)])
 def test_word_count_dfa_by_brute_force(tiny_tokenizer, lo, hi):
     pieces = token_bytes(tiny_tokenizer)
-    d = dfa.word_count(tiny_tokenizer, lo, hi)
+    d = dfa.word_count(lo, hi, tiny_tokenizer)
     assert d.vocab_size == len(pieces)
     max_len = 4
     want = np.array([lo <= reference_word_count(b"".join(pieces[t] for t in s))
@@ -87,29 +87,29 @@ def test_word_count_dfa_by_brute_force(tiny_tokenizer, lo, hi):
 def test_word_count_dfa_on_longer_random_sequences(seq):
     tokenizer = _byte_level_tokenizer()
     pieces = token_bytes(tokenizer)
-    d = dfa.word_count(tokenizer, 2, 4)
+    d = dfa.word_count(2, 4, tokenizer)
     n = reference_word_count(b"".join(pieces[t] for t in seq))
     assert d.accepts(seq) == (2 <= n <= 4)
 
 
 def test_word_count_is_small_over_letters(tiny_tokenizer):
-    d = dfa.word_count(tiny_tokenizer, 1, 3)
+    d = dfa.word_count(1, 3, tiny_tokenizer)
     assert d.has_letters and d.num_letters <= 8
     assert d.num_states <= 3 * 5 + 1
 
 
 def test_word_count_padded_vocabulary():
     tokenizer = _byte_level_tokenizer()
-    d = dfa.word_count(tokenizer, 1, 1, vocab_size=16)
+    d = dfa.word_count(1, 1, tokenizer, vocab_size=16)
     assert d.vocab_size == 16
     assert d.accepts([6, 14, 15, 0]) and not d.accepts([14]) and not d.accepts([6, 6])
     with pytest.raises(ConstraintError, match="vocab_size=5"):
-        dfa.word_count(tokenizer, 1, 2, vocab_size=5)
+        dfa.word_count(1, 2, tokenizer, vocab_size=5)
 
 
 def test_keywords_by_brute_force(tiny_tokenizer):
     groups = [["ab"], ["b", "a"]]
-    d = dfa.keywords(tiny_tokenizer, groups)
+    d = dfa.keywords(groups, tiny_tokenizer)
     phrase_sets = [keyword_phrases(tiny_tokenizer, g) for g in groups]
     pieces = token_bytes(tiny_tokenizer)
 
@@ -140,7 +140,7 @@ def test_keyword_phrases_on_smollm2(smollm2_tokenizer):
 
 def test_keywords_must_end_a_word_on_smollm2(smollm2_tokenizer):
     tok = smollm2_tokenizer
-    d = dfa.keywords(tok, [["look"]])
+    d = dfa.keywords([["look"]], tok)
     look, out = tok.convert_tokens_to_ids(["Ġlook", "out"])
     assert d.accepts(tok.encode("We look.", add_special_tokens=False))
     assert d.accepts(tok.encode("We look", add_special_tokens=False))
@@ -152,7 +152,7 @@ def test_keywords_must_end_a_word_on_smollm2(smollm2_tokenizer):
 
 def test_word_count_on_smollm2_sentences(smollm2_tokenizer):
     tok = smollm2_tokenizer
-    at_most_6, at_least_6 = dfa.word_count(tok, 0, 6), dfa.word_count(tok, 6)
+    at_most_6, at_least_6 = dfa.word_count(0, 6, tok), dfa.word_count(6, None, tok)
     texts = ["The dog stood in the field.", "Hello, world! It's 3 p.m. - isn't it?",
              "  two   spaces\nand a newline", "naïve café — 中文 text", "a b c d e f g h i j k"]
     for text in texts:
@@ -184,7 +184,7 @@ def test_parse_concepts():
 def test_commongen_constraint_on_smollm2(smollm2_tokenizer):
     tok = smollm2_tokenizer
     eos = tok.eos_token_id
-    d = dfa.commongen_constraint(tok, "field_N#look_V#stand_V", min_words=5, max_words=20)
+    d = dfa.commongen_constraint("field_N#look_V#stand_V", tok, min_words=5, max_words=20)
     assert d.vocab_size == len(token_bytes(tok)) and d.num_states < 2000
 
     def ids(text):
@@ -199,19 +199,69 @@ def test_commongen_constraint_on_smollm2(smollm2_tokenizer):
     assert not d.accepts(ids("Look: field stands.") + [eos])            # 3 words < 5
     long = " and".join([" we looked at the field while we stood"] * 3)
     assert not d.accepts(ids(long.strip()) + [eos])                      # > 20 words
-    relaxed = dfa.commongen_constraint(tok, ["field_N", "look_V", "stand_V"], 5, 20,
+    relaxed = dfa.commongen_constraint(["field_N", "look_V", "stand_V"], tok, 5, 20,
                                        require_eos=False)
     assert relaxed.accepts(good)
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda t: dfa.word_count(t, 3, 2), "min_words=3 > max_words=2"),
-    (lambda t: dfa.word_count(t, -1, 2), "min_words"),
-    (lambda t: dfa.keywords(t, []), "groups"),
-    (lambda t: dfa.keywords(t, [[]]), "non-empty list"),
-    (lambda t: dfa.keywords(t, [[" ab"]]), "surrounding whitespace"),
-    (lambda t: dfa.keywords(t, "ab"), "groups"),
+    (lambda t: dfa.word_count(3, 2, t), "min_words=3 > max_words=2"),
+    (lambda t: dfa.word_count(-1, 2, t), "min_words"),
+    (lambda t: dfa.keywords([], t), "groups"),
+    (lambda t: dfa.keywords([[]], t), "non-empty list"),
+    (lambda t: dfa.keywords([[" ab"]], t), "surrounding whitespace"),
+    (lambda t: dfa.keywords("ab", t), "groups"),
 ])
 def test_bad_input(call, message):
     with pytest.raises(ConstraintError, match=message):
         call(_byte_level_tokenizer())
+
+
+def _same_dfa(a, b) -> bool:
+    """Identical automata: the same stored arrays (states, transitions, letters, accepting)."""
+    x, y = a.to_arrays(), b.to_arrays()
+    return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def test_builders_take_the_spec_first_and_warn_on_the_tokenizer_first_order():
+    """word_count(min, max, tokenizer), keywords(groups, tokenizer),
+    commongen_constraint(concepts, tokenizer, ...): no warning; the older tokenizer-first calls
+    give the identical automaton with a DeprecationWarning naming the new order."""
+    import warnings
+
+    from ctrlg import Vocabulary
+
+    tok = _byte_level_tokenizer()
+    vocab = Vocabulary.from_tokenizer(tok)
+    pairs = [  # (documented order, older order, what the warning shows)
+        (lambda: dfa.word_count(1, 3, tok), lambda: dfa.word_count(tok, 1, 3),
+         r"word_count\(min_words, max_words, tokenizer\)"),
+        (lambda: dfa.word_count(2, None, vocab, vocab_size=14),
+         lambda: dfa.word_count(vocab, 2, vocab_size=14), "word_count"),
+        (lambda: dfa.word_count(0, 2, tok), lambda: dfa.word_count(tok, max_words=2), "word_count"),
+        (lambda: dfa.word_count(tokenizer=tok, min_words=1), lambda: dfa.word_count(tok, min_words=1),
+         "word_count"),
+        (lambda: dfa.keywords([["ab"], ["b"]], tok, whole_word=False),
+         lambda: dfa.keywords(tok, [["ab"], ["b"]], whole_word=False),
+         r"keywords\(groups, tokenizer"),
+        (lambda: dfa.commongen_constraint(["dog_N"], vocab, 1, 4),
+         lambda: dfa.commongen_constraint(vocab, ["dog_N"], 1, 4),
+         r"commongen_constraint\(concepts, tokenizer"),
+    ]
+    for new, old, message in pairs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")              # the documented order never warns
+            a = new()
+        with pytest.warns(DeprecationWarning, match=message) as caught:
+            b = old()
+        assert caught[0].filename == __file__           # the warning points at the caller
+        assert _same_dfa(a, b)
+    # the documented order against brute force: [ab, Ġa, Ġb.] is "ab a b." = 3 words
+    d = dfa.word_count(3, 3, tok)
+    assert d.accepts([7, 6, 4, 11]) and not d.accepts([7, 6]) and not d.accepts([7, 10, 6])
+    # the upper bound may be left out; the tokenizer may not
+    assert _same_dfa(dfa.word_count(2, tok), dfa.word_count(2, None, tok))
+    with pytest.raises(ConstraintError, match=r"word_count\(min_words, max_words, tokenizer\)"):
+        dfa.word_count(1, 3)
+    with pytest.raises(TypeError, match="max_word"):
+        dfa.word_count(1, 3, tok, max_word=4)

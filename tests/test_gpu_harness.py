@@ -19,7 +19,7 @@ from benchmarks.gpu.peaks import PEAKS, fraction_of_bandwidth, fractions_of_peak
 from benchmarks.gpu.report import device_slug, format_cell  # noqa: E402
 from benchmarks.gpu.timing import Stopwatch, measure  # noqa: E402
 
-SECTIONS = ("em_estep", "backward_table", "guidance_overhead", "distill_at_scale")
+SECTIONS = ("em_estep", "backward_table", "guidance_overhead", "distill_at_scale", "commongen_large")
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,16 @@ def test_every_section_ran_with_positive_timings(tiny_run):
     assert math.isfinite(lls["distilled HMM"]) and lls["distilled HMM"] < 0
     # a trained HMM beats the unigram baseline on held-out samples, even at this size
     assert lls["distilled HMM"] > lls["unigram"]
+    # the prior head trained with the HMM: filtering and head rows for each prefix length
+    head_rows = [m for m in lls if m.startswith(("HMM filtering, after", "HMM + prior head, after"))]
+    assert head_rows and all(math.isfinite(lls[m]) and lls[m] < 0 for m in head_rows)
+    assert any(m.startswith("HMM + prior head") for m in head_rows)
+    # the main job with both HMMs: paired (logical uses no HMM, so its rows are identical)
+    commongen = results["sections"]["commongen_large"]
+    assert commongen["logical_rows_identical"]
+    assert {(r["hmm"].split()[0], r["method"]) for r in commongen["rows"]} == \
+        {(h, m) for h in ("embedded", "large") for m in ("logical", "ctrlg")}
+    assert all(r["success"] == 100.0 for r in commongen["rows"] if r["method"] != "unconstrained")
 
 
 def test_torch_rows_present_and_kernels_agree_with_torch(tiny_run):

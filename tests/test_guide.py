@@ -10,7 +10,8 @@ import torch
 from ctrlg import HMM
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.guide import GuideTables, build_tables
+from ctrlg.guide import GuideTables, build_tables, resolve_precision
+from ctrlg.kernels.packed_linear import native_bfloat16
 from helpers import random_dfa, random_hmm, random_letter_dfa
 
 
@@ -76,11 +77,16 @@ def test_tables_and_token_weights_equal_brute_force(S, V, h, n, m, eos, suffix, 
 
 
 @pytest.mark.parametrize("S,V,h,n,m,eos,suffix,seed", CASES[6:])
-def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, m, eos, suffix, seed):
-    """Every exceptional letter through the per-letter block product (large vocabularies)."""
+@pytest.mark.parametrize("bound", [None, math.inf])
+def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, m, eos, suffix, seed,
+                                                        bound):
+    """Every exceptional letter through the per-letter block product (large vocabularies); with
+    an infinite underflow bound every call takes the unfolded path and then the per-entry check."""
     monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
+    if bound is not None:
+        monkeypatch.setattr("ctrlg.token_weights.UNDERFLOW_BOUND", bound)
     for inline_rows in (0, 1000):   # per-letter products, and extra rows of the dense product
-        monkeypatch.setattr("ctrlg.guide.INLINE_ROWS", inline_rows)
+        monkeypatch.setattr("ctrlg.token_weights.INLINE_ROWS", inline_rows)
         _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
 
 
@@ -91,6 +97,8 @@ def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
         dfa = make(S, V, 100 * seed + dfa_seed)
         weights = brute_weights(hmm, dfa, n, m, eos, suffix)
         tables = build_tables(hmm, dfa, n, min_new_tokens=m, eos_token_id=eos or None, suffix_ids=suffix)
+        bf16 = build_tables(hmm, dfa, n, min_new_tokens=m, eos_token_id=eos or None, suffix_ids=suffix,
+                            precision="bfloat16")
         total = sum(weights.values())
         assert tables.feasible[n, dfa.initial] == (len(weights) > 0)
         if not weights:
@@ -119,6 +127,14 @@ def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
                                         seq_prob(hmm, x + (v,)) / px, rel_tol=1e-4)
                 ratio = tables.log_ratio([state], prior, r)[0]
                 assert torch.equal(torch.isfinite(ratio), mask)
+                want = (log_joint - log_marg)[0]
+                torch.testing.assert_close(ratio[mask], want[mask], rtol=1e-4, atol=1e-5)
+                shifted = tables.log_ratio([state], prior, r, shifted=True)[0]
+                offset = (ratio - shifted)[mask]      # one constant per row
+                torch.testing.assert_close(offset, offset[:1].expand_as(offset), rtol=0, atol=1e-4)
+                low = bf16.log_ratio([state], prior, r)[0]   # bfloat16 products: ≤ ~1 % relative
+                assert torch.equal(torch.isfinite(low), mask)
+                torch.testing.assert_close(low[mask].exp(), want[mask].exp(), rtol=2e-2, atol=1e-6)
 
 
 def test_backward_table_rows_equal_brute_force():
@@ -241,7 +257,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_rows_of_a_batch_equal_rows_alone(monkeypatch, inline_rows):
     """A batch of rows (different states, priors, budgets) gives each row what it gets alone."""
     monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
-    monkeypatch.setattr("ctrlg.guide.INLINE_ROWS", inline_rows)
+    monkeypatch.setattr("ctrlg.token_weights.INLINE_ROWS", inline_rows)
     V, n = 5, 4
     hmm = random_hmm(3, V, 11)
     dfa = random_letter_dfa(5, V, 12)
@@ -254,3 +270,14 @@ def test_rows_of_a_batch_equal_rows_alone(monkeypatch, inline_rows):
     for i, (s, r) in enumerate(zip(states, remaining)):
         alone = tables.log_ratio([s], priors[i:i + 1], r)[0]
         torch.testing.assert_close(together[i], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_precision_auto_resolves_to_what_the_hardware_has():
+    native = native_bfloat16()
+    assert resolve_precision("auto") == ("bfloat16" if native else "float32")
+    assert resolve_precision("float32") == "float32"
+    with pytest.raises(ConstraintError, match="precision must be one of"):
+        resolve_precision("fp8")
+    hmm, dfa = random_hmm(2, 4, 0), random_dfa(3, 4, 0)
+    assert build_tables(hmm, dfa, 3, precision="auto").precision == resolve_precision("auto")
+    assert build_tables(hmm, dfa, 3).precision == "float32"          # the tables' default

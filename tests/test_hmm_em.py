@@ -96,6 +96,43 @@ def test_schedule_cycles_through_chunks_and_is_seeded():
     torch.testing.assert_close(runs[0][0].emission, runs[1][0].emission, atol=0, rtol=0)
 
 
+def test_chunk_windows_take_the_next_chunks_cyclically():
+    """Each step takes min(chunks, num_chunks) chunks following the previous step's (mod num_chunks)."""
+    from ctrlg.hmm.em import _chunk_windows
+
+    schedule = [(2, 1), (1, 3), (2, 4), (1, 9), (0, 2)]
+    flat = itertools.cycle(range(4))
+    want = [[next(flat) for _ in range(min(chunks, 4))] for steps, chunks in schedule for _ in range(steps)]
+    assert list(_chunk_windows(schedule, 4)) == want
+    assert want[:4] == [[0], [1], [2, 3, 0], [1, 2, 3, 0]]
+
+
+def test_shuffled_chunks_partition_the_rows_and_shards_partition_the_chunks():
+    from ctrlg.hmm.em import _shuffled_chunks
+
+    tokens = torch.arange(22).reshape(11, 2)
+    chunks = _shuffled_chunks(tokens, 3, seed=5, shard=None)
+    assert [c.shape[0] for c in chunks] == [4, 4, 3]
+    assert sorted(torch.cat(chunks)[:, 0].tolist()) == list(range(0, 22, 2))   # every row once
+    assert all(torch.equal(a, b) for a, b in zip(chunks, _shuffled_chunks(tokens, 3, 5, None)))
+    shards = [_shuffled_chunks(tokens, 3, seed=5, shard=(rank, 2)) for rank in range(2)]
+    for i, chunk in enumerate(chunks):
+        assert torch.equal(shards[0][i], chunk[0::2]) and torch.equal(shards[1][i], chunk[1::2])
+    with pytest.raises(CtrlgError, match="rank"):
+        _shuffled_chunks(tokens, 3, seed=5, shard=(2, 2))
+
+
+def test_emission_prior_mean_is_uniform_or_the_training_unigram():
+    from ctrlg.hmm.em import _emission_prior_mean
+
+    tokens = torch.tensor([[0, 0, 2]])
+    assert _emission_prior_mean("uniform", tokens, 4, "cpu") is None
+    torch.testing.assert_close(_emission_prior_mean("unigram", tokens, 4, "cpu"),
+                               torch.tensor([3 / 7, 1 / 7, 2 / 7, 1 / 7], dtype=torch.float64))
+    with pytest.raises(CtrlgError, match="'zipf'"):
+        _emission_prior_mean("zipf", tokens, 4, "cpu")
+
+
 def test_bad_schedules_and_batches_raise():
     for bad in ["", "3", "a:b", "1:0", [(1, 2, 3)]]:
         with pytest.raises(CtrlgError, match="schedule"):

@@ -208,9 +208,9 @@ def _best_time(build, repeats=2):
 def test_word_count_beyond_the_supported_bound_fails_at_once(smollm2_tokenizer):
     start = time.perf_counter()
     with pytest.raises(ConstraintError, match="max_words=1000000 is above the supported word bound"):
-        dfa.word_count(smollm2_tokenizer, 0, 10**6)
+        dfa.word_count(0, 10**6, smollm2_tokenizer)
     with pytest.raises(ConstraintError, match="min_words"):
-        dfa.commongen_constraint(smollm2_tokenizer, "dog_N", min_words=10**6)
+        dfa.commongen_constraint("dog_N", smollm2_tokenizer, min_words=10**6)
     assert time.perf_counter() - start < 10          # it ran > 100 s before the bound
 
 
@@ -220,7 +220,7 @@ def test_counter_automata_build_in_near_linear_time(smollm2_tokenizer, build):
     refinement needed one O(S·C) round per count; the product search merged sorted sets per
     BFS level). A time ratio within one process is robust to the machine's load."""
     V = len(smollm2_tokenizer)
-    make = {"word_count": lambda n: dfa.word_count(smollm2_tokenizer, 0, n),
+    make = {"word_count": lambda n: dfa.word_count(0, n, smollm2_tokenizer),
             "intersect_length": lambda n: dfa.intersect(dfa.length(0, n, vocab_size=V),
                                                         dfa.phrase([3, 4], V))}[build]
     make(10)                                                   # warm caches

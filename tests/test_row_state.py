@@ -3,6 +3,7 @@ the reordering and duplication of rows between calls; the guided log-probs funct
 
 import numpy as np
 import torch
+import pytest
 
 from ctrlg.guidance import apply_guidance, guided_log_probs
 from ctrlg.guide import build_tables, forward_update
@@ -91,3 +92,30 @@ def test_guided_log_probs_is_pure_and_is_log_softmax_of_lm_plus_guidance():
     dead_lm = torch.where(torch.isfinite(ratio), -torch.inf, scores)
     fallback = apply_guidance(dead_lm, ratio)
     torch.testing.assert_close(fallback, torch.log_softmax(ratio, -1))
+
+
+@pytest.mark.parametrize("strength", [0.0, 0.5, 1.0, 2.0])
+def test_guided_log_probs_strength_fallback_and_shift(strength):
+    V, n = 6, 4
+    dfa, hmm = random_dfa(7, V, 3), random_hmm(4, V, 5)
+    tables = build_tables(hmm, dfa, n)
+    states = np.array([dfa.initial] * 3)
+    priors = torch.softmax(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)), -1)
+    ratio = tables.log_ratio(states, priors, n)
+    shifted = tables.log_ratio(states, priors, n, shifted=True)
+    finite = torch.isfinite(ratio)
+    assert torch.equal(finite, torch.isfinite(shifted))
+    offset = torch.where(finite, ratio - shifted, torch.nan)
+    for row in offset:   # the shift is one constant per row
+        vals = row[~torch.isnan(row)]
+        torch.testing.assert_close(vals, vals[:1].expand_as(vals))
+    scores = torch.randn(3, V, generator=torch.Generator().manual_seed(2))
+    scores[1] = torch.where(finite[1], -torch.inf, scores[1])    # row 1: the LM rules out all feasible tokens
+    before = scores.clone()
+    got = guided_log_probs(scores, [tables], np.zeros(3, dtype=np.int64), states, priors, n, strength)
+    assert torch.equal(scores, before)                           # inputs untouched
+    term = torch.where(finite, strength * ratio, -torch.inf)
+    want = torch.log_softmax(scores + term, -1)
+    want[1] = torch.log_softmax(term[1], -1)                      # the fallback: guidance alone
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(apply_guidance(scores, ratio, strength), want)

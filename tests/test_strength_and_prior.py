@@ -29,7 +29,7 @@ def test_guidance_strength_is_exact_and_keeps_feasibility(case, strength):
     weights = brute_weights(hmm, dfa, n, m, eos, None)
     guided = ConstraintLogitsProcessor(hmm, dfa, prompt_length=1, max_new_tokens=n,
                                        min_new_tokens=m, eos_token_id=eos or None,
-                                       strength=strength)
+                                       strength=strength, precision="float32")
     lm = torch.randn(1, V, generator=torch.Generator().manual_seed(seed)) * 2
     for length in range(n):
         for prefix in itertools.product(range(V), repeat=length):
@@ -171,3 +171,6 @@ def test_generate_with_a_prior_head_accepts_and_checks_sizes():
                        eos_token_id=EOS_TINY, prior_head=PriorHead(32, 3))
     with pytest.raises(ValueError, match="strength"):
         ConstraintLogitsProcessor(hmm, dfa, max_new_tokens=4, strength=-1)
+    for mode in ("ctrlg", "logical"):
+        with pytest.raises(ValueError, match="precision must be one of"):
+            ConstraintLogitsProcessor(hmm, dfa, max_new_tokens=4, mode=mode, precision="half")

@@ -153,8 +153,8 @@ def test_builders_accept_a_vocabulary_like_a_tokenizer():
     tokenizer = _byte_level_tokenizer()
     vocab = Vocabulary.from_tokenizer(tokenizer)
     for build in (lambda t: dfa.regex("[a-z]+ (dog|park)", t),
-                  lambda t: dfa.word_count(t, 1, 3),
-                  lambda t: dfa.keywords(t, [["dog"], ["park"]]),
+                  lambda t: dfa.word_count(1, 3, t),
+                  lambda t: dfa.keywords([["dog"], ["park"]], t),
                   lambda t: dfa.contains("park", t, "canonical")):
         a, b = build(tokenizer), build(vocab)
         assert a.num_states == b.num_states and a.vocab_size == b.vocab_size
@@ -163,11 +163,12 @@ def test_builders_accept_a_vocabulary_like_a_tokenizer():
     raw = Vocabulary.from_token_bytes([b"a", b"b", b""], eos_token_id=2)
     assert dfa.regex("ab", raw).accepts([0, 1, 2])
     with pytest.raises(VocabularyMismatchError, match="raw token bytes"):
-        dfa.keywords(raw, [["a"]])
+        dfa.keywords([["a"]], raw)
 
 
 def test_builders_take_the_spec_first_and_the_vocabulary_second():
-    """As ``regex(pattern, vocab)``; the older vocabulary-first order gives the same automaton."""
+    """As ``regex(pattern, vocab)``; the older vocabulary-first order gives the same automaton,
+    with a DeprecationWarning."""
     from ctrlg import Vocabulary, dfa
 
     tokenizer = _byte_level_tokenizer()
@@ -177,6 +178,8 @@ def test_builders_take_the_spec_first_and_the_vocabulary_second():
                       lambda: dfa.keywords(tokenizer, [["dog"], ["park"]])),
                      (lambda: dfa.commongen_constraint(["dog_N", "park_N"], vocab, 2, 8),
                       lambda: dfa.commongen_constraint(tokenizer, ["dog_N", "park_N"], 2, 8))):
-        a, b = new(), old()
+        a = new()
+        with pytest.warns(DeprecationWarning, match="deprecated"):
+            b = old()
         assert a.num_states == b.num_states and a.accepts(ids) == b.accepts(ids)
         assert a.accepts(ids + [tokenizer.eos_token_id]) == b.accepts(ids + [tokenizer.eos_token_id])

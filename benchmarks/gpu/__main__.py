@@ -5,7 +5,8 @@
     python -m benchmarks.gpu --device cuda --sections backward_table em_estep
 
 Sections (one module each): ``em_estep``, ``backward_table``, ``guidance_overhead``,
-``distill_at_scale``. Results: ``<out>/gpu_<device-slug>.json`` and ``.md`` (see ``report.py``);
+``distill_at_scale``, ``commongen_large`` (the main job with the distilled HMM vs the embedded
+one; after ``distill_at_scale``). Results: ``<out>/gpu_<device-slug>.json`` and ``.md`` (see ``report.py``);
 a section that raises is recorded with its error and the others still run (exit status 1).
 On CPU the Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is set here before
 anything imports Triton (only for ``--device cpu``, and only if the variable is unset).
@@ -20,7 +21,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-SECTIONS = ("em_estep", "backward_table", "guidance_overhead", "distill_at_scale")
+SECTIONS = ("em_estep", "backward_table", "guidance_overhead", "distill_at_scale", "commongen_large")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="override the hidden sizes of the E-step / backward-table / guidance sections")
     parser.add_argument("--distill-hidden", type=int, default=None, help="h of the distilled HMM")
     parser.add_argument("--distill-sequences", type=int, default=None, help="N training samples")
+    parser.add_argument("--large-hmm", default=None,
+                        help="commongen_large: the large HMM's checkpoint folder (default: the one "
+                             "distill_at_scale wrote under --work-dir)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads for CPU work (default: torch's choice)")
     parser.add_argument("--no-merge", action="store_true",
@@ -91,6 +95,9 @@ def main(argv=None) -> int:
         if section == "distill_at_scale":
             kwargs.update(out_dir=Path(args.work_dir) / "distill", hidden_size=args.distill_hidden,
                           num_sequences=args.distill_sequences)
+        elif section == "commongen_large":
+            kwargs.update(out_dir=Path(args.work_dir) / "commongen", large_hmm=args.large_hmm,
+                          distill_dir=Path(args.work_dir) / "distill")
         else:
             kwargs["hidden_sizes"] = args.hidden_sizes
         print(f"[{section}] running at size {args.size} on {name} ...", flush=True)

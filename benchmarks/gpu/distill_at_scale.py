@@ -5,8 +5,9 @@ on the *same* held-out samples.
 
 held-out LL per token = Σ_sequences log p_hmm(x) / (number of held-out tokens), EOS padding
 included (the sampler's fixed-length, EOS-padded sequences; see ``ctrlg.hmm.sampling``). Also
-recorded: the LVD initialisation, a unigram baseline and the LM itself on those samples, and the
-pipeline's timings (sampling, LVD, EM).
+recorded: the LVD initialisation, a unigram baseline and the LM itself on those samples, the
+LM-conditioned prior head that ``distill`` trains with the HMM (held-out continuation LL after k
+given tokens, filtering vs head), and the pipeline's timings (sampling, LVD, EM, head).
 
 At ``--size full``: the embedded SmolLM2-135M-Instruct, h = 1024, N = 200,000 sequences of 32
 tokens, the Triton E-step (the torch one when the kernel is missing), on CUDA. Sampling is
@@ -99,6 +100,21 @@ def _embedded_row(heldout_tokens: torch.Tensor, vocab_size: int) -> dict:
     return row
 
 
+def _head_rows(head_metrics: dict | None, h: int, N: int) -> list[dict]:
+    """The LM-conditioned prior head (trained by ``distill`` with ``head.enabled``, the default):
+    held-out LL per real token of the continuation after k given tokens, HMM filtering vs HMM +
+    head (:func:`ctrlg.hmm.head_training.prefix_loglik_table`)."""
+    rows = []
+    for entry in (head_metrics or {}).get("prefix_table", []):
+        per_token = entry["per_real_token"]
+        for key, name in (("hmm", "HMM filtering"), ("hmm_head", "HMM + prior head")):
+            if key in per_token:
+                rows.append({"model": f"{name}, after k = {entry['prefix_length']}", "hidden_size": h,
+                             "train_sequences": N, "heldout_ll_per_token": per_token[key],
+                             "note": f"per real token of the continuation, {entry['sequences']} sequences"})
+    return rows
+
+
 def run(size: str, device: torch.device, *, seed: int = 0, peak=None, out_dir: str | Path | None = None,
         hidden_size: int | None = None, num_sequences: int | None = None,
         model_name: str | None = None) -> dict:
@@ -138,6 +154,7 @@ def run(size: str, device: torch.device, *, seed: int = 0, peak=None, out_dir: s
          "heldout_ll_per_token": ll["lm"], "note": "log p_lm of its own samples"},
         _embedded_row(heldout, metrics["vocab_size"]),
     ]
+    rows += _head_rows(metrics.get("head"), h, N)
     for row in rows[:4]:
         if not math.isfinite(row["heldout_ll_per_token"]):
             raise RuntimeError(f"non-finite held-out log-likelihood in {row}")

@@ -57,7 +57,7 @@ def _constraint(params: dict, tokenizer):
         d = dfa.intersect(dfa.phrase([5], V), dfa.phrase([7, 8], V),
                           dfa.length(0, params["max_new_tokens"], vocab_size=V))
         return d, None
-    d = dfa.commongen_constraint(tokenizer, params["concepts"], params["min_words"],
+    d = dfa.commongen_constraint(params["concepts"], tokenizer, params["min_words"],
                                  params["max_words"], vocab_size=V)
     return d, int(tokenizer.eos_token_id)
 

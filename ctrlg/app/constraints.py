@@ -102,13 +102,13 @@ def _build(tokenizer, spec: EditConstraint, vocab_size: int, eos_ids: tuple[int,
     V = vocab_size
     parts: list[TokenDFA] = []
     if spec.keyphrases:
-        parts.append(dfa.keywords(tokenizer, [[k] for k in spec.keyphrases], vocab_size=V))
+        parts.append(dfa.keywords([[k] for k in spec.keyphrases], tokenizer, vocab_size=V))
     for word in spec.banned:
         contains = dfa.regex(banned_word_pattern(word), tokenizer, "all",
                              eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V)
         parts.append(dfa.complement(contains))
     if spec.min_words is not None or spec.max_words is not None:
-        parts.append(dfa.word_count(tokenizer, spec.min_words or 0, spec.max_words, vocab_size=V))
+        parts.append(dfa.word_count(spec.min_words or 0, spec.max_words, tokenizer, vocab_size=V))
     # valid UTF-8 text only: the banned-word automata judge characters, so a sequence with a
     # stray partial UTF-8 byte would otherwise escape them (and display as U+FFFD)
     parts.append(dfa.regex(r"[\s\S]*", tokenizer, "all",

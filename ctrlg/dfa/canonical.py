@@ -21,7 +21,11 @@ where a pair is canonical iff ``encode(bytes(t_i) + bytes(t_{i+1})) == [t_i, t_{
 pair's bytes are not valid UTF-8 (a multi-byte character split across more than two tokens) the
 pair lies inside one pre-token and only the BPE model decides:
 ``model.tokenize(byte_level(bytes)) == [t_i, t_{i+1}]``. The tests check the characterisation
-against ``tokenizer.encode`` by enumeration on the SmolLM2 tokenizer, in both directions.
+against ``tokenizer.encode`` by enumeration on the SmolLM2 tokenizer, in both directions, and
+exhaustively on a tiny trained BPE tokenizer. Pairs that lie inside one pre-token by
+construction (inside one multi-byte character; ASCII letter or digit runs under GPT-2's
+pattern) are decided without encoding, from the merge ranks (:mod:`ctrlg.dfa.bpe_merges`:
+BPE merges across the junction iff the two tokens' junction signatures intersect).
 
 Construction (Tran-Thien's CartesianMerge, restricted to reachable pairs). The product of the
 all-encodings token DFA (state ``q``) with "the last token read" (``a``): states ``(q, a)``,
@@ -30,15 +34,20 @@ the start are built, level by level, and each level's unknown pairs are checked 
 ``encode_batch`` call; results are cached per tokenizer. States with identical outgoing edges are
 merged by :func:`ctrlg.dfa.minimize`. The number of pair checks is bounded by
 ``max_pair_checks``; beyond it a :class:`~ctrlg.errors.ConstraintError` is raised (regexes over
-large token classes such as ``[a-z]+`` can need millions of pairs).
+large token classes such as ``[a-z]+`` can need millions of pairs). That is a property of the
+language, not of the search: any DFA accepting exactly the canonical sequences of a ``[a-z]+``
+loop on SmolLM2 has ≥ 4,188 states and ≥ 15.3M transitions
+(:func:`ctrlg.dfa.bpe_merges.loop_transition_bound`).
 """
 
 from __future__ import annotations
 
+import json
 from itertools import accumulate
 
 import numpy as np
 
+from ctrlg.dfa.bpe_merges import MergeTables
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.dfa.minimize import minimize
@@ -77,6 +86,8 @@ class PairChecker:
         self._starts_nonspace: np.ndarray | None = None
         self._byte_level: dict[bytes, str] = {}
         self._whole: dict[int, bool] = {}
+        self._merge_tables: MergeTables | bool | None = None
+        self._ascii_runs: list[int] | None = None
 
     # -- window checks -------------------------------------------------------------
     def _bpe_ids(self, *parts: bytes) -> list[int]:
@@ -152,36 +163,83 @@ class PairChecker:
     def pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """Flag per pair (a, b): the verdict on b following a.
 
-        Pairs whose right token does not end with whitespace and whose bytes are valid UTF-8
-        are decided in one batched ``encode_batch`` call: then the verdict is FREE iff
+        Pairs inside one pre-token by construction (ASCII letter or digit runs,
+        :meth:`ascii_runs`) and pairs inside one multi-byte character are BPE's alone, decided
+        from the merge ranks (:meth:`_bpe_pairs`). Other pairs whose right token does not end
+        with whitespace and whose bytes are valid UTF-8 are decided in one batched
+        ``encode_batch`` call: then the verdict is FREE iff
         ``encode(a + b) == [a, b]`` (equivalent to the window test, since every token of a
-        canonical sequence is BPE's encoding of its own bytes). Pairs inside one multi-byte
-        character are BPE's alone; pairs ending with whitespace use the window test
-        (:meth:`_verdicts`)."""
+        canonical sequence is BPE's encoding of its own bytes); pairs ending with whitespace use
+        the window test (:meth:`_verdicts`)."""
         keys = list(zip(np.asarray(left).tolist(), np.asarray(right).tolist()))
         cache = self.pair_cache
         todo = {key for key in keys if key not in cache}
-        batch, texts = [], []
+        batch, texts, inside = [], [], []
+        run = self.ascii_runs()
         for key in todo:
             a, b = key
+            if run[b] in (2, 4) and run[a] in (run[b], run[b] - 1):
+                inside.append(key)       # " ?[A-Za-z]+" + "[A-Za-z]+" (or digits): one pre-token
+                continue
             data = self.tokens[a] + self.tokens[b]
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:   # inside one multi-byte character: one pre-token
-                cache[key] = FREE if self._bpe_ids(self.tokens[a], self.tokens[b]) == [a, b] \
-                    else REJECT
+                inside.append(key)
                 continue
             if _ends_with_space(self.tokens[b]):
                 cache[key] = self._verdicts((self.tokens[a], self.tokens[b]), [a, b])
             else:
                 texts.append(text)
                 batch.append(key)
+        if inside:
+            for key, ok in zip(inside, self._bpe_pairs(inside)):
+                cache[key] = FREE if ok else REJECT
         if batch:
             encodings = self.backend.encode_batch(texts, add_special_tokens=False)
             for key, enc in zip(batch, encodings):
-                self.pair_cache[key] = FREE if enc.ids == list(key) else REJECT
-        return np.fromiter((self.pair_cache[key] for key in keys), dtype=np.int8,
-                           count=len(keys))
+                cache[key] = FREE if enc.ids == list(key) else REJECT
+        return np.fromiter((cache[key] for key in keys), dtype=np.int8, count=len(keys))
+
+    def ascii_runs(self) -> list[int]:
+        """Per token: 2 for tokens ``[A-Za-z]+``, 1 for `` [A-Za-z]+``, 4 for ``[0-9]+``, 3 for
+        `` [0-9]+``, else 0. A pair (a, b) with ``run[b] ∈ {2, 4}`` and ``run[a] ∈ {run[b],
+        run[b] − 1}`` lies inside one pre-token of the GPT-2 pattern (`` ?\\p{L}+`` or
+        `` ?\\p{N}+``), so ``encode`` is BPE alone there. All 0 (no shortcut) unless the
+        pre-tokenizer is exactly GPT-2's (``ByteLevel`` with ``use_regex``)."""
+        if self._ascii_runs is None:
+            runs = [0] * len(self.tokens)
+            pre = json.loads(self.backend.to_str()).get("pre_tokenizer") or {}
+            if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+                for t, data in enumerate(self.tokens):
+                    spaced = data[:1] == b" "
+                    body = data[1:] if spaced else data
+                    if body and body.isascii() and (body.isalpha() or body.isdigit()):
+                        runs[t] = (2 if body.isalpha() else 4) - int(spaced)
+            self._ascii_runs = runs
+        return self._ascii_runs
+
+    def _bpe_pairs(self, keys: list[tuple[int, int]]) -> list[bool]:
+        """Whether BPE (the model alone) encodes each pair's bytes as the pair: both tokens
+        are BPE's encoding of themselves and no merge fires across the junction
+        (:meth:`MergeTables.merges_across`, from the merge ranks); per pair through the model
+        when the merge tables do not apply to this tokenizer."""
+        tables = self.merge_tables()
+        if tables is None:
+            return [self._bpe_ids(self.tokens[a], self.tokens[b]) == [a, b] for a, b in keys]
+        left, right = (np.array(side, dtype=np.int64) for side in zip(*keys))
+        whole = np.array([self._is_whole(a) and self._is_whole(b) for a, b in keys])
+        return (whole & ~tables.merges_across(left, right)).tolist()
+
+    def merge_tables(self) -> MergeTables | None:
+        """The tokenizer's :class:`MergeTables` (built on first use), or None where the merge
+        rank test does not apply (not a plain BPE model)."""
+        if self._merge_tables is None:
+            try:
+                self._merge_tables = MergeTables(self.backend, len(self.tokens))
+            except (VocabularyMismatchError, KeyError, ValueError):
+                self._merge_tables = False
+        return self._merge_tables or None
 
     def starts_nonspace(self, tokens: np.ndarray) -> np.ndarray:
         if self._starts_nonspace is None:
@@ -225,92 +283,121 @@ def is_canonical(ids, tokenizer) -> bool:
 
 def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: int | None,
                         max_pair_checks: int = 5_000_000, what: str = "pattern") -> TokenDFA:
-    """The canonical-encodings token DFA of the byte DFA ``bdfa`` (module docstring)."""
+    """The canonical-encodings token DFA of the byte DFA ``bdfa`` (module docstring): the
+    product search (:class:`_ProductSearch`), then EOS edges, acceptance and minimisation
+    (:func:`_assemble`)."""
     checker = pair_checker(tokenizer)
     trie = vocab_trie(tokenizer)
     all_dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
                                        vocab_size=vocab_size, what=what)
-    eos = resolve_eos(trie, eos_token_id)
+    search = _ProductSearch(all_dfa, checker, resolve_eos(trie, eos_token_id))
+    while len(search.frontier):
+        search.expand_level(max_pair_checks, what)
     byte_accepting = np.zeros(all_dfa.num_states, dtype=bool)
     byte_accepting[:bdfa.num_states] = bdfa.accepting
+    return _assemble(search, byte_accepting, what)
 
-    exc_ptr, exc_tokens, exc_next = all_dfa.exc_ptr, all_dfa.exc_tokens, all_dfa.exc_next
-    V = all_dfa.vocab_size
-    # product states (q, last token, flag of the last token); id 0 = dead, 1 = start. A state
-    # is the int key ((q · (V + 1)) + last + 1) · 4 + flag; keys are found by binary search in
-    # the sorted array of known keys, one vectorised lookup per BFS level.
-    key_q = [np.array([0, all_dfa.initial], dtype=np.int64)]
-    key_last = [np.array([START, START], dtype=np.int64)]
-    key_flag = [np.array([REJECT, FREE], dtype=np.int8)]
-    known_keys = np.zeros(0, dtype=np.int64)
-    known_ids = np.zeros(0, dtype=np.int64)
-    num_states = 2
-    frontier = np.array([1], dtype=np.int64)
-    f_q, f_last, f_flag = key_q[0][1:], key_last[0][1:], key_flag[0][1:]
-    edges_src: list[np.ndarray] = []
-    edges_tok: list[np.ndarray] = []
-    edges_dst: list[np.ndarray] = []
-    checks = 0
-    while len(frontier):
-        counts = exc_ptr[f_q + 1] - exc_ptr[f_q]
-        checks += int(counts.sum())
-        if checks > max_pair_checks:
+
+class _ProductSearch:
+    """Breadth-first search of the product (all-encodings state q, last token, its flag).
+
+    State 0 is dead, 1 the start. A product state is the int key
+    ``((q · (V + 1)) + last + 1) · 4 + flag``; known keys are kept sorted, and each BFS level
+    looks its new keys up with one vectorised binary search."""
+
+    def __init__(self, all_dfa: TokenDFA, checker: PairChecker, eos: int | None):
+        self.all_dfa, self.checker, self.eos = all_dfa, checker, eos
+        self.key_q = [np.array([0, all_dfa.initial], dtype=np.int64)]
+        self.key_last = [np.array([START, START], dtype=np.int64)]
+        self.key_flag = [np.array([REJECT, FREE], dtype=np.int8)]
+        self.known_keys = np.zeros(0, dtype=np.int64)
+        self.known_ids = np.zeros(0, dtype=np.int64)
+        self.num_states = 2
+        self.frontier = np.array([1], dtype=np.int64)
+        self.f_q, self.f_last, self.f_flag = (self.key_q[0][1:], self.key_last[0][1:],
+                                              self.key_flag[0][1:])
+        self.edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.checks = 0
+
+    def expand_level(self, max_pair_checks: int, what: str) -> None:
+        """All canonical out-edges of the frontier; their new targets become the frontier."""
+        d = self.all_dfa
+        counts = d.exc_ptr[self.f_q + 1] - d.exc_ptr[self.f_q]
+        self.checks += int(counts.sum())
+        if self.checks > max_pair_checks:
             raise ConstraintError(
                 f"the canonical automaton of the {what} needs more than max_pair_checks="
-                f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit "
-                f"(loops over large token classes need millions of pairs)")
-        idx = ragged_indices(exc_ptr[f_q], counts)
-        tok, nq = exc_tokens[idx], exc_next[idx]
-        src = np.repeat(frontier, counts)
-        last = np.repeat(f_last, counts)
-        need = np.repeat(f_flag, counts)
-        if eos is not None:
-            keep = tok != eos
+                f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit. "
+                f"A canonical DFA must remember the class of the previous token: a loop over a "
+                f"large token class (e.g. [a-z]+ on a 49k-token BPE vocabulary: 4,188 classes, "
+                f"each with thousands of distinct successors) needs millions of transitions "
+                f"(docs/regex.md)")
+        idx = ragged_indices(d.exc_ptr[self.f_q], counts)
+        tok, nq = d.exc_tokens[idx], d.exc_next[idx]
+        src = np.repeat(self.frontier, counts)
+        last = np.repeat(self.f_last, counts)
+        need = np.repeat(self.f_flag, counts)
+        if self.eos is not None:
+            keep = tok != self.eos
             tok, nq, src, last, need = tok[keep], nq[keep], src[keep], last[keep], need[keep]
-        # the previous token's requirement on how this token starts
-        starts = checker.starts_nonspace(tok)
+        flags = self._verdicts(tok, last, need)
+        ok = flags != REJECT
+        src, tok, nq, flags = src[ok], tok[ok], nq[ok], flags[ok]
+        self.edges.append((src, tok, self._intern(nq, tok, flags)))
+
+    def _verdicts(self, tok: np.ndarray, last: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Flag of each new token after ``last`` (REJECT if the pair is not canonical or the
+        previous token's requirement ``need`` on how this token starts fails)."""
+        starts = self.checker.starts_nonspace(tok)
         ok = ~(((need == NEEDS_NONSPACE) & ~starts) | ((need == NEEDS_OTHER) & starts))
         flags = np.zeros(len(tok), dtype=np.int8)
         first = ok & (last == START)
         rest = ok & (last != START)
         if first.any():
-            flags[first] = checker.singles(tok[first])
+            flags[first] = self.checker.singles(tok[first])
         if rest.any():
-            flags[rest] = checker.pairs(last[rest], tok[rest])
-        ok &= flags != REJECT
-        src, tok, nq, flags = src[ok], tok[ok], nq[ok], flags[ok]
+            flags[rest] = self.checker.pairs(last[rest], tok[rest])
+        return flags
+
+    def _intern(self, nq: np.ndarray, tok: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """Ids of the product states (nq, tok, flags); unseen ones get new ids and form the
+        next frontier."""
+        V = self.all_dfa.vocab_size
         key = (nq * (V + 1) + tok + 1) * 4 + flags
         uniq, first_at, inverse = np.unique(key, return_index=True, return_inverse=True)
-        pos = np.searchsorted(known_keys, uniq)
-        found = pos < len(known_keys)
-        found[found] = known_keys[pos[found]] == uniq[found]
+        pos = np.searchsorted(self.known_keys, uniq)
+        found = pos < len(self.known_keys)
+        found[found] = self.known_keys[pos[found]] == uniq[found]
         uid = np.empty(len(uniq), dtype=np.int64)
-        uid[found] = known_ids[pos[found]]
+        uid[found] = self.known_ids[pos[found]]
         fresh = np.flatnonzero(~found)
-        uid[fresh] = num_states + np.arange(len(fresh))
-        num_states += len(fresh)
-        f_q, f_last, f_flag = nq[first_at[fresh]], tok[first_at[fresh]], flags[first_at[fresh]]
-        key_q.append(f_q)
-        key_last.append(f_last)
-        key_flag.append(f_flag)
-        frontier = uid[fresh]
-        merged = np.concatenate([known_keys, uniq[fresh]])
+        uid[fresh] = self.num_states + np.arange(len(fresh))
+        self.num_states += len(fresh)
+        at = first_at[fresh]
+        self.f_q, self.f_last, self.f_flag = nq[at], tok[at], flags[at]
+        self.key_q.append(self.f_q)
+        self.key_last.append(self.f_last)
+        self.key_flag.append(self.f_flag)
+        self.frontier = uid[fresh]
+        merged = np.concatenate([self.known_keys, uniq[fresh]])
         order = np.argsort(merged, kind="stable")
-        known_keys = merged[order]
-        known_ids = np.concatenate([known_ids, uid[fresh]])[order]
-        edges_src.append(src)
-        edges_tok.append(tok)
-        edges_dst.append(uid[inverse.ravel()])
-    S = num_states + 1
+        self.known_keys = merged[order]
+        self.known_ids = np.concatenate([self.known_ids, uid[fresh]])[order]
+        return uid[inverse.ravel()]
+
+
+def _assemble(search: _ProductSearch, byte_accepting: np.ndarray, what: str) -> TokenDFA:
+    """The product's TokenDFA: accepting where the byte DFA accepts and the last token needs no
+    non-whitespace successor, EOS edges into one *ended* state, then minimisation."""
+    S = search.num_states + 1
     ended = S - 1
-    src = np.concatenate(edges_src)
-    tok = np.concatenate(edges_tok)
-    dst = np.concatenate(edges_dst)
-    q_of = np.concatenate(key_q)
-    flag_of = np.concatenate(key_flag)
+    src, tok, dst = (np.concatenate(parts) for parts in zip(*search.edges))
+    q_of = np.concatenate(search.key_q)
+    flag_of = np.concatenate(search.key_flag)
     accepting = np.zeros(S, dtype=bool)
     accepting[:-1] = byte_accepting[q_of] & (flag_of != NEEDS_NONSPACE)
     accepting[0] = False
+    eos = search.eos
     if eos is not None:
         acc = np.nonzero(accepting)[0]
         src = np.concatenate([src, acc, [ended]])
@@ -319,7 +406,7 @@ def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: i
         accepting[ended] = True
     order = np.lexsort((tok, src))
     src, tok, dst = src[order], tok[order], dst[order]
-    dfa = TokenDFA(vocab_size=all_dfa.vocab_size, initial=1, accepting=accepting,
+    dfa = TokenDFA(vocab_size=search.all_dfa.vocab_size, initial=1, accepting=accepting,
                    default=np.zeros(S, dtype=np.int64),
                    exc_ptr=np.searchsorted(src, np.arange(S + 1)).astype(np.int64),
                    exc_tokens=tok.astype(np.int64), exc_next=dst.astype(np.int64))

@@ -90,18 +90,8 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
             src, let, end = src[keep], let[keep], end[keep]
         eos_symbol = eos
     else:
-        tok_fid, F = found
-        used = np.unique(tok_fid[tok_fid >= 0])
-        A = len(used) + 1                   # letters 0..A-2: transformations; A-1: never
-        letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
-        letter_of_fid[used] = np.arange(len(used))
-        letter_of_token = np.full(V, A - 1, dtype=np.int64)
-        letter_of_token[:trie.vocab_size] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
-        let, i = np.nonzero(F[used])
-        src, end = sources[i], F[used][let, i].astype(np.int64)
-        eos_symbol = A                      # EOS: a letter of its own
-        if eos is not None:
-            letter_of_token[eos] = A
+        src, let, end, letter_of_token = _letter_edges(*found, sources, V, eos)
+        eos_symbol = int(letter_of_token.max()) if eos is not None else None
     ended = Q
     if eos is not None:
         acc = np.nonzero(bdfa.accepting & live)[0]
@@ -122,6 +112,24 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
         raise UnsatisfiableConstraintError(
             f"the {what} matches strings, but no token sequence of this vocabulary spells one")
     return dfa
+
+
+def _letter_edges(tok_fid: np.ndarray, F: np.ndarray, sources: np.ndarray, V: int,
+                  eos: int | None):
+    """Edges over letters from the token transformations: ``(src, letter, end,
+    letter_of_token)``. Letters 0..A-2 are the transformations used by some token, A-1 the
+    tokens that are never an exception, and A the EOS token (when there is one)."""
+    used = np.unique(tok_fid[tok_fid >= 0])
+    A = len(used) + 1
+    letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
+    letter_of_fid[used] = np.arange(len(used))
+    letter_of_token = np.full(V, A - 1, dtype=np.int64)
+    letter_of_token[:len(tok_fid)] = np.where(tok_fid >= 0, letter_of_fid[tok_fid], A - 1)
+    let, i = np.nonzero(F[used])
+    src, end = sources[i], F[used][let, i].astype(np.int64)
+    if eos is not None:
+        letter_of_token[eos] = A
+    return src, let, end, letter_of_token
 
 
 def _reaches_acceptance(dfa: TokenDFA) -> bool:

@@ -30,7 +30,9 @@ Groups are combined by intersection.
 
 from __future__ import annotations
 
+import inspect
 import re
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -40,7 +42,7 @@ from ctrlg.dfa.builders import any_phrase, check_count_range, starts_with
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
 from ctrlg.errors import ConstraintError
-from ctrlg.vocab import as_vocabulary, spec_then_vocabulary, tokenizer_of
+from ctrlg.vocab import as_vocabulary, is_vocabulary_like, spec_then_vocabulary, tokenizer_of
 
 __all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary",
            "inflections", "parse_concepts", "commongen_constraint"]
@@ -93,15 +95,58 @@ def _vocabulary(tokenizer, vocab_size: int | None) -> tuple[bytes, ...]:
     return as_vocabulary(tokenizer, vocab_size).tokens
 
 
-def word_count(tokenizer, min_words: int = 0, max_words: int | None = None, *,
-               vocab_size: int | None = None) -> TokenDFA:
+def _word_count_parameters(min_words: int = 0, max_words: int | None = None, tokenizer=None, *,
+                           vocab_size: int | None = None):
+    """The documented parameters of :func:`word_count` (its signature)."""
+
+
+def _old_word_count_parameters(tokenizer, min_words: int = 0, max_words: int | None = None, *,
+                               vocab_size: int | None = None):
+    """The parameters of :func:`word_count` in the deprecated tokenizer-first order."""
+
+
+_WORD_COUNT_ORDER = inspect.signature(_word_count_parameters)
+_WORD_COUNT_OLD_ORDER = inspect.signature(_old_word_count_parameters)
+
+
+def _word_count_arguments(args: tuple, kwargs: dict) -> tuple:
+    """``(min_words, max_words, tokenizer, vocab_size)`` from :func:`word_count`'s arguments in
+    the documented order or, with a DeprecationWarning, in the older tokenizer-first one (told
+    apart by a tokenizer or Vocabulary in the first position)."""
+    old_order = bool(args) and is_vocabulary_like(args[0])
+    if old_order:
+        warnings.warn("word_count(tokenizer, min_words, max_words) is deprecated: give the word "
+                      "range first, word_count(min_words, max_words, tokenizer)",
+                      DeprecationWarning, stacklevel=3)
+    bound = (_WORD_COUNT_OLD_ORDER if old_order else _WORD_COUNT_ORDER).bind(*args, **kwargs)
+    bound.apply_defaults()
+    min_words, max_words, tokenizer, vocab_size = (
+        bound.arguments[k] for k in ("min_words", "max_words", "tokenizer", "vocab_size"))
+    if tokenizer is None and is_vocabulary_like(max_words):     # word_count(min_words, tokenizer)
+        max_words, tokenizer = None, max_words
+    if tokenizer is None:
+        raise ConstraintError("word_count needs a tokenizer or ctrlg.Vocabulary after the word "
+                              "range: word_count(min_words, max_words, tokenizer)")
+    return min_words, max_words, tokenizer, vocab_size
+
+
+def word_count(*args, **kwargs) -> TokenDFA:
     """Accepts the token sequences whose decoded text has ``min_words ≤ words ≤ max_words``
     words (no upper bound when ``max_words`` is None; both bounds ≤ :data:`MAX_WORD_BOUND`).
-    ``vocab_size`` (default: the tokenizer's)
-    may exceed the tokenizer's size when the LM pads its vocabulary; padded ids add no text."""
+
+    ``word_count(min_words=0, max_words=None, tokenizer, *, vocab_size=None)``: the word range
+    first, then a tokenizer or :class:`ctrlg.Vocabulary` (as ``length(min_tokens, max_tokens,
+    vocab_size)`` and ``keywords(groups, tokenizer)``); ``word_count(5, tokenizer)`` leaves the
+    upper bound out. The older order ``word_count(tokenizer, min_words, max_words)`` still works
+    and gives the same automaton, with a DeprecationWarning. ``vocab_size`` (default: the
+    tokenizer's) may exceed the tokenizer's size when the LM pads its vocabulary; padded ids add
+    no text."""
+    min_words, max_words, tokenizer, vocab_size = _word_count_arguments(args, kwargs)
     _check_word_range(min_words, max_words)
-    tokens = _vocabulary(tokenizer, vocab_size)
-    return _word_count_from_bytes(tokens, min_words, max_words)
+    return _word_count_from_bytes(_vocabulary(tokenizer, vocab_size), min_words, max_words)
+
+
+word_count.__signature__ = _WORD_COUNT_ORDER
 
 
 # Largest word bound accepted: the automaton has ~2 states per word and builds in O(S·log S)
@@ -187,8 +232,8 @@ def keywords(groups: Sequence[Sequence[str]], tokenizer, *, whole_word: bool = T
     group's surface forms as a word (see the module docstring). ``whole_word=False`` drops the
     end-of-word check (a smaller automaton; ``Ġlook`` + ``out`` then counts as "look").
     ``tokenizer``: a tokenizer or :class:`ctrlg.Vocabulary` (``keywords(tokenizer, groups)``,
-    the older order, also works)."""
-    groups, tokenizer = spec_then_vocabulary(groups, tokenizer)
+    the older order, still works with a DeprecationWarning)."""
+    groups, tokenizer = spec_then_vocabulary(groups, tokenizer, "keywords", "groups")
     tokens = _vocabulary(tokenizer, vocab_size)
     return _keywords(tokenizer_of(tokenizer, "keywords"), groups, tokens, whole_word)
 
@@ -269,9 +314,11 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     ``concepts``: ``"field_N#look_V#stand_V"`` or a list of ``word_POS`` strings.
     ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
     ``whole_word`` as in :func:`keywords`. ``tokenizer``: a tokenizer or :class:`ctrlg.Vocabulary`
-    (``commongen_constraint(tokenizer, concepts, ...)``, the older order, also works).
+    (``commongen_constraint(tokenizer, concepts, ...)``, the older order, still works with a
+    DeprecationWarning).
     """
-    concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer)
+    concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer, "commongen_constraint",
+                                               "concepts")
     _check_word_range(min_words, max_words)
     groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
     tokens = _vocabulary(tokenizer, vocab_size)

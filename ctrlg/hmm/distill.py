@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -126,6 +127,164 @@ def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, 
     return head, {"history": history, "prefix_table": table}
 
 
+@contextmanager
+def _timed(timings: dict[str, float], key: str):
+    """Record the wall-clock seconds of the ``with`` block as ``timings[key]``."""
+    start = time.perf_counter()
+    yield
+    timings[key] = time.perf_counter() - start
+
+
+def _split_prompts(cfg: Mapping, prompts: list[str]) -> tuple[list[str], list[str]]:
+    """(training prompts, held-out prompts): the last ``prompts.heldout_fraction`` of the prompts
+    (at least one, and at least one left for training) are held out. O(#prompts)."""
+    n_heldout_prompts = max(1, int(len(prompts) * float(_get(cfg, "prompts.heldout_fraction", 0.05))))
+    if n_heldout_prompts >= len(prompts):
+        raise CtrlgError(f"{len(prompts)} prompts are too few to hold out {n_heldout_prompts}")
+    return prompts[:-n_heldout_prompts], prompts[-n_heldout_prompts:]
+
+
+def _sampling_options(cfg: Mapping) -> dict:
+    """The :func:`~ctrlg.hmm.sampling.sample_to_disk` settings shared by the training and the
+    held-out samples (``sampling.length``, ``chunk_size``, ``batch_size``, ``sampler``, ``shard``)."""
+    shard = _get(cfg, "sampling.shard")
+    return dict(length=int(_get(cfg, "sampling.length", 32)),
+                chunk_size=int(_get(cfg, "sampling.chunk_size", 256)),
+                batch_size=int(_get(cfg, "sampling.batch_size", 32)),
+                sampler=_get(cfg, "sampling.sampler", "inverse_cdf"),
+                shard=tuple(shard) if shard else None)
+
+
+def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> None:
+    """Step 1: sample the held-out set (with the LM's hidden states, seed + 1, from the held-out
+    prompts) into ``samples/heldout`` and the training set (seed) into ``samples/train``.
+    Cost: one LM forward step per sampled token, (N_train + N_heldout)·L steps in batches of
+    ``sampling.batch_size``; chunks already on disk are kept (resumable)."""
+    train_prompts, heldout_prompts = _split_prompts(cfg, build_prompts(cfg, tokenizer))
+    options = _sampling_options(cfg)
+    sample_to_disk(model, tokenizer, heldout_prompts, samples / "heldout",
+                   num_sequences=int(_get(cfg, "sampling.heldout_sequences", 256)), seed=seed + 1,
+                   return_hidden=True, **options)
+    sample_to_disk(model, tokenizer, train_prompts, samples / "train",
+                   num_sequences=int(_get(cfg, "sampling.num_sequences", 4096)), seed=seed, **options)
+
+
+def _load_samples(cfg: Mapping, samples: Path) -> tuple[dict, torch.Tensor, dict]:
+    """(train, valid, test): the training chunks (tokens, LM hidden states) and the held-out
+    chunks split in halves: "valid" (tokens) drives the EM curve and early stopping with
+    ``em.keep_best``, "test" (tokens, LM log-probs, hidden states, prompt indices) gives the
+    reported figures. Cost: reading the chunks, O(N·L·d) for the hidden states."""
+    chunk_size = _sampling_options(cfg)["chunk_size"]
+
+    def chunk_ids(key: str) -> list[int]:
+        return list(range(-(-int(_get(cfg, key)) // chunk_size)))
+
+    train = load_chunks(samples / "train", ("tokens", "hidden"), chunks=chunk_ids("sampling.num_sequences"))
+    heldout = load_chunks(samples / "heldout", ("tokens", "logprob", "hidden", "prompt_index"),
+                          chunks=chunk_ids("sampling.heldout_sequences"))
+    half = heldout["tokens"].shape[0] // 2
+    if half == 0:
+        raise CtrlgError("sampling.heldout_sequences must be at least 2 (valid and test halves)")
+    return train, heldout["tokens"][:half], {k: v[half:] for k, v in heldout.items()}
+
+
+def _hmm_config(cfg: Mapping, model_name, tokenizer) -> dict:
+    """The JSON config saved with the HMM: the tokenizer's name and fingerprint (checked when the
+    HMM is loaded against an LM) and the whole training config."""
+    return {
+        "tokenizer_name": model_name or models.EMBEDDED_NAME,
+        "tokenizer_hash": tokenizer_fingerprint(tokenizer),
+        "training": json.loads(json.dumps(dict(cfg), default=str)),
+    }
+
+
+def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: int, config: dict):
+    """Step 2: the LVD initialisation (:func:`ctrlg.hmm.lvd.lvd_init`: k-means of the LM's hidden
+    states into ``hidden_size`` − 1 clusters + the EOS-padding state, counts from the cluster
+    sequence). Cost: O(kmeans_iters · N·L · d · h)."""
+    return lvd_init(train["tokens"], train["hidden"], int(_get(cfg, "hidden_size", 128)), vocab_size,
+                    eos_token_id=eos_id,
+                    pseudocount=float(_get(cfg, "lvd.pseudocount", _get(cfg, "em.pseudocount", 1.0))),
+                    kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=config,
+                    emission_prior=_get(cfg, "em.emission_prior", "uniform"))
+
+
+def _train_em(cfg: Mapping, hmm, train_tokens: torch.Tensor, valid: torch.Tensor, device, seed: int):
+    """Step 3: the mini-batch EM schedule ``em.schedule`` (:func:`ctrlg.hmm.em.baum_welch`), the
+    validation log-likelihood recorded after every step; returns (HMM on the CPU, history).
+    Cost per step: O(chunk tokens · h²) for the E-step, plus O(N_valid·L·h²) for the curve."""
+    hmm, history = baum_welch(
+        hmm, train_tokens, schedule=_get(cfg, "em.schedule", "10:1"),
+        num_chunks=int(_get(cfg, "em.num_chunks", 1)), pseudocount=float(_get(cfg, "em.pseudocount", 1.0)),
+        heldout_tokens=valid, batch_size=int(_get(cfg, "em.batch_size", 256)),
+        backend=_get(cfg, "em.backend", "torch"), device=device, seed=seed,
+        emission_prior=_get(cfg, "em.emission_prior", "uniform"),
+        keep_best=bool(_get(cfg, "em.keep_best", False)))
+    return hmm.cpu(), history
+
+
+def _heldout_metrics(hmm, lvd_ll: float, train: dict, valid: torch.Tensor, test: dict,
+                     vocab_size: int, eos_id: int, length: int, history) -> dict:
+    """Step 4: the metrics dictionary: the test half's mean log-likelihood per token under the
+    trained HMM, its LVD initialisation, the training unigram and the LM itself. Cost: one
+    forward pass over the test tokens, O(N_test·L·h²)."""
+    n_tokens = test["tokens"].numel()
+    return {
+        "hidden_size": hmm.hidden_size, "vocab_size": vocab_size,
+        "train_sequences": int(train["tokens"].shape[0]),
+        "valid_sequences": int(valid.shape[0]), "test_sequences": int(test["tokens"].shape[0]),
+        "length": length,
+        "heldout_ll_per_token": {
+            "hmm": float(forward_loglik(hmm, test["tokens"]) / n_tokens),
+            "hmm_lvd_init": lvd_ll,
+            "unigram": unigram_loglik(train["tokens"], test["tokens"], vocab_size),
+            "lm": float(test["logprob"].double().sum() / n_tokens),
+        },
+        "em_best_step": history.best_step,
+        "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
+    }
+
+
+def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, *, eos_ids,
+                     hmm_config: dict, out_dir: Path):
+    """Steps 5–6 (checkpoint): save the HMM in ``output.dtype``, reload it and record its test
+    log-likelihood as saved; with ``head.enabled`` fit the prior head to the HMM exactly as it
+    ships (after the dtype round trip) and save both; copy to ``output.copy_to``. Returns the
+    HMM as written. Cost: the head's training epochs (:mod:`ctrlg.hmm.head_training`)."""
+    dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
+    hmm.config["metrics"] = metrics["heldout_ll_per_token"]
+    hmm.save(out_dir / "hmm", dtype=dtype)
+    saved = type(hmm).load(out_dir / "hmm")
+    metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(
+        forward_loglik(saved, test["tokens"]) / test["tokens"].numel())
+    if _get(cfg, "head.enabled", True):
+        head_config = {"tokenizer_name": hmm_config["tokenizer_name"],
+                       "tokenizer_hash": hmm_config["tokenizer_hash"],
+                       "lm_name": _get(cfg, "model.name") or models.EMBEDDED_NAME,
+                       "training": hmm_config["training"]}
+        with _timed(metrics["timings"], "head_s"):
+            saved.prior_head, metrics["head"] = _train_head(cfg, saved, train, test, hmm.vocab_size,
+                                                            eos_ids=eos_ids, config=head_config)
+        saved.save(out_dir / "hmm", dtype=dtype)
+        hmm = saved
+    if _get(cfg, "output.copy_to"):
+        hmm.save(_get(cfg, "output.copy_to"), dtype=dtype)
+    return hmm
+
+
+def _write_reports(out_dir: Path, history, metrics: dict) -> None:
+    """Step 6 (reports): ``curve.json``, ``curve.png`` and ``metrics.json``; then fail loudly if
+    any held-out log-likelihood is not finite."""
+    (out_dir / "curve.json").write_text(json.dumps(history.as_dict(), indent=2))
+    plot_curve(history.as_dict(), out_dir / "curve.png",
+               title=f"EM, h={metrics['hidden_size']}, N={metrics['train_sequences']}, "
+                     f"L={metrics['length']}")
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    for key, value in metrics["heldout_ll_per_token"].items():
+        if not math.isfinite(value):
+            raise CtrlgError(f"held-out log-likelihood of {key} is {value}")
+
+
 def distill(cfg: Mapping) -> dict:
     """Run the whole pipeline (module docstring); returns the metrics dictionary."""
     seed = int(_get(cfg, "seed", 0))
@@ -137,30 +296,13 @@ def distill(cfg: Mapping) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
 
-    model_name = _get(cfg, "model.name")
-    device = _get(cfg, "device", "cpu")
+    model_name, device = _get(cfg, "model.name"), _get(cfg, "device", "cpu")
     tokenizer = models.load_tokenizer(model_name)
     model = _sampling_model(cfg, model_name, device)
-    prompts = build_prompts(cfg, tokenizer)
-    n_heldout_prompts = max(1, int(len(prompts) * float(_get(cfg, "prompts.heldout_fraction", 0.05))))
-    if n_heldout_prompts >= len(prompts):
-        raise CtrlgError(f"{len(prompts)} prompts are too few to hold out {n_heldout_prompts}")
-    train_prompts, heldout_prompts = prompts[:-n_heldout_prompts], prompts[-n_heldout_prompts:]
-
     samples = Path(_get(cfg, "sampling.dir", out_dir / "samples"))
-    L = int(_get(cfg, "sampling.length", 32))
+    with _timed(timings, "sampling_s"):
+        _draw_samples(cfg, model, tokenizer, samples, seed)
     shard = _get(cfg, "sampling.shard")
-    common = dict(length=L, chunk_size=int(_get(cfg, "sampling.chunk_size", 256)),
-                  batch_size=int(_get(cfg, "sampling.batch_size", 32)),
-                  sampler=_get(cfg, "sampling.sampler", "inverse_cdf"),
-                  shard=tuple(shard) if shard else None)
-    start = time.perf_counter()
-    sample_to_disk(model, tokenizer, heldout_prompts, samples / "heldout",
-                   num_sequences=int(_get(cfg, "sampling.heldout_sequences", 256)), seed=seed + 1,
-                   return_hidden=True, **common)
-    sample_to_disk(model, tokenizer, train_prompts, samples / "train",
-                   num_sequences=int(_get(cfg, "sampling.num_sequences", 4096)), seed=seed, **common)
-    timings["sampling_s"] = time.perf_counter() - start
     if shard or _get(cfg, "sampling.only", False):
         return {"samples": str(samples), "shard": shard, "timings": timings}
     V = int(model.get_output_embeddings().weight.shape[0])
@@ -168,85 +310,20 @@ def distill(cfg: Mapping) -> dict:
     eos_id, eos_ids = sample_meta["pad_token_id"], list(sample_meta["eos_token_ids"])
     del model
 
-    def chunk_ids(key: str) -> list[int]:
-        return list(range(-(-int(_get(cfg, key)) // common["chunk_size"])))
-
-    train = load_chunks(samples / "train", ("tokens", "hidden"), chunks=chunk_ids("sampling.num_sequences"))
-    heldout = load_chunks(samples / "heldout", ("tokens", "logprob", "hidden", "prompt_index"),
-                          chunks=chunk_ids("sampling.heldout_sequences"))
-    h = int(_get(cfg, "hidden_size", 128))
-    pseudocount = float(_get(cfg, "em.pseudocount", 1.0))
-    hmm_config = {
-        "tokenizer_name": model_name or models.EMBEDDED_NAME,
-        "tokenizer_hash": tokenizer_fingerprint(tokenizer),
-        "training": json.loads(json.dumps(dict(cfg), default=str)),
-    }
-    start = time.perf_counter()
-    hmm = lvd_init(train["tokens"], train["hidden"], h, V, eos_token_id=eos_id,
-                   pseudocount=float(_get(cfg, "lvd.pseudocount", pseudocount)),
-                   kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=hmm_config,
-                   emission_prior=_get(cfg, "em.emission_prior", "uniform"))
-    timings["lvd_s"] = time.perf_counter() - start
-    # the held-out samples are split in halves: "valid" drives the EM curve (and early stopping
-    # with em.keep_best), "test" gives the reported figures
-    half = heldout["tokens"].shape[0] // 2
-    if half == 0:
-        raise CtrlgError("sampling.heldout_sequences must be at least 2 (valid and test halves)")
-    valid = heldout["tokens"][:half]
-    test = {k: v[half:] for k, v in heldout.items()}
+    train, valid, test = _load_samples(cfg, samples)
+    hmm_config = _hmm_config(cfg, model_name, tokenizer)
+    with _timed(timings, "lvd_s"):
+        hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config)
     lvd_ll = float(forward_loglik(hmm, test["tokens"]) / test["tokens"].numel())
     if not _get(cfg, "head.enabled", True):
         del train["hidden"]
+    with _timed(timings, "em_s"):
+        hmm, history = _train_em(cfg, hmm, train["tokens"], valid, device, seed)
 
-    start = time.perf_counter()
-    hmm, history = baum_welch(
-        hmm, train["tokens"], schedule=_get(cfg, "em.schedule", "10:1"),
-        num_chunks=int(_get(cfg, "em.num_chunks", 1)), pseudocount=pseudocount,
-        heldout_tokens=valid, batch_size=int(_get(cfg, "em.batch_size", 256)),
-        backend=_get(cfg, "em.backend", "torch"), device=device, seed=seed,
-        emission_prior=_get(cfg, "em.emission_prior", "uniform"),
-        keep_best=bool(_get(cfg, "em.keep_best", False)))
-    timings["em_s"] = time.perf_counter() - start
-    hmm = hmm.cpu()
-
-    n_tokens = test["tokens"].numel()
-    metrics = {
-        "hidden_size": h, "vocab_size": V, "train_sequences": int(train["tokens"].shape[0]),
-        "valid_sequences": int(valid.shape[0]), "test_sequences": int(test["tokens"].shape[0]),
-        "length": L,
-        "heldout_ll_per_token": {
-            "hmm": float(forward_loglik(hmm, test["tokens"]) / n_tokens),
-            "hmm_lvd_init": lvd_ll,
-            "unigram": unigram_loglik(train["tokens"], test["tokens"], V),
-            "lm": float(test["logprob"].double().sum() / n_tokens),
-        },
-        "em_best_step": history.best_step,
-        "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
-        "timings": timings,
-    }
-    dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
-    hmm.config["metrics"] = metrics["heldout_ll_per_token"]
-    hmm.save(out_dir / "hmm", dtype=dtype)
-    saved = type(hmm).load(out_dir / "hmm")
-    metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(forward_loglik(saved, test["tokens"]) / n_tokens)
-    if _get(cfg, "head.enabled", True):
-        # the head is fitted to the HMM exactly as it ships (after the dtype round trip)
-        start = time.perf_counter()
-        saved.prior_head, metrics["head"] = _train_head(cfg, saved, train, test, V, eos_ids=eos_ids,
-                                                        config={**{k: hmm_config[k] for k in (
-                                                            "tokenizer_name", "tokenizer_hash")},
-                                                            "lm_name": model_name or models.EMBEDDED_NAME,
-                                                            "training": hmm_config["training"]})
-        timings["head_s"] = time.perf_counter() - start
-        saved.save(out_dir / "hmm", dtype=dtype)
-        hmm = saved
-    if _get(cfg, "output.copy_to"):
-        hmm.save(_get(cfg, "output.copy_to"), dtype=dtype)
-    (out_dir / "curve.json").write_text(json.dumps(history.as_dict(), indent=2))
-    plot_curve(history.as_dict(), out_dir / "curve.png",
-               title=f"EM, h={h}, N={metrics['train_sequences']}, L={L}")
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    for key, value in metrics["heldout_ll_per_token"].items():
-        if not math.isfinite(value):
-            raise CtrlgError(f"held-out log-likelihood of {key} is {value}")
+    metrics = _heldout_metrics(hmm, lvd_ll, train, valid, test, V, eos_id,
+                               _sampling_options(cfg)["length"], history)
+    metrics["timings"] = timings
+    hmm = _save_checkpoint(cfg, hmm, train, test, metrics, eos_ids=eos_ids, hmm_config=hmm_config,
+                           out_dir=out_dir)
+    _write_reports(out_dir, history, metrics)
     return metrics

@@ -179,8 +179,73 @@ class EMHistory:
     tokens_per_second: list[float] = field(default_factory=list)
     best_step: int = 0  # the step whose parameters were returned
 
+    def record(self, step: int, chunks: int, train_ll: float, heldout_ll: float, seconds: float,
+               tokens_per_second: float) -> None:
+        """Append one step's row."""
+        self.step.append(step), self.chunks.append(chunks), self.train_ll.append(train_ll)
+        self.heldout_ll.append(heldout_ll), self.seconds.append(seconds)
+        self.tokens_per_second.append(tokens_per_second)
+
     def as_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
+
+
+def _heldout_ll(hmm: HMM, heldout_tokens: torch.Tensor | None) -> float:
+    """Mean held-out log-likelihood per token (NaN without held-out tokens). O(N·L·h²)."""
+    if heldout_tokens is None or heldout_tokens.numel() == 0:
+        return float("nan")
+    return float(forward_loglik(hmm, heldout_tokens) / heldout_tokens.numel())
+
+
+def _emission_prior_mean(name: str, train_tokens: torch.Tensor, vocab_size: int,
+                         device) -> torch.Tensor | None:
+    """The mean u of the emission prior (module docstring): None for "uniform", the
+    add-one-smoothed unigram of ``train_tokens`` for "unigram". O(N·L + V)."""
+    if name == "uniform":
+        return None
+    if name == "unigram":
+        return unigram_prior(train_tokens, vocab_size).to(device)
+    raise CtrlgError(f"emission_prior must be 'uniform' or 'unigram', got {name!r}")
+
+
+def _shuffled_chunks(train_tokens: torch.Tensor, num_chunks: int, seed: int,
+                     shard: tuple[int, int] | None) -> list[torch.Tensor]:
+    """``num_chunks`` near-equal chunks of the rows of ``train_tokens`` after a shuffle seeded by
+    ``seed`` (identical in every process); with ``shard=(rank, world)`` only rows
+    ``rank::world`` of each chunk. O(N·L)."""
+    order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(int(seed)))
+    chunks = [train_tokens[idx] for idx in torch.tensor_split(order, num_chunks)]
+    if shard is not None:
+        rank, world = shard
+        if not 0 <= rank < world:
+            raise CtrlgError(f"shard must be (rank, world_size) with 0 ≤ rank < world_size; got {shard}")
+        chunks = [c[rank::world] for c in chunks]
+    return chunks
+
+
+def _chunk_windows(schedule: list[tuple[int, int]], num_chunks: int):
+    """For every EM step of ``schedule``: the chunk indices it takes, the next
+    ``min(chunks, num_chunks)`` chunks after the previous step's, cycling through the data."""
+    cursor = 0
+    for steps, per_step in schedule:
+        per_step = min(per_step, num_chunks)
+        for _ in range(steps):
+            yield [(cursor + j) % num_chunks for j in range(per_step)]
+            cursor = (cursor + per_step) % num_chunks
+
+
+def _step_counts(hmm: HMM, batch: list[torch.Tensor], *, batch_size: int, backend: str,
+                 reduce: Callable[[ExpectedCounts], None] | None) -> tuple[ExpectedCounts, float]:
+    """E-step of one EM step: the expected counts of the ``batch`` chunks, reduced over processes
+    by ``reduce``; returns (counts, seconds). O(tokens · h²)."""
+    start = time.perf_counter()
+    counts = expected_counts(hmm, torch.cat(batch), batch_size=batch_size, backend=backend)
+    if reduce is not None:
+        reduce(counts)
+    dev = hmm.emission.device
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return counts, time.perf_counter() - start
 
 
 def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num_chunks: int = 1,
@@ -210,65 +275,32 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
                          f"sequences); got {num_chunks}")
     if device is not None:
         hmm = hmm.to(device)
-    dev = hmm.emission.device
-    if emission_prior == "uniform":
-        prior = None
-    elif emission_prior == "unigram":
-        prior = unigram_prior(train_tokens, hmm.vocab_size).to(dev)
-    else:
-        raise CtrlgError(f"emission_prior must be 'uniform' or 'unigram', got {emission_prior!r}")
-    order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(int(seed)))
-    chunks = [train_tokens[idx] for idx in torch.tensor_split(order, num_chunks)]
-    if shard is not None:
-        rank, world = shard
-        if not 0 <= rank < world:
-            raise CtrlgError(f"shard must be (rank, world_size) with 0 ≤ rank < world_size; got {shard}")
-        chunks = [c[rank::world] for c in chunks]
+    prior = _emission_prior_mean(emission_prior, train_tokens, hmm.vocab_size, hmm.emission.device)
+    chunks = _shuffled_chunks(train_tokens, num_chunks, seed, shard)
     history = EMHistory()
-
-    def heldout() -> float:
-        if heldout_tokens is None or heldout_tokens.numel() == 0:
-            return float("nan")
-        return float(forward_loglik(hmm, heldout_tokens) / heldout_tokens.numel())
-
-    history.step.append(0), history.chunks.append(0), history.train_ll.append(float("nan"))
-    history.heldout_ll.append(heldout()), history.seconds.append(0.0)
-    history.tokens_per_second.append(float("nan"))
+    history.record(0, 0, float("nan"), _heldout_ll(hmm, heldout_tokens), 0.0, float("nan"))
     best = (history.heldout_ll[0], 0, hmm)
-    total_steps = sum(s for s, _ in schedule)
     if progress is None:
         progress = sys.stderr.isatty()
-    bar = tqdm(total=total_steps, desc="EM", unit="step", disable=not progress)
-    cursor, step = 0, 0
-    for steps, per_step in schedule:
-        per_step = min(per_step, num_chunks)
-        for _ in range(steps):
-            start = time.perf_counter()
-            batch = torch.cat([chunks[(cursor + j) % num_chunks] for j in range(per_step)])
-            cursor = (cursor + per_step) % num_chunks
-            counts = expected_counts(hmm, batch, batch_size=batch_size, backend=backend)
-            if reduce is not None:
-                reduce(counts)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            elapsed = time.perf_counter() - start
-            hmm = m_step(hmm, counts, pseudocount=pseudocount, emission_prior=prior)
-            step += 1
-            history.step.append(step), history.chunks.append(per_step)
-            history.train_ll.append(float(counts.loglik / counts.tokens.clamp_min(1)))
-            history.heldout_ll.append(heldout())
-            history.seconds.append(elapsed)
-            history.tokens_per_second.append(float(counts.tokens) / max(elapsed, 1e-9))
-            bar.update(1)
-            bar.set_postfix(train=f"{history.train_ll[-1]:.3f}", heldout=f"{history.heldout_ll[-1]:.3f}")
-            if history.heldout_ll[-1] > best[0]:
-                best = (history.heldout_ll[-1], step, hmm)
-            if callback is not None:
-                callback(step, hmm, history)
+    bar = tqdm(total=sum(s for s, _ in schedule), desc="EM", unit="step", disable=not progress)
+    step = 0
+    for window in _chunk_windows(schedule, num_chunks):
+        counts, elapsed = _step_counts(hmm, [chunks[j] for j in window], batch_size=batch_size,
+                                       backend=backend, reduce=reduce)
+        hmm = m_step(hmm, counts, pseudocount=pseudocount, emission_prior=prior)
+        step += 1
+        history.record(step, len(window), float(counts.loglik / counts.tokens.clamp_min(1)),
+                       _heldout_ll(hmm, heldout_tokens), elapsed,
+                       float(counts.tokens) / max(elapsed, 1e-9))
+        bar.update(1)
+        bar.set_postfix(train=f"{history.train_ll[-1]:.3f}", heldout=f"{history.heldout_ll[-1]:.3f}")
+        if history.heldout_ll[-1] > best[0]:
+            best = (history.heldout_ll[-1], step, hmm)
+        if callback is not None:
+            callback(step, hmm, history)
     bar.close()
     if keep_best and heldout_tokens is not None and best[2] is not hmm:
-        hmm = best[2]
-        history.best_step = best[1]
+        hmm, history.best_step = best[2], best[1]
     else:
         history.best_step = step
     return hmm, history

@@ -1,0 +1,100 @@
+"""The stages of the distillation pipeline (ctrlg.hmm.distill) on hand-made data, checked against
+brute force; the pipeline end to end is tested with a tiny LM in test_hmm_sampling.py."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ctrlg.errors import CtrlgError
+from ctrlg.hmm import distill
+from ctrlg.hmm.em import EMHistory
+from helpers import random_hmm
+
+
+def brute_force_log_prob(hmm, row) -> float:
+    """log Σ over every hidden path z of π_z1 B_z1,x1 Π_t A_z(t-1),z(t) B_z(t),x(t)."""
+    pi, A, B = hmm.initial.double(), hmm.transition.double(), hmm.emission.double()
+    total = 0.0
+    for path in itertools.product(range(hmm.hidden_size), repeat=len(row)):
+        p = pi[path[0]] * B[path[0], row[0]]
+        for prev, z, x in zip(path, path[1:], row[1:]):
+            p = p * A[prev, z] * B[z, x]
+        total += float(p)
+    return math.log(total)
+
+
+def test_split_prompts_holds_out_the_last_fraction():
+    prompts = [f"p{i}" for i in range(20)]
+    train, heldout = distill._split_prompts({"prompts": {"heldout_fraction": 0.2}}, prompts)
+    assert train == prompts[:16] and heldout == prompts[16:]
+    # at least one prompt is held out, whatever the fraction
+    assert distill._split_prompts({"prompts": {"heldout_fraction": 0.0}}, prompts)[1] == ["p19"]
+    with pytest.raises(CtrlgError, match="1 prompts are too few to hold out 1"):
+        distill._split_prompts({}, ["only"])
+
+
+def _write_chunks(folder, arrays: dict, chunk_size: int) -> None:
+    folder.mkdir(parents=True)
+    n = next(iter(arrays.values())).shape[0]
+    for c, start in enumerate(range(0, n, chunk_size)):
+        save_file({k: v[start:start + chunk_size].contiguous() for k, v in arrays.items()},
+                  str(folder / f"chunk_{c:05d}.safetensors"))
+
+
+def test_load_samples_reads_the_configured_chunks_and_halves_the_heldout_set(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    train = {"tokens": torch.randint(0, 9, (10, 3), generator=g, dtype=torch.int32),
+             "hidden": torch.randn(10, 3, 2, generator=g)}
+    heldout = {"tokens": torch.randint(0, 9, (6, 3), generator=g, dtype=torch.int32),
+               "logprob": -torch.rand(6, 3, generator=g), "hidden": torch.randn(6, 3, 2, generator=g),
+               "prompt_index": torch.arange(6)}
+    _write_chunks(tmp_path / "train", train, 4)
+    _write_chunks(tmp_path / "heldout", heldout, 4)
+    # 7 training sequences asked for: ceil(7 / 4) = 2 chunks (8 rows) are read, not the third
+    cfg = {"sampling": {"chunk_size": 4, "num_sequences": 7, "heldout_sequences": 6}}
+    got_train, valid, test = distill._load_samples(cfg, tmp_path)
+    assert torch.equal(got_train["tokens"], train["tokens"][:8].long())
+    assert torch.equal(got_train["hidden"], train["hidden"][:8])
+    assert torch.equal(valid, heldout["tokens"][:3].long())
+    assert sorted(test) == ["hidden", "logprob", "prompt_index", "tokens"]
+    for key, value in test.items():
+        assert torch.equal(value, heldout[key][3:].to(value.dtype))
+    cfg["sampling"]["heldout_sequences"] = 1
+    _write_chunks(tmp_path / "one" / "heldout", {k: v[:1] for k, v in heldout.items()}, 4)
+    _write_chunks(tmp_path / "one" / "train", train, 4)
+    with pytest.raises(CtrlgError, match="at least 2"):
+        distill._load_samples(cfg, tmp_path / "one")
+
+
+def test_heldout_metrics_match_brute_force():
+    hmm = random_hmm(2, 4, seed=3)
+    train = {"tokens": torch.tensor([[0, 1, 1], [3, 3, 0]])}
+    test = {"tokens": torch.tensor([[1, 2, 3], [0, 0, 3]]),
+            "logprob": torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, 0.0]])}
+    valid = torch.tensor([[2, 2, 2]])
+    history = EMHistory(best_step=4)
+    metrics = distill._heldout_metrics(hmm, -9.0, train, valid, test, 4, 3, 3, history)
+    ll = metrics["heldout_ll_per_token"]
+    want_hmm = sum(brute_force_log_prob(hmm, row) for row in test["tokens"].tolist()) / 6
+    assert ll["hmm"] == pytest.approx(want_hmm, rel=1e-5)
+    # add-one unigram of the 6 training tokens: counts 2, 2, 0, 2 → (c + 1) / 10
+    unigram = [3 / 10, 3 / 10, 1 / 10, 3 / 10]
+    want_unigram = sum(math.log(unigram[t]) for t in [1, 2, 3, 0, 0, 3]) / 6
+    assert ll["unigram"] == pytest.approx(want_unigram, rel=1e-6)
+    assert ll["lm"] == pytest.approx(-4.0 / 6) and ll["hmm_lvd_init"] == -9.0
+    assert metrics["eos_fraction_test"] == pytest.approx(2 / 6)
+    assert (metrics["hidden_size"], metrics["vocab_size"], metrics["length"]) == (2, 4, 3)
+    assert (metrics["train_sequences"], metrics["valid_sequences"], metrics["test_sequences"]) == (2, 1, 2)
+    assert metrics["em_best_step"] == 4
+
+
+def test_timed_records_the_block_and_sampling_options_read_the_config():
+    timings = {}
+    with distill._timed(timings, "step_s"):
+        sum(range(1000))
+    assert list(timings) == ["step_s"] and 0 <= timings["step_s"] < 5
+    assert distill._sampling_options({"sampling": {"length": 7, "shard": [1, 4]}}) == dict(
+        length=7, chunk_size=256, batch_size=32, sampler="inverse_cdf", shard=(1, 4))
