@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
+from ctrlg.hmm.kv_cache import empty_preallocated_cache, preallocated_cache
 from ctrlg.vocab import eos_token_ids
 
 __all__ = [
@@ -167,8 +168,6 @@ class _Decoder:
     def __init__(self, model, input_ids, attention_mask, length, prefix_ids, prefix_cache,
                  kv_cache: str):
         from transformers import DynamicCache  # heavy import (seconds): only when an LM is run
-
-        from ctrlg.hmm.kv_cache import empty_preallocated_cache, preallocated_cache
 
         B, S = input_ids.shape
         device = input_ids.device
