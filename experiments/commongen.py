@@ -316,7 +316,9 @@ def load_models(cfg: DictConfig, specs: dict):
     if heads and getattr(hmm, "prior_head", None) is None:
         raise ExperimentConfigError(f"method(s) {heads} use prior=head but the HMM "
                                     f"({cfg.hmm.get('path') or 'the embedded default'}) has no "
-                                    f"prior head saved with it")
+                                    f"prior head saved with it; train one with "
+                                    f"`python -m experiments.distill` (it does by default) or "
+                                    f"use the filtering prior, e.g. methods=[logical,ctrlg_w075]")
     return model, tokenizer, hmm
 
 

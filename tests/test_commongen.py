@@ -100,19 +100,20 @@ def test_head_methods_run_with_per_row_dfas_and_need_a_head(tiny_lm_dir, tiny_hm
     from experiments import commongen
 
     hmm = HMM.load(tiny_hmm_dir)
-    torch.manual_seed(0)
-    hmm.prior_head = PriorHead(16, hmm.hidden_size, inner_size=4)
-    with_head = tmp_path / "hmm-with-head"
-    hmm.save(with_head)
-    overrides = small_overrides(tiny_lm_dir, with_head, "data.limit=2", "batch_size=2",
+    assert isinstance(hmm.prior_head, PriorHead)
+    overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=2", "batch_size=2",
                                 "methods=[ctrlg_head,ctrlg_head_w05,ctrlg]")
     table = commongen.run(compose("commongen", overrides), tmp_path / "run")
     assert all(table[m]["success"] == 100.0 for m in ("ctrlg_head", "ctrlg_head_w05", "ctrlg"))
-    with pytest.raises(ExperimentConfigError, match="no prior head"):
-        commongen.run(compose("commongen", small_overrides(tiny_lm_dir, tiny_hmm_dir,
-                                                           "data.limit=1",
-                                                           "methods=[ctrlg_head]")),
-                      tmp_path / "none")
+    hmm.prior_head = None
+    without_head = tmp_path / "hmm-without-head"
+    hmm.save(without_head)
+    for method in ("ctrlg_head", "ctrlg"):  # the recommended method reads the head too
+        with pytest.raises(ExperimentConfigError, match="no prior head"):
+            commongen.run(compose("commongen", small_overrides(tiny_lm_dir, without_head,
+                                                               "data.limit=1",
+                                                               f"methods=[{method}]")),
+                          tmp_path / f"none-{method}")
 
 
 def test_prepare_batch_keeps_satisfiable_items_and_reports_the_others(smollm2_tokenizer, capsys):

@@ -3,6 +3,7 @@ brute force; the pipeline end to end is tested with a tiny LM in test_hmm_sampli
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -96,5 +97,10 @@ def test_timed_records_the_block_and_sampling_options_read_the_config():
     with distill._timed(timings, "step_s"):
         sum(range(1000))
     assert list(timings) == ["step_s"] and 0 <= timings["step_s"] < 5
-    assert distill._sampling_options({"sampling": {"length": 7, "shard": [1, 4]}}) == dict(
-        length=7, chunk_size=256, batch_size=32, sampler="inverse_cdf", shard=(1, 4))
+    assert distill._sampling_options({"sampling": {"length": 7, "shard": [1, 4], "workers": 3}}) == dict(
+        length=7, chunk_size=256, batch_size=32, sampler="inverse_cdf", shard=(1, 4), workers=3)
+    cores = len(os.sched_getaffinity(0))
+    assert distill._sampling_options({"sampling": {}})["workers"] == cores  # auto: one per core
+    for bad in (0, -2, "two", 1.5):
+        with pytest.raises(CtrlgError, match="sampling.workers"):
+            distill._sampling_options({"sampling": {"workers": bad}})

@@ -34,8 +34,10 @@ def tiny_lm_dir(tmp_path_factory, smollm2_tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny_hmm_dir(tmp_path_factory, smollm2_tokenizer):
-    """A random 4-state HMM over SmolLM2's vocabulary."""
+    """A random 4-state HMM over SmolLM2's vocabulary with a random prior head for the tiny LM
+    (width 16), as the default `ctrlg` method (prior=head) needs."""
     from ctrlg import HMM
+    from ctrlg.hmm.prior_head import PriorHead
 
     generator = torch.Generator().manual_seed(0)
     h, V = 4, len(smollm2_tokenizer)
@@ -43,6 +45,8 @@ def tiny_hmm_dir(tmp_path_factory, smollm2_tokenizer):
     hmm = HMM.from_params(normalise(torch.rand(h, generator=generator)),
                           normalise(torch.rand(h, h, generator=generator)),
                           normalise(torch.rand(h, V, generator=generator)))
+    torch.manual_seed(0)
+    hmm.prior_head = PriorHead(16, h, inner_size=4)
     path = tmp_path_factory.mktemp("tiny-hmm")
     hmm.save(path)
     return path

@@ -77,7 +77,7 @@ def test_every_section_ran_with_positive_timings(tiny_run):
     commongen = results["sections"]["commongen_large"]
     assert commongen["logical_rows_identical"]
     assert {(r["hmm"].split()[0], r["method"]) for r in commongen["rows"]} == \
-        {(h, m) for h in ("embedded", "large") for m in ("logical", "ctrlg")}
+        {(h, m) for h in ("embedded", "large") for m in ("logical", "ctrlg_w075")}
     assert all(r["success"] == 100.0 for r in commongen["rows"] if r["method"] != "unconstrained")
 
 

@@ -218,3 +218,75 @@ def test_distill_config_drives_the_pipeline(tiny_lm, tmp_path):
     assert metrics["train_sequences"] == 16 and metrics["hidden_size"] == 4
     saved = HMM.load(tmp_path / "asset", tokenizer=tiny_lm[1])
     assert saved.config["training"]["sampling"]["length"] == 4
+
+
+def _reference_inverse_cdf(logits, generator):
+    """The previous implementation of draw_inverse_cdf, kept as the reference."""
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    cdf = torch.cumsum((logits - lse).exp_(), -1)
+    u = torch.rand(logits.shape[0], 1, generator=generator)
+    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0].clamp_max_(logits.shape[1] - 1)
+    return drawn, (logits.gather(1, drawn[:, None]) - lse)[:, 0]
+
+
+def test_inverse_cdf_with_reused_buffers_equals_the_reference_bit_for_bit():
+    from ctrlg.hmm.sampling import DrawBuffers, draw_inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    work = DrawBuffers()
+    for rows in (7, 3, 7, 1):  # fewer rows than the buffers hold reuse their first rows
+        logits = torch.randn(rows, 997, generator=g) * 4
+        logits[0, ::3] = -float("inf")  # impossible tokens
+        got = draw_inverse_cdf(logits, torch.Generator().manual_seed(rows), work)
+        want = _reference_inverse_cdf(logits, torch.Generator().manual_seed(rows))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert got[0][0] % 3 != 0
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("use_prefix", [False, True])
+def test_preallocated_kv_cache_gives_the_dynamic_caches_samples(tiny_lm, dtype, use_prefix):
+    """40 rows finishing at different steps: finished rows stay in the batch (on padding) until
+    they are 1/16 of it, so both the lazy and the immediate dropping of rows are exercised. The
+    tokens are the same; attention over the buffer's masked columns only adds exact zeros, but a
+    matmul over a longer K may round differently (a unit in the last place)."""
+    from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
+
+    register()
+    model = tiny_lm[0].to(dtype)
+    model.set_attn_implementation(GROUPED_ATTENTION)
+    try:
+        g = torch.Generator().manual_seed(4)
+        ids = torch.randint(3, 40, (40, 4), generator=g)
+        mask = torch.ones_like(ids)
+        mask[::5, :2] = 0
+        ids[mask == 0] = 0
+        prefix = torch.tensor([20, 21]) if use_prefix else None
+        out = {kv: sample_sequences(model, ids, mask, 12, eos_token_ids=[EOS],
+                                    generator=torch.Generator().manual_seed(1), return_hidden=True,
+                                    prefix_ids=prefix, kv_cache=kv)
+               for kv in ("dynamic", "preallocated")}
+    finally:
+        model.float()
+        model.set_attn_implementation("sdpa")
+    assert torch.equal(out["dynamic"]["tokens"], out["preallocated"]["tokens"])
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # a few units in the last place
+    for key in ("logprob", "hidden"):
+        torch.testing.assert_close(out["dynamic"][key], out["preallocated"][key], rtol=tol, atol=tol)
+    lengths = (out["dynamic"]["logprob"] != 0).sum(1)
+    assert len(set(lengths.tolist())) > 3  # rows finished at many different steps
+    with pytest.raises(CtrlgError, match="kv_cache must be one of"):
+        sample_sequences(model, ids, mask, 2, eos_token_ids=[EOS], generator=g, kv_cache="static")
+
+
+def test_preallocated_layer_refuses_to_overflow():
+    from ctrlg.hmm.kv_cache import PreallocatedLayer
+
+    layer = PreallocatedLayer.from_states(torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 4), capacity=4)
+    keys, _ = layer.update(torch.full((2, 1, 1, 4), 2.0), torch.full((2, 1, 1, 4), 2.0))
+    assert keys.shape == (2, 1, 4, 4) and layer.get_seq_length() == 4 and keys[0, 0, 3, 0] == 2
+    with pytest.raises(CtrlgError, match="holds 4 positions; 5 were asked"):
+        layer.update(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 4))
+    with pytest.raises(CtrlgError, match="capacity 2 is smaller"):
+        PreallocatedLayer.from_states(torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4), capacity=2)

@@ -6,11 +6,12 @@ table answers with BLEU-4, ROUGE-L, CIDEr, METEOR, success and mean output words
 agree on it exactly, a check that the comparison is paired) and the Ctrl-G methods.
 
 At ``--size full``: the embedded SmolLM2-135M-Instruct, dev items 0–199, K = 2, methods logical,
-ctrlg (filter prior, w = 0.5) and ctrlg_head_w05; the large HMM is the checkpoint that the
+ctrlg_w075 (filtering prior, w = 0.75) and ctrlg (the recommendation: prior head, w = 0.75; both
+HMMs need a head, which ``experiments.distill`` trains by default); the large HMM is the checkpoint that the
 ``distill_at_scale`` section writes under the work folder (run that section first, or pass
 ``--large-hmm``). The experiment runs where ``experiments.commongen`` runs (CPU). At ``--size
-tiny``: a 1-layer random Llama over SmolLM2's vocabulary and two random HMMs (h = 4 as the
-"embedded" one, h = 8 as the "large" one) on two hand-made items, max 10 new tokens.
+tiny``: a 1-layer random Llama over SmolLM2's vocabulary and two random HMMs without prior heads
+(h = 4 as the "embedded" one, h = 8 as the "large" one) on two hand-made items, max 10 new tokens.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ __all__ = ["SIZES", "run", "MARKDOWN_COLUMNS"]
 ROOT = Path(__file__).resolve().parents[2]
 
 SIZES = {
-    "tiny": dict(limit=2, max_new_tokens=10, num_samples=2, methods=["logical", "ctrlg"],
+    "tiny": dict(limit=2, max_new_tokens=10, num_samples=2, methods=["logical", "ctrlg_w075"],
                  hidden_sizes={"embedded": 4, "large": 8}),
     "full": dict(limit=200, max_new_tokens=32, num_samples=2,
-                 methods=["logical", "ctrlg", "ctrlg_head_w05"]),
+                 methods=["logical", "ctrlg_w075", "ctrlg"]),
 }
 
 MARKDOWN_COLUMNS = [

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,15 +145,31 @@ def _split_prompts(cfg: Mapping, prompts: list[str]) -> tuple[list[str], list[st
     return prompts[:-n_heldout_prompts], prompts[-n_heldout_prompts:]
 
 
+def _sampling_workers(value) -> int:
+    """``sampling.workers``: chunks sampled at once in threads of this process, one core each.
+    ``auto`` (or None) = the cores this process may run on; a positive integer as given."""
+    if value is None or value == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        workers = int(value)
+    except (TypeError, ValueError):
+        workers = 0
+    if workers < 1 or str(workers) != str(value).strip():
+        raise CtrlgError(f"sampling.workers={value!r}: expected 'auto' or a positive integer")
+    return workers
+
+
 def _sampling_options(cfg: Mapping) -> dict:
     """The :func:`~ctrlg.hmm.sampling.sample_to_disk` settings shared by the training and the
-    held-out samples (``sampling.length``, ``chunk_size``, ``batch_size``, ``sampler``, ``shard``)."""
+    held-out samples (``sampling.length``, ``chunk_size``, ``batch_size``, ``sampler``, ``shard``,
+    ``workers``). The workers do not change the samples (chunks are seeded by their number)."""
     shard = _get(cfg, "sampling.shard")
     return dict(length=int(_get(cfg, "sampling.length", 32)),
                 chunk_size=int(_get(cfg, "sampling.chunk_size", 256)),
                 batch_size=int(_get(cfg, "sampling.batch_size", 32)),
                 sampler=_get(cfg, "sampling.sampler", "inverse_cdf"),
-                shard=tuple(shard) if shard else None)
+                shard=tuple(shard) if shard else None,
+                workers=_sampling_workers(_get(cfg, "sampling.workers", "auto")))
 
 
 def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> None:
