@@ -190,6 +190,42 @@ def score(records: list[dict], targets, methods) -> list[dict]:
     return rows
 
 
+def intervals(records: list[dict], targets, methods, boot) -> list[dict]:
+    """Paired-bootstrap intervals (Koehn 2004, :func:`ctrlg.metrics.paired_bootstrap`) of
+    ctrlg − ``boot.baseline`` for BLEU-4 and ROUGE-L, per mask ratio and over all passages of all
+    ratios pooled (each passage of each ratio is one item); [] when a method is missing or
+    ``boot.resamples`` is 0. Cost: ``resamples`` × two corpus re-scorings per row."""
+    from ctrlg import metrics
+
+    baseline = boot.baseline
+    if not boot.resamples or baseline not in methods or "ctrlg" not in methods or baseline == "ctrlg":
+        return []
+    done = [r for r in records if "skipped" not in r]
+    groups = [(float(t), [r for r in done if r["target_ratio"] == float(t)]) for t in targets]
+    rows = []
+    for target, group in [*groups, ("all", done)]:
+        if not group:
+            continue
+        scorer = lambda m: metrics.CorpusScorer(  # noqa: E731
+            [r[m]["text"] for r in group], [[r["story"]] for r in group], ("bleu4", "rouge_l"))
+        ci = metrics.paired_bootstrap(scorer("ctrlg"), scorer(baseline),
+                                      num_resamples=int(boot.resamples), seed=int(boot.seed),
+                                      confidence=float(boot.confidence))
+        rows.append({"target_ratio": target, "items": len(group),
+                     "pair": f"ctrlg − {baseline}", **ci})
+    return rows
+
+
+def format_intervals(rows: list[dict], confidence: float) -> str:
+    shown = [{"target_ratio": r["target_ratio"], "items": r["items"], "pair": r["pair"],
+              **{m: f"{r[m]['delta']:+.2f} [{r[m]['low']:+.2f}, {r[m]['high']:+.2f}]"
+                 for m in ("bleu4", "rouge_l")}} for r in rows]
+    pct = f"{100 * confidence:.0f} % CI"
+    return format_table(shown, ["target_ratio", "items", "pair", "bleu4", "rouge_l"],
+                        ["target ratio", "passages", "paired bootstrap", f"BLEU-4 ({pct})",
+                         f"ROUGE-L ({pct})"])
+
+
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The whole experiment; returns ``{"ratio/method": metrics}`` and writes the result files.
 
@@ -236,12 +272,16 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if not rows:
         raise ExperimentConfigError(f"all {len(records)} passages were skipped: "
                                     f"{skipped[0]['reason'] if skipped else 'no passages'}")
+    boot = cfg.bootstrap
+    cis = intervals(records, data.mask_ratios, methods, boot)
     write_json(out_dir / "metrics.json", {"stories": len(stories), "skipped": skipped,
-                                          "rows": rows})
+                                          "rows": rows, "bootstrap": cis})
     print(f"Infilling ({len(stories)} LAMBADA passages per ratio, {len(skipped)} skipped, "
           f"K={cfg.generation.num_samples}) → {out_dir}")
     print(format_table(rows, ["mask_ratio", "method", "bleu4", "rouge_l", "success", "seconds"],
                        ["mask %", "method", "BLEU-4", "ROUGE-L", "success %", "time s"]))
+    if cis:
+        print(format_intervals(cis, float(boot.confidence)))
     return {f"{r['target_ratio']}/{r['method']}": r for r in rows}
 
 

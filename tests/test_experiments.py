@@ -136,7 +136,18 @@ def test_infill_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path, capsys):
             found = record["ctrlg"]["text"].find(fragment, position)
             assert found >= 0, fragment
             position = found + len(fragment)
-    assert "BLEU-4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "BLEU-4" in out and "paired bootstrap" in out
+    # the bootstrap's full-corpus difference is the table's difference, per ratio and pooled
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    by_method = {r["method"]: r for r in saved["rows"]}
+    assert [ci["target_ratio"] for ci in saved["bootstrap"]] == [0.3, "all"]
+    for ci in saved["bootstrap"]:
+        assert ci["items"] == 1 and ci["pair"] == "ctrlg − logical"
+        for metric in ("bleu4", "rouge_l"):
+            delta = by_method["ctrlg"][metric] - by_method["logical"][metric]
+            assert ci[metric]["delta"] == pytest.approx(delta, abs=1e-6)
+            assert ci[metric]["low"] == pytest.approx(delta) == pytest.approx(ci[metric]["high"])
 
 
 def test_runtime_smoke(tiny_lm_dir, tmp_path, capsys):
