@@ -145,10 +145,13 @@ def _split_prompts(cfg: Mapping, prompts: list[str]) -> tuple[list[str], list[st
     return prompts[:-n_heldout_prompts], prompts[-n_heldout_prompts:]
 
 
-def _sampling_workers(value) -> int:
+def _sampling_workers(value, device: str = "cpu") -> int:
     """``sampling.workers``: chunks sampled at once in threads of this process, one core each.
-    ``auto`` (or None) = the cores this process may run on; a positive integer as given."""
+    ``auto`` (or None) = the cores this process may run on when the LM is on the CPU, 1 on an
+    accelerator (one device runs one batch at a time well); a positive integer as given."""
     if value is None or value == "auto":
+        if str(device) != "cpu":
+            return 1
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         workers = int(value)
@@ -159,17 +162,18 @@ def _sampling_workers(value) -> int:
     return workers
 
 
-def _sampling_options(cfg: Mapping) -> dict:
+def _sampling_options(cfg: Mapping, device: str = "cpu") -> dict:
     """The :func:`~ctrlg.hmm.sampling.sample_to_disk` settings shared by the training and the
     held-out samples (``sampling.length``, ``chunk_size``, ``batch_size``, ``sampler``, ``shard``,
-    ``workers``). The workers do not change the samples (chunks are seeded by their number)."""
+    ``workers`` for an LM on ``device``). The workers do not change the samples (chunks are
+    seeded by their number)."""
     shard = _get(cfg, "sampling.shard")
     return dict(length=int(_get(cfg, "sampling.length", 32)),
                 chunk_size=int(_get(cfg, "sampling.chunk_size", 256)),
                 batch_size=int(_get(cfg, "sampling.batch_size", 32)),
                 sampler=_get(cfg, "sampling.sampler", "inverse_cdf"),
                 shard=tuple(shard) if shard else None,
-                workers=_sampling_workers(_get(cfg, "sampling.workers", "auto")))
+                workers=_sampling_workers(_get(cfg, "sampling.workers", "auto"), device))
 
 
 def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> None:
@@ -178,7 +182,7 @@ def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> N
     Cost: one LM forward step per sampled token, (N_train + N_heldout)·L steps in batches of
     ``sampling.batch_size``; chunks already on disk are kept (resumable)."""
     train_prompts, heldout_prompts = _split_prompts(cfg, build_prompts(cfg, tokenizer))
-    options = _sampling_options(cfg)
+    options = _sampling_options(cfg, next(model.parameters()).device.type)
     sample_to_disk(model, tokenizer, heldout_prompts, samples / "heldout",
                    num_sequences=int(_get(cfg, "sampling.heldout_sequences", 256)), seed=seed + 1,
                    return_hidden=True, **options)
