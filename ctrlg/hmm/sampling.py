@@ -37,7 +37,6 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.kv_cache import empty_preallocated_cache, preallocated_cache
 from ctrlg.vocab import eos_token_ids
 
 __all__ = [
@@ -168,6 +167,9 @@ class _Decoder:
     def __init__(self, model, input_ids, attention_mask, length, prefix_ids, prefix_cache,
                  kv_cache: str):
         from transformers import DynamicCache  # heavy import (seconds): only when an LM is run
+
+        # kv_cache subclasses a transformers class, so importing it imports transformers too
+        from ctrlg.hmm.kv_cache import empty_preallocated_cache, preallocated_cache
 
         B, S = input_ids.shape
         device = input_ids.device
