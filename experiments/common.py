@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from ctrlg import metrics
 from ctrlg.errors import CtrlgError
 
 __all__ = [
@@ -35,6 +36,9 @@ __all__ = [
     "read_records",
     "RecordWriter",
     "format_table",
+    "paired_intervals",
+    "interval_cell",
+    "interval_header",
     "progress",
 ]
 
@@ -229,6 +233,33 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], headers: Sequence
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)
+
+
+METRIC_NAMES = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "cider": "CIDEr", "meteor": "METEOR"}
+
+
+def paired_intervals(records: Sequence[dict], references: Sequence[Sequence[str]], baseline: str,
+                     compared: Sequence[str], names: Sequence[str], boot,
+                     meteor_session=None) -> dict[str, dict]:
+    """``{method: metrics.paired_bootstrap(method − baseline)}`` for each method in ``compared``,
+    on the corpus metrics ``names``, each method's outputs being ``record[method]["text"]``;
+    ``boot`` holds the ``bootstrap.*`` settings (resamples, seed, confidence)."""
+    scorer = lambda m: metrics.CorpusScorer(  # noqa: E731
+        [r[m]["text"] for r in records], references, names, meteor_session=meteor_session)
+    base = scorer(baseline)
+    return {method: metrics.paired_bootstrap(scorer(method), base,
+                                             num_resamples=int(boot.resamples), seed=int(boot.seed),
+                                             confidence=float(boot.confidence))
+            for method in compared}
+
+
+def interval_cell(ci: dict) -> str:
+    """One interval as printed: ``+Δ [+low, +high]``."""
+    return f"{ci['delta']:+.2f} [{ci['low']:+.2f}, {ci['high']:+.2f}]"
+
+
+def interval_header(metric: str, confidence: float) -> str:
+    return f"{METRIC_NAMES[metric]} ({100 * confidence:.0f} % CI)"
 
 
 def progress(iterable, **kwargs):

@@ -54,9 +54,11 @@ from ctrlg.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
 from ctrlg.vocab import eos_token_ids
 
-from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
-                                format_table, generation_config, hydra_output_dir, load_hmm,
-                                load_lm, progress, read_records, start_run, write_json)
+from experiments.common import (METRIC_NAMES, ExperimentConfigError, RecordWriter,
+                                find_resume_dir, format_table, generation_config,
+                                hydra_output_dir, interval_cell, interval_header, load_hmm,
+                                load_lm, paired_intervals, progress, read_records, start_run,
+                                write_json)
 
 GUIDES = ("none", "logical", "ctrlg")
 PRIORS = ("filter", "head")
@@ -280,13 +282,7 @@ def score_methods(records: list[dict], methods: list[str], specs: dict, cfg) -> 
         names = [m for m in metrics.CORPUS_METRICS if m != "meteor" or with_meteor]
         session = metrics.MeteorSession() if with_meteor else None
         try:
-            scorer = lambda m: metrics.CorpusScorer(  # noqa: E731
-                [r[m]["text"] for r in records], refs, names, meteor_session=session)
-            base = scorer(baseline)
-            for method in compared:
-                intervals[method] = metrics.paired_bootstrap(
-                    scorer(method), base, num_resamples=int(boot.resamples), seed=int(boot.seed),
-                    confidence=float(boot.confidence))
+            intervals = paired_intervals(records, refs, baseline, compared, names, boot, session)
         finally:
             if session is not None:
                 session.close()
@@ -294,15 +290,14 @@ def score_methods(records: list[dict], methods: list[str], specs: dict, cfg) -> 
 
 
 def format_intervals(intervals: dict, baseline: str, confidence: float) -> str:
-    names = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "cider": "CIDEr", "meteor": "METEOR"}
     rows = []
     for method, per_metric in intervals.items():
         row = {"pair": f"{method} − {baseline}"}
         for metric, ci in per_metric.items():
-            row[metric] = f"{ci['delta']:+.2f} [{ci['low']:+.2f}, {ci['high']:+.2f}]"
+            row[metric] = interval_cell(ci)
         rows.append(row)
-    columns = ["pair", *names]
-    headers = ["paired bootstrap", *(f"{names[m]} ({100 * confidence:.0f} % CI)" for m in names)]
+    columns = ["pair", *METRIC_NAMES]
+    headers = ["paired bootstrap", *(interval_header(m, confidence) for m in METRIC_NAMES)]
     return format_table(rows, columns, headers)
 
 

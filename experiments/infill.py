@@ -37,11 +37,13 @@ from omegaconf import DictConfig
 
 from ctrlg.errors import CtrlgError
 from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
-                                format_table, generation_config, hydra_output_dir, load_hmm,
-                                load_lm, progress, read_records, start_run, write_json)
+                                format_table, generation_config, hydra_output_dir,
+                                interval_cell, interval_header, load_hmm, load_lm,
+                                paired_intervals, progress, read_records, start_run, write_json)
 from experiments.commongen import eos_ids
 
 METHODS = ("logical", "ctrlg")
+METRICS = ("bleu4", "rouge_l")   # the corpus metrics scored against the original story
 # the configuration keys that decide the generations: a resumed run must agree on all of them
 GENERATION_KEYS = ("seed", "methods", "generation", "model", "hmm", "data", "gap_tokens",
                    "instruction", "rerank")
@@ -195,8 +197,6 @@ def intervals(records: list[dict], targets, methods, boot) -> list[dict]:
     ctrlg − ``boot.baseline`` for BLEU-4 and ROUGE-L, per mask ratio and over all passages of all
     ratios pooled (each passage of each ratio is one item); [] when a method is missing or
     ``boot.resamples`` is 0. Cost: ``resamples`` × two corpus re-scorings per row."""
-    from ctrlg import metrics
-
     baseline = boot.baseline
     if not boot.resamples or baseline not in methods or "ctrlg" not in methods or baseline == "ctrlg":
         return []
@@ -206,11 +206,8 @@ def intervals(records: list[dict], targets, methods, boot) -> list[dict]:
     for target, group in [*groups, ("all", done)]:
         if not group:
             continue
-        scorer = lambda m: metrics.CorpusScorer(  # noqa: E731
-            [r[m]["text"] for r in group], [[r["story"]] for r in group], ("bleu4", "rouge_l"))
-        ci = metrics.paired_bootstrap(scorer("ctrlg"), scorer(baseline),
-                                      num_resamples=int(boot.resamples), seed=int(boot.seed),
-                                      confidence=float(boot.confidence))
+        (ci,) = paired_intervals(group, [[r["story"]] for r in group], baseline, ["ctrlg"],
+                                 METRICS, boot).values()
         rows.append({"target_ratio": target, "items": len(group),
                      "pair": f"ctrlg − {baseline}", **ci})
     return rows
@@ -218,12 +215,10 @@ def intervals(records: list[dict], targets, methods, boot) -> list[dict]:
 
 def format_intervals(rows: list[dict], confidence: float) -> str:
     shown = [{"target_ratio": r["target_ratio"], "items": r["items"], "pair": r["pair"],
-              **{m: f"{r[m]['delta']:+.2f} [{r[m]['low']:+.2f}, {r[m]['high']:+.2f}]"
-                 for m in ("bleu4", "rouge_l")}} for r in rows]
-    pct = f"{100 * confidence:.0f} % CI"
-    return format_table(shown, ["target_ratio", "items", "pair", "bleu4", "rouge_l"],
-                        ["target ratio", "passages", "paired bootstrap", f"BLEU-4 ({pct})",
-                         f"ROUGE-L ({pct})"])
+              **{m: interval_cell(r[m]) for m in METRICS}} for r in rows]
+    return format_table(shown, ["target_ratio", "items", "pair", *METRICS],
+                        ["target ratio", "passages", "paired bootstrap",
+                         *(interval_header(m, confidence) for m in METRICS)])
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
