@@ -98,11 +98,12 @@ def test_timed_records_the_block_and_sampling_options_read_the_config():
         sum(range(1000))
     assert list(timings) == ["step_s"] and 0 <= timings["step_s"] < 5
     assert distill._sampling_options({"sampling": {"length": 7, "shard": [1, 4], "workers": 3}}) == dict(
-        length=7, chunk_size=256, batch_size=32, sampler="inverse_cdf", shard=(1, 4), workers=3)
+        length=7, chunk_size=256, batch_size=32, sampler="inverse_cdf", shard=(1, 4))
+    assert distill._sampling_workers(3) == 3
     cores = len(os.sched_getaffinity(0))
-    assert distill._sampling_options({"sampling": {}})["workers"] == cores  # auto: one per core
-    assert distill._sampling_options({"sampling": {}}, "cuda")["workers"] == 1  # one accelerator
-    assert distill._sampling_options({"sampling": {"workers": 2}}, "cuda")["workers"] == 2
+    assert distill._sampling_workers("auto") == distill._sampling_workers(None) == cores  # one per core
+    assert distill._sampling_workers("auto", "cuda") == 1  # one accelerator
+    assert distill._sampling_workers(2, "cuda") == 2
     for bad in (0, -2, "two", 1.5):
         with pytest.raises(CtrlgError, match="sampling.workers"):
-            distill._sampling_options({"sampling": {"workers": bad}})
+            distill._sampling_workers(bad)

@@ -122,15 +122,15 @@ def test_shuffled_chunks_partition_the_rows_and_shards_partition_the_chunks():
         _shuffled_chunks(tokens, 3, seed=5, shard=(2, 2))
 
 
-def test_emission_prior_mean_is_uniform_or_the_training_unigram():
-    from ctrlg.hmm.em import _emission_prior_mean
+def testemission_prior_mean_is_uniform_or_the_training_unigram():
+    from ctrlg.hmm.em import emission_prior_mean
 
     tokens = torch.tensor([[0, 0, 2]])
-    assert _emission_prior_mean("uniform", tokens, 4, "cpu") is None
-    torch.testing.assert_close(_emission_prior_mean("unigram", tokens, 4, "cpu"),
+    assert emission_prior_mean("uniform", tokens, 4, "cpu") is None
+    torch.testing.assert_close(emission_prior_mean("unigram", tokens, 4, "cpu"),
                                torch.tensor([3 / 7, 1 / 7, 2 / 7, 1 / 7], dtype=torch.float64))
     with pytest.raises(CtrlgError, match="'zipf'"):
-        _emission_prior_mean("zipf", tokens, 4, "cpu")
+        emission_prior_mean("zipf", tokens, 4, "cpu")
 
 
 def test_bad_schedules_and_batches_raise():

@@ -36,7 +36,7 @@ import torch
 from ctrlg import models
 from ctrlg.data._files import bundled_path
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.em import baum_welch, forward_loglik, unigram_prior
+from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
 from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
 from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
@@ -162,27 +162,27 @@ def _sampling_workers(value, device: str = "cpu") -> int:
     return workers
 
 
-def _sampling_options(cfg: Mapping, device: str = "cpu") -> dict:
-    """The :func:`~ctrlg.hmm.sampling.sample_to_disk` settings shared by the training and the
-    held-out samples (``sampling.length``, ``chunk_size``, ``batch_size``, ``sampler``, ``shard``,
-    ``workers`` for an LM on ``device``). The workers do not change the samples (chunks are
-    seeded by their number)."""
+def _sampling_options(cfg: Mapping) -> dict:
+    """The :func:`~ctrlg.hmm.sampling.sample_to_disk` settings that decide the training and the
+    held-out samples (``sampling.length``, ``chunk_size``, ``batch_size``, ``sampler``, ``shard``)."""
     shard = _get(cfg, "sampling.shard")
     return dict(length=int(_get(cfg, "sampling.length", 32)),
                 chunk_size=int(_get(cfg, "sampling.chunk_size", 256)),
                 batch_size=int(_get(cfg, "sampling.batch_size", 32)),
                 sampler=_get(cfg, "sampling.sampler", "inverse_cdf"),
-                shard=tuple(shard) if shard else None,
-                workers=_sampling_workers(_get(cfg, "sampling.workers", "auto"), device))
+                shard=tuple(shard) if shard else None)
 
 
 def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> None:
     """Step 1: sample the held-out set (with the LM's hidden states, seed + 1, from the held-out
     prompts) into ``samples/heldout`` and the training set (seed) into ``samples/train``.
     Cost: one LM forward step per sampled token, (N_train + N_heldout)·L steps in batches of
-    ``sampling.batch_size``; chunks already on disk are kept (resumable)."""
+    ``sampling.batch_size``, ``sampling.workers`` chunks at once (the samples do not depend on
+    it: chunks are seeded by their number); chunks already on disk are kept (resumable)."""
     train_prompts, heldout_prompts = _split_prompts(cfg, build_prompts(cfg, tokenizer))
-    options = _sampling_options(cfg, next(model.parameters()).device.type)
+    options = _sampling_options(cfg)
+    options["workers"] = _sampling_workers(_get(cfg, "sampling.workers", "auto"),
+                                           next(model.parameters()).device.type)
     sample_to_disk(model, tokenizer, heldout_prompts, samples / "heldout",
                    num_sequences=int(_get(cfg, "sampling.heldout_sequences", 256)), seed=seed + 1,
                    return_hidden=True, **options)
@@ -256,7 +256,7 @@ def _heldout_metrics(hmm, lvd_ll: float, train: dict, valid: torch.Tensor, test:
         "valid_sequences": int(valid.shape[0]), "test_sequences": int(test["tokens"].shape[0]),
         "length": length,
         "heldout_ll_per_token": {
-            "hmm": float(forward_loglik(hmm, test["tokens"]) / n_tokens),
+            "hmm": heldout_ll_per_token(hmm, test["tokens"]),
             "hmm_lvd_init": lvd_ll,
             "unigram": unigram_loglik(train["tokens"], test["tokens"], vocab_size),
             "lm": float(test["logprob"].double().sum() / n_tokens),
@@ -276,8 +276,7 @@ def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, 
     hmm.config["metrics"] = metrics["heldout_ll_per_token"]
     hmm.save(out_dir / "hmm", dtype=dtype)
     saved = type(hmm).load(out_dir / "hmm")
-    metrics["heldout_ll_per_token"]["hmm_as_saved"] = float(
-        forward_loglik(saved, test["tokens"]) / test["tokens"].numel())
+    metrics["heldout_ll_per_token"]["hmm_as_saved"] = heldout_ll_per_token(saved, test["tokens"])
     if _get(cfg, "head.enabled", True):
         head_config = {"tokenizer_name": hmm_config["tokenizer_name"],
                        "tokenizer_hash": hmm_config["tokenizer_hash"],
@@ -335,7 +334,7 @@ def distill(cfg: Mapping) -> dict:
     hmm_config = _hmm_config(cfg, model_name, tokenizer)
     with _timed(timings, "lvd_s"):
         hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config)
-    lvd_ll = float(forward_loglik(hmm, test["tokens"]) / test["tokens"].numel())
+    lvd_ll = heldout_ll_per_token(hmm, test["tokens"])
     if not _get(cfg, "head.enabled", True):
         del train["hidden"]
     with _timed(timings, "em_s"):

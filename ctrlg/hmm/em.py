@@ -47,7 +47,8 @@ from ctrlg.hmm.model import HMM
 from ctrlg.kernels.reference import ExpectedCounts, estep_torch
 
 __all__ = ["ExpectedCounts", "estep_torch", "forward_loglik", "m_step", "expected_counts",
-           "baum_welch", "EMHistory", "parse_schedule", "log_prior", "unigram_prior"]
+           "baum_welch", "EMHistory", "parse_schedule", "log_prior", "unigram_prior",
+           "emission_prior_mean", "heldout_ll_per_token"]
 
 
 def _check_tokens(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -190,14 +191,14 @@ class EMHistory:
         return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
 
 
-def _heldout_ll(hmm: HMM, heldout_tokens: torch.Tensor | None) -> float:
+def heldout_ll_per_token(hmm: HMM, heldout_tokens: torch.Tensor | None) -> float:
     """Mean held-out log-likelihood per token (NaN without held-out tokens). O(N·L·h²)."""
     if heldout_tokens is None or heldout_tokens.numel() == 0:
         return float("nan")
     return float(forward_loglik(hmm, heldout_tokens) / heldout_tokens.numel())
 
 
-def _emission_prior_mean(name: str, train_tokens: torch.Tensor, vocab_size: int,
+def emission_prior_mean(name: str, train_tokens: torch.Tensor, vocab_size: int,
                          device) -> torch.Tensor | None:
     """The mean u of the emission prior (module docstring): None for "uniform", the
     add-one-smoothed unigram of ``train_tokens`` for "unigram". O(N·L + V)."""
@@ -275,10 +276,10 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
                          f"sequences); got {num_chunks}")
     if device is not None:
         hmm = hmm.to(device)
-    prior = _emission_prior_mean(emission_prior, train_tokens, hmm.vocab_size, hmm.emission.device)
+    prior = emission_prior_mean(emission_prior, train_tokens, hmm.vocab_size, hmm.emission.device)
     chunks = _shuffled_chunks(train_tokens, num_chunks, seed, shard)
     history = EMHistory()
-    history.record(0, 0, float("nan"), _heldout_ll(hmm, heldout_tokens), 0.0, float("nan"))
+    history.record(0, 0, float("nan"), heldout_ll_per_token(hmm, heldout_tokens), 0.0, float("nan"))
     best = (history.heldout_ll[0], 0, hmm)
     if progress is None:
         progress = sys.stderr.isatty()
@@ -290,7 +291,7 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
         hmm = m_step(hmm, counts, pseudocount=pseudocount, emission_prior=prior)
         step += 1
         history.record(step, len(window), float(counts.loglik / counts.tokens.clamp_min(1)),
-                       _heldout_ll(hmm, heldout_tokens), elapsed,
+                       heldout_ll_per_token(hmm, heldout_tokens), elapsed,
                        float(counts.tokens) / max(elapsed, 1e-9))
         bar.update(1)
         bar.set_postfix(train=f"{history.train_ll[-1]:.3f}", heldout=f"{history.heldout_ll[-1]:.3f}")

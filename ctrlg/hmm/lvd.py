@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.em import unigram_prior
+from ctrlg.hmm.em import emission_prior_mean
 from ctrlg.hmm.model import HMM
 
 __all__ = ["kmeans", "assign_clusters", "padding_mask", "count_hmm", "lvd_init"]
@@ -135,9 +135,7 @@ def lvd_init(tokens: torch.Tensor, hidden: torch.Tensor, hidden_size: int, vocab
     centroids = kmeans(features, clusters, iters=kmeans_iters, seed=seed, progress=progress)
     states = torch.full(tokens.shape, hidden_size - 1, dtype=torch.long)
     states[~pad] = assign_clusters(features, centroids)
-    if emission_prior not in ("uniform", "unigram"):
-        raise CtrlgError(f"emission_prior must be 'uniform' or 'unigram', got {emission_prior!r}")
-    prior = unigram_prior(tokens, vocab_size) if emission_prior == "unigram" else None
+    prior = emission_prior_mean(emission_prior, tokens, vocab_size, "cpu")
     return count_hmm(states, tokens, hidden_size, vocab_size, pseudocount=pseudocount,
                      emission_prior=prior,
                      eos_pad_state=None if eos_token_id is None else hidden_size - 1,
