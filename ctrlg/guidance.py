@@ -9,7 +9,8 @@ logical masking; the −inf of infeasible tokens is never scaled),
 
 with the guidance term log p_hmm(α | x≤t, v) from the row's tables (:meth:`GuideTables.log_ratio`,
 −inf exactly on tokens that make acceptance impossible; logical mode: 0 on feasible tokens). The
-guidance term is added to the LM's scores in one place, :func:`apply_guidance`. If the LM gives
+guidance term is added to the LM's scores in one place, :func:`_guide` (behind both
+:func:`apply_guidance` and :func:`guided_log_probs`). If the LM gives
 every feasible token probability 0 (e.g. −inf logits), the row falls back to the guidance term
 alone (a uniform LM), so a feasible token is still chosen; rows in dead states (no feasible token,
 possible only for non-top beams) stay all −inf.
@@ -60,15 +61,11 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
 
 def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor,
                    strength: float = 1.0) -> torch.Tensor:
-    """THE place where guidance meets the LM: log_softmax(lm_scores + w · log_ratio) per row,
-    float32 [R, V], with the fallback of the module docstring. The guidance strength w ≥ 0 scales
-    only finite terms, so infeasible tokens stay exactly −inf for every w (w = 0: logical masking,
-    w = 1: Ctrl-G). The inputs are left unchanged."""
-    guided = _combine(lm_scores, log_ratio.clone(), strength)
-    bad = _dead_rows(guided)
-    if bad is not None:
-        guided[bad] = _fallback(log_ratio[bad], strength)
-    return guided
+    """log_softmax(lm_scores + w · log_ratio) per row, float32 [R, V], with the fallback of the
+    module docstring. The guidance strength w ≥ 0 scales only finite terms, so infeasible tokens
+    stay exactly −inf for every w (w = 0: logical masking, w = 1: Ctrl-G). The inputs are left
+    unchanged."""
+    return _guide(lm_scores, log_ratio.clone(), strength, lambda bad: log_ratio[bad])
 
 
 def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
@@ -84,14 +81,25 @@ def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_
     table_of_row, states = np.asarray(table_of_row), np.asarray(states)
     ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device,
                                shifted=True)   # a per-row constant cancels in the softmax
-    guided = _combine(scores, ratio, strength)                       # consumes ``ratio``
+
+    def ratio_again(bad: torch.Tensor) -> torch.Tensor:   # ``ratio`` was consumed: recompute
+        rows = bad.nonzero()[:, 0].cpu().numpy()
+        return guidance_log_ratio(tables, table_of_row[rows], states[rows],
+                                  None if priors is None else priors[bad.to(priors.device)],
+                                  remaining, scores.device, shifted=True)
+
+    return _guide(scores, ratio, strength, ratio_again)
+
+
+def _guide(lm_scores: torch.Tensor, log_ratio: torch.Tensor, strength: float,
+           ratio_of_rows) -> torch.Tensor:
+    """THE place where guidance meets the LM: :func:`_combine` (consuming ``log_ratio``), then
+    :func:`_fallback` for the rows left without a finite entry, whose guidance term
+    ``ratio_of_rows(bad)`` gives (``bad``: bool [R])."""
+    guided = _combine(lm_scores, log_ratio, strength)
     bad = _dead_rows(guided)
     if bad is not None:
-        rows = bad.nonzero()[:, 0].cpu().numpy()
-        again = guidance_log_ratio(tables, table_of_row[rows], states[rows],
-                                   None if priors is None else priors[bad.to(priors.device)],
-                                   remaining, scores.device, shifted=True)
-        guided[bad] = _fallback(again, strength)
+        guided[bad] = _fallback(ratio_of_rows(bad), strength)
     return guided
 
 
