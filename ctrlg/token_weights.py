@@ -128,7 +128,7 @@ class TokenWeights:
         if not shifted:
             out.add_(base.float()[:, None])
         if inline:
-            self._inline_block_values(out, exc, both[2 * R:], block_terms, k[block])
+            self._inline_block_values(out, exc, both[2 * R:], block_terms, rows[block], k[block])
         self._block_letter_values(out, exc, rows[late], k[late])
         self._token_values(out, exc, rows[~block], k[~block])
         self._eos_values(out, exc, states, remaining, log_marginal)
@@ -143,31 +143,28 @@ class TokenWeights:
         product dtype) at the letter's columns. Returns which exceptions were folded: those
         whose scaled weights stay within [``UNDERFLOW_BOUND``, e^{FOLD_MAX_GAIN}] (infeasible
         successors, with exact zeros, always are)."""
-        dev = exc.priors.device
-        rows_t = torch.as_tensor(rows, device=dev)
-        dst = self._exc_dst_t[torch.as_tensor(k, device=dev)]
-        steps = exc.rr[rows_t]
-        gap = self.log_scale[steps, dst] - base[rows_t]
+        rows_t, q, log_scale = self._successor_weights(exc, rows, k)
+        gap = log_scale - base[rows_t]
         live = torch.isfinite(gap)
-        q = exc.priors[rows_t] * self.w_hat[steps, dst] * torch.exp(gap).float()[:, None]
+        q = q * torch.exp(gap).float()[:, None]
         floor = self._weight_floor(q, live)
         ok = (floor >= UNDERFLOW_BOUND) & (~live | (gap <= FOLD_MAX_GAIN))
         folded = ok.cpu().numpy()
         letters = self.exc.tok[k]
-        order = np.flatnonzero(folded)
-        order = order[np.argsort(letters[order], kind="stable")]
+        for a, idx_t, tok in self._letter_groups(letters, np.flatnonzero(folded), q.device):
+            vals = self._letter_products[a](q[idx_t])                        # [n_a, |a|]
+            _write_rows(joint, rows_t[idx_t], tok, vals)
+        return folded
+
+    def _letter_groups(self, letters: np.ndarray, subset: np.ndarray, device):
+        """(letter a, positions in ``subset`` with that letter as a tensor, a's member tokens)
+        per distinct letter, in increasing letter order (stable within a letter)."""
+        order = subset[np.argsort(letters[subset], kind="stable")]
         cuts = np.flatnonzero(np.diff(letters[order])) + 1
         for idx in np.split(order, cuts) if len(order) else []:
             a = int(letters[idx[0]])
-            idx_t = torch.as_tensor(idx, device=dev)
-            vals = self._letter_products[a](q[idx_t])                        # [n_a, |a|]
-            tok = self._members_t[self.members_ptr[a]:self.members_ptr[a + 1]]
-            r = rows_t[idx_t]
-            if len(idx) == joint.shape[0] and bool((r == torch.arange(len(r), device=dev)).all()):
-                joint.index_copy_(1, tok, vals)                            # every row, in order
-            else:
-                joint[r[:, None], tok[None, :]] = vals
-        return folded
+            yield a, torch.as_tensor(idx, device=device), \
+                self._members_t[self.members_ptr[a]:self.members_ptr[a + 1]]
 
     def _weight_floor(self, q: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """A lower bound on every q · B[:, v] per row (q [n, h] ≥ 0; rows without ``live`` get
@@ -179,26 +176,32 @@ class TokenWeights:
         return floor if live is None else floor.masked_fill(~live, math.inf)
 
     def _inline_block_values(self, out, exc: "_RowExceptions", products: torch.Tensor,
-                             terms, k: np.ndarray) -> None:
-        """Block-letter exceptions whose q · B rows were computed with the dense product (few:
-        at most ``INLINE_ROWS``), one contiguous run of letter members each."""
-        rows_t, _, scale = terms
+                             terms, rows: np.ndarray, k: np.ndarray) -> None:
+        """Block-letter exceptions (rows ``rows``) whose q · B rows were computed with the dense
+        product (few: at most ``INLINE_ROWS``), one contiguous run of letter members each."""
+        _, _, scale = terms
         ptr = self.members_ptr
         for i, a in enumerate(self.exc.tok[k].tolist()):
             tok = self._members_t[ptr[a]:ptr[a + 1]]
-            r = int(rows_t[i])
+            r = int(rows[i])   # from the host array: no device read per exception
             vals = products[i].index_select(0, tok).float()
             if exc.ratio:
                 vals.div_(exc.marginal[r].index_select(0, tok))
             out[r].index_copy_(0, tok, vals.log_().add_(scale[i]))
 
-    def _successor_terms(self, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray):
-        """(rows tensor, q = p ⊙ Ŵ_{r-1}(t) [P, h], log scale c_{r-1}(t) [P]) per exception."""
+    def _successor_weights(self, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray):
+        """(rows tensor, q = p ⊙ Ŵ_{r-1}(t) [P, h], log scale c_{r-1}(t) [P], float64) per
+        exception k of row ``rows``, t its successor state."""
         dev = exc.priors.device
         rows_t = torch.as_tensor(rows, device=dev)
         dst = self._exc_dst_t[torch.as_tensor(k, device=dev)]
         steps = exc.rr[rows_t]
-        q, scale = exc.priors[rows_t] * self.w_hat[steps, dst], self.log_scale[steps, dst]
+        return rows_t, exc.priors[rows_t] * self.w_hat[steps, dst], self.log_scale[steps, dst]
+
+    def _successor_terms(self, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray):
+        """(rows tensor, q = p ⊙ Ŵ_{r-1}(t) [P, h], log scale c_{r-1}(t) − the row's shift [P])
+        per exception, recording the q's underflow floors for the ratio."""
+        rows_t, q, scale = self._successor_weights(exc, rows, k)
         if exc.ratio:
             exc.floors.append(self._weight_floor(q, torch.isfinite(scale)))
         return rows_t, q, (scale - exc.shift[rows_t]).float()
@@ -210,22 +213,12 @@ class TokenWeights:
             return
         rows_t, q, scale = self._successor_terms(exc, rows, k)
         letters = self.exc.tok[k]
-        order = np.argsort(letters, kind="stable")
-        cuts = np.flatnonzero(np.diff(letters[order])) + 1
-        for idx in np.split(order, cuts):
-            a = int(letters[idx[0]])
-            lo, hi = int(self.members_ptr[a]), int(self.members_ptr[a + 1])
-            idx_t = torch.as_tensor(idx, device=q.device)
+        for a, idx_t, tok in self._letter_groups(letters, np.arange(len(letters)), q.device):
             vals = self._letter_products[a](q[idx_t])                        # [n_a, |a|]
-            tok = self._members_t[lo:hi]
             r = rows_t[idx_t]
             if exc.ratio:   # column gather first: index_select along dim 1 is one fast pass
                 vals.div_(exc.marginal.index_select(1, tok)[r])
-            vals = vals.float().log_().add_(scale[idx_t][:, None])
-            if len(idx) == out.shape[0] and bool((r == torch.arange(len(r), device=r.device)).all()):
-                out.index_copy_(1, tok, vals)                              # every row, in order
-            else:
-                out[r[:, None], tok[None, :]] = vals
+            _write_rows(out, r, tok, vals.float().log_().add_(scale[idx_t][:, None]))
 
     def _token_values(self, out, exc: "_RowExceptions", rows: np.ndarray, k: np.ndarray) -> None:
         """Exceptions over single tokens or small letters: p · (B[:, v] ⊙ Ŵ(t)) token by token."""
@@ -300,3 +293,12 @@ class _RowExceptions:
     ratio: bool
     shift: torch.Tensor         # [R] float64, subtracted from every value of the row
     floors: list = field(default_factory=list)   # per-row weight floors (ratio mode)
+
+
+def _write_rows(dst: torch.Tensor, rows: torch.Tensor, tok: torch.Tensor, vals: torch.Tensor) -> None:
+    """dst[rows[i], tok] = vals[i]: one column copy when ``rows`` is every row of ``dst`` in
+    order, else a scatter."""
+    if len(rows) == dst.shape[0] and bool((rows == torch.arange(len(rows), device=rows.device)).all()):
+        dst.index_copy_(1, tok, vals)                                        # every row, in order
+    else:
+        dst[rows[:, None], tok[None, :]] = vals
