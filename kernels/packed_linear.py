@@ -30,7 +30,7 @@ class PackedLinear:
     in float32). ``packed`` tells whether the oneDNN-packed path is in use."""
 
     def __init__(self, weight: torch.Tensor, batch_hint: int = BATCH_HINT):
-        self.dtype, self.shape = weight.dtype, tuple(weight.shape)
+        self.dtype = weight.dtype
         self._packed = _pack(weight, batch_hint)
         self._weight = None if self._packed is not None else weight
 
