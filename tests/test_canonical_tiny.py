@@ -197,6 +197,7 @@ def test_pair_shortcuts_agree_with_encode_on_smollm2():
 
     tok = load_tokenizer()
     checker = pair_checker(tok)
+    assert checker.merge_tables() is not None   # built now: small batches use them once they exist
     runs = np.array(checker.ascii_runs())
     rng = np.random.default_rng(1)
     spaced_letters, letters = np.flatnonzero(runs == 1), np.flatnonzero(runs == 2)
