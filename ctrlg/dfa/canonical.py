@@ -313,13 +313,12 @@ class _ProductSearch:
     def __init__(self, all_dfa: TokenDFA, checker: PairChecker, eos: int | None):
         self.all_dfa, self.checker, self.eos = all_dfa, checker, eos
         self.key_q = [np.array([0, all_dfa.initial], dtype=np.int64)]
-        self.key_last = [np.array([START, START], dtype=np.int64)]
         self.key_flag = [np.array([REJECT, FREE], dtype=np.int8)]
         self.known_keys = np.zeros(0, dtype=np.int64)
         self.known_ids = np.zeros(0, dtype=np.int64)
         self.num_states = 2
         self.frontier = np.array([1], dtype=np.int64)
-        self.f_q, self.f_last, self.f_flag = (self.key_q[0][1:], self.key_last[0][1:],
+        self.f_q, self.f_last, self.f_flag = (self.key_q[0][1:], np.array([START], dtype=np.int64),
                                               self.key_flag[0][1:])
         self.edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.checks = 0
@@ -381,7 +380,6 @@ class _ProductSearch:
         at = first_at[fresh]
         self.f_q, self.f_last, self.f_flag = nq[at], tok[at], flags[at]
         self.key_q.append(self.f_q)
-        self.key_last.append(self.f_last)
         self.key_flag.append(self.f_flag)
         self.frontier = uid[fresh]
         merged = np.concatenate([self.known_keys, uniq[fresh]])

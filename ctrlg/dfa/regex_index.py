@@ -90,8 +90,7 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
             src, let, end = src[keep], let[keep], end[keep]
         eos_symbol = eos
     else:
-        src, let, end, letter_of_token = _letter_edges(*found, sources, V, eos)
-        eos_symbol = int(letter_of_token.max()) if eos is not None else None
+        src, let, end, letter_of_token, eos_symbol = _letter_edges(*found, sources, V, eos)
     ended = Q
     if eos is not None:
         acc = np.nonzero(bdfa.accepting & live)[0]
@@ -117,8 +116,9 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
 def _letter_edges(tok_fid: np.ndarray, F: np.ndarray, sources: np.ndarray, V: int,
                   eos: int | None):
     """Edges over letters from the token transformations: ``(src, letter, end,
-    letter_of_token)``. Letters 0..A-2 are the transformations used by some token, A-1 the
-    tokens that are never an exception, and A the EOS token (when there is one)."""
+    letter_of_token, eos_letter)``. Letters 0..A-2 are the transformations used by some token,
+    A-1 the tokens that are never an exception, and A the EOS token (``eos_letter``; None
+    without EOS)."""
     used = np.unique(tok_fid[tok_fid >= 0])
     A = len(used) + 1
     letter_of_fid = np.full(len(F), A - 1, dtype=np.int64)
@@ -129,7 +129,7 @@ def _letter_edges(tok_fid: np.ndarray, F: np.ndarray, sources: np.ndarray, V: in
     src, end = sources[i], F[used][let, i].astype(np.int64)
     if eos is not None:
         letter_of_token[eos] = A
-    return src, let, end, letter_of_token
+    return src, let, end, letter_of_token, (A if eos is not None else None)
 
 
 def _reaches_acceptance(dfa: TokenDFA) -> bool:
