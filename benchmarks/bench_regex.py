@@ -83,7 +83,7 @@ def _canonical_lower_bound(rows, all_dfas, ctx, notes):
     that loops on every ``[a-z]+`` token, and the Myhill–Nerode lower bound
     (:func:`ctrlg.dfa.bpe_merges.loop_transition_bound`) on the states and transitions of any
     canonical DFA containing such a loop."""
-    from ctrlg.dfa.bpe_merges import MergeTables, loop_transition_bound
+    from ctrlg.dfa.bpe_merges import loop_transition_bound
 
     refused = [r for r in rows if r["ctrlg_canonical_s"] is None]
     if not refused:
@@ -92,8 +92,7 @@ def _canonical_lower_bound(rows, all_dfas, ctx, notes):
     letters = np.array([t for t, b in enumerate(checker.tokens) if b.isalpha()
                         and b.islower() and b.isascii() and checker._is_whole(t)])
     t0 = time.perf_counter()
-    states, transitions = loop_transition_bound(
-        MergeTables(ctx.tok.backend_tokenizer, ctx.V), letters)
+    states, transitions = loop_transition_bound(checker.merge_tables(), letters)  # built in setup
     seconds = time.perf_counter() - t0
     loops = []
     for r in refused:
