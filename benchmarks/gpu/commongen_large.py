@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu.fixtures import llama_config, random_llama
+
 __all__ = ["SIZES", "run", "MARKDOWN_COLUMNS"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,20 +54,15 @@ def _compose(overrides: list[str]):
 def _tiny_fixtures(out_dir: Path, seed: int) -> tuple[dict, list[str]]:
     """(HMM name → checkpoint folder, extra overrides): a tiny LM over SmolLM2's vocabulary, two
     random HMMs, and the hand-made items."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from ctrlg import HMM
     from ctrlg.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     lm_dir = out_dir / "tiny_lm_smollm2_vocab"
     if not (lm_dir / "config.json").is_file():
-        torch.manual_seed(seed)
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
-                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                             max_position_embeddings=1024, tie_word_embeddings=True,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-        LlamaForCausalLM(config).save_pretrained(lm_dir)
+        config = llama_config(len(tokenizer), max_position_embeddings=1024,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+        random_llama(config, seed=seed).save_pretrained(lm_dir)
         tokenizer.save_pretrained(lm_dir)
     generator = torch.Generator().manual_seed(seed)
     normalise = lambda t: t / t.sum(-1, keepdim=True)  # noqa: E731
