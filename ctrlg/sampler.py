@@ -59,6 +59,8 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
+from ctrlg.canonical_masks import CanonicalFeasibility, restrict_to_mask
+from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
@@ -163,9 +165,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         tables: list[Feasibility] = []
         built: dict[int, int] = {}
         table_of_dfa = []
+        self.canonical: list[CanonicalFeasibility | None] = []
         for original in self.dfas:
             if id(original) not in built:
-                d = _within_budget(original, self.max_new_tokens)
+                canonical = original if isinstance(original, CanonicalDFA) else None
+                d = _within_budget(original.dfa if canonical else original, self.max_new_tokens)
                 if self.hmm is None and self.suffix_ids is None:
                     t = Feasibility(d, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None)
@@ -174,6 +178,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                                     eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
                                     use_kernel=use_kernel, progress=progress, precision=precision)
                 t.check_satisfiable()
+                self.canonical.append(None if canonical is None else _canonical_masks(t, canonical))
                 built[id(original)] = len(tables)
                 tables.append(t)
             table_of_dfa.append(built[id(original)])
@@ -214,7 +219,22 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             priors = None
         guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
                                   self.strength if priors is not None else 1.0)
+        if any(c is not None for c in self.canonical):
+            rows_generated = generated if every else generated[torch.as_tensor(active)]
+            guided = self._canonical_rows(guided, rows_generated, table_of_row, states, remaining)
         return self._write(scores, guided, active_t)
+
+    def _canonical_rows(self, guided: torch.Tensor, generated: torch.Tensor,
+                        table_of_row: np.ndarray, states: np.ndarray, remaining: int) -> torch.Tensor:
+        """Rows whose constraint is a CanonicalDFA keep only the tokens of their exact canonical
+        mask (:class:`CanonicalFeasibility`), renormalised."""
+        for i, k in enumerate(table_of_row.tolist()):
+            masks = self.canonical[k]
+            if masks is not None:
+                q, last, flag = masks.row_state(int(states[i]), generated[i].tolist())
+                mask = torch.from_numpy(masks.token_mask(q, last, flag, remaining))
+                guided[i] = restrict_to_mask(guided[i], mask.to(guided.device))
+        return guided
 
     # ------------------------------------------------------------------ __call__'s steps
     def _check_shapes(self, input_ids: torch.Tensor, scores: torch.Tensor) -> None:
@@ -292,12 +312,19 @@ def check_strength(strength) -> float:
     return value
 
 
-def _check_dfas(dfa, hmm) -> list[TokenDFA]:
-    dfas = [dfa] if isinstance(dfa, TokenDFA) else list(dfa)
+def _canonical_masks(table: Feasibility, constraint: CanonicalDFA) -> CanonicalFeasibility:
+    """The decode-time masks of a CanonicalDFA, after checking a canonical completion fits."""
+    masks = CanonicalFeasibility(table, constraint)
+    masks.check_satisfiable()
+    return masks
+
+
+def _check_dfas(dfa, hmm) -> list[TokenDFA | CanonicalDFA]:
+    dfas = [dfa] if isinstance(dfa, (TokenDFA, CanonicalDFA)) else list(dfa)
     if not dfas:
         raise ConstraintError("dfa must be a TokenDFA or a non-empty list of TokenDFAs")
     for i, d in enumerate(dfas):
-        if not isinstance(d, TokenDFA):
+        if not isinstance(d, (TokenDFA, CanonicalDFA)):
             raise ConstraintError(f"dfa[{i}] is a {type(d).__name__}, not a TokenDFA")
         if d.vocab_size != dfas[0].vocab_size:
             raise VocabularyMismatchError(
@@ -397,7 +424,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                    "rank_by_lm", None, "generate"))
     if mode == "ctrlg" and hmm is None:
         raise ConstraintError("generate(mode='ctrlg') needs hmm=...; use mode='logical' without one")
-    if not isinstance(constraint, TokenDFA):
+    if not isinstance(constraint, (TokenDFA, CanonicalDFA)):
         raise ConstraintError(
             f"the constraint must be one TokenDFA, got {type(constraint).__name__}; combine several "
             "with dfa.intersect / dfa.union, or give one per input row to ConstraintLogitsProcessor")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ctrlg import dfa
+from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.canonical import is_canonical
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
 
@@ -90,9 +91,17 @@ def test_non_canonical_split_is_rejected(tok):
     assert d_can.accepts(canonical) and not d_can.accepts(split)
 
 
-def test_pair_budget_raises_a_clear_error(tok):
+def test_pair_budget_raises_a_clear_error_or_gives_way_to_the_filter(tok):
     with pytest.raises(ConstraintError, match="max_pair_checks"):
-        dfa.regex("[a-z]+", tok, encodings="canonical", max_pair_checks=1000)
+        dfa.regex("[a-z]+", tok, encodings="canonical", max_pair_checks=1000,
+                  canonical_form="product")
+    lazy = dfa.regex("[a-z]+", tok, encodings="canonical", max_pair_checks=1000)
+    assert isinstance(lazy, CanonicalDFA)
+    word = tok.encode("hello", add_special_tokens=False)
+    split = [tok.convert_tokens_to_ids(c) for c in "hello"]
+    assert lazy.accepts(word) and not lazy.accepts(split)
+    with pytest.raises(ConstraintError, match="canonical_form"):
+        dfa.regex("[a-z]+", tok, encodings="canonical", canonical_form="lazy")
 
 
 def test_canonical_needs_a_byte_level_tokenizer():

@@ -43,6 +43,7 @@ loop on SmolLM2 has ≥ 4,188 states and ≥ 15.3M transitions
 from __future__ import annotations
 
 import json
+import unicodedata
 from itertools import accumulate
 
 import numpy as np
@@ -56,7 +57,11 @@ from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.vocab import bytes_to_unicode, tokenizer_of
 
-__all__ = ["canonical_token_dfa", "PairChecker", "is_canonical"]
+__all__ = ["canonical_token_dfa", "PairChecker", "is_canonical", "PairBudgetExceeded"]
+
+
+class PairBudgetExceeded(ConstraintError):
+    """The product automaton needs more token-pair checks than allowed (``max_pair_checks``)."""
 
 START = -1
 # Building MergeTables costs ~1 s on a 49k-token vocabulary and saves ~2–5 µs per pair against
@@ -91,6 +96,11 @@ class PairChecker:
         self._whole: dict[int, bool] = {}
         self._merge_tables: MergeTables | bool | None = None
         self._ascii_runs: list[int] | None = None
+        self._gpt2: bool | None = None
+        self._edges: tuple | None = None
+        self._single_arr: np.ndarray | None = None
+        self._whole_arr: np.ndarray | None = None
+        self._run_arr: np.ndarray | None = None
 
     # -- window checks -------------------------------------------------------------
     def _bpe_ids(self, *parts: bytes) -> list[int]:
@@ -204,6 +214,101 @@ class PairChecker:
                 cache[key] = FREE if enc.ids == list(key) else REJECT
         return np.fromiter((cache[key] for key in keys), dtype=np.int8, count=len(keys))
 
+    def verdicts_after(self, left, right) -> np.ndarray:
+        """:meth:`pairs` for many pairs at once (``left``, ``right`` broadcast), with the pairs
+        that straddle a forced pre-token boundary (:meth:`forced_boundary`) decided without
+        encoding: after a forced boundary the right token starts a pre-token, and GPT-2's
+        pattern has no look-behind, so its verdict is the one it gets at the start of a text
+        (:meth:`singles`)."""
+        left, right = np.broadcast_arrays(np.asarray(left, dtype=np.int64),
+                                          np.asarray(right, dtype=np.int64))
+        out = np.empty(len(right), dtype=np.int8)
+        cut = self.forced_boundary(left, right)
+        if cut.any():
+            out[cut] = self.singles_array(right[cut])
+        inside = self._run_pairs(left, right) & ~cut
+        if inside.any():   # inside one letter or digit run: the merge ranks decide, in bulk
+            a, b = left[inside], right[inside]
+            ok = self.whole_array(a) & self.whole_array(b) & ~self._merge_tables.merges_across(a, b)
+            out[inside] = np.where(ok, FREE, REJECT)
+        rest = ~(cut | inside)
+        if rest.any():
+            out[rest] = self.pairs(left[rest], right[rest])
+        return out
+
+    def _run_pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """Bool per pair inside one ASCII letter or digit run (:meth:`ascii_runs`), when the merge
+        tables are built (else all False: :meth:`pairs` decides them)."""
+        if not self._merge_tables:
+            return np.zeros(len(right), dtype=bool)
+        if self._run_arr is None:
+            self._run_arr = np.asarray(self.ascii_runs(), dtype=np.int8)
+        run_a, run_b = self._run_arr[left], self._run_arr[right]
+        return ((run_b == 2) | (run_b == 4)) & ((run_a == run_b) | (run_a == run_b - 1))
+
+    def whole_array(self, tokens: np.ndarray) -> np.ndarray:
+        """Bool per token: BPE of its bytes alone is the token (cached per vocabulary)."""
+        if self._whole_arr is None:
+            self._whole_arr = np.full(len(self.tokens), -1, dtype=np.int8)
+        out = self._whole_arr[tokens]
+        missing = out < 0
+        if missing.any():
+            todo = np.unique(tokens[missing]).tolist()
+            self._whole_arr[todo] = [self._is_whole(t) for t in todo]
+            out = self._whole_arr[tokens]
+        return out.astype(bool)
+
+    def forced_boundary(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """Bool per pair: GPT-2's pre-tokenizer splits between the two tokens in every context.
+        With x the left token's last character and y the right one's first (both complete):
+        x a letter and y not; x a digit and y not; or x other than whitespace, letter, digit
+        and ``'`` and y a letter, digit or whitespace. (No alternative of the pattern
+        `` '(s|t|re|ve|m|ll|d)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`` can
+        contain such x and y together, and x always ends the match it belongs to.) All False
+        unless the pre-tokenizer is exactly GPT-2's."""
+        first, last = self._edge_categories()
+        if first is None:
+            return np.zeros(len(right), dtype=bool)
+        x, y = last[left], first[right]
+        return (((x == _LETTER) & (y != _LETTER) & (y != _PARTIAL))
+                | ((x == _DIGIT) & (y != _DIGIT) & (y != _PARTIAL))
+                | ((x == _OTHER) & ((y == _LETTER) | (y == _DIGIT) | (y == _SPACE))))
+
+    def _edge_categories(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per token: the category of its first and of its last character (letter, digit,
+        whitespace, other, ``'``, or partial: an incomplete UTF-8 sequence); (None, None) when the
+        pre-tokenizer is not GPT-2's."""
+        if self._edges is None:
+            if not self.gpt2_pre_tokenizer():
+                self._edges = (None, None)
+            else:
+                first = np.empty(len(self.tokens), dtype=np.int8)
+                last = np.empty(len(self.tokens), dtype=np.int8)
+                for t, data in enumerate(self.tokens):
+                    first[t], last[t] = _edge_category(data, 0), _edge_category(data, -1)
+                self._edges = (first, last)
+        return self._edges
+
+    def singles_array(self, tokens) -> np.ndarray:
+        """:meth:`singles` through a per-vocabulary array (vectorised once computed)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if self._single_arr is None:
+            self._single_arr = np.full(len(self.tokens), -1, dtype=np.int8)
+        out = self._single_arr[tokens]
+        missing = out < 0
+        if missing.any():
+            todo = np.unique(tokens[missing])
+            self._single_arr[todo] = self.singles(todo)
+            out = self._single_arr[tokens]
+        return out
+
+    def gpt2_pre_tokenizer(self) -> bool:
+        """Whether the pre-tokenizer is exactly GPT-2's (``ByteLevel`` with ``use_regex``)."""
+        if self._gpt2 is None:
+            pre = json.loads(self.backend.to_str()).get("pre_tokenizer") or {}
+            self._gpt2 = pre.get("type") == "ByteLevel" and bool(pre.get("use_regex", True))
+        return self._gpt2
+
     def ascii_runs(self) -> list[int]:
         """Per token: 2 for tokens ``[A-Za-z]+``, 1 for `` [A-Za-z]+``, 4 for ``[0-9]+``, 3 for
         `` [0-9]+``, else 0. A pair (a, b) with ``run[b] ∈ {2, 4}`` and ``run[a] ∈ {run[b],
@@ -212,8 +317,7 @@ class PairChecker:
         pre-tokenizer is exactly GPT-2's (``ByteLevel`` with ``use_regex``)."""
         if self._ascii_runs is None:
             runs = [0] * len(self.tokens)
-            pre = json.loads(self.backend.to_str()).get("pre_tokenizer") or {}
-            if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+            if self.gpt2_pre_tokenizer():
                 for t, data in enumerate(self.tokens):
                     spaced = data[:1] == b" "
                     body = data[1:] if spaced else data
@@ -253,6 +357,25 @@ class PairChecker:
 
 
 REJECT, FREE, NEEDS_NONSPACE, NEEDS_OTHER = 0, 1, 2, 3
+_LETTER, _DIGIT, _SPACE, _OTHER, _APOSTROPHE, _PARTIAL = range(6)
+# str.isspace() is true for the information separators U+001C..U+001F; the regex class \s
+# (Unicode White_Space) is not
+_NOT_REGEX_SPACE = "\x1c\x1d\x1e\x1f"
+
+
+def _edge_category(data: bytes, end: int) -> int:
+    """Category of the first (``end`` = 0) or last (−1) character of a token's bytes, in the
+    classes of GPT-2's pre-tokenizer pattern (``\\p{L}``, ``\\p{N}``, ``\\s``, ``'``, other)."""
+    text = data.decode("utf-8", errors="ignore")
+    if not text or not (data.startswith if end == 0 else data.endswith)(text[end].encode("utf-8")):
+        return _PARTIAL
+    ch = text[end]
+    if ch == "'":
+        return _APOSTROPHE
+    if ch.isspace() and ch not in _NOT_REGEX_SPACE:
+        return _SPACE
+    major = unicodedata.category(ch)[0]
+    return _LETTER if major == "L" else _DIGIT if major == "N" else _OTHER
 
 
 def _ends_with_space(data: bytes) -> bool:
@@ -287,14 +410,18 @@ def is_canonical(ids, tokenizer) -> bool:
 
 
 def canonical_token_dfa(bdfa: ByteDFA, tokenizer, *, eos_token_id, vocab_size: int | None,
-                        max_pair_checks: int = 5_000_000, what: str = "pattern") -> TokenDFA:
+                        max_pair_checks: int = 5_000_000, what: str = "pattern",
+                        all_dfa: TokenDFA | None = None) -> TokenDFA:
     """The canonical-encodings token DFA of the byte DFA ``bdfa`` (module docstring): the
     product search (:class:`_ProductSearch`), then EOS edges, acceptance and minimisation
-    (:func:`_assemble`)."""
+    (:func:`_assemble`). ``all_dfa``: the unminimised all-encodings DFA of ``bdfa`` if the
+    caller has it (built here otherwise). Raises :class:`PairBudgetExceeded` beyond
+    ``max_pair_checks`` pair checks."""
     checker = pair_checker(tokenizer)
     trie = vocab_trie(tokenizer)
-    all_dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
-                                       vocab_size=vocab_size, what=what)
+    if all_dfa is None:
+        all_dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
+                                           vocab_size=vocab_size, what=what)
     search = _ProductSearch(all_dfa, checker, resolve_eos(trie, eos_token_id))
     while len(search.frontier):
         search.expand_level(max_pair_checks, what)
@@ -329,7 +456,7 @@ class _ProductSearch:
         counts = d.exc_ptr[self.f_q + 1] - d.exc_ptr[self.f_q]
         self.checks += int(counts.sum())
         if self.checks > max_pair_checks:
-            raise ConstraintError(
+            raise PairBudgetExceeded(
                 f"the canonical automaton of the {what} needs more than max_pair_checks="
                 f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit. "
                 f"A canonical DFA must remember the class of the previous token: a loop over a "

@@ -35,7 +35,8 @@ import numpy as np
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
                             ragged_indices, reachable_mask, token_classes)
 from ctrlg.dfa.minimize import minimize_table
-from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
+from ctrlg.dfa.canonical_filter import CanonicalDFA
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.validation import check_count
 
 __all__ = ["intersect", "union", "complement", "concat", "product", "bfs_distances",
@@ -144,21 +145,45 @@ def product(dfas: Sequence[TokenDFA], rule: Callable[[np.ndarray, np.ndarray], n
 
 
 # ---------------------------------------------------------------------- public operations
-def intersect(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
+def intersect(*dfas: TokenDFA | CanonicalDFA, allow_empty: bool = False,
+              minimal: bool = True) -> TokenDFA | CanonicalDFA:
     """A DFA accepting the token sequences accepted by **all** of ``dfas`` (product automaton
     over reachable state tuples; minimised unless ``minimal=False``). Raises
-    UnsatisfiableConstraintError if no sequence is accepted, unless ``allow_empty``."""
+    UnsatisfiableConstraintError if no sequence is accepted, unless ``allow_empty``. With a
+    :class:`CanonicalDFA` among them the result is one too: ``(A ∩ B) ∩ Canon``."""
+    canonical = [d for d in dfas if isinstance(d, CanonicalDFA)]
+    if canonical:
+        for other in canonical[1:]:
+            if other.checker is not canonical[0].checker:
+                raise VocabularyMismatchError(
+                    "intersect: the canonical constraints come from different tokenizers")
+        inner = [d.dfa if isinstance(d, CanonicalDFA) else d for d in dfas]
+        return canonical[0].with_dfa(product(inner, np.logical_and, "intersection",
+                                             allow_empty, minimal))
     return product(dfas, np.logical_and, "intersection", allow_empty, minimal)
+
+
+def _no_canonical(dfas, operation: str) -> None:
+    """ConstraintError for a CanonicalDFA given to an operation that does not distribute over
+    the canonical filter."""
+    if any(isinstance(d, CanonicalDFA) for d in dfas):
+        raise ConstraintError(
+            f"{operation} of a canonical-encodings constraint built without the product "
+            f"automaton (a CanonicalDFA) is not supported: canonicality does not distribute over "
+            f"{operation}. Build the regex with encodings='all', or combine the patterns into "
+            f"one regex before compiling it")
 
 
 def union(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
     """A DFA accepting the token sequences accepted by **any** of ``dfas``."""
+    _no_canonical(dfas, "union")
     return product(dfas, np.logical_or, "union", allow_empty, minimal)
 
 
 def complement(dfa: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
     """A DFA accepting exactly the token sequences ``dfa`` rejects (the automaton is complete,
     so flipping the accepting states suffices)."""
+    _no_canonical([dfa], "complement")
     check_same_vocab([dfa])
     classes = token_classes(dfa)
     return finish(dfa.class_table(classes), ~dfa.accepting, dfa.initial, classes, allow_empty,
@@ -174,6 +199,7 @@ def concat(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True,
     """A DFA for the concatenation L₁·L₂·…: sequences that split into consecutive pieces, the
     i-th accepted by ``dfas[i]``. Folds left to right (see the module docstring). The subset
     construction raises ConstraintError instead of building more than ``max_states`` states."""
+    _no_canonical(dfas, "concatenation")
     check_same_vocab(dfas)
     max_states = check_count("max_states", max_states, minimum=1)
     result = dfas[0].trim()

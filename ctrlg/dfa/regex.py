@@ -22,14 +22,18 @@ sequences need no special case: a token is just its bytes, and the byte DFA only
 UTF-8, so any accepted concatenation decodes to a matching string. Accepting states are ``F``
 and *ended*: a sequence is accepted whether or not it ends with EOS.
 
-``encodings="canonical"`` keeps only the tokenizer's own segmentation; see
-:mod:`ctrlg.dfa.canonical`.
+``encodings="canonical"`` keeps only the tokenizer's own segmentation: as one token DFA (the
+product of :mod:`ctrlg.dfa.canonical`) when the pattern's all-encodings DFA is small, otherwise
+as a :class:`~ctrlg.dfa.canonical_filter.CanonicalDFA` (that DFA plus a decode-time canonicality
+filter; same language), since canonical DFAs of loops over large token classes need millions of
+transitions.
 """
 
 from __future__ import annotations
 
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
-from ctrlg.dfa.canonical import canonical_token_dfa
+from ctrlg.dfa.canonical import PairBudgetExceeded, canonical_token_dfa
+from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.minimize import minimize as minimize_dfa
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
@@ -40,11 +44,16 @@ __all__ = ["regex", "token_dfa_from_bytes_dfa", "resolve_eos", "resolve_vocab_si
 
 ENCODINGS = ("all", "canonical")
 _AUTO = AUTO
+# Canonical mode builds the product automaton when the all-encodings DFA has at most this many
+# token-level transitions out of the dead state (the product's pair checks grow with them), and
+# a CanonicalDFA otherwise. The benchmark's fixed-format patterns have ≤ 2,500, its patterns
+# with large-class loops ≥ 93,000.
+PRODUCT_MAX_EXCEPTIONS = 20_000
 
 
 def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO,
           vocab_size: int | None = None, max_pair_checks: int = 5_000_000,
-          minimize: bool = True) -> TokenDFA:
+          minimize: bool = True, canonical_form: str = "auto") -> TokenDFA | CanonicalDFA:
     """Compile ``pattern`` (full-match semantics) into a :class:`TokenDFA` over the vocabulary.
 
     Args:
@@ -57,7 +66,13 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
             tokenizer's ``eos_token_id``; ``None`` disables EOS edges.
         vocab_size: V of the DFA (default: the tokenizer's vocabulary size); may exceed it when
             the LM's embedding matrix is padded.
-        max_pair_checks: canonical mode only; raise instead of checking more token pairs.
+        max_pair_checks: canonical mode only; the product automaton gives way to a
+            :class:`CanonicalDFA` instead of checking more token pairs.
+        canonical_form: canonical mode only: ``"auto"`` (the product automaton when the
+            all-encodings DFA has at most :data:`PRODUCT_MAX_EXCEPTIONS` token transitions or
+            the product needs at most ``max_pair_checks`` pair checks, else a
+            :class:`CanonicalDFA`), ``"product"`` (always the product; ConstraintError beyond
+            ``max_pair_checks``) or ``"filter"`` (always a :class:`CanonicalDFA`).
         minimize: return the minimal DFA (:func:`ctrlg.dfa.minimize`), whose default successors
             are the most common ones: far fewer stored exceptions for permissive regexes such as
             ``[^\n]*`` (what the Ctrl-G guide pays for); ``False`` keeps the raw index, whose
@@ -71,13 +86,37 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
     """
     if encodings not in ENCODINGS:
         raise ConstraintError(f"encodings must be one of {ENCODINGS}, got {encodings!r}")
+    if canonical_form not in CANONICAL_FORMS:
+        raise ConstraintError(f"canonical_form must be one of {CANONICAL_FORMS}, got "
+                              f"{canonical_form!r}")
     bdfa = compile_bytes_dfa(pattern)
+    what = f"regex {pattern!r}"
+    trie = vocab_trie(tokenizer)
+    dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
+                                   vocab_size=vocab_size, what=what)
     if encodings == "canonical":
-        return canonical_token_dfa(bdfa, tokenizer, eos_token_id=eos_token_id,
-                                   vocab_size=vocab_size, max_pair_checks=max_pair_checks,
-                                   what=f"regex {pattern!r}")
-    dfa = token_dfa_from_bytes_dfa(bdfa, vocab_trie(tokenizer), eos_token_id=eos_token_id,
-                                   vocab_size=vocab_size, what=f"regex {pattern!r}")
+        return _canonical(bdfa, dfa, tokenizer, canonical_form, max_pair_checks, what,
+                          eos_token_id=eos_token_id, vocab_size=vocab_size)
     if minimize:
         dfa = minimize_dfa(dfa)
     return dfa
+
+
+CANONICAL_FORMS = ("auto", "product", "filter")
+
+
+def _canonical(bdfa, all_dfa: TokenDFA, tokenizer, form: str, max_pair_checks: int, what: str,
+               **options) -> TokenDFA | CanonicalDFA:
+    """Canonical mode: the product automaton or a CanonicalDFA over ``all_dfa`` (``form``)."""
+    eos = resolve_eos(vocab_trie(tokenizer), options["eos_token_id"])
+    if form == "filter" or (form == "auto" and all_dfa.num_exceptions > PRODUCT_MAX_EXCEPTIONS):
+        return CanonicalDFA(minimize_dfa(all_dfa), tokenizer,
+                            eos_token_ids=() if eos is None else (eos,), what=what)
+    try:
+        return canonical_token_dfa(bdfa, tokenizer, max_pair_checks=max_pair_checks, what=what,
+                                   all_dfa=all_dfa, **options)
+    except PairBudgetExceeded:
+        if form == "product":
+            raise
+        return CanonicalDFA(minimize_dfa(all_dfa), tokenizer,
+                            eos_token_ids=() if eos is None else (eos,), what=what)
