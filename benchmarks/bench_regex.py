@@ -19,8 +19,14 @@ Ratios are taken from interleaved runs (ctrlg and outlines-core in turn, all-enc
 canonical in turn, best of ``--repeats`` each), so that both sides see the same machine load.
 Canonical mode is timed with the tokenizer-level tables built beforehand
 (like the vocabularies: first-token verdicts and the merge-rank junction signatures of
-:mod:`ctrlg.dfa.bpe_merges`) but an empty token-pair cache at every repeat, with a budget of ``--max-pair-checks`` pair
-checks; regexes whose loops range over large token classes exceed it and are reported as such.
+:mod:`ctrlg.dfa.bpe_merges`) but an empty token-pair cache at every repeat, with a budget of
+``--max-pair-checks`` pair checks. ``regex(encodings="canonical")`` returns the product automaton
+for small patterns and a :class:`ctrlg.dfa.canonical_filter.CanonicalDFA` (all-encodings DFA +
+decode-time filter) for patterns with loops over large token classes (``ctrlg_canonical_form``);
+for the latter the canonical masks are computed at decode time, and ``ctrlg_canonical_mask_us``
+is their mean cost per step of the walk (budget: walk length + 8 tokens) with an empty pair
+cache and fresh masks, ``ctrlg_canonical_mask_warm_us`` the same walk again (pair verdicts
+cached), and ``ctrlg_canonical_check_s`` the satisfiability check that precedes decoding.
 Prints a table and writes benchmarks/results/bench_regex.json. A competitor that is not
 installed is skipped and reported as such.
 """
@@ -85,7 +91,7 @@ def _canonical_lower_bound(rows, all_dfas, ctx, notes):
     canonical DFA containing such a loop."""
     from ctrlg.dfa.bpe_merges import loop_transition_bound
 
-    refused = [r for r in rows if r["ctrlg_canonical_s"] is None]
+    refused = [r for r in rows if r.get("ctrlg_canonical_form") == "filter"]
     if not refused:
         return
     checker = ctx.checker
@@ -104,7 +110,8 @@ def _canonical_lower_bound(rows, all_dfas, ctx, notes):
             r["canonical_lower_bound_states"] = states
             r["canonical_lower_bound_transitions"] = transitions
             loops.append(r["regex"])
-    notes.append(f"canonical refused on {', '.join(r['regex'] for r in refused)}; "
+    notes.append(f"canonical = all-encodings DFA + decode-time filter on "
+                 f"{', '.join(r['regex'] for r in refused)}; "
                  f"{', '.join(loops) or 'none'} loop(s) over all {len(letters)} [a-z]+ tokens, "
                  f"and any canonical DFA of such a loop needs >= {states} states and >= "
                  f"{transitions} transitions (Myhill-Nerode classes from the merge ranks, "
@@ -186,8 +193,10 @@ def _compile_times(row, ctx, pattern, repeats):
 
 
 def _canonical_times(row, ctx, pattern, walk, repeats, max_pair_checks):
-    """Canonical vs all-encodings compile time, interleaved (or the refusal's message)."""
+    """Canonical vs all-encodings compile time, interleaved (or the refusal's message); for a
+    CanonicalDFA also its decode-time masks along the walk."""
     from ctrlg import dfa
+    from ctrlg.dfa.canonical_filter import CanonicalDFA
     from ctrlg.errors import ConstraintError
 
     def canonical():
@@ -200,9 +209,36 @@ def _canonical_times(row, ctx, pattern, walk, repeats, max_pair_checks):
         assert d_can.accepts(walk), row["regex"]
         row["canonical_over_all"] = row["ctrlg_canonical_s"] / row["ctrlg_all_paired_s"]
         row["ctrlg_canonical_states"] = d_can.num_states
+        row["ctrlg_canonical_form"] = "filter" if isinstance(d_can, CanonicalDFA) else "product"
+        if isinstance(d_can, CanonicalDFA):
+            _canonical_masks(row, ctx, d_can, walk)
     except ConstraintError as exc:
         row["ctrlg_canonical_s"] = None
         row["ctrlg_canonical_error"] = str(exc)
+
+
+def _canonical_masks(row, ctx, d_can, walk):
+    """Decode-time masks of a CanonicalDFA along the walk: fresh (empty pair cache), then the
+    same walk again."""
+    from ctrlg.canonical_masks import CanonicalFeasibility
+    from ctrlg.feasibility import Feasibility
+
+    n = len(walk) + 8
+    ctx.checker.pair_cache.clear()
+    t0 = time.perf_counter()
+    masks = CanonicalFeasibility(Feasibility(d_can.dfa, n, eos_token_id=ctx.eos), d_can)
+    masks.check_satisfiable()
+    row["ctrlg_canonical_check_s"] = time.perf_counter() - t0
+
+    def mask_walk():
+        for k, t in enumerate(walk):
+            prefix = walk[:k]
+            mask = masks.token_mask(*masks.row_state(d_can.dfa.run(prefix), prefix), n - k)
+            assert mask[t], (row["regex"], k)
+    for key in ("ctrlg_canonical_mask_us", "ctrlg_canonical_mask_warm_us"):
+        t0 = time.perf_counter()
+        mask_walk()
+        row[key] = (time.perf_counter() - t0) / len(walk) * 1e6
 
 
 def _ctrlg_masks(row, d_min, walk, repeats):
@@ -266,9 +302,9 @@ def _llguidance_row(row, ctx, pattern, walk, repeats):
 
 
 def _print_table(rows, V, setup, notes):
-    header = (f"{'regex':8} {'ctrlg all':>10} {'canonical':>10} {'can/all':>8} {'outlines':>10} "
-              f"{'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'cold':>6} {'mask oc':>9} "
-              f"{'mask llg':>9}")
+    header = (f"{'regex':8} {'ctrlg all':>10} {'canonical':>10} {'can/all':>8} {'form':>7} "
+              f"{'outlines':>10} {'llguid.':>10} {'ctrlg/oc':>9} {'mask ctrlg':>11} {'cold':>6} "
+              f"{'can.mask':>9} {'mask oc':>9} {'mask llg':>9}")
     print(f"vocabulary: SmolLM2, V={V}; setup {json.dumps({k: round(v, 3) for k, v in setup.items()})}")
     print(header)
     fmt = lambda v, unit="s": "-" if v is None else (f"{v * 1e3:.1f}ms" if unit == "s" else f"{v:.0f}us")  # noqa: E731
@@ -277,9 +313,11 @@ def _print_table(rows, V, setup, notes):
         ratio = r["ctrlg_all_s"] / oc if oc else float("nan")
         print(f"{r['regex']:8} {fmt(r['ctrlg_all_s']):>10} {fmt(r['ctrlg_canonical_s']):>10} "
               f"{r.get('canonical_over_all', float('nan')):>7.2f}x "
+              f"{r.get('ctrlg_canonical_form', '-'):>7} "
               f"{fmt(oc):>10} {fmt(r.get('llguidance_s')):>10} "
               f"{ratio:>8.2f}x "
               f"{fmt(r['ctrlg_mask_us'], 'us'):>11} {fmt(r['ctrlg_mask_cold_us'], 'us'):>6} "
+              f"{fmt(r.get('ctrlg_canonical_mask_us'), 'us'):>9} "
               f"{fmt(r.get('outlines_core_mask_us'), 'us'):>9} "
               f"{fmt(r.get('llguidance_mask_us'), 'us'):>9}")
     for n in notes:

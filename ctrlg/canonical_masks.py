@@ -240,9 +240,9 @@ class CanonicalFeasibility:
         memoised ``C_{r-1}`` after w per resulting flag."""
         state = np.full(len(lasts), -1, dtype=np.int8)
         tokens, nxt = self.successors(q)
-        live = self.table.feasible[r - 1, nxt]
         tried = 0
-        for w, q3 in zip(tokens[live].tolist(), nxt[live].tolist()):
+        for k in np.flatnonzero(self.table.feasible[r - 1, nxt]):
+            w, q3 = int(tokens[k]), int(nxt[k])
             idx = np.flatnonzero(state < 0)
             if not len(idx) or tried >= _GROUP_TRIES:
                 break

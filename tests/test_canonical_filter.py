@@ -119,6 +119,12 @@ def test_bulk_verdicts_equal_per_pair_verdicts_on_smollm2(smol):
     a[:20_000], b[:20_000] = rng.choice(letters, 20_000), rng.choice(letters, 20_000)
     got, want = fast.verdicts_after(a, b), reference.pairs(a, b)
     assert np.array_equal(got, want), np.flatnonzero(got != want)[:5]
+    every = np.arange(V)
+    for t in rng.choice(letters, 3).tolist() + [int(x) for x in rng.integers(0, V, 2)]:
+        row = fast.verdicts_after(t, every)                  # one left token: inverted signatures
+        column = fast.verdicts_after(every, t)               # one right token
+        assert np.array_equal(row, reference.pairs(np.full(V, t), every))
+        assert np.array_equal(column, reference.pairs(every, np.full(V, t)))
 
 
 CHARS = ["a", "Z", "é", "ß", "中", "7", "٣", "½", " ", "\n", "\t", "\u3000", "\x1c", "'", "!",
@@ -299,3 +305,32 @@ def test_unsatisfiable_within_the_budget_is_a_clear_error(tiny):
                                   eos_token_id=eos)
     ConstraintLogitsProcessor(None, lazy, prompt_length=1, max_new_tokens=3, mode="logical",
                               eos_token_id=eos)
+
+
+def test_json_schema_in_canonical_form_gives_valid_canonical_documents(smol):
+    """A nested JSON Schema in canonical mode (a CanonicalDFA: its strings loop over large
+    classes): documents walked through the masks parse, validate and are canonical."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 12},
+                             "tags": {"type": "array", "items": {"type": "string", "maxLength": 6},
+                                      "maxItems": 2},
+                             "address": {"type": "object",
+                                         "properties": {"zip": {"type": "integer", "minimum": 0,
+                                                                "maximum": 99999}},
+                                         "required": ["zip"]}},
+              "required": ["name", "address"]}
+    lazy = dfa.json_schema(schema, smol, encodings="canonical", whitespace="")
+    assert isinstance(lazy, CanonicalDFA)
+    eos, n = smol.eos_token_id, 48
+    masks = CanonicalFeasibility(Feasibility(lazy.dfa, n, eos_token_id=eos), lazy)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        path = _walk(lazy, masks, rng, n, eos)
+        assert path[-1] == eos
+        text = smol.decode(path[:-1])
+        jsonschema.validate(json.loads(text), schema)
+        assert is_canonical(path[:-1], smol), text

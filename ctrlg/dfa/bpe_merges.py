@@ -130,6 +130,33 @@ class MergeTables:
         pair = np.repeat(np.arange(len(a)), counts)
         return np.bincount(pair[hit], minlength=len(a)) > 0
 
+    def forbidden_after(self, token: int) -> np.ndarray:
+        """Bool [V]: BPE merges across (token, b), for every b at once: the union of the tokens
+        whose left signature holds a rank of ``token``'s right signature (an inverted index of
+        the left signatures by rank). O(Σ_{ρ ∈ SR(token)} |{b : ρ ∈ SL(b)}|)."""
+        return self._forbidden(token, self.sr_ptr, self.sr, "_sl_by_rank", self.sl_ptr, self.sl)
+
+    def forbidden_before(self, token: int) -> np.ndarray:
+        """Bool [V]: BPE merges across (a, token), for every a at once (the mirror image of
+        :meth:`forbidden_after`)."""
+        return self._forbidden(token, self.sl_ptr, self.sl, "_sr_by_rank", self.sr_ptr, self.sr)
+
+    def _forbidden(self, token, own_ptr, own, index_name, other_ptr, other) -> np.ndarray:
+        index = getattr(self, index_name, None)
+        if index is None:             # (rank pointer [M + 1], tokens sorted by rank)
+            owners = np.repeat(np.arange(self.vocab_size, dtype=np.int64), np.diff(other_ptr))
+            order = np.argsort(other, kind="stable")
+            ptr = np.zeros(self.num_merges + 1, dtype=np.int64)
+            np.cumsum(np.bincount(other, minlength=self.num_merges), out=ptr[1:])
+            index = (ptr, owners[order])
+            setattr(self, index_name, index)
+        ptr, owners = index
+        ranks = own[own_ptr[token]:own_ptr[token + 1]]
+        out = np.zeros(self.vocab_size, dtype=bool)
+        if len(ranks):
+            out[owners[ragged_indices(ptr[ranks], ptr[ranks + 1] - ptr[ranks])]] = True
+        return out
+
     def signature_matrices(self, left_tokens, right_tokens):
         """``(SR [len(left_tokens), M], SL [len(right_tokens), M])`` as scipy CSR 0/1 matrices."""
         from scipy import sparse

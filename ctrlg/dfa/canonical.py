@@ -33,11 +33,12 @@ all-encodings token DFA (state ``q``) with "the last token read" (``a``): states
 the start are built, level by level, and each level's unknown pairs are checked with one batched
 ``encode_batch`` call; results are cached per tokenizer. States with identical outgoing edges are
 merged by :func:`ctrlg.dfa.minimize`. The number of pair checks is bounded by
-``max_pair_checks``; beyond it a :class:`~ctrlg.errors.ConstraintError` is raised (regexes over
-large token classes such as ``[a-z]+`` can need millions of pairs). That is a property of the
-language, not of the search: any DFA accepting exactly the canonical sequences of a ``[a-z]+``
-loop on SmolLM2 has ≥ 4,188 states and ≥ 15.3M transitions
-(:func:`ctrlg.dfa.bpe_merges.loop_transition_bound`).
+``max_pair_checks``; beyond it :class:`PairBudgetExceeded` is raised (regexes over large token
+classes such as ``[a-z]+`` can need millions of pairs). That is a property of the language, not
+of the search: any DFA accepting exactly the canonical sequences of a ``[a-z]+`` loop on SmolLM2
+has ≥ 4,188 states and ≥ 15.3M transitions (:func:`ctrlg.dfa.bpe_merges.loop_transition_bound`).
+:mod:`ctrlg.dfa.canonical_filter` keeps such languages as the all-encodings DFA plus this
+module's bigram test, decided at decode time.
 """
 
 from __future__ import annotations
@@ -229,12 +230,22 @@ class PairChecker:
         inside = self._run_pairs(left, right) & ~cut
         if inside.any():   # inside one letter or digit run: the merge ranks decide, in bulk
             a, b = left[inside], right[inside]
-            ok = self.whole_array(a) & self.whole_array(b) & ~self._merge_tables.merges_across(a, b)
+            ok = self.whole_array(a) & self.whole_array(b) & ~self._merges_across(a, b)
             out[inside] = np.where(ok, FREE, REJECT)
         rest = ~(cut | inside)
         if rest.any():
             out[rest] = self.pairs(left[rest], right[rest])
         return out
+
+    def _merges_across(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`MergeTables.merges_across`, through one token's inverted signature when all
+        pairs share their left (a row of verdicts) or their right token (a column)."""
+        tables = self._merge_tables
+        if len(a) > 64 and (a == a[0]).all():
+            return tables.forbidden_after(int(a[0]))[b]
+        if len(b) > 64 and (b == b[0]).all():
+            return tables.forbidden_before(int(b[0]))[a]
+        return tables.merges_across(a, b)
 
     def _run_pairs(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """Bool per pair inside one ASCII letter or digit run (:meth:`ascii_runs`), when the merge
@@ -458,7 +469,8 @@ class _ProductSearch:
         if self.checks > max_pair_checks:
             raise PairBudgetExceeded(
                 f"the canonical automaton of the {what} needs more than max_pair_checks="
-                f"{max_pair_checks} token-pair checks; use encodings='all' or raise the limit. "
+                f"{max_pair_checks} token-pair checks; use canonical_form='filter' (or 'auto': "
+                f"a CanonicalDFA, decided at decode time), encodings='all', or raise the limit. "
                 f"A canonical DFA must remember the class of the previous token: a loop over a "
                 f"large token class (e.g. [a-z]+ on a 49k-token BPE vocabulary: 4,188 classes, "
                 f"each with thousands of distinct successors) needs millions of transitions "
