@@ -334,3 +334,10 @@ def test_json_schema_in_canonical_form_gives_valid_canonical_documents(smol):
         text = smol.decode(path[:-1])
         jsonschema.validate(json.loads(text), schema)
         assert is_canonical(path[:-1], smol), text
+
+
+def test_a_search_beyond_its_bound_is_a_clear_error(tiny):
+    lazy = dfa.regex(r"[a-z]+( [a-z]+)*\.", tiny, "canonical", canonical_form="filter")
+    table = Feasibility(lazy.dfa, 8, eos_token_id=tiny.eos_token_id)
+    with pytest.raises(ConstraintError, match="max_expansions=2"):
+        CanonicalFeasibility(table, lazy, max_expansions=2).check_satisfiable()
