@@ -18,8 +18,8 @@ llguidance: ``fill_next_token_bitmask`` + ``consume_token``).
 Ratios are taken from interleaved runs (ctrlg and outlines-core in turn, all-encodings and
 canonical in turn, best of ``--repeats`` each), so that both sides see the same machine load.
 Canonical mode is timed with the tokenizer-level tables built beforehand
-(like the vocabularies: first-token verdicts and the merge-rank junction signatures of
-:mod:`ctrlg.dfa.bpe_merges`) but an empty token-pair cache at every repeat, with a budget of
+(like the vocabularies: first-token verdicts, the tokens' edge-character categories and the
+merge-rank junction signatures of :mod:`ctrlg.dfa.bpe_merges`) but an empty token-pair cache at every repeat, with a budget of
 ``--max-pair-checks`` pair checks. ``regex(encodings="canonical")`` returns the product automaton
 for small patterns and a :class:`ctrlg.dfa.canonical_filter.CanonicalDFA` (all-encodings DFA +
 decode-time filter) for patterns with loops over large token classes (``ctrlg_canonical_form``);
@@ -134,7 +134,8 @@ def _setup(tok):
     t0 = time.perf_counter()
     ctx.checker = checker = pair_checker(tok)
     checker.starts_nonspace(np.zeros(1, dtype=np.int64))
-    checker.singles(np.arange(ctx.V))   # first-token verdicts: per tokenizer, like the trie
+    checker.singles_array(np.arange(ctx.V))   # first-token verdicts: per tokenizer, like the trie
+    checker.forced_boundary(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))  # edge chars
     checker.merge_tables()              # merge-rank junction signatures: per tokenizer
     checker.ascii_runs()
     setup["ctrlg_canonical_tables_s"] = time.perf_counter() - t0

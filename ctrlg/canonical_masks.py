@@ -2,7 +2,7 @@
 
 A row's product state is ``σ = (q, a, f)``: ``q`` the state of the all-encodings DFA A, ``a`` the
 last generated token (``START`` before the first) and ``f`` its flag under the bigram test
-(:func:`~ctrlg.dfa.canonical_filter.canonical_verdicts`). With ``r`` tokens left (the next one
+(:func:`~ctrlg.dfa.canonical.token_verdicts`). With ``r`` tokens left (the next one
 included), the canonical feasibility ``C_r(σ)`` mirrors :class:`ctrlg.feasibility.Feasibility`'s
 ``F_r(q)`` on the product::
 
@@ -27,14 +27,13 @@ successors raises :class:`~ctrlg.errors.ConstraintError` instead of running on.
 
 from __future__ import annotations
 
-import numpy as np
-
 import math
 
+import numpy as np
 import torch
 
-from ctrlg.dfa.canonical import FREE, NEEDS_NONSPACE, NEEDS_OTHER, REJECT
-from ctrlg.dfa.canonical_filter import START, CanonicalDFA, canonical_verdicts, end_allowed
+from ctrlg.dfa.canonical import FREE, REJECT, START, token_verdicts
+from ctrlg.dfa.canonical_filter import CanonicalDFA, end_allowed
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.feasibility import Feasibility
 
@@ -51,6 +50,7 @@ def restrict_to_mask(log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     if not bool(mask.any()):
         return kept
     return torch.log_softmax(kept, -1)
+
 
 _CHUNKS = (16, 256, 4096)        # verdicts checked per step of a witness search
 _GROUP_TRIES = 24                 # successors tried per candidate group before one-by-one search
@@ -124,7 +124,7 @@ class CanonicalFeasibility:
             return q, START, FREE
         last = int(generated[-1])
         before = START if len(generated) == 1 else int(generated[-2])
-        flag = int(canonical_verdicts(self.checker, before, FREE, np.array([last]))[0])
+        flag = int(token_verdicts(self.checker, before, FREE, last))
         return q, last, flag
 
     def check_satisfiable(self) -> None:
@@ -174,7 +174,7 @@ class CanonicalFeasibility:
                 continue
             chunk, chunk_next = tokens[start:end], nxt[start:end]
             self._count(end - start)
-            verdicts = canonical_verdicts(self.checker, last, flag, chunk)
+            verdicts = token_verdicts(self.checker, last, flag, chunk)
             for k in np.flatnonzero(verdicts != REJECT):
                 if self._search(int(chunk_next[k]), int(chunk[k]), int(verdicts[k]), r - 1):
                     return True
@@ -204,7 +204,7 @@ class CanonicalFeasibility:
         cand = np.flatnonzero(base)
         if not len(cand):
             return out
-        verdicts = canonical_verdicts(self.checker, last, flag, cand)
+        verdicts = token_verdicts(self.checker, last, flag, cand)
         ok = verdicts != REJECT
         cand, verdicts = cand[ok], verdicts[ok]
         nxt = self.dfa.step_many(np.full(len(cand), q, dtype=np.int64), cand)
@@ -213,12 +213,10 @@ class CanonicalFeasibility:
 
     def _continues(self, cand: np.ndarray, nxt: np.ndarray, flags: np.ndarray, r: int) -> np.ndarray:
         """Bool per candidate: ``C_r((nxt, cand, flags))``, in groups (module docstring)."""
-        done = np.zeros(len(cand), dtype=bool)
         if r == 0:
             return self.dfa.accepting[nxt] & end_allowed(flags)
-        quick = (end_allowed(flags) & self.eos_accept_any[nxt] & self.table.eos_allowed(r)
-                 & self.table.feasible[r, nxt])
-        done |= quick
+        done = (end_allowed(flags) & self.eos_accept_any[nxt] & self.table.eos_allowed(r)
+                & self.table.feasible[r, nxt])
         todo = np.flatnonzero(~done & self.table.feasible[r, nxt])
         keys = nxt[todo] * 4 + flags[todo]
         order = np.argsort(keys, kind="stable")
@@ -249,18 +247,10 @@ class CanonicalFeasibility:
             if self.checker.singles_array(np.array([w]))[0] == REJECT:
                 continue                      # never the start of a text: rarely a witness
             tried += 1
-            verdicts = pair_verdicts(self.checker, lasts[idx], flag, w)
+            verdicts = token_verdicts(self.checker, lasts[idx], flag, w)
             for g in np.unique(verdicts[verdicts != REJECT]).tolist():
                 self._expanded = 0
                 if self._search(int(q3), int(w), int(g), r - 1):
                     state[idx[verdicts == g]] = 1
         return state
 
-
-def pair_verdicts(checker, lasts: np.ndarray, flag: int, token: int) -> np.ndarray:
-    """Flag of ``token`` after each token of ``lasts``, all of whose flags are ``flag``
-    (REJECT where the whitespace requirement of ``flag`` or the pair test fails)."""
-    starts = bool(checker.starts_nonspace(np.array([token]))[0])
-    if (flag == NEEDS_NONSPACE and not starts) or (flag == NEEDS_OTHER and starts):
-        return np.zeros(len(lasts), dtype=np.int8)
-    return checker.verdicts_after(np.asarray(lasts, dtype=np.int64), token)

@@ -58,13 +58,14 @@ from ctrlg.dfa.vocab_trie import vocab_trie, vocabulary_index
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.vocab import bytes_to_unicode, tokenizer_of
 
-__all__ = ["canonical_token_dfa", "PairChecker", "is_canonical", "PairBudgetExceeded"]
+__all__ = ["canonical_token_dfa", "PairChecker", "is_canonical", "PairBudgetExceeded",
+           "token_verdicts", "START"]
 
 
 class PairBudgetExceeded(ConstraintError):
     """The product automaton needs more token-pair checks than allowed (``max_pair_checks``)."""
 
-START = -1
+START = -1   # the "last token" before the first token of a text
 # Building MergeTables costs ~1 s on a 49k-token vocabulary and saves ~2–5 µs per pair against
 # BPE through the model (measured on SmolLM2), so a batch of pairs builds them from this size on.
 PAIRS_FOR_MERGE_TABLES = 200_000
@@ -389,6 +390,29 @@ def _edge_category(data: bytes, end: int) -> int:
     return _LETTER if major == "L" else _DIGIT if major == "N" else _OTHER
 
 
+def token_verdicts(checker: PairChecker, last, need, tokens) -> np.ndarray:
+    """Flag (REJECT / FREE / NEEDS_NONSPACE / NEEDS_OTHER) of each token of ``tokens`` read
+    after the token ``last`` (``START``: the first token of the text) whose own flag is
+    ``need`` (arrays or scalars, broadcast): REJECT when ``need``'s requirement on how the next
+    token starts fails or the pair is not canonical (:meth:`PairChecker.verdicts_after`;
+    :meth:`PairChecker.singles_array` after ``START``)."""
+    last, need, tokens = np.broadcast_arrays(np.asarray(last, dtype=np.int64),
+                                             np.asarray(need, dtype=np.int8),
+                                             np.asarray(tokens, dtype=np.int64))
+    out = np.zeros(tokens.shape, dtype=np.int8)
+    if not tokens.size:
+        return out
+    starts = checker.starts_nonspace(tokens)
+    ok = ~(((need == NEEDS_NONSPACE) & ~starts) | ((need == NEEDS_OTHER) & starts))
+    first = ok & (last == START)
+    rest = ok & (last != START)
+    if first.any():
+        out[first] = checker.singles_array(tokens[first])
+    if rest.any():
+        out[rest] = checker.verdicts_after(last[rest], tokens[rest])
+    return out
+
+
 def _ends_with_space(data: bytes) -> bool:
     text = data.decode("utf-8", errors="ignore")
     return bool(text) and text[-1].isspace() and data.endswith(text[-1].encode("utf-8"))
@@ -489,18 +513,8 @@ class _ProductSearch:
         self.edges.append((src, tok, self._intern(nq, tok, flags)))
 
     def _verdicts(self, tok: np.ndarray, last: np.ndarray, need: np.ndarray) -> np.ndarray:
-        """Flag of each new token after ``last`` (REJECT if the pair is not canonical or the
-        previous token's requirement ``need`` on how this token starts fails)."""
-        starts = self.checker.starts_nonspace(tok)
-        ok = ~(((need == NEEDS_NONSPACE) & ~starts) | ((need == NEEDS_OTHER) & starts))
-        flags = np.zeros(len(tok), dtype=np.int8)
-        first = ok & (last == START)
-        rest = ok & (last != START)
-        if first.any():
-            flags[first] = self.checker.singles(tok[first])
-        if rest.any():
-            flags[rest] = self.checker.pairs(last[rest], tok[rest])
-        return flags
+        """Flag of each new token after ``last`` (:func:`token_verdicts`)."""
+        return token_verdicts(self.checker, last, need, tok)
 
     def _intern(self, nq: np.ndarray, tok: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """Ids of the product states (nq, tok, flags); unseen ones get new ids and form the

@@ -30,33 +30,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ctrlg.dfa.canonical import FREE, NEEDS_NONSPACE, NEEDS_OTHER, REJECT, PairChecker, pair_checker
+from ctrlg.dfa.canonical import FREE, NEEDS_NONSPACE, REJECT, START, pair_checker, token_verdicts
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError
 
-__all__ = ["CanonicalDFA", "START", "canonical_verdicts"]
-
-START = -1   # the "last token" before the first generated token
-
-
-def canonical_verdicts(checker: PairChecker, last: int, flag: int, tokens: np.ndarray) -> np.ndarray:
-    """Flag (REJECT / FREE / NEEDS_NONSPACE / NEEDS_OTHER) of each token of ``tokens`` read after
-    the token ``last`` (``START`` at the beginning) whose own flag is ``flag``: REJECT when the
-    previous token's whitespace requirement fails or the pair is not canonical."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    out = np.zeros(len(tokens), dtype=np.int8)
-    if not len(tokens):
-        return out
-    if flag in (NEEDS_NONSPACE, NEEDS_OTHER):
-        starts = checker.starts_nonspace(tokens)
-        ok = starts if flag == NEEDS_NONSPACE else ~starts
-    else:
-        ok = np.ones(len(tokens), dtype=bool)
-    if ok.any():
-        chosen = tokens[ok]
-        out[ok] = (checker.singles_array(chosen) if last == START
-                   else checker.verdicts_after(last, chosen))
-    return out
+__all__ = ["CanonicalDFA", "end_allowed"]
 
 
 def end_allowed(flag) -> np.ndarray | bool:
@@ -113,7 +91,7 @@ class CanonicalDFA:
         first REJECT (the list is then shorter than ``tokens`` or ends with REJECT)."""
         last, flag, flags = START, FREE, []
         for t in tokens:
-            flag = int(canonical_verdicts(self.checker, last, flag, np.array([int(t)]))[0])
+            flag = int(token_verdicts(self.checker, last, flag, int(t)))
             flags.append(flag)
             if flag == REJECT:
                 break

@@ -69,7 +69,7 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
         max_pair_checks: canonical mode only; the product automaton gives way to a
             :class:`CanonicalDFA` instead of checking more token pairs.
         canonical_form: canonical mode only: ``"auto"`` (the product automaton when the
-            all-encodings DFA has at most :data:`PRODUCT_MAX_EXCEPTIONS` token transitions or
+            all-encodings DFA has at most :data:`PRODUCT_MAX_EXCEPTIONS` token transitions and
             the product needs at most ``max_pair_checks`` pair checks, else a
             :class:`CanonicalDFA`), ``"product"`` (always the product; ConstraintError beyond
             ``max_pair_checks``) or ``"filter"`` (always a :class:`CanonicalDFA`).
@@ -95,8 +95,8 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
     dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
                                    vocab_size=vocab_size, what=what)
     if encodings == "canonical":
-        return _canonical(bdfa, dfa, tokenizer, canonical_form, max_pair_checks, what,
-                          eos_token_id=eos_token_id, vocab_size=vocab_size)
+        return _canonical(bdfa, dfa, tokenizer, resolve_eos(trie, eos_token_id), canonical_form,
+                          max_pair_checks, what, vocab_size=vocab_size)
     if minimize:
         dfa = minimize_dfa(dfa)
     return dfa
@@ -105,18 +105,16 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
 CANONICAL_FORMS = ("auto", "product", "filter")
 
 
-def _canonical(bdfa, all_dfa: TokenDFA, tokenizer, form: str, max_pair_checks: int, what: str,
-               **options) -> TokenDFA | CanonicalDFA:
+def _canonical(bdfa, all_dfa: TokenDFA, tokenizer, eos: int | None, form: str,
+               max_pair_checks: int, what: str, vocab_size: int | None) -> TokenDFA | CanonicalDFA:
     """Canonical mode: the product automaton or a CanonicalDFA over ``all_dfa`` (``form``)."""
-    eos = resolve_eos(vocab_trie(tokenizer), options["eos_token_id"])
-    if form == "filter" or (form == "auto" and all_dfa.num_exceptions > PRODUCT_MAX_EXCEPTIONS):
-        return CanonicalDFA(minimize_dfa(all_dfa), tokenizer,
-                            eos_token_ids=() if eos is None else (eos,), what=what)
-    try:
-        return canonical_token_dfa(bdfa, tokenizer, max_pair_checks=max_pair_checks, what=what,
-                                   all_dfa=all_dfa, **options)
-    except PairBudgetExceeded:
-        if form == "product":
-            raise
-        return CanonicalDFA(minimize_dfa(all_dfa), tokenizer,
-                            eos_token_ids=() if eos is None else (eos,), what=what)
+    if form == "product" or (form == "auto" and all_dfa.num_exceptions <= PRODUCT_MAX_EXCEPTIONS):
+        try:
+            return canonical_token_dfa(bdfa, tokenizer, eos_token_id=eos, vocab_size=vocab_size,
+                                       max_pair_checks=max_pair_checks, what=what,
+                                       all_dfa=all_dfa)
+        except PairBudgetExceeded:
+            if form == "product":
+                raise
+    return CanonicalDFA(minimize_dfa(all_dfa), tokenizer,
+                        eos_token_ids=() if eos is None else (eos,), what=what)
