@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-heavy commongen app
+.PHONY: setup test test-heavy commongen commongen-assets app
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,9 @@ test-heavy: setup
 
 commongen: setup
 	$(PY) -m experiments.commongen
+
+commongen-assets: setup   # re-create the adapted pipeline's adapters and HMM (hours on a 2-core CPU)
+	bash scripts/commongen_assets.sh
 
 app: setup
 	$(PY) -m ctrlg.app

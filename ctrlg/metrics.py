@@ -25,6 +25,7 @@ record it.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import re
 import shutil
@@ -103,10 +104,18 @@ def bleu4(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> flo
     return 100.0 * float(scores[3])
 
 
+def _quiet_absl() -> None:
+    """rouge-score logs "Using default tokenizer." through absl at INFO, which lands in the
+    experiments' printed tables when Hydra configures the root logger at INFO: keep absl at
+    WARNING."""
+    logging.getLogger("absl").setLevel(logging.WARNING)
+
+
 def rouge_l(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """Mean over items of the best-reference ROUGE-L F-measure × 100 (rouge_score)."""
     from rouge_score import rouge_scorer  # optional metrics dependency, imported only when this metric runs
 
+    _quiet_absl()
     _check(hypotheses, references)
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     total = sum(scorer.score_multi(list(refs), hyp)["rougeL"].fmeasure
@@ -324,6 +333,7 @@ class CorpusScorer:
                 cider_scorer += (res[i][0], gts[i])
             self._cider = _CiderTables(cider_scorer.ctest, cider_scorer.crefs)
         if "rouge_l" in metrics:
+            _quiet_absl()
             scorer = rouge_scorer.RougeScorer(["rougeL"])
             self._rouge = np.asarray([scorer.score_multi(list(refs), hyp)["rougeL"].fmeasure
                                       for hyp, refs in zip(hypotheses, references)])

@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from ctrlg.adapters import merge_adapter
 from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 
@@ -254,8 +255,6 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     except (OSError, ValueError, TypeError, KeyError) as err:
         raise ModelLoadError(f"could not load a causal LM from {name!r} ({err})") from None
     if adapter is not None:
-        from ctrlg.adapters import merge_adapter
-
         model = merge_adapter(model, adapter)
     return model.to(device).eval()
 

@@ -430,6 +430,7 @@ def report(records: list[dict], first_index: int, methods: list[str], specs: dic
     ref_words = sum(sum(map(word_count, r["references"])) / max(len(r["references"]), 1)
                     for r in scored) / len(scored)
     write_json(out_dir / "metrics.json", {"items": len(scored), "skipped": skipped,
+                                          "scales": metrics.SCALES,
                                           "reference_words": ref_words, "methods": table,
                                           "bootstrap": {"baseline": cfg.bootstrap.baseline,
                                                         "intervals": intervals}})

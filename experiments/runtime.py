@@ -118,7 +118,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     key = "#".join(cfg.concepts)
     concepts, pos = parse_concept_set(key)
     example = CommonGenExample(concepts, pos, (), key)
-    prompt = commongen_prompt(example, tokenizer, cfg.model.chat_template)
+    prompt = commongen_prompt(example, tokenizer, cfg.model)
     V = hmm.vocab_size
 
     dfa_rows = []

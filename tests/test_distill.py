@@ -35,6 +35,8 @@ def test_split_prompts_holds_out_the_last_fraction():
     assert distill._split_prompts({"prompts": {"heldout_fraction": 0.0}}, prompts)[1] == ["p19"]
     with pytest.raises(CtrlgError, match="1 prompts are too few to hold out 1"):
         distill._split_prompts({}, ["only"])
+    # unconditional sampling: the BOS prompt serves both sets (held-out samples use another seed)
+    assert distill._split_prompts({"prompts": {"format": "bos"}}, ["<bos>"]) == (["<bos>"], ["<bos>"])
 
 
 def _write_chunks(folder, arrays: dict, chunk_size: int) -> None:

@@ -98,7 +98,8 @@ def run(size: str, device: torch.device, *, seed: int = 0, peak=None, out_dir: s
                     "first (same --work-dir) or pass --large-hmm")
             large_hmm = found[-1]
         paths, extra = {"embedded": None, "large": Path(large_hmm)}, []
-    overrides = [f"seed={seed}", f"data.limit={p['limit']}", f"methods=[{','.join(p['methods'])}]",
+    # the instruct pipeline: both HMMs were distilled from SmolLM2-135M-Instruct on instructions
+    overrides = ["pipeline=instruct", f"seed={seed}", f"data.limit={p['limit']}", f"methods=[{','.join(p['methods'])}]",
                  f"generation.num_samples={p['num_samples']}",
                  f"generation.max_new_tokens={p['max_new_tokens']}", *extra]
     rows, tables = [], {}

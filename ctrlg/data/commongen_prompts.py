@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ctrlg.errors import CtrlgError
+from ctrlg.hmm.sampling import commongen_prompts
 
 __all__ = ["PROMPT_STYLES", "DEFAULT_BOS_TOKEN", "bos_text", "prompt_text", "target_text"]
 
@@ -53,8 +54,6 @@ def prompt_text(concepts: Sequence[str], style: str, tokenizer,
     """The prompt (text, special tokens spelled out) for a concept set in ``style``."""
     check_style(style)
     if style == "instruct":
-        from ctrlg.hmm.sampling import commongen_prompts
-
         (prompt,) = commongen_prompts([" ".join(concepts)], tokenizer)
         return prompt
     start = bos_text(tokenizer, bos_token)

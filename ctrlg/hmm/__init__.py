@@ -3,6 +3,7 @@ sampling for distillation, and the embedded default HMM."""
 
 from pathlib import Path
 
+from ctrlg.errors import CheckpointError
 from ctrlg.hmm.model import HMM, tokenizer_fingerprint
 from ctrlg.hmm.prior_head import PriorHead
 
@@ -31,8 +32,6 @@ def load_default_hmm(*, tokenizer=None, device="cpu") -> HMM:
 
 def embedded_hmm_path(name: str) -> Path:
     """Directory of the embedded HMM ``name`` (:data:`EMBEDDED_HMMS`)."""
-    from ctrlg.errors import CheckpointError
-
     if name not in EMBEDDED_HMMS:
         raise CheckpointError(f"unknown embedded HMM {name!r}; choose one of {sorted(EMBEDDED_HMMS)} "
                               "or give a checkpoint folder (hmm.path=...)")

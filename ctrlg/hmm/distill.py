@@ -143,10 +143,10 @@ def _timed(timings: dict[str, float], key: str):
 
 def _split_prompts(cfg: Mapping, prompts: list[str]) -> tuple[list[str], list[str]]:
     """(training prompts, held-out prompts): the last ``prompts.heldout_fraction`` of the prompts
-    (at least one, and at least one left for training) are held out; a single prompt (``bos``:
-    unconditional sampling) serves both, the held-out samples being drawn with another seed.
-    O(#prompts)."""
-    if len(prompts) == 1:
+    (at least one, and at least one left for training) are held out; with ``prompts.format: bos``
+    (unconditional sampling) the one prompt serves both, the held-out samples being drawn with
+    another seed. O(#prompts)."""
+    if _get(cfg, "prompts.format") == "bos":
         return prompts, prompts
     n_heldout_prompts = max(1, int(len(prompts) * float(_get(cfg, "prompts.heldout_fraction", 0.05))))
     if n_heldout_prompts >= len(prompts):

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Re-create the embedded assets of the adapted CommonGen pipeline (docs/hmm.md has the measured
+# time of each stage on a 2-core CPU):
+#   1. the unsupervised CommonGen LoRA adapter  -> ctrlg/assets/adapter_smollm2_commongen
+#   2. the supervised one (concepts -> sentence) -> ctrlg/assets/adapter_smollm2_commongen_supervised
+#   3. the HMM distilled from the adapted LM's unconditional samples (+ its prior head)
+#                                                -> ctrlg/assets/hmm_smollm2_commongen_adapted
+# Each stage resumes where it stopped when run again (training state, sample chunks).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000   # no page faults per training step
+"$PY" -m experiments.adapt threads=1 output.copy_to=ctrlg/assets/adapter_smollm2_commongen
+"$PY" -m experiments.adapt threads=1 form=supervised \
+  output.copy_to=ctrlg/assets/adapter_smollm2_commongen_supervised
+"$PY" -m experiments.distill --config-name distill_adapted \
+  output.copy_to=ctrlg/assets/hmm_smollm2_commongen_adapted
