@@ -14,7 +14,7 @@ a ``[a-z]+`` loop on SmolLM2), more than any compile budget or guide table can h
 and accepts exactly the canonical sequences A accepts — the same language as
 ``canonical_token_dfa`` builds, which the tests check state by state where that product fits.
 The product state after a prefix is ``σ = (q, last token, its flag)``; its transitions are
-computed when a decoder reaches it (:class:`ctrlg.canonical_masks.CanonicalFeasibility`), so
+computed when a decoder reaches it (:class:`ctrlg.guide.canonical_masks.CanonicalFeasibility`), so
 compiling costs what the all-encodings DFA costs.
 
 What changes for Ctrl-G: the HMM's look-ahead tables are built over ``A`` (they count every
