@@ -15,6 +15,7 @@ constraint               A                           cursor                  exa
 =======================  ==========================  ======================  =====================
 ``TokenDFA``             the DFA itself              none                    A's own ``F`` (exact)
 ``CanonicalDFA``         all-encodings DFA           last two tokens         ``C_r`` (bigram test)
+``GrammarConstraint``    a regular superset of L(G)  Earley set              ``G_r`` (the grammar)
 =======================  ==========================  ======================  =====================
 
 :class:`TokenMask` is the protocol; :func:`token_mask` builds the provider of a constraint from
@@ -30,18 +31,20 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ctrlg.cfg.constraint import GrammarConstraint
 from ctrlg.dfa.canonical import FREE, START, token_verdicts
 from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError
 from ctrlg.guide.canonical_masks import CanonicalFeasibility
 from ctrlg.guide.feasibility import Feasibility
+from ctrlg.guide.grammar_masks import GrammarFeasibility
 
-__all__ = ["TokenMask", "DFAMask", "CanonicalMask", "token_mask",
+__all__ = ["TokenMask", "DFAMask", "CanonicalMask", "GrammarMask", "token_mask",
            "regular_automaton", "is_constraint", "CONSTRAINT_TYPES"]
 
 #: The constraint types the processor, ``ctrlg.generate``, beam search and insertion accept.
-CONSTRAINT_TYPES = (TokenDFA, CanonicalDFA)
+CONSTRAINT_TYPES = (TokenDFA, CanonicalDFA, GrammarConstraint)
 
 
 @runtime_checkable
@@ -118,6 +121,29 @@ class CanonicalMask(DFAMask):
         self.masks.check_satisfiable()
 
 
+class GrammarMask(DFAMask):
+    """A :class:`~ctrlg.cfg.constraint.GrammarConstraint`: the grammar's exact budgeted masks
+    (:class:`~ctrlg.guide.grammar_masks.GrammarFeasibility`); the cursor is the recogniser's chart."""
+
+    refines = True
+
+    def __init__(self, table: Feasibility, constraint: GrammarConstraint):
+        super().__init__(table)
+        self.masks = GrammarFeasibility(table, constraint)
+
+    def start(self):
+        return self.masks.start()
+
+    def advance(self, cursor, token: int):
+        return self.masks.advance(cursor, int(token))
+
+    def allowed(self, cursor, state: int, remaining: int) -> np.ndarray:
+        return self.masks.token_mask(cursor, int(state), remaining)
+
+    def check_satisfiable(self) -> None:
+        self.masks.check_satisfiable()       # prunes with the table's F: implies its check
+
+
 def is_constraint(obj) -> bool:
     """Whether ``obj`` is a constraint the processor accepts (:data:`CONSTRAINT_TYPES`)."""
     return isinstance(obj, CONSTRAINT_TYPES)
@@ -127,9 +153,9 @@ def regular_automaton(constraint) -> TokenDFA:
     """The token DFA A whose tables guide ``constraint`` (the constraint itself for a TokenDFA)."""
     if isinstance(constraint, TokenDFA):
         return constraint
-    if isinstance(constraint, CanonicalDFA):
+    if isinstance(constraint, (CanonicalDFA, GrammarConstraint)):
         return constraint.dfa
-    raise ConstraintError(f"expected a TokenDFA or CanonicalDFA, got "
+    raise ConstraintError(f"expected a TokenDFA, CanonicalDFA or grammar constraint, got "
                           f"{type(constraint).__name__}")
 
 
@@ -138,5 +164,7 @@ def token_mask(constraint, table: Feasibility) -> TokenMask:
     :func:`regular_automaton` of it, same budget and EOS ids)."""
     if isinstance(constraint, CanonicalDFA):
         return CanonicalMask(table, constraint)
+    if isinstance(constraint, GrammarConstraint):
+        return GrammarMask(table, constraint)
     regular_automaton(constraint)   # a clear error for anything else
     return DFAMask(table)
