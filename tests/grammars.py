@@ -14,7 +14,7 @@ SQL = r"""
 start: "SELECT " columns " FROM " NAME where? ";"?
 columns: "*" | NAME ("," " "? NAME)*
 where: " WHERE " NAME " " OP " " value (" AND " NAME " " OP " " value)*
-value: NUMBER | "'" /[a-z ]*/ "'"
+value: NUMBER | "'" /[a-z ]+/? "'"
 OP: "=" | "<" | ">" | "<=" | ">=" | "!="
 NAME: /[a-z_][a-z0-9_]*/
 NUMBER: /[0-9]+/

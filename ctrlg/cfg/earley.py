@@ -29,7 +29,7 @@ import numpy as np
 from ctrlg.cfg.grammar_ir import Grammar, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
 
-__all__ = ["Recogniser", "EarleySet", "DEAD"]
+__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect"]
 
 
 class EarleySet:
@@ -117,11 +117,18 @@ class Recogniser:
                     s.threads.append((t, self.initial[t], s))
 
     def step(self, s: EarleySet, byte: int) -> EarleySet:
-        """The set after scanning ``byte`` from ``s`` (:data:`DEAD` when no thread survives)."""
-        threads, kernel = [], []
+        """The set after scanning ``byte`` from ``s`` (:data:`DEAD` when no thread survives).
+        Threads of one terminal in one state whose origins wait on it with the same items have
+        the same future (:func:`_effect`): one is kept — a run of k ignored spaces would
+        otherwise carry k threads, one per way to split it."""
+        threads, kernel, seen = [], [], set()
         for t, q, o in s.threads:
             q2 = int(self.tables[t][q, byte])
             if q2:
+                key = (t, q2, completion_effect(o, t))
+                if key in seen:
+                    continue
+                seen.add(key)
                 threads.append((t, q2, o))
                 if self.accepting[t][q2]:
                     kernel.extend((r, d + 1, o2) for r, d, o2 in o.waiting_t.get(t, ()))
@@ -152,6 +159,16 @@ class Recogniser:
         """Whether ``data`` is a sentence."""
         s = self.feed(self.start(), data)
         return s is not DEAD and s.accepting
+
+
+def completion_effect(origin: EarleySet, t: int):
+    """What completing terminal t started in ``origin`` does: the items of ``origin`` that wait
+    on t (memoised on the set)."""
+    key = ("effect", t)
+    got = origin.cache.get(key)
+    if got is None:
+        got = origin.cache[key] = frozenset((r, d, id(o)) for r, d, o in origin.waiting_t.get(t, ()))
+    return got
 
 
 def _nullable(g: Grammar) -> list[bool]:

@@ -70,6 +70,8 @@ class TokenIndex:
         self._start_runs: dict[int, Run] = {}
         self._state_runs: dict[tuple[int, int], Run] = {}
         self._costs(single_byte_weights(self.token_bytes))
+        for t in range(len(recogniser.dfas)):       # every terminal starts inside some token
+            self.start_run(t)
 
     # ------------------------------------------------------------------ byte costs
     def _costs(self, weight: np.ndarray) -> None:

@@ -24,11 +24,13 @@ over tokens, :class:`~ctrlg.cfg.token_index.TokenIndex`):
   rules' cheapest completions ``rest`` and the chart, memoised per set), valid because every byte
   it counts is a token on its own.
 
-A viable v whose bound fits (``≤ r − 1``, with room for EOS) is allowed; a viable v whose bound
-does not fit is decided exactly by a depth-first search for a completion within ``r − 1`` tokens,
-A's table pruning, the bound accepting early (:meth:`GrammarFeasibility.feasible`): it happens
-only in the last few tokens of a budget, and a search that expands more than ``max_expansions``
-sets raises ConstraintError instead of running on. Cost per mask: one gather per thread and
+A viable v whose bound fits (``≤ r − 1``, with room for EOS) is allowed. A viable v whose bound
+does not fit (only in the last tokens of a budget) is decided exactly: first A's own shortest
+completion from ``δ_A(q, v)`` is tried as a witness (walked through the recogniser: when A is
+exact there, as it is within the unrolled depth, it parses), then, if it does not parse, a
+depth-first search for a completion within ``r − 1`` tokens with A's table pruning and the bound
+accepting early (:meth:`GrammarFeasibility.feasible`); a search that expands more than
+``max_expansions`` sets raises ConstraintError instead of running on. Cost per mask: one gather per thread and
 candidate plus the completion pairs of the threads' terminals — O(threads · V) vectorised — and
 the byte-by-byte step of the chosen token (O(items) per byte) to advance the cursor.
 """
@@ -38,15 +40,28 @@ from __future__ import annotations
 import numpy as np
 
 from ctrlg.cfg.constraint import GrammarConstraint
-from ctrlg.cfg.earley import DEAD, EarleySet
+from ctrlg.cfg.earley import DEAD, EarleySet, completion_effect
 from ctrlg.cfg.token_index import INF
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 
-__all__ = ["GrammarFeasibility", "ENDED"]
+__all__ = ["GrammarFeasibility", "ENDED", "signature"]
 
 #: The cursor of a row that emitted EOS.
 ENDED = EarleySet()
+
+
+def signature(s: EarleySet):
+    """A key that two sets share iff they have the same future: the same threads and rule items
+    started elsewhere (their own predictions follow from those) and the same acceptance. Gap
+    tokens that lead to one configuration (say, any letters continuing a name) are decided once."""
+    got = s.cache.get("signature")
+    if got is None:
+        threads = frozenset((t, q, 0 if o is s else id(o)) for t, q, o in s.threads)
+        items = frozenset((r, d, id(o)) for waiting in (s.waiting, s.waiting_t)
+                          for group in waiting.values() for r, d, o in group if o is not s)
+        got = s.cache["signature"] = (threads, items, s.accepting)
+    return got
 
 
 class GrammarFeasibility:
@@ -72,6 +87,9 @@ class GrammarFeasibility:
         self.has_bytes[self.eos] = False
         self.max_expansions = int(max_expansions)
         self._expanded = 0
+        self._completed: dict = {}
+        F = table.feasible                          # A's distance to acceptance, in tokens
+        self._distance = np.where(F.any(0), F.argmax(0), np.iinfo(np.int64).max // 4)
 
     @property
     def vocab_size(self) -> int:
@@ -109,13 +127,60 @@ class GrammarFeasibility:
         ids = np.flatnonzero(base & self.has_bytes)
         if not len(ids):
             return out
-        viable, cost = self.costs(s, ids)
+        viable, cost, finals, paired = self.costs(s, ids, detail=True)
         fits = self._fits(cost, remaining - 1)
         out[ids[viable & fits]] = True
-        for v in ids[viable & ~fits].tolist():
-            self._expanded = 0
-            out[v] = self.feasible(self.advance(s, v), int(self.table.dfa.step(q, v)), remaining - 1)
+        gap = np.flatnonzero(viable & ~fits)
+        if len(gap):
+            out[ids[gap]] = self._decide_gaps(s, q, ids[gap], finals[:, gap], paired[gap],
+                                              remaining - 1)
         return out
+
+    def _decide_gaps(self, s: EarleySet, q: int, tokens: np.ndarray, finals: np.ndarray,
+                     paired: np.ndarray, k: int) -> np.ndarray:
+        """``G_k(s · v)`` for viable tokens whose bound does not fit. Tokens that only continue
+        threads (no terminal ends inside them) and end in the same thread states and A-state
+        have the same future: one representative decides for all; the others are decided once
+        per distinct :func:`signature` of the set they lead to."""
+        nxt = self.table.dfa.step_many(np.full(len(tokens), q, dtype=np.int64), tokens)
+        out = np.zeros(len(tokens), dtype=bool)
+        decided: dict = {}
+        keys = np.concatenate([finals.T, nxt[:, None]], axis=1)
+        pure = np.flatnonzero(~paired)
+        if len(pure):
+            _, first, group = np.unique(keys[pure], axis=0, return_index=True, return_inverse=True)
+            verdicts = [self._decide(s, int(tokens[pure[i]]), int(nxt[pure[i]]), k, decided)
+                        for i in first.tolist()]
+            out[pure] = np.asarray(verdicts, dtype=bool)[group.reshape(-1)]
+        for i in np.flatnonzero(paired).tolist():
+            out[i] = self._decide(s, int(tokens[i]), int(nxt[i]), k, decided)
+        return out
+
+    def _decide(self, s: EarleySet, v: int, q2: int, k: int, decided: dict) -> bool:
+        s2 = self.advance(s, v)
+        key = (signature(s2), q2)
+        if key not in decided:
+            self._expanded = 0
+            decided[key] = self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k)
+        return decided[key]
+
+    def automaton_witness(self, s: EarleySet, q: int, k: int) -> bool:
+        """Whether A's shortest completion from ``q`` (ties: the first token) parses from ``s``
+        within ``k`` tokens: a sufficient condition for ``G_k(s)``, cheap to test."""
+        dfa, table = self.table.dfa, self.table
+        while s is not DEAD:
+            if s.accepting and (k == 0 or table.eos_allowed(k)):
+                return True
+            if k == 0 or not table.feasible[k, q]:
+                return False
+            ids = np.flatnonzero(table.token_feasible(np.array([q]), np.array([k])).numpy()[0]
+                                 & self.has_bytes)
+            if not len(ids):
+                return False
+            nxt = dfa.step_many(np.full(len(ids), q, dtype=np.int64), ids)
+            v = int(ids[np.argmin(self._distance[nxt])])
+            s, q, k = self.advance(s, v), int(dfa.step(q, v)), k - 1
+        return False
 
     def _fits(self, cost: np.ndarray, k: int) -> np.ndarray:
         """Whether a completion of ``cost`` tokens, then EOS (or the end of the budget), fits in
@@ -150,30 +215,90 @@ class GrammarFeasibility:
         return False
 
     # ------------------------------------------------------------------ viability and costs
-    def costs(self, s: EarleySet, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(viable bool, cost int64) of each of ``tokens`` after the set ``s`` (module docstring)."""
+    def costs(self, s: EarleySet, tokens: np.ndarray, detail: bool = False):
+        """(viable bool, cost int64) of each of ``tokens`` after the set ``s`` (module
+        docstring); with ``detail`` also each thread's final state per token ([threads, n]) and
+        whether a terminal ends inside the token."""
         viable = np.zeros(len(tokens), dtype=bool)
         cost = np.full(len(tokens), INF, dtype=np.int64)
         starts = self.index.base[tokens]
-        for t, state, origin in s.threads:
+        finals = np.zeros((len(s.threads), len(tokens)), dtype=np.int32)
+        paired = np.zeros(len(tokens), dtype=bool)
+        for j, (t, state, origin) in enumerate(s.threads):
             if state == self.rec.initial[t]:
                 run, entries = self.index.start_run(t), starts
             else:
                 run, entries = self.index.state_run(t, state), tokens
-            self._thread(run, entries, t, origin, viable, cost)
-        return viable, cost
+            finals[j], where = self._thread(run, entries, t, origin, viable, cost)
+            paired[where] = True
+        return (viable, cost, finals, paired) if detail else (viable, cost)
 
     def _suffix_costs(self, s: EarleySet, suffixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`costs` for token suffixes (a set reached inside a token: threads all start)."""
+        """:meth:`costs` for token suffixes (a set reached inside a token: threads all start).
+        Suffixes are deduplicated first: the splits of a run of ignored or repeatable bytes
+        into terminals are exponentially many paths but only quadratically many suffixes."""
+        unique, back = np.unique(suffixes, return_inverse=True)
+        if len(unique) < len(suffixes):
+            viable, cost = self._suffix_costs(s, unique)
+            return viable[back.reshape(-1)], cost[back.reshape(-1)]
+        loops = [t for t, _, origin in s.threads if self.completed(t, origin) is s]
+        if loops:
+            return self._looping_suffix_costs(s, suffixes, loops)
         viable = np.zeros(len(suffixes), dtype=bool)
         cost = np.full(len(suffixes), INF, dtype=np.int64)
         for t, _, origin in s.threads:
             self._thread(self.index.start_run(t), suffixes, t, origin, viable, cost)
         return viable, cost
 
+    def _looping_suffix_costs(self, s: EarleySet, suffixes: np.ndarray, loops: list[int]
+                              ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_suffix_costs` when completing some terminals leads back to ``s`` itself (a
+        run of ignored whitespace): all suffixes those completions reach are solved together,
+        shortest first (a completion pair always points to a shorter suffix), instead of one
+        recursion level per byte of the run."""
+        runs = [self.index.start_run(t) for t in loops]
+        every, frontier = suffixes, suffixes
+        while len(frontier):
+            reached = np.unique(np.concatenate([run.pairs(frontier)[1] for run in runs]))
+            frontier = np.setdiff1d(reached, every, assume_unique=True)
+            every = np.union1d(every, frontier)
+        viable = np.zeros(len(every), dtype=bool)
+        cost = np.full(len(every), INF, dtype=np.int64)
+        for t, _, origin in s.threads:
+            if t in loops:
+                self._alive(self.index.start_run(t), every, t, origin, viable, cost)
+            else:
+                self._thread(self.index.start_run(t), every, t, origin, viable, cost)
+        pairs = [run.pairs(every) for run in runs]
+        where = np.concatenate([w for w, _ in pairs])
+        dst = np.searchsorted(every, np.concatenate([d for _, d in pairs]))
+        length = self.index.suffix_left[every[where]]
+        order = np.argsort(length, kind="stable")
+        where, dst, length = where[order], dst[order], length[order]
+        bounds = np.flatnonzero(np.diff(length)) + 1
+        for w, d in zip(np.split(where, bounds), np.split(dst, bounds)):
+            np.logical_or.at(viable, w, viable[d])
+            np.minimum.at(cost, w, cost[d])
+        at = np.searchsorted(every, suffixes)
+        return viable[at], cost[at]
+
     def _thread(self, run, entries: np.ndarray, t: int, origin: EarleySet, viable: np.ndarray,
-                cost: np.ndarray) -> None:
-        """Fold one thread's contribution for ``entries`` into ``viable`` / ``cost``."""
+                cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Fold one thread's contribution for ``entries`` into ``viable`` / ``cost``; returns
+        the thread's final states and the entries where t ends inside with a viable rest."""
+        final = self._alive(run, entries, t, origin, viable, cost)
+        where, dst = run.pairs(entries)
+        if len(where):
+            nxt = self.completed(t, origin)
+            sub_viable, sub_cost = self._suffix_costs(nxt, dst)
+            np.logical_or.at(viable, where, sub_viable)
+            np.minimum.at(cost, where, sub_cost)
+            where = where[sub_viable]
+        return final, where
+
+    def _alive(self, run, entries: np.ndarray, t: int, origin: EarleySet, viable: np.ndarray,
+               cost: np.ndarray) -> np.ndarray:
+        """The part of :meth:`_thread` where t's DFA is still alive at the end of the entry."""
         final = run.final[entries]
         alive = final != 0
         if alive.any():
@@ -182,19 +307,20 @@ class GrammarFeasibility:
             if after < INF:
                 c = np.minimum(self.index.dist[t][final[alive]], INF) + after
                 cost[alive] = np.minimum(cost[alive], c)
-        where, dst = run.pairs(entries)
-        if len(where):
-            nxt = self.completed(t, origin)
-            sub_viable, sub_cost = self._suffix_costs(nxt, dst)
-            np.logical_or.at(viable, where, sub_viable)
-            np.minimum.at(cost, where, sub_cost)
+        return final
 
     def completed(self, t: int, origin: EarleySet) -> EarleySet:
-        """The set right after terminal ``t`` started in ``origin`` completes (memoised on it)."""
+        """The set right after terminal ``t`` started in ``origin`` completes. It depends only on
+        the items of ``origin`` waiting on t (:func:`completion_effect`), so origins with the same
+        ones share it: a run of ignored whitespace keeps coming back to one set."""
         key = ("completed", t)
         got = origin.cache.get(key)
         if got is None:
-            got = origin.cache[key] = self.rec.complete_terminal(t, origin)
+            shared = (t, completion_effect(origin, t))
+            got = self._completed.get(shared)
+            if got is None:
+                got = self._completed[shared] = self.rec.complete_terminal(t, origin)
+            origin.cache[key] = got
         return got
 
     def after_terminal(self, t: int, origin: EarleySet) -> int:

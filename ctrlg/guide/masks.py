@@ -130,6 +130,7 @@ class GrammarMask(DFAMask):
     def __init__(self, table: Feasibility, constraint: GrammarConstraint):
         super().__init__(table)
         self.masks = GrammarFeasibility(table, constraint)
+        self.refines = not constraint.exact    # a non-recursive grammar: A is exact already
 
     def start(self):
         return self.masks.start()
