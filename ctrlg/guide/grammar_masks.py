@@ -42,6 +42,7 @@ import numpy as np
 from ctrlg.cfg.constraint import GrammarConstraint
 from ctrlg.cfg.earley import DEAD, EarleySet, completion_effect
 from ctrlg.cfg.token_index import INF
+from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 
@@ -253,15 +254,12 @@ class GrammarFeasibility:
     def _looping_suffix_costs(self, s: EarleySet, suffixes: np.ndarray, loops: list[int]
                               ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_suffix_costs` when completing some terminals leads back to ``s`` itself (a
-        run of ignored whitespace): all suffixes those completions reach are solved together,
+        run of ignored whitespace): every shorter suffix of the same tokens is solved together,
         shortest first (a completion pair always points to a shorter suffix), instead of one
         recursion level per byte of the run."""
         runs = [self.index.start_run(t) for t in loops]
-        every, frontier = suffixes, suffixes
-        while len(frontier):
-            reached = np.unique(np.concatenate([run.pairs(frontier)[1] for run in runs]))
-            frontier = np.setdiff1d(reached, every, assume_unique=True)
-            every = np.union1d(every, frontier)
+        # every shorter suffix of the same tokens: a superset of what the loops reach
+        every = np.unique(ragged_indices(suffixes, self.index.suffix_left[suffixes]))
         viable = np.zeros(len(every), dtype=bool)
         cost = np.full(len(every), INF, dtype=np.int64)
         for t, _, origin in s.threads:
