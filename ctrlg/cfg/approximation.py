@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctrlg.cfg.grammar_ir import Grammar, terminal_of
-from ctrlg.dfa.bytes_dfa import ByteDFA, ByteNFA, determinize, minimize
+from ctrlg.dfa.bytes_dfa import MAX_DFA_STATES, ByteDFA, ByteNFA, determinize, minimize
 from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat
-from ctrlg.errors import ConstraintError
+from ctrlg.errors import ConstraintError, RegexError
 
 __all__ = ["regular_superset", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES"]
 
@@ -248,7 +248,13 @@ def regular_superset(g: Grammar, depth: int | str = "auto") -> tuple[ByteDFA, in
     if depth != "auto":
         if int(depth) < 1:
             raise ConstraintError(f"depth must be ≥ 1 (or 'auto'), got {depth!r}")
-        bdfa, exact = unroller.top(int(depth))
+        try:
+            bdfa, exact = unroller.top(int(depth))
+        except RegexError:
+            raise ConstraintError(
+                f"the grammar unrolled to depth {depth} needs a byte automaton of more than "
+                f"{MAX_DFA_STATES} states; use a smaller depth or depth='auto' (ambiguous "
+                f"repetition such as 'x: x x' grows fastest: write it as 'x: item+')") from None
         return bdfa, int(depth), exact
     best = None
     for d in range(1, MAX_AUTO_DEPTH + 1):
