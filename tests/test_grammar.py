@@ -19,7 +19,7 @@ from ctrlg.errors import (ConstraintError, GrammarError, UnsatisfiableConstraint
                           UnsupportedGrammarError)
 from ctrlg.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor, generate
-from grammars import ALL
+from ctrlg.cfg.examples import EXAMPLES as ALL
 from helpers import random_hmm, trim_at_eos
 from test_guide import generations, seq_prob
 from test_sampler import chi_square_against, sample_with_hmm_lm

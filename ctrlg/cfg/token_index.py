@@ -19,7 +19,9 @@ Byte costs. ``w(b) = 1`` for bytes that are tokens on their own (∞ otherwise):
 c such bytes can always be spelled with c tokens. ``dist[t][q]`` is the cheapest way to finish
 terminal t from state q, ``min_len`` of each nonterminal its cheapest sentence and
 ``rest[r][d]`` the cheapest completion of rule r from its dot d (fixed points over the DFAs and
-rules; ignored terminals are optional, so they cost nothing).
+rules; ignored terminals are optional, so they cost nothing). The same fixed points give one
+cheapest string per terminal state, nonterminal and rule tail (:meth:`TokenIndex.symbol_string`),
+and :meth:`TokenIndex.min_tokens` spells a string with the fewest tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from ctrlg.dfa.core import ragged_indices
 __all__ = ["TokenIndex", "Run", "INF"]
 
 INF = np.iinfo(np.int64).max // 4
+#: Terminals with at most this many DFA states get every state's run at compile time (the
+#: others on first use).
+PRECOMPUTED_STATES = 64
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,11 @@ class TokenIndex:
         self._start_runs: dict[int, Run] = {}
         self._state_runs: dict[tuple[int, int], Run] = {}
         self._costs(single_byte_weights(self.token_bytes))
-        for t in range(len(recogniser.dfas)):       # every terminal starts inside some token
+        for t, d in enumerate(recogniser.dfas):      # every terminal starts inside some token
             self.start_run(t)
+            if d.num_states <= PRECOMPUTED_STATES:     # and rows stop inside small ones
+                for q in np.flatnonzero(d.live()).tolist():
+                    self.state_run(t, q)
 
     # ------------------------------------------------------------------ byte costs
     def _costs(self, weight: np.ndarray) -> None:
@@ -93,6 +101,63 @@ class TokenIndex:
         for _, rhs in g.rules:
             costs = [term_len[-1 - x] if x < 0 else min_len[x] for x in rhs]
             self.rest.append([min(sum(costs[d:]), INF) for d in range(len(rhs) + 1)])
+        self._weight = weight
+        self._strings: dict[int, bytes] = {}
+        self.best_rule = self._best_rules(term_len)
+        self._tokens = set(t for t in self.token_bytes if t)
+        self._token_lengths = sorted({len(t) for t in self._tokens})
+
+    # ------------------------------------------------------------------ cheapest strings
+    def _best_rules(self, term_len) -> list[int]:
+        """A rule reaching each nonterminal's ``min_len`` whose symbols reached theirs first
+        (improvements only, so following best rules never loops)."""
+        g = self.recogniser.grammar
+        best, cost = [-1] * len(g.nonterminals), [INF] * len(g.nonterminals)
+        changed = True
+        while changed:
+            changed = False
+            for k, (lhs, rhs) in enumerate(g.rules):
+                c = sum(term_len[-1 - x] if x < 0 else cost[x] for x in rhs)
+                if c < cost[lhs]:
+                    cost[lhs], best[lhs], changed = c, k, True
+        return best
+
+    def terminal_tail(self, t: int, q: int) -> bytes:
+        """The cheapest bytes that take terminal t's DFA from state q to acceptance."""
+        dfa, dist, out = self.recogniser.dfas[t], self.dist[t], []
+        while not dfa.accepting[q]:
+            b = int(np.argmin(self._weight + np.where(dist[dfa.table[q]] >= INF, np.inf,
+                                                       dist[dfa.table[q]])))
+            out.append(b)
+            q = int(dfa.table[q, b])
+        return bytes(out)
+
+    def symbol_string(self, x: int) -> bytes:
+        """The cheapest string of a rule symbol (terminal or nonterminal)."""
+        if x < 0:
+            return self.terminal_tail(-1 - x, self.recogniser.initial[-1 - x])
+        got = self._strings.get(x)
+        if got is None:
+            rhs = self.recogniser.rhs[self.best_rule[x]]
+            got = self._strings[x] = b"".join(self.symbol_string(y) for y in rhs)
+        return got
+
+    def rest_string(self, r: int, d: int) -> bytes:
+        """The cheapest string of rule r's symbols from its dot d on."""
+        return b"".join(self.symbol_string(x) for x in self.recogniser.rhs[r][d:])
+
+    def min_tokens(self, data: bytes) -> int:
+        """The fewest tokens whose bytes spell ``data`` (dynamic programming over its cuts)."""
+        best = [0] + [INF] * len(data)
+        for i in range(len(data)):
+            if best[i] >= INF:
+                continue
+            for n in self._token_lengths:
+                if i + n > len(data):
+                    break
+                if data[i:i + n] in self._tokens and best[i] + 1 < best[i + n]:
+                    best[i + n] = best[i] + 1
+        return best[-1]
 
     # ------------------------------------------------------------------ runs
     def start_run(self, t: int) -> Run:

@@ -29,20 +29,23 @@ does not fit (only in the last tokens of a budget) is decided exactly: first A's
 completion from ``δ_A(q, v)`` is tried as a witness (walked through the recogniser: when A is
 exact there, as it is within the unrolled depth, it parses), then, if it does not parse, a
 depth-first search for a completion within ``r − 1`` tokens with A's table pruning and the bound
-accepting early (:meth:`GrammarFeasibility.feasible`); a search that expands more than
-``max_expansions`` sets raises ConstraintError instead of running on. Cost per mask: one gather per thread and
+accepting early (:meth:`GrammarFeasibility.feasible`). A search that expands more than
+``max_expansions`` sets is abandoned and the token left out of the mask (counted in
+``undecided``, with one warning): the mask then stays sound — every token it keeps has a
+completion — but may miss a token that had one; at the start of a generation it is an error. Cost per mask: one gather per thread and
 candidate plus the completion pairs of the threads' terminals — O(threads · V) vectorised — and
 the byte-by-byte step of the chosen token (O(items) per byte) to advance the cursor.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ctrlg.cfg.constraint import GrammarConstraint
 from ctrlg.cfg.earley import DEAD, EarleySet, completion_effect
 from ctrlg.cfg.token_index import INF
-from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 
@@ -50,6 +53,10 @@ __all__ = ["GrammarFeasibility", "ENDED", "signature"]
 
 #: The cursor of a row that emitted EOS.
 ENDED = EarleySet()
+
+
+class _SearchTooLong(Exception):
+    """An exact search expanded more than ``max_expansions`` sets."""
 
 
 def signature(s: EarleySet):
@@ -76,7 +83,7 @@ class GrammarFeasibility:
     """
 
     def __init__(self, table: Feasibility, constraint: GrammarConstraint, *,
-                 max_expansions: int = 2_000):
+                 max_expansions: int = 256):
         if not table.eos_ids:
             raise ConstraintError(
                 f"the {constraint.what} needs an EOS token: a sentence ends where EOS is emitted "
@@ -88,6 +95,7 @@ class GrammarFeasibility:
         self.has_bytes[self.eos] = False
         self.max_expansions = int(max_expansions)
         self._expanded = 0
+        self.undecided = 0
         self._completed: dict = {}
         F = table.feasible                          # A's distance to acceptance, in tokens
         self._distance = np.where(F.any(0), F.argmax(0), np.iinfo(np.int64).max // 4)
@@ -111,7 +119,15 @@ class GrammarFeasibility:
         """Raise UnsatisfiableConstraintError unless a sentence fits the budget."""
         n = self.table.max_new_tokens
         self._expanded = 0
-        if not self.feasible(self.start(), self.table.dfa.initial, n):
+        try:
+            ok = self.string_witness(self.start(), n) or \
+                self.feasible(self.start(), self.table.dfa.initial, n, {})
+        except _SearchTooLong:
+            raise ConstraintError(
+                f"deciding whether the {self.constraint.what} has a sentence of at most "
+                f"max_new_tokens={n} tokens took more than max_expansions={self.max_expansions} "
+                f"parser states; raise max_new_tokens") from None
+        if not ok:
             raise UnsatisfiableConstraintError(
                 f"the {self.constraint.what} has no sentence of at most max_new_tokens={n} "
                 f"tokens (min_new_tokens={self.table.min_new_tokens}); raise max_new_tokens")
@@ -134,35 +150,57 @@ class GrammarFeasibility:
         gap = np.flatnonzero(viable & ~fits)
         if len(gap):
             out[ids[gap]] = self._decide_gaps(s, q, ids[gap], finals[:, gap], paired[gap],
-                                              remaining - 1)
+                                              remaining - 1, cost=cost[gap])
         return out
 
     def _decide_gaps(self, s: EarleySet, q: int, tokens: np.ndarray, finals: np.ndarray,
-                     paired: np.ndarray, k: int) -> np.ndarray:
+                     paired: np.ndarray, k: int, decided: dict | None = None,
+                     cost: np.ndarray | None = None, first_true: bool = False) -> np.ndarray:
         """``G_k(s · v)`` for viable tokens whose bound does not fit. Tokens that only continue
         threads (no terminal ends inside them) and end in the same thread states and A-state
         have the same future: one representative decides for all; the others are decided once
-        per distinct :func:`signature` of the set they lead to."""
+        per distinct :func:`signature` of the set they lead to (``decided``, shared by a whole
+        mask computation). Cheapest bound first; with ``first_true`` it stops at the first
+        feasible token (a search only needs one)."""
+        decided = {} if decided is None else decided
+        top = not first_true
         nxt = self.table.dfa.step_many(np.full(len(tokens), q, dtype=np.int64), tokens)
         out = np.zeros(len(tokens), dtype=bool)
-        decided: dict = {}
-        keys = np.concatenate([finals.T, nxt[:, None]], axis=1)
-        pure = np.flatnonzero(~paired)
-        if len(pure):
-            _, first, group = np.unique(keys[pure], axis=0, return_index=True, return_inverse=True)
-            verdicts = [self._decide(s, int(tokens[pure[i]]), int(nxt[pure[i]]), k, decided)
-                        for i in first.tolist()]
-            out[pure] = np.asarray(verdicts, dtype=bool)[group.reshape(-1)]
-        for i in np.flatnonzero(paired).tolist():
-            out[i] = self._decide(s, int(tokens[i]), int(nxt[i]), k, decided)
+        keys = np.concatenate([finals.T, nxt[:, None], paired[:, None] * np.arange(len(tokens))[:, None]],
+                              axis=1)
+        _, first, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        group = group.reshape(-1)
+        if cost is not None:
+            first = first[np.argsort(cost[first], kind="stable")]
+        for i in first.tolist():
+            verdict = self._decide(s, int(tokens[i]), int(nxt[i]), k, decided, top)
+            if verdict:
+                out[group == group[i]] = True
+                if first_true:
+                    return out
         return out
 
-    def _decide(self, s: EarleySet, v: int, q2: int, k: int, decided: dict) -> bool:
+    def _decide(self, s: EarleySet, v: int, q2: int, k: int, decided: dict, top: bool) -> bool:
         s2 = self.advance(s, v)
-        key = (signature(s2), q2)
+        key = (signature(s2), q2, k)
         if key not in decided:
+            if not top:
+                decided[key] = self.string_witness(s2, k) or \
+                    self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
+                return decided[key]
             self._expanded = 0
-            decided[key] = self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k)
+            try:
+                decided[key] = self.string_witness(s2, k) or \
+                    self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
+            except _SearchTooLong:
+                decided[key] = False
+                self.undecided += 1
+                if self.undecided == 1:
+                    warnings.warn(f"the {self.constraint.what}: deciding whether some tokens can "
+                                  f"still end within {k} tokens took more than max_expansions="
+                                  f"{self.max_expansions} parser states; they are left out of "
+                                  f"the mask (sound, possibly not exact)", RuntimeWarning,
+                                  stacklevel=2)
         return decided[key]
 
     def automaton_witness(self, s: EarleySet, q: int, k: int) -> bool:
@@ -190,8 +228,9 @@ class GrammarFeasibility:
         after = k - cost                       # tokens left once the completion is spelled
         return (after == 0) | ((after >= 1) & (n - after >= lo))
 
-    def feasible(self, s: EarleySet, q: int, k: int) -> bool:
-        """``G_k(s)`` (module docstring) for a row in A-state ``q``: exact, by depth-first search."""
+    def feasible(self, s: EarleySet, q: int, k: int, decided: dict | None = None) -> bool:
+        """``G_k(s)`` (module docstring) for a row in A-state ``q``: exact, by depth-first search
+        (at k = 1 the bound is exact: a cost of 0 is a token after which the set accepts)."""
         if s is DEAD:
             return False
         if s.accepting and (k == 0 or self.table.eos_allowed(k)):
@@ -200,20 +239,19 @@ class GrammarFeasibility:
             return False
         self._expanded += 1
         if self._expanded > self.max_expansions:
-            raise ConstraintError(
-                f"deciding whether the {self.constraint.what} can still end within {k} tokens "
-                f"took more than max_expansions={self.max_expansions} parser states; raise "
-                f"max_new_tokens or simplify the grammar")
+            raise _SearchTooLong(k)
         base = self.table.token_feasible(np.array([q]), np.array([k])).numpy()[0]
         ids = np.flatnonzero(base & self.has_bytes)
-        viable, cost = self.costs(s, ids) if len(ids) else (np.zeros(0, bool), np.zeros(0, int))
+        if not len(ids):
+            return False
+        viable, cost, finals, paired = self.costs(s, ids, detail=True)
         if (viable & self._fits(cost, k - 1)).any():
             return True
-        order = np.argsort(cost[viable], kind="stable")
-        for v in ids[viable][order].tolist():
-            if self.feasible(self.advance(s, v), int(self.table.dfa.step(q, v)), k - 1):
-                return True
-        return False
+        if k == 1 or not viable.any():
+            return False
+        keep = np.flatnonzero(viable)
+        return bool(self._decide_gaps(s, q, ids[keep], finals[:, keep], paired[keep], k - 1,
+                                      decided, cost[keep], first_true=True).any())
 
     # ------------------------------------------------------------------ viability and costs
     def costs(self, s: EarleySet, tokens: np.ndarray, detail: bool = False):
@@ -254,12 +292,18 @@ class GrammarFeasibility:
     def _looping_suffix_costs(self, s: EarleySet, suffixes: np.ndarray, loops: list[int]
                               ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_suffix_costs` when completing some terminals leads back to ``s`` itself (a
-        run of ignored whitespace): every shorter suffix of the same tokens is solved together,
+        run of ignored whitespace): every suffix those completions reach is solved together,
         shortest first (a completion pair always points to a shorter suffix), instead of one
         recursion level per byte of the run."""
         runs = [self.index.start_run(t) for t in loops]
-        # every shorter suffix of the same tokens: a superset of what the loops reach
-        every = np.unique(ragged_indices(suffixes, self.index.suffix_left[suffixes]))
+        mark = np.zeros(self.index.num_suffixes, dtype=bool)   # the suffixes the loops reach
+        mark[suffixes] = True
+        frontier = suffixes
+        while len(frontier):
+            reached = np.concatenate([run.pairs(frontier)[1] for run in runs])
+            frontier = np.unique(reached[~mark[reached]])
+            mark[frontier] = True
+        every = np.flatnonzero(mark)
         viable = np.zeros(len(every), dtype=bool)
         cost = np.full(len(every), INF, dtype=np.int64)
         for t, _, origin in s.threads:
@@ -342,19 +386,60 @@ class GrammarFeasibility:
         rest, lhs = self.index.rest, self.rec.lhs
         cost: dict[int, int] = {a: INF for a in s.waiting}
         cost[self.rec.grammar.start] = 0           # the start rule completes: a sentence
+        best: dict[int, tuple] = {}
         inner = []
         for a, items in s.waiting.items():
             for r, d, o2 in items:
                 if o2 is s:
-                    inner.append((a, rest[r][d + 1], lhs[r]))
-                else:
-                    cost[a] = min(cost[a], rest[r][d + 1] + self.after_nonterminal(o2).get(lhs[r], INF))
+                    inner.append((a, r, d))
+                    continue
+                c = rest[r][d + 1] + self.after_nonterminal(o2).get(lhs[r], INF)
+                if c < cost[a]:
+                    cost[a], best[a] = c, (r, d, o2)
         changed = True
         while changed:
             changed = False
-            for a, c, b in inner:
-                if c + cost.get(b, INF) < cost[a]:
-                    cost[a] = c + cost[b]
-                    changed = True
-        s.cache["after_nt"] = cost
+            for a, r, d in inner:
+                c = rest[r][d + 1] + cost.get(lhs[r], INF)
+                if c < cost[a]:
+                    cost[a], best[a], changed = c, (r, d, s), True
+        s.cache["after_nt"], s.cache["after_nt_best"] = cost, best
         return cost
+
+    # ------------------------------------------------------------------ cheapest completions
+    def completion_string(self, s: EarleySet) -> bytes | None:
+        """The bytes of a cheapest completion of ``s`` (None when none is spelled by
+        single-byte tokens): the cost bound's own witness."""
+        if s.accepting:
+            return b""
+        best, best_cost = None, INF
+        for t, q, o in s.threads:
+            c = self.index.dist[t][q] + self.after_terminal(t, o)
+            if c < best_cost:
+                best, best_cost = (t, q, o), c
+        if best is None:
+            return None
+        t, q, o = best
+        out = [self.index.terminal_tail(t, q)]
+        rest, lhs = self.index.rest, self.rec.lhs
+        items = o.waiting_t.get(t, ())
+        r, d, o2 = min(items, key=lambda i: rest[i[0]][i[1] + 1]
+                       + self.after_nonterminal(i[2]).get(lhs[i[0]], INF))
+        while True:
+            out.append(self.index.rest_string(r, d + 1))
+            a = lhs[r]
+            if a == self.rec.grammar.start:
+                return b"".join(out)
+            self.after_nonterminal(o2)
+            r, d, o2 = o2.cache["after_nt_best"][a]
+
+    def string_witness(self, s: EarleySet, k: int) -> bool:
+        """Whether the cheapest completion of ``s``, spelled with the fewest tokens, fits in
+        ``k`` tokens (then EOS): a sufficient condition for ``G_k(s)``, tighter than the byte
+        bound wherever tokens span several bytes (``":``, ``}]``)."""
+        if s is DEAD:
+            return False
+        data = self.completion_string(s)
+        if data is None:
+            return False
+        return bool(self._fits(np.array([self.index.min_tokens(data)]), k)[0])
