@@ -16,8 +16,10 @@
 Texts are tokenised by :func:`tokenize_for_eval` before BLEU/CIDEr/METEOR (lower-case, words and
 numbers kept, punctuation dropped — what the COCO PTB tokenizer yields for plain sentences,
 without its Java dependency). BLEU, ROUGE-L and METEOR are returned on a 0–100 scale; :func:`cider`
-returns the native 0–10 scale and :func:`evaluate_generations` multiplies it by 100, as CommonGen
-tables print it.
+returns pycocoevalcap's own score, and :func:`evaluate_generations` (and :class:`CorpusScorer`)
+multiply it by :data:`CIDER_SCALE` = 10, the scale of the CommonGen paper, its leaderboard, GeLaTo
+and Ctrl-G (e.g. Ctrl-G's 16.2 on test). :data:`SCALES` names each metric's scale; result files
+record it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import numpy as np
 from ctrlg.errors import CtrlgError
 
 __all__ = [
+    "CIDER_SCALE",
+    "SCALES",
     "MetricInputError",
     "tokenize_for_eval",
     "bleu4",
@@ -48,6 +52,12 @@ __all__ = [
     "paired_bootstrap",
     "MeteorSession",
 ]
+
+
+# CommonGen papers print CIDEr as pycocoevalcap's score × 10 (BLEU/ROUGE/METEOR as × 100)
+CIDER_SCALE = 10.0
+SCALES = {"bleu4": "x100", "rouge_l": "x100 (F-measure)", "cider": "pycocoevalcap x10",
+          "meteor": "x100"}
 
 
 class MetricInputError(CtrlgError):
@@ -155,13 +165,13 @@ def keyword_groups_covered(text: str, groups: Sequence[Sequence[str]]) -> bool:
 def evaluate_generations(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
                          satisfied: Sequence[bool] | None = None,
                          with_meteor: bool = True) -> dict[str, float | None]:
-    """The experiments' metric table row: ``bleu4``, ``rouge_l``, ``cider`` (×100, as CommonGen
-    tables print it), ``meteor`` (None without Java or when ``with_meteor`` is False) and
+    """The experiments' metric table row: ``bleu4``, ``rouge_l``, ``cider`` (pycocoevalcap × 10, as
+    CommonGen papers print it), ``meteor`` (None without Java or when ``with_meteor`` is False) and
     ``success`` (% of ``satisfied``; None when not given)."""
     row: dict[str, float | None] = {
         "bleu4": bleu4(hypotheses, references),
         "rouge_l": rouge_l(hypotheses, references),
-        "cider": 100.0 * cider(hypotheses, references),
+        "cider": CIDER_SCALE * cider(hypotheses, references),
         "meteor": meteor(hypotheses, references) if with_meteor else None,
         "success": success_rate(satisfied) if satisfied is not None else None,
     }
@@ -327,7 +337,7 @@ class CorpusScorer:
 
     def score(self, indices: Sequence[int]) -> dict[str, float]:
         """Every metric on the corpus made of items ``indices`` (repetitions count), on the
-        scales of :func:`evaluate_generations` (CIDEr × 100)."""
+        scales of :func:`evaluate_generations` (CIDEr × :data:`CIDER_SCALE`)."""
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size == 0 or indices.min() < 0 or indices.max() >= self.size:
             raise MetricInputError(f"indices must be a non-empty list of items in "
@@ -339,7 +349,7 @@ class CorpusScorer:
         if "rouge_l" in self.metrics:
             out["rouge_l"] = 100.0 * float(counts @ self._rouge) / indices.size
         if "cider" in self.metrics:
-            out["cider"] = 100.0 * float(counts @ self._cider.item_scores(counts)) / indices.size
+            out["cider"] = CIDER_SCALE * float(counts @ self._cider.item_scores(counts)) / indices.size
         if "meteor" in self.metrics:
             out["meteor"] = self._meteor.corpus_score([self._meteor_stats[i] for i in indices])
         return out

@@ -12,6 +12,9 @@ Names accepted by :func:`load_model` / :func:`load_tokenizer`:
 * ``None``, ``"embedded"`` or ``"smollm2-135m-instruct"`` — the embedded default;
 * a local folder written by ``save_pretrained`` (or a ``.gguf`` file path);
 * any Hugging Face hub id (e.g. ``"gpt2-large"``) — needs a network or a populated HF cache.
+
+``load_model(name, adapter=...)`` merges a LoRA adapter (:mod:`ctrlg.adapters`: the embedded
+CommonGen adapters by name, or a folder) into the weights once at load.
   A hub id that is not cached fails at once when offline (``HF_HUB_OFFLINE=1``) or when the hub
   does not answer within :data:`HUB_PROBE_TIMEOUT` seconds, instead of after transformers' retries.
 
@@ -235,8 +238,12 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 
 
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32, **kwargs):
-    """The causal LM for ``name`` in eval mode on ``device`` (see module docstring)."""
+               dtype: torch.dtype = torch.float32, adapter: str | os.PathLike | None = None,
+               **kwargs):
+    """The causal LM for ``name`` in eval mode on ``device`` (see module docstring). ``adapter``:
+    a LoRA adapter (an embedded name such as ``"commongen"`` or a folder,
+    :mod:`ctrlg.adapters`) merged into the weights once here; an adapter trained on another
+    base raises :class:`ctrlg.adapters.AdapterMismatchError`."""
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
@@ -246,6 +253,10 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     except (OSError, ValueError, TypeError, KeyError) as err:
         raise ModelLoadError(f"could not load a causal LM from {name!r} ({err})") from None
+    if adapter is not None:
+        from ctrlg.adapters import merge_adapter
+
+        model = merge_adapter(model, adapter)
     return model.to(device).eval()
 
 

@@ -57,13 +57,14 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def load_lm(model_cfg: DictConfig):
-    """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct)."""
+    """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
+    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.adapters`) merged when set."""
     from ctrlg.models import load_model, load_tokenizer
 
     name = model_cfg.get("name")
     dtype = getattr(torch, model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
-    model = load_model(name, dtype=dtype)
+    model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"))
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -71,14 +72,20 @@ def load_lm(model_cfg: DictConfig):
 
 
 def load_hmm(hmm_cfg: DictConfig | None, tokenizer=None):
-    """The HMM named by the config: ``hmm.path`` (a checkpoint folder) or, when it is null, the
-    embedded default :func:`ctrlg.hmm.load_default_hmm`. The checkpoint is checked against the
-    tokenizer's vocabulary when the loader supports it."""
+    """The HMM named by the config: ``hmm.path`` (a checkpoint folder), else ``hmm.name`` (an
+    embedded HMM, :data:`ctrlg.hmm.EMBEDDED_HMMS`), else the embedded default
+    :func:`ctrlg.hmm.load_default_hmm`. The checkpoint is checked against the tokenizer's
+    vocabulary when the loader supports it."""
     from ctrlg.hmm import model as hmm_model
 
     path = None if hmm_cfg is None else hmm_cfg.get("path")
     if path:
         return hmm_model.HMM.load(path, tokenizer=tokenizer)
+    name = None if hmm_cfg is None else hmm_cfg.get("name")
+    if name:
+        from ctrlg.hmm import load_embedded_hmm
+
+        return load_embedded_hmm(name, tokenizer=tokenizer)
     from ctrlg.hmm import load_default_hmm
 
     return load_default_hmm(tokenizer=tokenizer)

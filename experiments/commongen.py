@@ -47,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ctrlg import dfa, metrics
 from ctrlg.data import load_commongen
+from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, prompt_text
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
@@ -150,13 +151,21 @@ def unsatisfiable_reason(constraint, cfg, eos: list[int]) -> str | None:
     return None
 
 
-def prompt_ids(example, tokenizer, use_chat_template: bool) -> list[int]:
-    """The instruction of :func:`ctrlg.hmm.sampling.commongen_prompts` (the prompt style the
-    embedded HMM was distilled on), in the chat template when the model has one."""
+def prompt_ids(example, tokenizer, model_cfg) -> list[int]:
+    """The prompt of one item in ``model.prompt_style`` (:mod:`ctrlg.data.commongen_prompts`):
+    ``instruct`` — the instruction of :func:`ctrlg.hmm.sampling.commongen_prompts` (the prompts
+    the instruct HMM was distilled on), in the chat template when ``model.chat_template``;
+    ``bos`` — the BOS token alone (the adapted LM of the paper's unsupervised setting; the
+    constraint carries every concept); ``keywords`` — BOS + the concepts (supervised setting)."""
 
-    (prompt,) = commongen_prompts([" ".join(example.concepts)],
-                                  tokenizer if use_chat_template else None)
-    return tokenizer(prompt, add_special_tokens=not use_chat_template)["input_ids"]
+    style = model_cfg.get("prompt_style") or "instruct"
+    if style == "instruct":
+        chat = bool(model_cfg.get("chat_template", True))
+        (prompt,) = commongen_prompts([" ".join(example.concepts)], tokenizer if chat else None)
+        return tokenizer(prompt, add_special_tokens=not chat)["input_ids"]
+    text = prompt_text(example.concepts, style, tokenizer,
+                       model_cfg.get("bos_token", DEFAULT_BOS_TOKEN))
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -174,6 +183,18 @@ def batch_seed(seed: int, first_index: int, method: str) -> int:
     return zlib.crc32(f"{seed}:{first_index}:{method}".encode())
 
 
+def decoding_options(gen, K: int, beams: int) -> dict:
+    """``generate`` keywords: ancestral sampling (``beams`` = 1) or beam search of width
+    max(B, K) keeping K beams, with ``length_penalty`` (HF: sum of log-probs / length^p) and
+    ``no_repeat_ngram_size`` (0: off) — the paper's 128 beams, 0.2 and 4."""
+    no_repeat = int(gen.get("no_repeat_ngram_size") or 0)
+    extra = {"no_repeat_ngram_size": no_repeat} if no_repeat else {}
+    if beams == 1:
+        return dict(do_sample=True, temperature=gen.temperature, top_p=gen.top_p, top_k=0, **extra)
+    return dict(do_sample=False, num_beams=max(beams, K),
+                length_penalty=float(gen.get("length_penalty", 1.0)), **extra)
+
+
 def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
                    seed: int, processor_cache: dict | None = None) -> list[dict]:
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
@@ -187,11 +208,10 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    decoding = (dict(do_sample=True, temperature=gen.temperature, top_p=gen.top_p, top_k=0)
-                if beams == 1 else dict(do_sample=False, num_beams=max(beams, K)))
-    processors, extra = [], {}
+    decoding = decoding_options(gen, K, beams)
+    min_new = int(cfg.constraint.min_new_tokens)
+    processors, extra = [], (dict(min_new_tokens=min_new) if min_new else {})
     if spec["guide"] != "none":
-        min_new = int(cfg.constraint.min_new_tokens)
         cache = {} if processor_cache is None else processor_cache
         head = spec["guide"] == "ctrlg" and spec["prior"] == "head"
         key = (spec["guide"], head)
@@ -204,7 +224,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
         proc = cache[key]
         proc.reset()
         proc.strength = float(spec.get("strength", 1.0))
-        processors, extra = [proc], dict(min_new_tokens=min_new)
+        processors = [proc]
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(input_ids, attention_mask=attention,
@@ -338,7 +358,7 @@ def prepare_batch(batch: list, cfg: DictConfig, tokenizer, vocab_size: int, eos:
             keep({**record, "skipped": reason})
             continue
         record["seconds"] = {}
-        ready.append((record, constraint, prompt_ids(example, tokenizer, cfg.model.chat_template)))
+        ready.append((record, constraint, prompt_ids(example, tokenizer, cfg.model)))
     return ready
 
 

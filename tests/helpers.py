@@ -57,3 +57,19 @@ def floored_random_hmm(h: int = 3, V: int = 4, seed: int = 0, *, sharp: float = 
 def trim_at_eos(row, eos) -> list[int]:
     """``row`` up to and including its first EOS (``eos``: None, an id or ids)."""
     return sampler.trim_at_eos(row, sampler.eos_list(eos))
+
+
+def tiny_llama(vocab_size: int, seed: int = 0, *, hidden: int = 16, layers: int = 1,
+               dtype=None):
+    """A tiny random Llama (BOS 0, EOS 1) whose logits are large enough to matter
+    (initializer_range 0.5): for tests that enumerate sequences or train LoRA factors."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=0,
+                         eos_token_id=1, pad_token_id=1, initializer_range=0.5)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    return model if dtype is None else model.to(dtype)

@@ -12,7 +12,7 @@ from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir
 
 
 def small_overrides(lm_dir, hmm_dir, *extra):
-    return [f"model.name={lm_dir}", f"hmm.path={hmm_dir}", "generation.num_samples=2",
+    return ["pipeline=instruct", f"model.name={lm_dir}", f"hmm.path={hmm_dir}", "generation.num_samples=2",
             "generation.max_new_tokens=10", "metrics.meteor=false", "bootstrap.resamples=0",
             "methods=[logical,ctrlg]", *extra]
 
@@ -125,14 +125,15 @@ def test_prepare_batch_keeps_satisfiable_items_and_reports_the_others(smollm2_to
     tok = smollm2_tokenizer
     eos = [tok.eos_token_id]
     example = CommonGenExample(("dog", "catch"), ("NOUN", "VERB"), ("A dog catches a ball.",), "k")
-    cfg = compose("commongen", ["constraint.min_words=3", "constraint.max_words=8"])
+    cfg = compose("commongen", ["pipeline=instruct", "constraint.min_words=3",
+                                "constraint.max_words=8"])
     kept = []
     (ready,) = commongen.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append)
     record, constraint, prompt = ready
     assert kept == [] and record["index"] == 7 and record["seconds"] == {}
     assert record["keyword_groups"] == commongen.keyword_groups(example, cfg.constraint)
     assert record["dfa_states"] == constraint.num_states
-    assert prompt == commongen.prompt_ids(example, tok, cfg.model.chat_template)
+    assert prompt == commongen.prompt_ids(example, tok, cfg.model)
     ids = lambda text: tok.encode(text, add_special_tokens=False) + eos  # noqa: E731
     assert constraint.accepts(ids("The dog caught the ball."))
     assert not constraint.accepts(ids("The dog ran."))                      # no form of "catch"
@@ -143,3 +144,45 @@ def test_prepare_batch_keeps_satisfiable_items_and_reports_the_others(smollm2_to
     assert {k: v for k, v in kept[0].items() if k not in ("skipped", "dfa_seconds")} == {
         k: v for k, v in record.items() if k not in ("seconds", "dfa_seconds")}
     assert "item 7 (dog, catch): skipped" in capsys.readouterr().err
+
+
+def test_prompt_styles_bos_alone_keywords_and_instruction(smollm2_tokenizer):
+    """The adapted pipeline prompts with the BOS token alone (the constraint carries the
+    concepts), the supervised one with BOS + the concepts, the instruct one with the chat-template
+    instruction the instruct HMM was distilled on."""
+    from ctrlg.data.commongen import CommonGenExample
+    from ctrlg.data.commongen_prompts import prompt_text
+    from ctrlg.hmm.sampling import commongen_prompts
+    from experiments import commongen
+
+    tok = smollm2_tokenizer
+    example = CommonGenExample(("dog", "catch"), ("NOUN", "VERB"), (), "k")
+    adapted = compose("commongen", ["pipeline=adapted"])
+    assert adapted.model.prompt_style == "bos" and adapted.model.adapter == "commongen"
+    assert commongen.prompt_ids(example, tok, adapted.model) == [tok.convert_tokens_to_ids("<|endoftext|>")]
+    supervised = compose("commongen", ["pipeline=supervised"]).model
+    assert commongen.prompt_ids(example, tok, supervised) == tok(
+        "<|endoftext|>Concepts: dog, catch.\nSentence:", add_special_tokens=False)["input_ids"]
+    assert prompt_text(example.concepts, "keywords", tok).endswith("Concepts: dog, catch.\nSentence:")
+    instruct = compose("commongen", ["pipeline=instruct"]).model
+    (chat,) = commongen_prompts(["dog catch"], tok)
+    assert commongen.prompt_ids(example, tok, instruct) == tok(chat, add_special_tokens=False)["input_ids"]
+
+
+def test_adapted_pipeline_runs_beams_from_bos_and_reranks_every_beam(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    """The paper's decoding on a tiny LM: BOS-only prompts, guided beam search with a length
+    penalty and no repeated 4-grams, at least 5 new tokens, every beam reranked; the guided
+    methods satisfy every constraint and each output is its item's best-scoring accepted beam."""
+    from experiments import commongen
+
+    cfg = compose("commongen", ["pipeline=adapted", f"model.name={tiny_lm_dir}", "model.adapter=null",
+                                f"hmm.path={tiny_hmm_dir}", "data.limit=2", "batch_size=2",
+                                "generation.num_beams=3", "generation.max_new_tokens=12",
+                                "metrics.meteor=false", "bootstrap.resamples=0",
+                                "methods=[unconstrained,logical,ctrlg_filter]"])
+    assert cfg.generation.num_samples == 3 and cfg.generation.length_penalty == 0.2
+    table = commongen.run(cfg, tmp_path)
+    assert table["logical"]["success"] == 100.0 and table["ctrlg_filter"]["success"] == 100.0
+    for record in read_records(tmp_path):
+        for method in ("logical", "ctrlg_filter"):
+            assert record[method]["accepted"] and record[method]["log_likelihood"] is not None

@@ -45,6 +45,29 @@ def test_cider_identical_beats_partial_and_disjoint_is_zero():
     assert perfect == pytest.approx(10.0, rel=1e-6)
 
 
+def test_cider_in_the_commongen_papers_scale_is_pycocoevalcap_times_ten():
+    """Tables print CIDEr as CommonGen papers do: pycocoevalcap's Cider score × 10 (a corpus
+    whose outputs equal their references scores 100, Ctrl-G's test figure is 16.2)."""
+    from pycocoevalcap.cider.cider import Cider
+
+    hyps = ["a dog catches a frisbee in the park", "two men ride horses on a beach",
+            "the girl plays the piano", "a cat sleeps"]
+    refs = [["the dog catches the frisbee", "a dog jumps for a frisbee in a park"],
+            ["men ride horses along the beach"], ["a girl is playing piano on stage"],
+            ["a red car parks outside"]]
+    tokenized = ({i: [metrics.tokenize_for_eval(r) for r in rs] for i, rs in enumerate(refs)},
+                 {i: [metrics.tokenize_for_eval(h)] for i, h in enumerate(hyps)})
+    coco, _ = Cider().compute_score(*tokenized)
+    row = metrics.evaluate_generations(hyps, refs, with_meteor=False)
+    assert metrics.CIDER_SCALE == 10.0
+    assert row["cider"] == pytest.approx(10.0 * coco, rel=1e-9)
+    perfect = metrics.evaluate_generations([r[0] for r in refs], [[r[0]] for r in refs],
+                                           with_meteor=False)["cider"]
+    assert perfect == pytest.approx(100.0, rel=1e-6)
+    scorer = metrics.CorpusScorer(hyps, refs, ("cider",))
+    assert scorer.score(np.arange(len(hyps)))["cider"] == pytest.approx(row["cider"], rel=1e-6)
+
+
 def test_success_rate_and_keyword_coverage():
     assert metrics.success_rate([True, False, True, True]) == 75.0
     groups = [["stand", "stands", "stood"], ["field", "fields"]]
@@ -95,7 +118,7 @@ def _brute_force(hyps, refs, indices):
     h = [hyps[i] for i in indices]
     r = [refs[i] for i in indices]
     return {"bleu4": metrics.bleu4(h, r), "rouge_l": metrics.rouge_l(h, r),
-            "cider": 100.0 * metrics.cider(h, r)}
+            "cider": metrics.CIDER_SCALE * metrics.cider(h, r)}
 
 
 @pytest.mark.parametrize("n", [3, 4])

@@ -6,9 +6,15 @@ from pathlib import Path
 from ctrlg.hmm.model import HMM, tokenizer_fingerprint
 from ctrlg.hmm.prior_head import PriorHead
 
-__all__ = ["HMM", "PriorHead", "tokenizer_fingerprint", "default_hmm_path", "load_default_hmm"]
+__all__ = ["HMM", "PriorHead", "tokenizer_fingerprint", "default_hmm_path", "load_default_hmm",
+           "EMBEDDED_HMMS", "embedded_hmm_path", "load_embedded_hmm"]
 
 DEFAULT_HMM_NAME = "hmm_smollm2_commongen"
+# name -> folder under ctrlg/assets: the HMM of each CommonGen pipeline (docs/hmm.md)
+EMBEDDED_HMMS = {
+    "instruct": DEFAULT_HMM_NAME,                         # SmolLM2-135M-Instruct, instruction prompts
+    "commongen-adapted": "hmm_smollm2_commongen_adapted",  # the CommonGen-adapted LM, BOS prompt
+}
 
 
 def default_hmm_path() -> Path:
@@ -21,3 +27,19 @@ def load_default_hmm(*, tokenizer=None, device="cpu") -> HMM:
     """The embedded HMM (:func:`default_hmm_path`) with its LM-conditioned prior head as
     ``hmm.prior_head`` (None if the asset has none); with ``tokenizer``, checks both match."""
     return HMM.load(default_hmm_path(), tokenizer=tokenizer, device=device)
+
+
+def embedded_hmm_path(name: str) -> Path:
+    """Directory of the embedded HMM ``name`` (:data:`EMBEDDED_HMMS`)."""
+    from ctrlg.errors import CheckpointError
+
+    if name not in EMBEDDED_HMMS:
+        raise CheckpointError(f"unknown embedded HMM {name!r}; choose one of {sorted(EMBEDDED_HMMS)} "
+                              "or give a checkpoint folder (hmm.path=...)")
+    return Path(__file__).resolve().parent.parent / "assets" / EMBEDDED_HMMS[name]
+
+
+def load_embedded_hmm(name: str, *, tokenizer=None, device="cpu") -> HMM:
+    """The embedded HMM ``name`` (with its prior head when it has one); with ``tokenizer``,
+    checks both match."""
+    return HMM.load(embedded_hmm_path(name), tokenizer=tokenizer, device=device)

@@ -35,6 +35,7 @@ import torch
 
 from ctrlg import models
 from ctrlg.data._files import bundled_path
+from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
 from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
@@ -57,7 +58,10 @@ def _get(cfg: Mapping, dotted: str, default=None):
 
 def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     """Prompts from ``prompts.file`` (or the inline list ``prompts.list``): ``format: commongen``
-    turns concept lines into chat-template instructions, ``raw`` uses each line as is."""
+    turns concept lines into chat-template instructions, ``raw`` uses each line as is, ``bos``
+    is the single prompt "BOS" (``prompts.bos_token``) of unconditional sampling."""
+    if _get(cfg, "prompts.format", "commongen") == "bos":
+        return [bos_text(tokenizer, _get(cfg, "prompts.bos_token", DEFAULT_BOS_TOKEN))]
     lines = list(_get(cfg, "prompts.list") or []) or read_prompts(
         _get(cfg, "prompts.file") or bundled_path("commongen.train.src_alpha.txt"))
     limit = _get(cfg, "prompts.limit")
@@ -67,7 +71,7 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     elif fmt == "raw":
         prompts = list(dict.fromkeys(lines))
     else:
-        raise CtrlgError(f"prompts.format must be 'commongen' or 'raw', got {fmt!r}")
+        raise CtrlgError(f"prompts.format must be 'commongen', 'raw' or 'bos', got {fmt!r}")
     return prompts[:limit] if limit else prompts
 
 
@@ -106,7 +110,8 @@ def _sampling_model(cfg: Mapping, model_name, device):
             register()
         kwargs["attn_implementation"] = attention
     dtype = getattr(torch, str(_get(cfg, "sampling.dtype") or "float32"))
-    return models.load_model(model_name, device=device, dtype=dtype, **kwargs)
+    return models.load_model(model_name, device=device, dtype=dtype,
+                             adapter=_get(cfg, "model.adapter"), **kwargs)
 
 
 def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, eos_ids, config: dict):
@@ -138,7 +143,11 @@ def _timed(timings: dict[str, float], key: str):
 
 def _split_prompts(cfg: Mapping, prompts: list[str]) -> tuple[list[str], list[str]]:
     """(training prompts, held-out prompts): the last ``prompts.heldout_fraction`` of the prompts
-    (at least one, and at least one left for training) are held out. O(#prompts)."""
+    (at least one, and at least one left for training) are held out; a single prompt (``bos``:
+    unconditional sampling) serves both, the held-out samples being drawn with another seed.
+    O(#prompts)."""
+    if len(prompts) == 1:
+        return prompts, prompts
     n_heldout_prompts = max(1, int(len(prompts) * float(_get(cfg, "prompts.heldout_fraction", 0.05))))
     if n_heldout_prompts >= len(prompts):
         raise CtrlgError(f"{len(prompts)} prompts are too few to hold out {n_heldout_prompts}")
@@ -273,22 +282,24 @@ def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, 
     ships (after the dtype round trip) and save both; copy to ``output.copy_to``. Returns the
     HMM as written. Cost: the head's training epochs (:mod:`ctrlg.hmm.head_training`)."""
     dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
+    storage = dict(dtype=dtype, emission_quantization=_get(cfg, "output.emission_quantization"))
     hmm.config["metrics"] = metrics["heldout_ll_per_token"]
-    hmm.save(out_dir / "hmm", dtype=dtype)
+    hmm.save(out_dir / "hmm", **storage)
     saved = type(hmm).load(out_dir / "hmm")
     metrics["heldout_ll_per_token"]["hmm_as_saved"] = heldout_ll_per_token(saved, test["tokens"])
     if _get(cfg, "head.enabled", True):
         head_config = {"tokenizer_name": hmm_config["tokenizer_name"],
                        "tokenizer_hash": hmm_config["tokenizer_hash"],
                        "lm_name": _get(cfg, "model.name") or models.EMBEDDED_NAME,
+                       "lm_adapter": _get(cfg, "model.adapter"),
                        "training": hmm_config["training"]}
         with _timed(metrics["timings"], "head_s"):
             saved.prior_head, metrics["head"] = _train_head(cfg, saved, train, test, hmm.vocab_size,
                                                             eos_ids=eos_ids, config=head_config)
-        saved.save(out_dir / "hmm", dtype=dtype)
+        saved.save(out_dir / "hmm", **storage)
         hmm = saved
     if _get(cfg, "output.copy_to"):
-        hmm.save(_get(cfg, "output.copy_to"), dtype=dtype)
+        hmm.save(_get(cfg, "output.copy_to"), **storage)
     return hmm
 
 

@@ -31,6 +31,7 @@ from ctrlg.checkpoint import atomic_folder, check_same_save, new_save_id
 from ctrlg.errors import (CheckpointError, ConstraintError, HMMParameterError,
                           VocabularyMismatchError)
 from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, PriorHead, has_prior_head
+from ctrlg.hmm.quantize import dequantize_emission, quantize_emission
 from ctrlg.validation import as_token_ids, check_count
 from ctrlg.vocab import tokenizer_fingerprint
 
@@ -222,21 +223,26 @@ class HMM(torch.nn.Module):
                     f"(hash {tokenizer_fingerprint(tokenizer)})")
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
+    def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+             emission_quantization: str | None = None) -> Path:
         """Write ``path/model.safetensors``, ``path/config.json`` and the attached ``prior_head``
         (if any) atomically: all are written into a staging folder that then replaces ``path``
         (:func:`ctrlg.checkpoint.atomic_folder`; a stale head in ``path`` disappears with it), and
         the HMM's two files carry the same save id, which :meth:`load` checks; the head records
         the hash of the weights it was saved with. ``dtype=torch.bfloat16`` halves the file
-        (parameters are renormalised in float32 on load)."""
+        (parameters are renormalised in float32 on load); ``emission_quantization="log8"`` or
+        ``"normq8"`` stores the emission matrix in 8 bits (:mod:`ctrlg.hmm.quantize`)."""
         path = Path(path)
         save_id = new_save_id()
+        names = ("initial", "transition") + (() if emission_quantization else ("emission",))
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
-                   for name in ("initial", "transition", "emission")}
+                   for name in names}
+        if emission_quantization:
+            tensors.update(quantize_emission(self.emission, emission_quantization))
         config = dict(self.config)
         config.update(format_version=FORMAT_VERSION, hidden_size=self.hidden_size,
                       vocab_size=self.vocab_size, dtype=str(dtype).replace("torch.", ""),
-                      save_id=save_id)
+                      save_id=save_id, emission_quantization=emission_quantization)
         with atomic_folder(path, owned=CHECKPOINT_FILES) as staging:
             save_file(tensors, str(staging / WEIGHTS_NAME),
                       metadata={"format": "ctrlg-hmm", "save_id": save_id})
@@ -265,6 +271,8 @@ class HMM(torch.nn.Module):
         except (SafetensorError, OSError, RuntimeError) as err:
             raise CheckpointError(f"{weights_file} is truncated or corrupt ({err})") from None
         _check_same_save(path, config, weights_file)
+        if config.get("emission_quantization"):
+            tensors["emission"] = dequantize_emission(tensors, config["emission_quantization"])
         missing = {"initial", "transition", "emission"} - tensors.keys()
         if missing:
             raise CheckpointError(f"{weights_file} lacks tensors {sorted(missing)}")
@@ -273,7 +281,7 @@ class HMM(torch.nn.Module):
             raise CheckpointError(
                 f"{weights_file}: emission has shape {tuple(tensors['emission'].shape)} but "
                 f"{CONFIG_NAME} says hidden_size={h}, vocab_size={V}")
-        tolerance = 1e-3 if tensors["emission"].dtype == torch.float32 else 5e-2
+        tolerance = 1e-3 if tensors["transition"].dtype in (torch.float32, torch.float64) else 5e-2
         try:
             hmm = cls.from_params(tensors["initial"].double(), tensors["transition"].double(),
                                   tensors["emission"].double(), config=config, atol=tolerance)
