@@ -26,7 +26,7 @@ from ctrlg.cfg.approximation import regular_superset
 from ctrlg.cfg.earley import DEAD, Recogniser
 from ctrlg.cfg.grammar_ir import Grammar, reduce, with_ignored
 from ctrlg.cfg.token_index import TokenIndex
-from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.core import TokenDFA, WrapsTokenDFA
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.regex_index import resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import VocabTrie
@@ -35,7 +35,7 @@ from ctrlg.errors import ConstraintError
 __all__ = ["GrammarConstraint"]
 
 
-class GrammarConstraint:
+class GrammarConstraint(WrapsTokenDFA):
     """The token sequences that spell a sentence of ``grammar`` (module docstring).
 
     Args:
@@ -69,20 +69,6 @@ class GrammarConstraint:
         for e in self.eos_token_ids:
             self.token_bytes[e] = b""
         self.index = TokenIndex(self.recogniser, self.token_bytes)
-
-    # -- the facts callers read, as on a TokenDFA ----------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.dfa.vocab_size
-
-    @property
-    def initial(self) -> int:
-        return self.dfa.initial
-
-    @property
-    def num_states(self) -> int:
-        """States of the regular superset's token DFA (the recogniser's sets are built on demand)."""
-        return self.dfa.num_states
 
     # -- membership -----------------------------------------------------------------------
     def text_bytes(self, tokens: Sequence[int]) -> bytes:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ctrlg.cfg.grammar_ir import Grammar, terminal_of
+from ctrlg.cfg.grammar_ir import Grammar, derives, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
 
 __all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect"]
@@ -65,7 +65,7 @@ class Recogniser:
         self.lhs = [lhs for lhs, _ in grammar.rules]
         self.rhs = [rhs for _, rhs in grammar.rules]
         self.rules_of = grammar.rules_of()
-        self.nullable = _nullable(grammar)
+        self.nullable = derives(grammar, empty=True)
         self.dfas: list[ByteDFA] = [compile_ast(t.node) for t in grammar.terminals]
         self.tables = [d.table for d in self.dfas]
         self.accepting = [d.accepting for d in self.dfas]
@@ -169,18 +169,6 @@ def completion_effect(origin: EarleySet, t: int):
     if got is None:
         got = origin.cache[key] = frozenset((r, d, id(o)) for r, d, o in origin.waiting_t.get(t, ()))
     return got
-
-
-def _nullable(g: Grammar) -> list[bool]:
-    """Nonterminals that derive the empty string (fixed point)."""
-    ok = [False] * len(g.nonterminals)
-    changed = True
-    while changed:
-        changed = False
-        for lhs, rhs in g.rules:
-            if not ok[lhs] and all(x >= 0 and ok[x] for x in rhs):
-                ok[lhs] = changed = True
-    return ok
 
 
 def single_byte_weights(token_bytes) -> np.ndarray:

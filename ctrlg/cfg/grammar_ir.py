@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from ctrlg.dfa.regex_syntax import Node
 from ctrlg.errors import GrammarError
 
-__all__ = ["Terminal", "Grammar", "terminal_symbol", "terminal_of", "with_ignored", "reduce"]
+__all__ = ["Terminal", "Grammar", "terminal_symbol", "terminal_of", "with_ignored", "reduce",
+           "derives"]
 
 
 @dataclass(frozen=True)
@@ -100,14 +101,15 @@ def with_ignored(g: Grammar) -> Grammar:
     return Grammar(tuple(names), g.terminals, tuple(rules), start, (), g.source)
 
 
-def productive(g: Grammar) -> list[bool]:
-    """Nonterminals that derive at least one terminal string (fixed point)."""
+def derives(g: Grammar, *, empty: bool) -> list[bool]:
+    """Nonterminals that derive some terminal string (``empty=False``: the productive ones) or
+    the empty string (``empty=True``: the nullable ones), by fixed point over the rules."""
     ok = [False] * len(g.nonterminals)
     changed = True
     while changed:
         changed = False
         for lhs, rhs in g.rules:
-            if not ok[lhs] and all(x < 0 or ok[x] for x in rhs):
+            if not ok[lhs] and all((x >= 0 or not empty) and (x < 0 or ok[x]) for x in rhs):
                 ok[lhs] = changed = True
     return ok
 
@@ -115,7 +117,7 @@ def productive(g: Grammar) -> list[bool]:
 def reduce(g: Grammar) -> Grammar:
     """``g`` without the rules that mention a nonterminal deriving nothing; GrammarError when
     the start derives nothing."""
-    ok = productive(g)
+    ok = derives(g, empty=False)
     if not ok[g.start]:
         raise GrammarError(f"the grammar generates no sentence: its start rule "
                            f"{g.nonterminals[g.start]!r} never derives a finite string (every "

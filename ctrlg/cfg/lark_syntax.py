@@ -23,7 +23,8 @@ import re
 import lark
 
 from ctrlg.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, normalize_ranges, parse
+from ctrlg.dfa.regex_syntax import (Alternation, CharSet, Concat, Node, map_charsets,
+                                    normalize_ranges, parse)
 from ctrlg.errors import GrammarError, RegexError, UnsupportedGrammarError
 
 __all__ = ["from_lark", "fold_case", "line_of"]
@@ -43,21 +44,15 @@ def line_of(text: str, needle: str) -> str:
 
 def fold_case(node: Node) -> Node:
     """``node`` with every ASCII letter matching both cases (Lark's ``i`` flag)."""
-    if isinstance(node, CharSet):
+    def both_cases(charset: CharSet) -> CharSet:
         extra = []
-        for lo, hi in node.ranges:
+        for lo, hi in charset.ranges:
             for a, b, shift in ((65, 90, 32), (97, 122, -32)):
                 x, y = max(lo, a), min(hi, b)
                 if x <= y:
                     extra.append((x + shift, y + shift))
-        return CharSet(normalize_ranges(list(node.ranges) + extra))
-    if isinstance(node, Concat):
-        return Concat(tuple(fold_case(x) for x in node.items))
-    if isinstance(node, Alternation):
-        return Alternation(tuple(fold_case(x) for x in node.items))
-    if isinstance(node, Repeat):
-        return Repeat(fold_case(node.item), node.min, node.max)
-    return node
+        return CharSet(normalize_ranges(list(charset.ranges) + extra))
+    return map_charsets(node, both_cases)
 
 
 def _literal(value: str) -> Node:

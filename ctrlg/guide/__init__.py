@@ -22,17 +22,9 @@ modules (``ctrlg.feasibility``, ``ctrlg.token_weights``, ``ctrlg.canonical_masks
 ``ctrlg.guidance``, ``ctrlg.row_state``, ``ctrlg.priors``) re-export their new homes.
 """
 
+from ctrlg.guide import tables
 from ctrlg.guide.tables import (BLOCK_LETTER, PRECISIONS, RATIO_FLOOR_GAP, GuideTables,
                                 backward_step_reference, build_tables, forward_update,
                                 resolve_precision)
 
-__all__ = [
-    "GuideTables",
-    "build_tables",
-    "backward_step_reference",
-    "forward_update",
-    "RATIO_FLOOR_GAP",
-    "resolve_precision",
-    "BLOCK_LETTER",
-    "PRECISIONS",
-]
+__all__ = [*tables.__all__, "BLOCK_LETTER", "PRECISIONS"]
