@@ -93,8 +93,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     Args:
         hmm: a :class:`ctrlg.HMM` (``None`` only with ``mode="logical"``).
-        constraint: one :class:`TokenDFA` for every row, or a list with one DFA per input row
-            (old keyword ``dfa=``, deprecated).
+        constraint: one constraint for every row — a :class:`TokenDFA`, a
+            :class:`~ctrlg.dfa.canonical_filter.CanonicalDFA` or a grammar constraint
+            (``dfa.grammar``) — or a list with one per input row (old keyword ``dfa=``,
+            deprecated).
         prompt_length: width of the (left-padded) prompt in ``input_ids``; ``None`` infers it from
             the first call of each generation.
         max_new_tokens: the budget n (must equal the ``max_new_tokens`` given to ``generate``).
@@ -405,7 +407,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
 
     ``prompt``: a string (tokenised with ``tokenizer``; a string that already starts with one of
     the tokenizer's special tokens, e.g. a chat-templated prompt, is tokenised without adding
-    special tokens again) or token ids. ``constraint``: a TokenDFA over the LM's token ids.
+    special tokens again) or token ids. ``constraint``: a TokenDFA over the LM's token ids (or a
+    CanonicalDFA, or a grammar constraint from ``dfa.grammar``).
     ``suffix``: text or ids that must follow (insertion). ``eos_token_id`` defaults to
     :func:`ctrlg.vocab.eos_token_ids` (the tokenizer's, then the model's). Sampling draws
     ``num_samples`` outputs (``do_sample`` defaults to ``num_beams == 1``); beam search returns
