@@ -221,8 +221,8 @@ def _canonical_times(row, ctx, pattern, walk, repeats, max_pair_checks):
 def _canonical_masks(row, ctx, d_can, walk):
     """Decode-time masks of a CanonicalDFA along the walk: fresh (empty pair cache), then the
     same walk again."""
-    from ctrlg.canonical_masks import CanonicalFeasibility
-    from ctrlg.feasibility import Feasibility
+    from ctrlg.guide.canonical_masks import CanonicalFeasibility
+    from ctrlg.guide.feasibility import Feasibility
 
     n = len(walk) + 8
     ctx.checker.pair_cache.clear()

@@ -12,6 +12,8 @@ __all__ = [
     "UnsupportedRegexError",
     "SchemaError",
     "UnsupportedSchemaError",
+    "GrammarError",
+    "UnsupportedGrammarError",
 ]
 
 
@@ -53,3 +55,12 @@ class SchemaError(CtrlgError):
 
 class UnsupportedSchemaError(SchemaError):
     """A JSON Schema keyword outside the supported subset (the message names it and its path)."""
+
+
+class GrammarError(ConstraintError):
+    """A context-free grammar that is malformed or generates nothing (the message names the rule
+    or terminal and its line)."""
+
+
+class UnsupportedGrammarError(GrammarError):
+    """A grammar construct outside the supported subset (the message names it and its line)."""

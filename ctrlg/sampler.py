@@ -16,15 +16,20 @@ processors (min-length, repetition penalty, ...) run first, then user ``logits_p
 is applied before temperature/top-k/top-p, and since warpers only rescale or set entries to −inf,
 infeasible tokens stay at −inf.
 
-Structure. ``__call__`` (i) infers the prompt length and resets on a new ``generate`` call,
-(ii) updates the row states (:class:`ctrlg.row_state.RowStates`: DFA states and priors as arrays,
-each row's parent found without hashing prefixes; rows may be reordered or duplicated by beam
-search and ``num_return_sequences``), (iii) calls the pure :func:`ctrlg.guidance.guided_log_probs`.
-Priors come from a pluggable source (:mod:`ctrlg.priors`; default the HMM's filtering posterior).
-Row i uses DFA ``i // (B / len(dfas))`` (transformers expands each input row into consecutive
+Structure. Every constraint reaches the processor through one interface
+(:mod:`ctrlg.guide.masks`): a regular token automaton A whose tables guide it, and the exact
+next-token mask under the remaining budget, advanced token by token. ``__call__`` (i) infers the
+prompt length and resets on a new ``generate`` call, (ii) updates the row states
+(:class:`ctrlg.guide.row_state.RowStates`: A-states and priors as arrays, mask cursors where a
+mask keeps one; each row's parent found without hashing prefixes; rows may be reordered or
+duplicated by beam search and ``num_return_sequences``), (iii) calls the pure
+:func:`ctrlg.guide.guidance.guided_log_probs` over A's tables, then (iv) restricts the rows whose
+mask refines A's (canonical filter, grammar) to that mask, renormalised. Priors come from a
+pluggable source (:mod:`ctrlg.guide.priors`; default the HMM's filtering posterior). Row i uses
+constraint ``i // (B / len(constraints))`` (transformers expands each input row into consecutive
 beams/samples). Rows that already emitted EOS (finished samples padded by transformers) are
-passed through unchanged. Tables: :class:`ctrlg.guide.GuideTables` per distinct DFA, or only
-:class:`ctrlg.feasibility.Feasibility` in logical mode.
+passed through unchanged. Tables: :class:`ctrlg.guide.GuideTables` per distinct constraint, or
+only :class:`ctrlg.guide.feasibility.Feasibility` in logical mode.
 
 Vocabularies. The DFA and HMM have V tokens; ``scores`` may be wider only by the padding of the
 LM's output layer (:mod:`ctrlg.validation`: at most ``MAX_PADDING`` columns here; :func:`generate`
@@ -59,16 +64,16 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from ctrlg.canonical_masks import CanonicalFeasibility, restrict_to_mask
-from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.feasibility import Feasibility
-from ctrlg.guidance import guided_log_probs
-from ctrlg.guide import GuideTables, resolve_precision
-from ctrlg.priors import HeadPrior, HMMFilterPrior
-from ctrlg.row_state import RowStates
+from ctrlg.guide.canonical_masks import restrict_to_mask
+from ctrlg.guide.feasibility import Feasibility
+from ctrlg.guide.guidance import guided_log_probs
+from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token_mask
+from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
+from ctrlg.guide.row_state import RowStates
+from ctrlg.guide.tables import GuideTables, resolve_precision
 from ctrlg.validation import MAX_PADDING, check_count, check_float_scores, check_vocab_width
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
@@ -88,8 +93,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     Args:
         hmm: a :class:`ctrlg.HMM` (``None`` only with ``mode="logical"``).
-        constraint: one :class:`TokenDFA` for every row, or a list with one DFA per input row
-            (old keyword ``dfa=``, deprecated).
+        constraint: one constraint for every row — a :class:`TokenDFA`, a
+            :class:`~ctrlg.dfa.canonical_filter.CanonicalDFA` or a grammar constraint
+            (``dfa.grammar``) — or a list with one per input row (old keyword ``dfa=``,
+            deprecated).
         prompt_length: width of the (left-padded) prompt in ``input_ids``; ``None`` infers it from
             the first call of each generation.
         max_new_tokens: the budget n (must equal the ``max_new_tokens`` given to ``generate``).
@@ -99,9 +106,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         suffix_ids: insertion suffix (token ids) the HMM must emit after the generation.
         use_kernel: use the Triton backward-table kernel (default: on CUDA).
         progress: tqdm bar while building tables (default: only on a TTY).
-        prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.priors`);
-            default the HMM's filtering posterior (:class:`ctrlg.priors.HMMFilterPrior`); an
-            LM-conditioned head: :class:`ctrlg.priors.HeadPrior` (a source with ``current()``
+        prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.guide.priors`);
+            default the HMM's filtering posterior (:class:`ctrlg.guide.priors.HMMFilterPrior`); an
+            LM-conditioned head: :class:`ctrlg.guide.priors.HeadPrior` (a source with ``current()``
             gives every row's prior afresh at each step).
         precision: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (default: bfloat16 where the
             hardware computes it natively, :func:`ctrlg.guide.resolve_precision`) for the
@@ -109,7 +116,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             ``ctrlg.guide.PRECISIONS``): about 2× faster on CPUs with AVX512-BF16/AMX, ≤ ~1%
             relative error on the guidance term; feasibility is exact either way. Pass
             ``"float32"`` for results that reproduce bit for bit across machines.
-        strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guidance`;
+        strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guide.guidance`;
             0 = logical masking, 1 = Ctrl-G); feasibility is exact for every w.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
@@ -157,19 +164,20 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if self.hmm is not None and prior is None:
             prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t)
         self.prior = prior if self.hmm is not None else None
-        self.rows = RowStates([self.tables[k].dfa for k in range(len(self.tables))], self.prior)
+        self.rows = RowStates([t.dfa for t in self.tables], self.prior, self.masks)
         self.reset()
 
     def _build_tables(self, use_kernel, progress, precision) -> tuple[list[Feasibility], np.ndarray]:
-        """One table per distinct DFA object (rows that share a DFA share its tables)."""
+        """One table and one mask provider (:mod:`ctrlg.guide.masks`) per distinct constraint
+        object (rows that share a constraint share them); the table is built over the
+        constraint's regular automaton A, restricted to the budget."""
         tables: list[Feasibility] = []
         built: dict[int, int] = {}
         table_of_dfa = []
-        self.canonical: list[CanonicalFeasibility | None] = []
+        self.masks: list[TokenMask] = []
         for original in self.dfas:
             if id(original) not in built:
-                canonical = original if isinstance(original, CanonicalDFA) else None
-                d = _within_budget(original.dfa if canonical else original, self.max_new_tokens)
+                d = _within_budget(regular_automaton(original), self.max_new_tokens)
                 if self.hmm is None and self.suffix_ids is None:
                     t = Feasibility(d, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None)
@@ -177,8 +185,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                     t = GuideTables(d, self.hmm, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None, suffix_ids=self.suffix_ids,
                                     use_kernel=use_kernel, progress=progress, precision=precision)
-                t.check_satisfiable()
-                self.canonical.append(None if canonical is None else _canonical_masks(t, canonical))
+                mask = token_mask(original, t)
+                mask.check_satisfiable()
+                self.masks.append(mask)
                 built[id(original)] = len(tables)
                 tables.append(t)
             table_of_dfa.append(built[id(original)])
@@ -219,21 +228,20 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             priors = None
         guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
                                   self.strength if priors is not None else 1.0)
-        if any(c is not None for c in self.canonical):
-            rows_generated = generated if every else generated[torch.as_tensor(active)]
-            guided = self._canonical_rows(guided, rows_generated, table_of_row, states, remaining)
+        if self.rows.cursors is not None:
+            cursors = self.rows.cursors if every else [self.rows.cursors[i] for i in active]
+            guided = self._exact_rows(guided, cursors, table_of_row, states, remaining)
         return self._write(scores, guided, active_t)
 
-    def _canonical_rows(self, guided: torch.Tensor, generated: torch.Tensor,
-                        table_of_row: np.ndarray, states: np.ndarray, remaining: int) -> torch.Tensor:
-        """Rows whose constraint is a CanonicalDFA keep only the tokens of their exact canonical
-        mask (:class:`CanonicalFeasibility`), renormalised."""
+    def _exact_rows(self, guided: torch.Tensor, cursors: list, table_of_row: np.ndarray,
+                    states: np.ndarray, remaining: int) -> torch.Tensor:
+        """Rows whose mask refines their automaton's (:attr:`TokenMask.refines`) keep only the
+        tokens of that exact mask, renormalised."""
         for i, k in enumerate(table_of_row.tolist()):
-            masks = self.canonical[k]
-            if masks is not None:
-                q, last, flag = masks.row_state(int(states[i]), generated[i].tolist())
-                mask = torch.from_numpy(masks.token_mask(q, last, flag, remaining))
-                guided[i] = restrict_to_mask(guided[i], mask.to(guided.device))
+            mask = self.masks[k]
+            if mask.refines:
+                allowed = torch.from_numpy(mask.allowed(cursors[i], int(states[i]), remaining))
+                guided[i] = restrict_to_mask(guided[i], allowed.to(guided.device))
         return guided
 
     # ------------------------------------------------------------------ __call__'s steps
@@ -312,19 +320,12 @@ def check_strength(strength) -> float:
     return value
 
 
-def _canonical_masks(table: Feasibility, constraint: CanonicalDFA) -> CanonicalFeasibility:
-    """The decode-time masks of a CanonicalDFA, after checking a canonical completion fits."""
-    masks = CanonicalFeasibility(table, constraint)
-    masks.check_satisfiable()
-    return masks
-
-
-def _check_dfas(dfa, hmm) -> list[TokenDFA | CanonicalDFA]:
-    dfas = [dfa] if isinstance(dfa, (TokenDFA, CanonicalDFA)) else list(dfa)
+def _check_dfas(dfa, hmm) -> list:
+    dfas = [dfa] if is_constraint(dfa) else list(dfa)
     if not dfas:
         raise ConstraintError("dfa must be a TokenDFA or a non-empty list of TokenDFAs")
     for i, d in enumerate(dfas):
-        if not isinstance(d, (TokenDFA, CanonicalDFA)):
+        if not is_constraint(d):
             raise ConstraintError(f"dfa[{i}] is a {type(d).__name__}, not a TokenDFA")
         if d.vocab_size != dfas[0].vocab_size:
             raise VocabularyMismatchError(
@@ -406,7 +407,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
 
     ``prompt``: a string (tokenised with ``tokenizer``; a string that already starts with one of
     the tokenizer's special tokens, e.g. a chat-templated prompt, is tokenised without adding
-    special tokens again) or token ids. ``constraint``: a TokenDFA over the LM's token ids.
+    special tokens again) or token ids. ``constraint``: a TokenDFA over the LM's token ids (or a
+    CanonicalDFA, or a grammar constraint from ``dfa.grammar``).
     ``suffix``: text or ids that must follow (insertion). ``eos_token_id`` defaults to
     :func:`ctrlg.vocab.eos_token_ids` (the tokenizer's, then the model's). Sampling draws
     ``num_samples`` outputs (``do_sample`` defaults to ``num_beams == 1``); beam search returns
@@ -414,7 +416,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     ``model.generate`` (temperature, top_k, top_p, ...), whose warpers run after the guidance.
     ``seed`` seeds a fork of torch's RNG: the caller's global RNG state is left unchanged.
     ``prior_head``: a :class:`ctrlg.hmm.prior_head.PriorHead` reading the LM's features
-    (:class:`ctrlg.priors.HeadPrior`), ``None`` for the HMM's filtering prior, or ``"auto"`` (the
+    (:class:`ctrlg.guide.priors.HeadPrior`), ``None`` for the HMM's filtering prior, or ``"auto"`` (the
     head saved with the HMM, ``hmm.prior_head``, when it has one). ``strength``: guidance
     strength w (p_lm · p_hmm(α | ·)^w). ``precision``: of the guidance products
     (:class:`ConstraintLogitsProcessor`).
@@ -424,7 +426,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                    "rank_by_lm", None, "generate"))
     if mode == "ctrlg" and hmm is None:
         raise ConstraintError("generate(mode='ctrlg') needs hmm=...; use mode='logical' without one")
-    if not isinstance(constraint, (TokenDFA, CanonicalDFA)):
+    if not is_constraint(constraint):
         raise ConstraintError(
             f"the constraint must be one TokenDFA, got {type(constraint).__name__}; combine several "
             "with dfa.intersect / dfa.union, or give one per input row to ConstraintLogitsProcessor")

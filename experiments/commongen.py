@@ -18,7 +18,7 @@ a resumed run reproduces an uninterrupted one.
 
 Methods are named entries of ``method_specs`` (``guide``: none | logical | ctrlg; ``prior``:
 filter, the HMM's own forward posterior over the generated tokens, or head, the LM-conditioned
-prior saved with the HMM (:class:`ctrlg.priors.HeadPrior`); ``strength`` w: the guided
+prior saved with the HMM (:class:`ctrlg.guide.priors.HeadPrior`); ``strength`` w: the guided
 distribution ∝ p_lm(v) · p_hmm(α | x≤t, v)^w, w = 0 is logical masking, w = 1 Ctrl-G). The method
 named ``ctrlg`` is the recommended configuration; ablations have their own names.
 
@@ -49,9 +49,9 @@ from ctrlg import dfa, metrics
 from ctrlg.data import load_commongen
 from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, prompt_text
 from ctrlg.errors import UnsatisfiableConstraintError
-from ctrlg.feasibility import Feasibility
+from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
-from ctrlg.priors import HeadPrior
+from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
 from ctrlg.vocab import eos_token_ids
 
@@ -141,7 +141,7 @@ def build_constraint(example, groups, tokenizer, constraint_cfg, vocab_size: int
 
 def unsatisfiable_reason(constraint, cfg, eos: list[int]) -> str | None:
     """Why no generation of ≤ ``generation.max_new_tokens`` tokens can satisfy ``constraint``
-    (None when one can): the DFA-only check of :class:`ctrlg.feasibility.Feasibility`."""
+    (None when one can): the DFA-only check of :class:`ctrlg.guide.feasibility.Feasibility`."""
     try:
         Feasibility(constraint, int(cfg.generation.max_new_tokens),
                     min_new_tokens=int(cfg.constraint.min_new_tokens),

@@ -25,12 +25,12 @@ from test_canonical_tiny import PATTERNS as TINY_PATTERNS
 from tiny_bpe import tiny_bpe_tokenizer
 
 from ctrlg import ConstraintLogitsProcessor, dfa
-from ctrlg.canonical_masks import CanonicalFeasibility, restrict_to_mask
+from ctrlg.guide.canonical_masks import CanonicalFeasibility, restrict_to_mask
 from ctrlg.dfa.canonical import (_APOSTROPHE, _DIGIT, _LETTER, _OTHER, _SPACE, PairChecker,
                                  _edge_category, is_canonical)
 from ctrlg.dfa.canonical_filter import START, CanonicalDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
-from ctrlg.feasibility import Feasibility
+from ctrlg.guide.feasibility import Feasibility
 
 
 @pytest.fixture(scope="module")

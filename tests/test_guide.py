@@ -82,11 +82,11 @@ def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, 
                                                         bound):
     """Every exceptional letter through the per-letter block product (large vocabularies); with
     an infinite underflow bound every call takes the unfolded path and then the per-entry check."""
-    monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
+    monkeypatch.setattr("ctrlg.guide.tables.BLOCK_LETTER", 1)
     if bound is not None:
-        monkeypatch.setattr("ctrlg.token_weights.UNDERFLOW_BOUND", bound)
+        monkeypatch.setattr("ctrlg.guide.token_weights.UNDERFLOW_BOUND", bound)
     for inline_rows in (0, 1000):   # per-letter products, and extra rows of the dense product
-        monkeypatch.setattr("ctrlg.token_weights.INLINE_ROWS", inline_rows)
+        monkeypatch.setattr("ctrlg.guide.token_weights.INLINE_ROWS", inline_rows)
         _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
 
 
@@ -256,8 +256,8 @@ def test_bad_inputs_raise_clear_errors():
 @pytest.mark.parametrize("inline_rows", [0, 1000])
 def test_rows_of_a_batch_equal_rows_alone(monkeypatch, inline_rows):
     """A batch of rows (different states, priors, budgets) gives each row what it gets alone."""
-    monkeypatch.setattr("ctrlg.guide.BLOCK_LETTER", 1)
-    monkeypatch.setattr("ctrlg.token_weights.INLINE_ROWS", inline_rows)
+    monkeypatch.setattr("ctrlg.guide.tables.BLOCK_LETTER", 1)
+    monkeypatch.setattr("ctrlg.guide.token_weights.INLINE_ROWS", inline_rows)
     V, n = 5, 4
     hmm = random_hmm(3, V, 11)
     dfa = random_letter_dfa(5, V, 12)

@@ -5,10 +5,10 @@ import numpy as np
 import torch
 import pytest
 
-from ctrlg.guidance import apply_guidance, guided_log_probs
+from ctrlg.guide.guidance import apply_guidance, guided_log_probs
 from ctrlg.guide import build_tables, forward_update
-from ctrlg.priors import HMMFilterPrior, PriorSource
-from ctrlg.row_state import RowStates
+from ctrlg.guide.priors import HMMFilterPrior, PriorSource
+from ctrlg.guide.row_state import RowStates
 from helpers import random_dfa, random_hmm
 
 

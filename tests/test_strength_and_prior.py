@@ -70,7 +70,7 @@ class FilterRecomputed:
     generated tokens at every call (π, then ∝ (p ⊙ B[:, x]) A), independent of the bookkeeping."""
 
     def __init__(self, hmm):
-        from ctrlg.priors import HMMFilterPrior
+        from ctrlg.guide.priors import HMMFilterPrior
 
         self.filter = HMMFilterPrior(hmm)
         self.calls = 0
@@ -119,7 +119,7 @@ def test_head_prior_reads_the_features_of_the_current_rows(beams):
     """Every captured feature equals a full forward pass of the row the processor sees (the
     final-norm hidden state at its last position), also when beams reorder the rows."""
     from ctrlg.hmm.prior_head import PriorHead
-    from ctrlg.priors import HeadPrior
+    from ctrlg.guide.priors import HeadPrior
 
     model, hmm = tiny_llama(), random_hmm(3, V_TINY, 0)
     torch.manual_seed(1)

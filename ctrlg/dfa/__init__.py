@@ -1,5 +1,6 @@
 """Token-level deterministic finite automata: the core type, builders, boolean operations,
-minimisation and the regex compiler. See :class:`ctrlg.dfa.core.TokenDFA` for the representation.
+minimisation, the regex compiler and the context-free grammar constraint (:func:`grammar`).
+See :class:`ctrlg.dfa.core.TokenDFA` for the representation.
 """
 
 from ctrlg.dfa.builders import (any_phrase, banned_phrases, eos, exact, length, phrase,
@@ -7,6 +8,7 @@ from ctrlg.dfa.builders import (any_phrase, banned_phrases, eos, exact, length, 
 from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA, token_classes
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.ops import complement, concat, intersect, union
+from ctrlg.dfa.grammar import grammar
 from ctrlg.dfa.json_schema import json_schema
 from ctrlg.dfa.regex import regex
 from ctrlg.dfa.strings import contains, contains_all, contains_any
@@ -19,5 +21,5 @@ __all__ = [
     "banned_phrases", "word_count", "keywords", "inflections", "count_words",
     "commongen_constraint",
     "intersect", "union", "complement", "concat", "minimize",
-    "regex", "json_schema", "contains", "contains_all", "contains_any",
+    "regex", "json_schema", "grammar", "contains", "contains_all", "contains_any",
 ]

@@ -14,7 +14,7 @@ a ``[a-z]+`` loop on SmolLM2), more than any compile budget or guide table can h
 and accepts exactly the canonical sequences A accepts — the same language as
 ``canonical_token_dfa`` builds, which the tests check state by state where that product fits.
 The product state after a prefix is ``σ = (q, last token, its flag)``; its transitions are
-computed when a decoder reaches it (:class:`ctrlg.canonical_masks.CanonicalFeasibility`), so
+computed when a decoder reaches it (:class:`ctrlg.guide.canonical_masks.CanonicalFeasibility`), so
 compiling costs what the all-encodings DFA costs.
 
 What changes for Ctrl-G: the HMM's look-ahead tables are built over ``A`` (they count every
@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from ctrlg.dfa.canonical import FREE, NEEDS_NONSPACE, REJECT, START, pair_checker, token_verdicts
-from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.core import TokenDFA, WrapsTokenDFA
 from ctrlg.errors import ConstraintError
 
 __all__ = ["CanonicalDFA", "end_allowed"]
@@ -43,7 +43,7 @@ def end_allowed(flag) -> np.ndarray | bool:
     return np.asarray(flag) != NEEDS_NONSPACE
 
 
-class CanonicalDFA:
+class CanonicalDFA(WrapsTokenDFA):
     """The canonical token sequences accepted by the token DFA ``dfa`` (module docstring).
 
     Args:
@@ -66,20 +66,6 @@ class CanonicalDFA:
                                   f"DFA's vocabulary has {dfa.vocab_size}")
         self.eos_token_ids = tuple(int(e) for e in eos_token_ids)
         self.what = what
-
-    # -- the TokenDFA facts callers read -----------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.dfa.vocab_size
-
-    @property
-    def initial(self) -> int:
-        return self.dfa.initial
-
-    @property
-    def num_states(self) -> int:
-        """States of the all-encodings factor A (the product's states are built on demand)."""
-        return self.dfa.num_states
 
     def with_dfa(self, dfa: TokenDFA) -> "CanonicalDFA":
         """The same canonical filter over another all-encodings automaton (e.g. A ∩ B)."""

@@ -49,6 +49,24 @@ def _as_index_array(values, name: str) -> np.ndarray:
     return array
 
 
+class WrapsTokenDFA:
+    """Mixin of constraints built around a token DFA ``self.dfa`` (the canonical filter, a
+    grammar): they answer the questions callers ask of a TokenDFA about it."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.dfa.vocab_size
+
+    @property
+    def initial(self) -> int:
+        return self.dfa.initial
+
+    @property
+    def num_states(self) -> int:
+        """States of the wrapped automaton (what the constraint adds is built on demand)."""
+        return self.dfa.num_states
+
+
 class TokenDFA:
     """A complete DFA over token ids in default-plus-exceptions (CSR) form, optionally over
     letters (token classes).

@@ -151,6 +151,7 @@ def intersect(*dfas: TokenDFA | CanonicalDFA, allow_empty: bool = False,
     over reachable state tuples; minimised unless ``minimal=False``). Raises
     UnsatisfiableConstraintError if no sequence is accepted, unless ``allow_empty``. With a
     :class:`CanonicalDFA` among them the result is one too: ``(A ∩ B) ∩ Canon``."""
+    _only_automata(dfas, "intersection")
     canonical = [d for d in dfas if isinstance(d, CanonicalDFA)]
     if canonical:
         for other in canonical[1:]:
@@ -163,9 +164,20 @@ def intersect(*dfas: TokenDFA | CanonicalDFA, allow_empty: bool = False,
     return product(dfas, np.logical_and, "intersection", allow_empty, minimal)
 
 
+def _only_automata(dfas, operation: str) -> None:
+    """ConstraintError for an operand that is not an automaton (a grammar constraint)."""
+    for d in dfas:
+        if not isinstance(d, (TokenDFA, CanonicalDFA)):
+            raise ConstraintError(
+                f"{operation} takes token DFAs, got a {type(d).__name__}; a context-free "
+                f"grammar cannot be combined with automata: write the combination into the "
+                f"grammar's own rules instead")
+
+
 def _no_canonical(dfas, operation: str) -> None:
     """ConstraintError for a CanonicalDFA given to an operation that does not distribute over
-    the canonical filter."""
+    the canonical filter (and for operands that are not automata)."""
+    _only_automata(dfas, operation)
     if any(isinstance(d, CanonicalDFA) for d in dfas):
         raise ConstraintError(
             f"{operation} of a canonical-encodings constraint built without the product "

@@ -47,7 +47,7 @@ from ctrlg.errors import RegexError, UnsupportedRegexError
 
 __all__ = [
     "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY",
-    "parse", "MAX_CODE_POINT", "class_ranges",
+    "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets",
 ]
 
 MAX_CODE_POINT = 0x10FFFF
@@ -85,6 +85,19 @@ class Repeat(Node):
 
 
 EMPTY = Concat(())  # the empty string
+
+
+def map_charsets(node: Node, fn) -> Node:
+    """``node`` with every CharSet ``c`` replaced by ``fn(c)`` (the tree rebuilt around them)."""
+    if isinstance(node, CharSet):
+        return fn(node)
+    if isinstance(node, Concat):
+        return Concat(tuple(map_charsets(x, fn) for x in node.items))
+    if isinstance(node, Alternation):
+        return Alternation(tuple(map_charsets(x, fn) for x in node.items))
+    if isinstance(node, Repeat):
+        return Repeat(map_charsets(node.item, fn), node.min, node.max)
+    raise TypeError(f"unknown regex node {node!r}")  # pragma: no cover
 
 
 # ---------------------------------------------------------------------- code-point ranges

@@ -24,12 +24,12 @@ c_r(s) in float64. A step rescales every term of g_s to the common scale m_s = m
 of the states it mixes, so probabilities like 1e-3000 (n ≤ 1024, V ~ 5e4) never underflow.
 
 Exact feasibility. F_r(s) = "some token sequence of ≤ r tokens from s is accepted", computed from
-the DFA alone (:mod:`ctrlg.feasibility`, the base class of :class:`GuideTables`). Tokens into states
+the DFA alone (:mod:`ctrlg.guide.feasibility`, the base class of :class:`GuideTables`). Tokens into states
 with ¬F_{r-1} get probability exactly 0; feasible tokens whose float weight underflowed get a floor
 (``ratio_floor``) instead, so the guarantee never depends on rounding.
 
 Per generated token, the guide reads P(v | x≤t), P(v, α | x≤t) and their ratio off these
-tables (:mod:`ctrlg.token_weights`, the other half of :class:`GuideTables`): O(h·V + h·|exc(s)|)
+tables (:mod:`ctrlg.guide.token_weights`, the other half of :class:`GuideTables`): O(h·V + h·|exc(s)|)
 per row, independent of S and t. After choosing v the forward message is updated: q ∝ p ⊙ B[:, v],
 p_next = q A (O(h²)).
 
@@ -44,7 +44,7 @@ Letters (token classes, ``TokenDFA.letter_of_token``). Exceptions may be stored 
 set of tokens that behave alike). The recurrence then uses B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], so
 a step costs O(S·h² + E_letters·h).
 
-Logical mode (``hmm=None``, or :class:`ctrlg.feasibility.Feasibility` alone): only F is built;
+Logical mode (``hmm=None``, or :class:`ctrlg.guide.feasibility.Feasibility` alone): only F is built;
 guidance is 0 on feasible tokens and −inf on the others (what Outlines / guidance do).
 """
 
@@ -59,10 +59,10 @@ from tqdm.auto import tqdm
 
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
-from ctrlg.feasibility import Feasibility, as_token_list, renamed_budget
+from ctrlg.guide.feasibility import Feasibility, as_token_list, renamed_budget
 from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.reference import backward_step_reference
-from ctrlg.token_weights import RATIO_FLOOR_GAP, TokenWeights
+from ctrlg.guide.token_weights import RATIO_FLOOR_GAP, TokenWeights
 
 __all__ = [
     "GuideTables",
@@ -114,7 +114,7 @@ def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch
 
 class GuideTables(TokenWeights, Feasibility):
     """Backward tables W_r (r = 0..n) for one DFA and one HMM, on top of the exact feasibility F_r
-    (:class:`ctrlg.feasibility.Feasibility`, which is all logical mode needs).
+    (:class:`ctrlg.guide.feasibility.Feasibility`, which is all logical mode needs).
 
     Build with :func:`build_tables`. Rows of a batch that share a DFA share one ``GuideTables``.
     Tensors live on the HMM's device (CUDA works; the recurrence then uses the Triton kernel).

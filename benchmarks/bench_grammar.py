@@ -1,0 +1,159 @@
+"""Benchmark: grammar constraints — compile time and per-token mask time, ctrlg vs llguidance.
+
+The example grammars (:mod:`ctrlg.cfg.examples`: arithmetic, SQL subset, recursive lists, JSON)
+over SmolLM2's vocabulary (V = 49,152). Both libraries walk the *same* token sequences: each
+sample sentence tokenised by the tokenizer, then EOS. Per step:
+
+* ctrlg: the exact mask under the remaining budget (``GrammarMask.allowed`` — or the regular
+  superset's own feasibility when that is exact, as the processor does) plus the cursor's
+  advance (the recogniser over the token's bytes) and A's step;
+* llguidance: ``fill_next_token_bitmask`` + ``consume_token`` (no budget: prefix viability).
+
+Budgets: ``loose`` (n = 4 × the walk's length: the masks are the grammar's prefix masks) and
+``tight`` (n = the walk's length: the last steps must decide which tokens still fit, the case
+only ctrlg handles). Reported per grammar: compile time (ctrlg: ``dfa.grammar`` + the tables'
+feasibility; llguidance: ``LLMatcher`` construction, its tokenizer built once beforehand), mask
+time p50 / p99 over every step of every walk, and the share of steps where the two masks (on
+non-EOS tokens, loose budget) agree exactly — they can differ where llguidance lexes greedily.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_grammar
+    python -m benchmarks.bench_grammar --grammars json --repeats 1
+
+Writes ``benchmarks/results/bench_grammar.json``. llguidance is optional (``pip install
+ctrlg[bench]``): without it only ctrlg's columns are filled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ctrlg import dfa
+from ctrlg.cfg.examples import EXAMPLES, SAMPLES
+from ctrlg.guide.feasibility import Feasibility
+from ctrlg.guide.masks import token_mask
+from ctrlg.models import load_tokenizer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+UNDECIDED: list = []          # the mask providers of a grammar's runs: their abandoned searches
+
+
+def walks_of(tok, name: str) -> list[list[int]]:
+    return [tok.encode(s, add_special_tokens=False) + [tok.eos_token_id] for s in SAMPLES[name]]
+
+
+def ctrlg_masks(constraint, walk: list[int], n: int, eos: int) -> tuple[list[float], list]:
+    """Seconds per step (mask + advance) and the masks, along ``walk`` with budget ``n``."""
+    table = Feasibility(constraint.dfa, n, eos_token_id=eos)
+    mask = token_mask(constraint, table)
+    UNDECIDED.append(mask)
+    cursor, q, times, masks = mask.start(), constraint.dfa.initial, [], []
+    for k, t in enumerate(walk):
+        t0 = time.perf_counter()
+        allowed = mask.allowed(cursor, q, n - k) if mask.refines else \
+            table.token_feasible(np.array([q]), np.array([n - k])).numpy()[0]
+        cursor, q = mask.advance(cursor, t), constraint.dfa.step(q, t)
+        times.append(time.perf_counter() - t0)
+        masks.append(allowed)
+        if not allowed[t]:
+            raise AssertionError(f"ctrlg's mask refuses token {t} of a valid walk at step {k}")
+    return times, masks
+
+
+def llguidance_masks(ll, ll_tok, grammar, walk: list[int]) -> tuple[list[float], list]:
+    import llguidance.numpy as llnp
+
+    m = ll.LLMatcher(ll_tok, grammar)
+    bitmask = llnp.allocate_token_bitmask(1, ll_tok.vocab_size)
+    times, masks = [], []
+    for t in walk:
+        t0 = time.perf_counter()
+        llnp.fill_next_token_bitmask(m, bitmask, 0)
+        m.consume_token(t)
+        times.append(time.perf_counter() - t0)
+        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:ll_tok.vocab_size]
+        masks.append(bits.astype(bool))
+    if m.is_error():
+        raise RuntimeError(m.get_error())
+    return times, masks
+
+
+def bench_grammar(name: str, tok, ll, ll_tok, repeats: int) -> dict:
+    eos = tok.eos_token_id
+    row: dict = {"grammar": name}
+    t0 = time.perf_counter()
+    constraint = dfa.grammar(EXAMPLES[name], tok)
+    row["ctrlg_compile_s"] = time.perf_counter() - t0
+    row.update(depth=constraint.depth, exact_superset=constraint.exact,
+               superset_states=constraint.num_states)
+    UNDECIDED.clear()
+    walks = walks_of(tok, name)
+    for budget in ("loose", "tight"):
+        times, agree, steps = [], 0, 0
+        for _ in range(repeats):
+            for walk in walks:
+                n = 4 * len(walk) if budget == "loose" else len(walk)
+                t, masks = ctrlg_masks(constraint, walk, n, eos)
+                times += t
+        row[f"ctrlg_undecided_{budget}"] = sum(getattr(m, "masks", m).__dict__.get("undecided", 0)
+                                                for m in UNDECIDED)
+        UNDECIDED.clear()
+        row[f"ctrlg_mask_{budget}_p50_ms"] = 1e3 * float(np.median(times))
+        row[f"ctrlg_mask_{budget}_p99_ms"] = 1e3 * float(np.percentile(times, 99))
+    if ll is not None:
+        try:
+            grammar = ll.LLMatcher.grammar_from_lark(EXAMPLES[name])
+            t0 = time.perf_counter()
+            ll.LLMatcher(ll_tok, grammar)
+            row["llguidance_compile_s"] = time.perf_counter() - t0
+            times = []
+            for _ in range(repeats):
+                for walk in walks:
+                    t, theirs = llguidance_masks(ll, ll_tok, grammar, walk)
+                    times += t
+                    _, ours = ctrlg_masks(constraint, walk, 4 * len(walk), eos)
+                    for a, b in zip(ours, theirs):
+                        V = min(len(a), len(b))
+                        keep = np.ones(V, dtype=bool)
+                        keep[eos] = False
+                        agree += bool(np.array_equal(a[:V][keep], b[:V][keep]))
+                        steps += 1
+            row["llguidance_mask_p50_ms"] = 1e3 * float(np.median(times))
+            row["llguidance_mask_p99_ms"] = 1e3 * float(np.percentile(times, 99))
+            row["masks_agree_share"] = agree / max(steps, 1)
+        except Exception as exc:  # noqa: BLE001 — recorded, the ctrlg columns still count
+            row["llguidance_error"] = f"{exc.__class__.__name__}: {exc}"
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grammars", nargs="+", default=list(EXAMPLES))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_grammar.json")
+    args = parser.parse_args()
+    tok = load_tokenizer()
+    ll = ll_tok = None
+    notes = []
+    try:
+        import llguidance
+        import llguidance.hf
+
+        ll, ll_tok = llguidance, llguidance.hf.from_tokenizer(tok)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"llguidance unavailable: {exc.__class__.__name__}: {exc}")
+    rows = [bench_grammar(name, tok, ll, ll_tok, args.repeats) for name in args.grammars]
+    for r in rows:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"vocab_size": len(tok), "rows": rows, "notes": notes},
+                                   indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""Context-free grammars as constraints: syntax readers, the recogniser, the regular
+over-approximation that carries Ctrl-G's look-ahead, and the constraint object.
+
+* :mod:`~ctrlg.cfg.grammar_ir` — the BNF grammar over regular terminals that every syntax becomes;
+* :mod:`~ctrlg.cfg.lark_syntax`, :mod:`~ctrlg.cfg.gbnf_syntax` — Lark and GBNF readers;
+* :mod:`~ctrlg.cfg.earley` — the byte-level Earley recogniser (terminals as byte DFAs);
+* :mod:`~ctrlg.cfg.approximation` — the grammar unrolled to a nesting depth, as a byte DFA of a
+  regular superset of its language;
+* :mod:`~ctrlg.cfg.token_index` — per-terminal token tables for the exact masks;
+* :mod:`~ctrlg.cfg.constraint` — :class:`GrammarConstraint`, what :func:`ctrlg.dfa.grammar` returns.
+
+The exact budgeted masks live with the guide (:mod:`ctrlg.guide.grammar_masks`).
+"""

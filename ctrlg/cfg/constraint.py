@@ -1,0 +1,103 @@
+"""A context-free grammar over a tokenizer's vocabulary, in the form the guide accepts.
+
+A :class:`GrammarConstraint` accepts exactly the token sequences whose bytes, up to the first
+EOS, form a sentence of the grammar (:mod:`ctrlg.cfg.grammar_ir`), optionally followed by EOS —
+every encoding of a sentence, as ``dfa.regex(encodings="all")``:
+
+    L_tok = { t_1..t_n (EOS)* : bytes(t_1)···bytes(t_n) ∈ L(G) }.
+
+It carries the two halves every constraint has for the processor (:mod:`ctrlg.guide.masks`):
+
+* ``dfa`` — the token DFA A of the regular superset ``R_d ⊇ L(G)``
+  (:mod:`ctrlg.cfg.approximation`), over which Ctrl-G's HMM tables are built;
+* ``recogniser`` and ``index`` — the Earley recogniser and the token tables from which
+  :class:`ctrlg.guide.grammar_masks.GrammarFeasibility` computes the exact masks at decode time.
+
+It is the same split as :class:`~ctrlg.dfa.canonical_filter.CanonicalDFA` (all-encodings DFA for
+the tables, exact filter at decode time). Intersection, union and the other DFA operations do not
+apply to a grammar (use the grammar's own rules instead).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ctrlg.cfg.approximation import regular_superset
+from ctrlg.cfg.earley import DEAD, Recogniser
+from ctrlg.cfg.grammar_ir import Grammar, reduce, with_ignored
+from ctrlg.cfg.token_index import TokenIndex
+from ctrlg.dfa.core import TokenDFA, WrapsTokenDFA
+from ctrlg.dfa.minimize import minimize
+from ctrlg.dfa.regex_index import resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
+from ctrlg.dfa.vocab_trie import VocabTrie
+from ctrlg.errors import ConstraintError
+
+__all__ = ["GrammarConstraint"]
+
+
+class GrammarConstraint(WrapsTokenDFA):
+    """The token sequences that spell a sentence of ``grammar`` (module docstring).
+
+    Args:
+        grammar: the BNF grammar (:class:`~ctrlg.cfg.grammar_ir.Grammar`).
+        trie: the vocabulary (:class:`~ctrlg.dfa.vocab_trie.VocabTrie`).
+        eos_token_id: EOS allowed after a sentence (``ctrlg.dfa.regex``'s rules).
+        vocab_size: V (default the vocabulary's size).
+        depth: nesting depth of the regular superset, or ``"auto"``
+            (:func:`~ctrlg.cfg.approximation.regular_superset`).
+        what: a description for messages.
+
+    Attributes:
+        dfa: the token DFA of the regular superset (A).
+        depth: the depth used; ``exact``: whether A's language is the grammar's.
+    """
+
+    def __init__(self, grammar: Grammar, trie: VocabTrie, *, eos_token_id, vocab_size=None,
+                 depth: int | str = "auto", what: str = "grammar"):
+        self.grammar = grammar
+        self.what = what
+        self.bnf = with_ignored(reduce(grammar))
+        self.recogniser = Recogniser(self.bnf)
+        bdfa, self.depth, self.exact = regular_superset(self.bnf, depth)
+        dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,
+                                       vocab_size=vocab_size, what=what)
+        self.dfa: TokenDFA = minimize(dfa)
+        eos = resolve_eos(trie, eos_token_id)
+        self.eos_token_ids = () if eos is None else (int(eos),)
+        size = resolve_vocab_size(trie, vocab_size, eos)
+        self.token_bytes = list(trie.token_bytes) + [b""] * (size - trie.vocab_size)
+        for e in self.eos_token_ids:
+            self.token_bytes[e] = b""
+        self.index = TokenIndex(self.recogniser, self.token_bytes)
+
+    # -- membership -----------------------------------------------------------------------
+    def text_bytes(self, tokens: Sequence[int]) -> bytes:
+        """The bytes of ``tokens`` up to the first EOS."""
+        out = []
+        for t in tokens:
+            if int(t) in self.eos_token_ids:
+                break
+            out.append(self.token_bytes[int(t)])
+        return b"".join(out)
+
+    def matches(self, text: str | bytes) -> bool:
+        """Whether ``text`` is a sentence of the grammar."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return self.recogniser.accepts(data)
+
+    def accepts(self, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` spell a sentence, optionally followed by EOS (module docstring)."""
+        tokens = [int(t) for t in tokens]
+        if any(not 0 <= t < self.vocab_size for t in tokens):
+            raise ConstraintError(f"token ids must lie in [0, {self.vocab_size}), got {tokens}")
+        return self.dfa.accepts(tokens) and self.matches(self.text_bytes(tokens))
+
+    def prefix_viable(self, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` (no EOS) can still be completed to a sentence, with no budget."""
+        s = self.recogniser.feed(self.recogniser.start(), self.text_bytes(tokens))
+        return s is not DEAD
+
+    def __repr__(self) -> str:
+        kind = "exact" if self.exact else f"depth {self.depth}"
+        return (f"GrammarConstraint({self.what}; regular superset {kind}: {self.dfa.num_states} "
+                f"states, V={self.vocab_size})")

@@ -1,0 +1,63 @@
+"""Context-free grammar → constraint over a tokenizer's vocabulary (``dfa.grammar``).
+
+``grammar(text, tokenizer, syntax="lark")`` reads a Lark (:mod:`ctrlg.cfg.lark_syntax`) or GBNF
+(:mod:`ctrlg.cfg.gbnf_syntax`) grammar, or takes a :class:`~ctrlg.cfg.grammar_ir.Grammar` built
+by another compiler (e.g. one emitted from a JSON Schema), and returns a
+:class:`~ctrlg.cfg.constraint.GrammarConstraint`: every token sequence whose bytes form a
+sentence, optionally followed by EOS. The processor, ``ctrlg.generate``, beam search, insertion
+and per-row batching accept it wherever they accept a :class:`~ctrlg.dfa.core.TokenDFA`: Ctrl-G's
+tables are built over the regular superset ``R_d`` (the grammar unrolled to nesting depth d,
+:mod:`ctrlg.cfg.approximation`) and the grammar's exact masks under the remaining budget
+(:mod:`ctrlg.guide.grammar_masks`) are applied after, renormalised. See docs/grammar.md.
+"""
+
+from __future__ import annotations
+
+from ctrlg.cfg.constraint import GrammarConstraint
+from ctrlg.cfg.gbnf_syntax import from_gbnf
+from ctrlg.cfg.grammar_ir import Grammar
+from ctrlg.cfg.lark_syntax import from_lark
+from ctrlg.dfa.regex_index import AUTO
+from ctrlg.dfa.vocab_trie import vocab_trie
+from ctrlg.errors import ConstraintError
+
+__all__ = ["grammar", "SYNTAXES"]
+
+SYNTAXES = ("lark", "gbnf")
+
+
+def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str | None = None,
+            eos_token_id=AUTO, vocab_size: int | None = None,
+            depth: int | str = "auto") -> GrammarConstraint:
+    """Compile a context-free grammar into a constraint over the vocabulary.
+
+    Args:
+        text: Lark or GBNF grammar text, or a :class:`~ctrlg.cfg.grammar_ir.Grammar`.
+        tokenizer: a ``transformers`` tokenizer, a :class:`ctrlg.Vocabulary`, a
+            :class:`~ctrlg.dfa.vocab_trie.VocabTrie` or a list of token bytes.
+        syntax: ``"lark"`` (rules, terminals as strings and regexes, ``?rule``, ``|``, ``*``,
+            ``+``, ``?``, ``[ ]``, ``%import``, ``%ignore``) or ``"gbnf"`` (llama.cpp's).
+        start: the start rule (default ``"start"`` for Lark, ``"root"`` for GBNF).
+        eos_token_id: EOS allowed after a sentence; default the tokenizer's.
+        vocab_size: V (default the tokenizer's size); larger when the LM's output is padded.
+        depth: nesting depth d of the regular superset that carries Ctrl-G's look-ahead, or
+            ``"auto"`` (the deepest d ≤ 12 whose byte automaton stays ≤ 1,024 states).
+
+    Raises:
+        GrammarError / UnsupportedGrammarError: invalid grammar, or a construct outside the
+            supported subset (named, with its line).
+        UnsatisfiableConstraintError: no token sequence spells a sentence.
+        ConstraintError: bad ``syntax`` or ``depth``.
+    """
+    if isinstance(text, Grammar):
+        g, what = text, f"grammar (start {text.nonterminals[text.start]!r})"
+    elif syntax == "lark":
+        g, what = from_lark(text, start or "start"), "Lark grammar"
+    elif syntax == "gbnf":
+        g, what = from_gbnf(text, start or "root"), "GBNF grammar"
+    else:
+        raise ConstraintError(f"syntax must be one of {SYNTAXES}, got {syntax!r}")
+    if depth != "auto" and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ConstraintError(f"depth must be an int ≥ 1 or 'auto', got {depth!r}")
+    return GrammarConstraint(g, vocab_trie(tokenizer), eos_token_id=eos_token_id,
+                             vocab_size=vocab_size, depth=depth, what=what)

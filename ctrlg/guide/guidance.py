@@ -1,0 +1,129 @@
+"""Guided log-probabilities: the pure function at the heart of :class:`ctrlg.ConstraintLogitsProcessor`.
+
+Ctrl-G's rule (Zhang et al. 2024, eq. 2), for each row with DFA state s, prior p and r tokens left:
+
+    log p(v | x≤t, α) = log_softmax_v( scores[v] + w · log p_hmm(α | x≤t, v) ),
+
+i.e. p ∝ p_lm(v) · p_hmm(α | x≤t, v)^w with guidance strength w ≥ 0 (w = 1: Ctrl-G; w = 0:
+logical masking; the −inf of infeasible tokens is never scaled),
+
+with the guidance term log p_hmm(α | x≤t, v) from the row's tables (:meth:`GuideTables.log_ratio`,
+−inf exactly on tokens that make acceptance impossible; logical mode: 0 on feasible tokens). The
+guidance term is added to the LM's scores in one place, :func:`_guide` (behind both
+:func:`apply_guidance` and :func:`guided_log_probs`). If the LM gives
+every feasible token probability 0 (e.g. −inf logits), the row falls back to the guidance term
+alone (a uniform LM), so a feasible token is still chosen; rows in dead states (no feasible token,
+possible only for non-top beams) stay all −inf.
+
+Nothing here keeps state: the row bookkeeping is :mod:`ctrlg.guide.row_state`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ctrlg.guide.feasibility import Feasibility
+
+__all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs"]
+
+
+def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
+                       priors: torch.Tensor | None, remaining: int,
+                       device: torch.device | str = "cpu", *, shifted: bool = False) -> torch.Tensor:
+    """log p_hmm(α | x≤t, v), float32 [R, V], for rows using ``tables[table_of_row[i]]`` in DFA
+    state ``states[i]`` with prior ``priors[i]`` (None: logical guidance) and ``remaining`` tokens
+    left (including v). Rows whose state cannot reach acceptance get −inf everywhere. With
+    ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`)."""
+    table_of_row = np.asarray(table_of_row, dtype=np.int64)
+    states = np.asarray(states, dtype=np.int64)
+    R, V = len(states), tables[0].vocab_size
+    out = None
+    for k in np.unique(table_of_row):
+        table = tables[k]
+        rows = np.flatnonzero(table_of_row == k)
+        rows = rows[table.feasible[remaining, states[rows]]]
+        if not len(rows):
+            continue
+        rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
+        ratio = table.log_ratio(states[rows], None if priors is None else priors[rows_t],
+                                remaining, shifted=shifted).to(device)
+        if len(rows) == R:
+            return ratio
+        if out is None:
+            out = torch.full((R, V), -math.inf, device=device)
+        out[torch.as_tensor(rows, device=device)] = ratio
+    return torch.full((R, V), -math.inf, device=device) if out is None else out
+
+
+def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor,
+                   strength: float = 1.0) -> torch.Tensor:
+    """log_softmax(lm_scores + w · log_ratio) per row, float32 [R, V], with the fallback of the
+    module docstring. The guidance strength w ≥ 0 scales only finite terms, so infeasible tokens
+    stay exactly −inf for every w (w = 0: logical masking, w = 1: Ctrl-G). The inputs are left
+    unchanged."""
+    return _guide(lm_scores, log_ratio.clone(), strength, lambda bad: log_ratio[bad])
+
+
+def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
+                     states: np.ndarray, priors: torch.Tensor | None, remaining: int,
+                     strength: float = 1.0) -> torch.Tensor:
+    """Guided log-probabilities [R, V] from the LM's ``scores`` [R, V] (module docstring):
+    :func:`apply_guidance` of :func:`guidance_log_ratio` at guidance strength ``strength``. Pure:
+    no state is read or kept.
+
+    Cost: besides the HMM products, four passes over [R, V] (quotient, log, the sum with the LM's
+    scores in place, log_softmax); the guidance term is computed up to a per-row constant (the
+    softmax removes it), and only for rows that fall back is it recomputed."""
+    table_of_row, states = np.asarray(table_of_row), np.asarray(states)
+    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device,
+                               shifted=True)   # a per-row constant cancels in the softmax
+
+    def ratio_again(bad: torch.Tensor) -> torch.Tensor:   # ``ratio`` was consumed: recompute
+        rows = bad.nonzero()[:, 0].cpu().numpy()
+        return guidance_log_ratio(tables, table_of_row[rows], states[rows],
+                                  None if priors is None else priors[bad.to(priors.device)],
+                                  remaining, scores.device, shifted=True)
+
+    return _guide(scores, ratio, strength, ratio_again)
+
+
+def _guide(lm_scores: torch.Tensor, log_ratio: torch.Tensor, strength: float,
+           ratio_of_rows) -> torch.Tensor:
+    """THE place where guidance meets the LM: :func:`_combine` (consuming ``log_ratio``), then
+    :func:`_fallback` for the rows left without a finite entry, whose guidance term
+    ``ratio_of_rows(bad)`` gives (``bad``: bool [R])."""
+    guided = _combine(lm_scores, log_ratio, strength)
+    bad = _dead_rows(guided)
+    if bad is not None:
+        guided[bad] = _fallback(ratio_of_rows(bad), strength)
+    return guided
+
+
+def _combine(lm_scores: torch.Tensor, log_ratio: torch.Tensor, strength: float) -> torch.Tensor:
+    """log_softmax(lm + w · log_ratio), overwriting ``log_ratio`` with the sum (one pass, no
+    new [R, V] buffer); w · (−inf) = −inf for w > 0, and w = 0 is masking (0 · −inf is NaN)."""
+    lm = lm_scores.float()
+    if strength == 0.0:
+        log_ratio.masked_fill_(torch.isfinite(log_ratio), 0.0).add_(lm)
+    else:
+        torch.add(lm, log_ratio, alpha=strength, out=log_ratio)
+    return torch.log_softmax(log_ratio, 1)
+
+
+def _dead_rows(guided: torch.Tensor) -> torch.Tensor | None:
+    """Bool [R] of rows with no finite entry (log_softmax made them NaN throughout, so column 0
+    tells), or None when there is none."""
+    bad = torch.isnan(guided[:, 0])
+    return bad if bool(bad.any()) else None
+
+
+def _fallback(log_ratio: torch.Tensor, strength: float) -> torch.Tensor:
+    """The guidance term alone, log_softmax(w · log_ratio) (a uniform LM); rows without a
+    feasible token stay all −inf."""
+    term = torch.where(torch.isfinite(log_ratio), strength * log_ratio, log_ratio)
+    fallback = torch.log_softmax(term, -1)
+    return torch.where(torch.isnan(fallback), -math.inf, fallback)

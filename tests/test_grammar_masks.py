@@ -1,0 +1,137 @@
+"""Grammar masks against brute force: on small vocabularies (byte strings that cross terminal
+boundaries: ``1)``, ``+(``, ``",``, ...) every token sequence up to the budget is enumerated and
+checked with the ``lark`` library itself (Earley, ``lexer="dynamic_complete"``: every split into
+terminals, the semantics of ctrlg's grammars); the exact mask of every reachable prefix under
+every remaining budget must equal the brute-force one, and so must the satisfiability verdict."""
+
+import functools
+import itertools
+
+import lark
+import numpy as np
+import pytest
+
+from ctrlg import dfa
+from ctrlg.dfa.vocab_trie import VocabTrie
+from ctrlg.errors import UnsatisfiableConstraintError
+from ctrlg.guide.feasibility import Feasibility
+from ctrlg.guide.masks import GrammarMask, token_mask
+from ctrlg.cfg.examples import ARITHMETIC, LISTS
+
+JSON_REGULAR_STRINGS = r"""
+start: value
+?value: object | array | STRING | NUMBER | "true"
+array: "[" [value ("," value)*] "]"
+object: "{" [pair ("," pair)*] "}"
+pair: STRING ":" value
+STRING: /"([^"\\]|\\.)*"/
+NUMBER: /-?[0-9]+/
+%ignore " "
+"""
+
+SQL_SMALL = r"""
+start: "SELECT " NAME (", " NAME)* " FROM " NAME
+NAME: /[ab]+/
+"""
+
+# (grammar, vocabulary of byte strings — the last one is EOS —, budget)
+CASES = {
+    "arithmetic": (ARITHMETIC, [b"(", b")", b"1", b"2", b"+", b"*", b" ", b"((", b"1)", b"+(",
+                                b"12", b") "], 4),
+    "lists": (LISTS, [b"[", b"]", b"a", b"b", b",", b" ", b"[]", b"a,", b"],", b"[a"], 4),
+    "json": (JSON_REGULAR_STRINGS, [b"{", b"}", b"[", b"]", b'"', b"a", b":", b",", b"1",
+                                    b'":', b'"a"', b"[1", b"1]", b" ", b"tr", b"ue"], 4),
+    "sql": (SQL_SMALL, [b"SELECT ", b"SELECT a", b"a", b"b", b" FROM ", b" FROM", b" ", b"FROM ",
+                        b", ", b"ab", b",", b"a FROM b"], 4),
+}
+
+
+def _constraint(case, **kw):
+    text, tokens, _ = CASES[case]
+    trie = VocabTrie.from_token_bytes(tokens + [b""], eos_token_id=len(tokens))
+    return dfa.grammar(text, trie, **kw), len(tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def _oracle(case):
+    text, tokens, n = CASES[case]
+    parser = lark.Lark(text, parser="earley", lexer="dynamic_complete")
+
+    @functools.lru_cache(maxsize=None)
+    def parses(s: bytes) -> bool:
+        try:
+            parser.parse(s.decode())
+            return True
+        except (lark.exceptions.LarkError, UnicodeDecodeError):
+            return False
+
+    accepted = set()
+    for k in range(1, n + 1):
+        for seq in itertools.product(range(len(tokens)), repeat=k):
+            if parses(b"".join(tokens[t] for t in seq)):
+                accepted.add(seq)
+    return accepted, parses
+
+
+def _brute_mask(case, prefix, remaining, eos):
+    """Tokens v with some w, |w| ≤ remaining − 1, such that prefix·v·w is accepted; EOS iff the
+    prefix itself is (the processor's semantics with EOS terminal)."""
+    accepted, parses = _oracle(case)
+    _, tokens, n = CASES[case]
+    mask = np.zeros(eos + 1, dtype=bool)
+    mask[eos] = parses(b"".join(tokens[t] for t in prefix))
+    for seq in accepted:
+        if len(seq) > len(prefix) and seq[:len(prefix)] == prefix \
+                and len(seq) - len(prefix) <= remaining:
+            mask[seq[len(prefix)]] = True
+    return mask
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_masks_equal_brute_force(case):
+    g, eos = _constraint(case)
+    n = CASES[case][2]
+    table = Feasibility(g.dfa, n, eos_token_id=eos)
+    masks = token_mask(g, table)
+    assert isinstance(masks, GrammarMask) and masks.refines == (not g.exact)
+    masks.check_satisfiable()
+    frontier = [((), masks.start(), g.dfa.initial)]
+    checked = 0
+    for depth in range(n):
+        nxt = []
+        for prefix, cursor, q in frontier:
+            remaining = n - depth
+            got = masks.allowed(cursor, q, remaining)
+            want = _brute_mask(case, prefix, remaining, eos)
+            assert got.tolist() == want.tolist(), (prefix, remaining, np.flatnonzero(got ^ want))
+            checked += 1
+            for v in np.flatnonzero(got).tolist():
+                if v != eos:
+                    nxt.append((prefix + (v,), masks.advance(cursor, v), g.dfa.step(q, v)))
+        frontier = nxt
+    assert checked > 10
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_accepts_equals_lark(case):
+    g, eos = _constraint(case)
+    _, tokens, n = CASES[case]
+    accepted, _ = _oracle(case)
+    for k in range(1, 4):
+        for seq in itertools.product(range(len(tokens)), repeat=k):
+            assert g.accepts(list(seq)) == (seq in accepted), seq
+            assert g.accepts(list(seq) + [eos]) == (seq in accepted), seq
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_satisfiability_equals_brute_force(case):
+    g, eos = _constraint(case)
+    accepted, _ = _oracle(case)
+    shortest = min(len(s) for s in accepted)
+    for n in range(1, CASES[case][2] + 1):
+        masks = token_mask(g, Feasibility(g.dfa, n, eos_token_id=eos))
+        if n >= shortest:
+            masks.check_satisfiable()
+        else:
+            with pytest.raises(UnsatisfiableConstraintError, match="no sentence of at most"):
+                masks.check_satisfiable()
