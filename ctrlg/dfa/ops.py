@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
-                            ragged_indices, reachable_mask, token_classes)
+                            distinct_edges, ragged_indices, reachable_mask, token_classes)
 from ctrlg.dfa.minimize import minimize_table
 from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
@@ -50,8 +50,7 @@ def trim_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     transition leads to a dead state. Returns ``(table, accepting)`` or ``None`` when the language
     is empty."""
     S, C = table.shape
-    pairs = np.unique(np.arange(S, dtype=np.int64)[:, None] * S + table)
-    src, dst = pairs // S, pairs % S
+    src, dst = distinct_edges(table)
     live = reachable_mask(np.nonzero(accepting)[0], dst, src, S)
     if not live[initial]:
         return None
@@ -94,6 +93,8 @@ def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: Toke
 # pair-key ranges up to this size get a "seen" bitmap (one byte per pair); larger ones a sorted
 # set of reached keys (O(reached) per level)
 _BITMAP_PAIRS = 1 << 25
+# pair-key ranges up to this size also get a dense key → id table (8 bytes per pair)
+_DENSE_IDS = 1 << 23
 
 
 def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2: np.ndarray,
@@ -112,11 +113,17 @@ def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2:
         seen[start] = True
         levels = [start]
         while frontier.size:
-            succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
-            frontier = succ[~seen[succ]]
+            succ = (t1[frontier // S2] * S2 + t2[frontier % S2]).ravel()
+            frontier = np.unique(succ[~seen[succ]])     # drop the seen pairs before sorting
             seen[frontier] = True
             levels.append(frontier)
         reached = np.sort(np.concatenate(levels))
+        if len(seen) <= _DENSE_IDS:                      # pair key → state id by a lookup
+            ids = np.zeros(len(seen), dtype=np.int64)
+            ids[reached] = np.arange(len(reached))
+            table = ids[t1[reached // S2] * S2 + t2[reached % S2]]
+            return (table, rule(a1[reached // S2], a2[reached % S2]),
+                    int(ids[start[0]]))
     else:
         reached = start
         while frontier.size:
