@@ -41,13 +41,14 @@ from ctrlg.dfa import builders
 from ctrlg.dfa.builders import any_phrase, check_count_range, starts_with
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
+from ctrlg.dfa.size_bounds import (MAX_STATES, check_estimate, keyword_states,
+                                    max_keyword_groups)
 from ctrlg.errors import ConstraintError
 from ctrlg.validation import check_count
 from ctrlg.vocab import as_vocabulary, is_vocabulary_like, spec_then_vocabulary, tokenizer_of
 
 __all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary",
-           "inflections", "parse_concepts", "commongen_constraint", "estimated_states",
-           "MAX_STATES"]
+           "inflections", "parse_concepts", "commongen_constraint"]
 
 _WORD_BYTE = re.compile(rb"[0-9A-Za-z\x80-\xff]")
 # a token's effect depends only on its "shape": whitespace → " ", letters/digits → "a", other → "."
@@ -157,42 +158,6 @@ word_count.__signature__ = _WORD_COUNT_ORDER
 MAX_WORD_BOUND = 16_384
 
 
-# Default bound on the estimated states of a keyword or CommonGen automaton (about 2 GB while it
-# is built; 10 concepts with 5-30 words: 268,809 states, ~350,000 estimated).
-MAX_STATES = 500_000
-
-
-def estimated_states(num_groups: int, counter_values: int = 1) -> int:
-    """About how many states the keyword automaton of ``num_groups`` groups, intersected with a
-    word counter that tells ``counter_values`` counts apart, has: (k + 1)·2^k·counts — one state
-    per set of groups already seen (2^k) times the partial matches of the rest (~k + 1), times
-    the counts. Measured on SmolLM2 with CommonGen concepts: 11,784 states for 10 keyword groups
-    alone (estimate 11,264), 268,809 with 5-30 words (estimate 349,184)."""
-    return (num_groups + 1) * 2 ** num_groups * counter_values
-
-
-def check_size(what: str, num_groups: int, counter_values: int, max_states) -> None:
-    """ConstraintError, before any work, when :func:`estimated_states` exceeds ``max_states``."""
-    max_states = check_count("max_states", max_states, minimum=1)
-    estimate = estimated_states(num_groups, counter_values)
-    if estimate > max_states:
-        fits = max(k for k in range(num_groups + 1)
-                   if k == 0 or estimated_states(k, counter_values) <= max_states)
-        counted = f" × {counter_values} word counts" if counter_values > 1 else ""
-        raise ConstraintError(
-            f"{what} with {num_groups} concepts needs about {estimate:,} states ((k + 1)·2^k "
-            f"for every set of concepts already seen{counted}), more than max_states="
-            f"{max_states:,}; use at most {fits} concepts"
-            + (" or a smaller word range (max_words)" if counter_values > 1 else "")
-            + ", or raise max_states")
-
-
-def word_boundary(tokens: Sequence[bytes]) -> np.ndarray:
-    """Bool [V]: tokens that cannot continue a word, i.e. whose first byte is not a letter or
-    digit (whitespace, punctuation, and text-less tokens such as EOS)."""
-    return np.array([data[:1].translate(_SHAPE) != b"a" for data in tokens], dtype=bool)
-
-
 def _check_word_range(min_words, max_words) -> None:
     check_count_range("word", "min_words", min_words, "max_words", max_words)
     for name, value in (("min_words", min_words), ("max_words", max_words)):
@@ -273,11 +238,15 @@ def keywords(groups: Sequence[Sequence[str]], tokenizer, *, whole_word: bool = T
     the older order, still works with a DeprecationWarning).
 
     The automaton remembers which groups have occurred: about (k + 1)·2^k states for k groups
-    (:func:`estimated_states`); more than ``max_states`` is refused before anything is built."""
+    (:func:`ctrlg.dfa.size_bounds.keyword_states`); an estimate above ``max_states`` is refused
+    before anything is built."""
     groups, tokenizer = spec_then_vocabulary(groups, tokenizer, "keywords", "groups")
     if isinstance(groups, str) or not groups:
         raise ConstraintError(f"groups must be a non-empty list of keyword lists, got {groups!r}")
-    check_size("keywords", len(groups), 1, max_states)
+    groups = list(groups)
+    max_states = check_count("max_states", max_states, minimum=1)
+    check_estimate(f"keywords with {len(groups)} groups", keyword_states(len(groups)), max_states,
+                   f"use at most {max_keyword_groups(max_states)} groups")
     tokens = _vocabulary(tokenizer, vocab_size)
     return _keywords(tokenizer_of(tokenizer, "keywords"), groups, tokens, whole_word)
 
@@ -358,15 +327,19 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     reachable pairs, trimmed: one product and no minimisation of it (Hopcroft over the product
     costs ~10× the product itself), within 2 % of the minimal state count in every measured case
     (6 concepts, 5-30 words: 14,413 states vs 14,277); ``minimal=True`` minimises it. The size
-    grows as (k + 1)·2^k × the word counts (:func:`estimated_states`): an estimate above
-    ``max_states`` is refused at once, before the inflections are looked up.
+    grows as (k + 1)·2^k × the word counts (:func:`ctrlg.dfa.size_bounds.keyword_states`): an
+    estimate above ``max_states`` is refused at once, before the inflections are looked up.
     """
     concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer, "commongen_constraint",
                                                "concepts")
     _check_word_range(min_words, max_words)
     parsed = parse_concepts(concepts)
-    check_size("commongen_constraint", len(parsed), _counter_values(min_words, max_words),
-               max_states)
+    counts = (max_words if max_words is not None else min_words) + 1    # counts told apart
+    max_states = check_count("max_states", max_states, minimum=1)
+    check_estimate(f"commongen_constraint with {len(parsed)} concepts",
+                   keyword_states(len(parsed), counts), max_states,
+                   f"use at most {max_keyword_groups(max_states, counts)} concepts"
+                   + (" or a smaller max_words" if max_words else ""))
     groups = [inflections(word, pos) for word, pos in parsed]
     tokens = _vocabulary(tokenizer, vocab_size)
     V = len(tokens)
@@ -376,9 +349,3 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
         counter = intersect(counter, builders.eos(int(eos_id), V, required=require_eos))
     kw = _keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word)
     return intersect(kw, counter, minimal=minimal)
-
-
-def _counter_values(min_words: int, max_words: int | None) -> int:
-    """The word counts the CommonGen automaton tells apart (0 … max_words, or 0 … min_words
-    when there is no upper bound)."""
-    return (max_words if max_words is not None else min_words) + 1
