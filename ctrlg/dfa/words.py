@@ -251,6 +251,12 @@ def keywords(groups: Sequence[Sequence[str]], tokenizer, *, whole_word: bool = T
     return _keywords(tokenizer_of(tokenizer, "keywords"), groups, tokens, whole_word)
 
 
+def word_boundary(tokens: Sequence[bytes]) -> np.ndarray:
+    """Bool [V]: tokens that cannot continue a word, i.e. whose first byte is not a letter or
+    digit (whitespace, punctuation, and text-less tokens such as EOS)."""
+    return np.array([data[:1].translate(_SHAPE) != b"a" for data in tokens], dtype=bool)
+
+
 def _keywords(tokenizer, groups, tokens: Sequence[bytes], whole_word: bool) -> TokenDFA:
     V = len(tokens)
     boundary = word_boundary(tokens) if whole_word else None
