@@ -6,6 +6,7 @@ __all__ = [
     "ConstraintError",
     "UnsatisfiableConstraintError",
     "VocabularyMismatchError",
+    "ContextLengthError",
     "HMMParameterError",
     "CheckpointError",
     "RegexError",
@@ -29,6 +30,10 @@ class UnsatisfiableConstraintError(ConstraintError):
 
 class VocabularyMismatchError(CtrlgError):
     """Two objects (DFA, HMM, LM, tokenizer) disagree on the vocabulary."""
+
+
+class ContextLengthError(ConstraintError):
+    """A prompt (with the new tokens and any suffix) longer than the LM's maximum positions."""
 
 
 class HMMParameterError(CtrlgError):

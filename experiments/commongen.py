@@ -53,6 +53,7 @@ from ctrlg.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
 from ctrlg.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
+from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
 from experiments.common import (METRIC_NAMES, ExperimentConfigError, RecordWriter,
@@ -206,6 +207,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(p) for p in prompts)
+    check_context_length(model, width, gen.max_new_tokens, what="the longest prompt of the batch")
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     decoding = decoding_options(gen, K, beams)
