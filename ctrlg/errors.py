@@ -9,6 +9,7 @@ __all__ = [
     "ContextLengthError",
     "HMMParameterError",
     "CheckpointError",
+    "CheckpointWriteError",
     "RegexError",
     "UnsupportedRegexError",
     "SchemaError",
@@ -42,6 +43,12 @@ class HMMParameterError(CtrlgError):
 
 class CheckpointError(CtrlgError):
     """A checkpoint that is truncated, corrupt, or made for another tokenizer."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint that cannot be written where the caller asked (an unwritable or missing folder,
+    a full disk); the message names that path, never an internal staging folder. Also an
+    ``OSError``, so ``except OSError`` keeps working."""
 
 
 class RegexError(CtrlgError):
