@@ -59,8 +59,8 @@ from ctrlg.vocab import eos_token_ids
 from experiments.common import (METRIC_NAMES, ExperimentConfigError, RecordWriter,
                                 find_resume_dir, format_table, generation_config,
                                 hydra_output_dir, interval_cell, interval_header, load_hmm,
-                                load_lm, paired_intervals, progress, read_records, start_run,
-                                write_json)
+                                load_lm, paired_intervals, progress, read_records,
+                                report_errors, start_run, write_json)
 
 GUIDES = ("none", "logical", "ctrlg")
 PRIORS = ("filter", "head")
@@ -459,6 +459,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="commongen")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 

@@ -46,7 +46,7 @@ from ctrlg.validation import check_context_length
 from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
                                 format_table, generation_config, hydra_output_dir, load_lm,
                                 progress, read_records, save_resolved_config, seed_everything,
-                                write_json, write_jsonl)
+                                report_errors, write_json, write_jsonl)
 
 TASKS = ("lambada", "bias", "extraction")
 PREDICTIONS = "predictions.jsonl"
@@ -316,6 +316,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="relm")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 

@@ -25,7 +25,8 @@ from omegaconf import DictConfig
 from ctrlg.validation import check_context_length
 
 from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                save_resolved_config, seed_everything, write_json)
+                                report_errors, save_resolved_config, seed_everything,
+                                write_json)
 
 
 def random_hmm(hidden_size: int, vocab_size: int, seed: int):
@@ -154,6 +155,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="runtime")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 
