@@ -8,8 +8,8 @@ concepts becomes a k-concept item when one of its references can supply the miss
 
 1. *Candidate references*: those that already use every original concept (some inflection of
    each, whole words, :func:`ctrlg.dfa.inflections`).
-2. *Extra concepts* of a reference: its words, lower-cased, that are not function words
-   (:data:`FUNCTION_WORDS`), have at least three letters, and are nouns or verbs for lemminflect
+2. *Extra concepts* of a reference: its words, lower-cased, that have at least three letters,
+   are not function words (:data:`FUNCTION_WORDS`; nor is their lemma), and are nouns or verbs for lemminflect
    with no adjective or adverb reading (CommonGen's own concepts are nouns and verbs: 2,232 and
    1,497 in dev). A word with one reading keeps it (``stood`` → ``stand_V``, ``camera`` →
    ``camera_N``); one with both is a verb when it ends in -ing/-ed (``looking`` → ``look_V``),
@@ -97,12 +97,14 @@ def _extra_concept(word: str) -> tuple[str, str | None] | None:
         return None
     verb, noun = lemmas.get("VERB", ()), lemmas.get("NOUN", ())
     if verb and not noun:
-        return verb[0], "VERB"
-    if noun and not verb:
-        return noun[0], "NOUN"
-    if verb and word.endswith(("ing", "ed")) and verb[0] != word:
-        return verb[0], "VERB"
-    return (noun or verb)[0], None
+        found = verb[0], "VERB"
+    elif noun and not verb:
+        found = noun[0], "NOUN"
+    elif verb and word.endswith(("ing", "ed")) and verb[0] != word:
+        found = verb[0], "VERB"
+    else:
+        found = (noun or verb)[0], None
+    return None if found[0] in FUNCTION_WORDS else found
 def _extras(reference: str, taken: set[str]) -> list[tuple[str, str | None]]:
     """The distinct extra concepts of one reference, in sentence order, skipping the words in
     ``taken`` (every form of the item's concepts) and the lemmas that are one of them."""
