@@ -442,8 +442,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
         suffix_ids = tokenizer(suffix, add_special_tokens=False).input_ids if isinstance(suffix, str) \
             else [int(t) for t in suffix]
     eos_ids = eos_list(eos_token_id) if eos_token_id is not None else eos_token_ids(tokenizer, model)
-    check_generation(model, prompt_ids, suffix_ids, eos_ids, constraint.vocab_size, max_new_tokens,
-                     generate_kwargs, do_sample=num_beams == 1 if do_sample is None else do_sample,
+    check_generation(model, prompt_ids, suffix_ids, max_new_tokens, generate_kwargs,
+                     do_sample=num_beams == 1 if do_sample is None else do_sample,
                      num_beams=num_beams, num_samples=num_samples)
     if isinstance(prior_head, str) and prior_head == "auto":
         prior_head = getattr(hmm, "prior_head", None)

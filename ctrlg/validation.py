@@ -194,19 +194,14 @@ def check_decoding_options(options: dict, *, do_sample: bool, num_beams: int,
                               f"num_beams ≥ num_samples")
 
 
-def check_generation(model, prompt_ids, suffix_ids, eos_ids, vocab_size: int,
-                     max_new_tokens: int, decoding: dict, *, do_sample: bool, num_beams: int,
-                     num_samples: int) -> None:
+def check_generation(model, prompt_ids, suffix_ids, max_new_tokens: int, decoding: dict, *,
+                     do_sample: bool, num_beams: int, num_samples: int) -> None:
     """Everything :func:`ctrlg.generate` can check against the model and the budget before any
-    table is built: the decoding options, the prompt ids within the LM's logits, the suffix and
-    EOS ids within the constraint's vocabulary ``vocab_size``, and the context length (prompt +
-    ``max_new_tokens`` + suffix)."""
+    table is built: the decoding options, the prompt ids within the LM's logits and the context
+    length (prompt + ``max_new_tokens`` + suffix). (The suffix and EOS ids are checked against
+    the constraint's vocabulary by the processor, before its tables.)"""
     check_decoding_options(decoding, do_sample=do_sample, num_beams=num_beams,
                            num_samples=num_samples)
     as_token_ids(prompt_ids, "the prompt's token ids", vocab_size=lm_vocab_size(model))
-    if suffix_ids:
-        as_token_ids(suffix_ids, "the suffix's token ids", vocab_size=vocab_size)
-    if eos_ids:
-        as_token_ids(eos_ids, "eos_token_id", vocab_size=vocab_size)
     check_context_length(model, len(prompt_ids), max_new_tokens,
                          suffix_tokens=len(suffix_ids or []))

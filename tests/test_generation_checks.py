@@ -102,17 +102,13 @@ def test_decoding_options_are_checked_before_any_work(lm_8k, smollm2_tokenizer, 
                        max_new_tokens=4, num_samples=3, **options)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=[1, 2, 10**6]), "the prompt's token ids must lie in \\[0, 49152\\)"),
-    (dict(prompt="Hi", suffix=[7, 49152]), "the suffix's token ids"),
-    (dict(prompt="Hi", eos_token_id=10**6), "eos_token_id must lie in"),
-])
-def test_token_ids_out_of_range_are_refused(lm_8k, smollm2_tokenizer, no_work, kwargs, message):
+def test_prompt_ids_out_of_range_are_refused(lm_8k, smollm2_tokenizer, no_work):
+    """They raised an IndexError from the LM's embedding."""
     V = len(smollm2_tokenizer)
-    prompt = kwargs.pop("prompt")
-    with pytest.raises(VocabularyMismatchError, match=message):
-        ctrlg.generate(lm_8k, smollm2_tokenizer, prompt, dfa.phrase([3], V), mode="logical",
-                       max_new_tokens=4, num_samples=2, **kwargs)
+    with pytest.raises(VocabularyMismatchError,
+                       match=r"the prompt's token ids must lie in \[0, 49152\)"):
+        ctrlg.generate(lm_8k, smollm2_tokenizer, [1, 2, 10**6], dfa.phrase([3], V),
+                       mode="logical", max_new_tokens=4, num_samples=2)
 
 
 def test_relm_query_past_the_context_is_refused_at_once(lm_8k, smollm2_tokenizer, no_work):
