@@ -202,3 +202,18 @@ def test_breadth_first_order_in_c_is_the_numpy_order(n, edges, source):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(core, "_SCIPY_BFS_EDGES", -1)
         assert np.array_equal(core.bfs_order(source, src, dst, n), expected)
+
+
+def test_edit_distance_beyond_the_estimate_is_refused_at_once():
+    """Edit distance 8 on "hello world" ran for more than 100 s (the subset construction grows
+    about 3^k); k = 2 still builds."""
+    from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
+    from ctrlg.relm_edits import within_edit_distance
+
+    base = compile_bytes_dfa("hello world")
+    start = time.perf_counter()
+    with pytest.raises(ConstraintError, match=r"edit distance 8 on a pattern of 12 byte states "
+                                              r"needs about 78,732 .* use edit_distance ≤ 5"):
+        within_edit_distance(base, 8)
+    assert time.perf_counter() - start < 1
+    assert within_edit_distance(base, 2).num_states == 142
