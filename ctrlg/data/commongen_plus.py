@@ -46,6 +46,7 @@ import numpy as np
 
 from ctrlg.data._files import BUNDLED_DIR, DatasetError
 from ctrlg.data.commongen import CommonGenExample, load_commongen
+from ctrlg.dfa.words import inflections
 
 __all__ = ["FUNCTION_WORDS", "build_commongen_plus", "plus_rows", "write_commongen_plus",
            "uses_concept", "BUNDLED_NAME"]
@@ -74,16 +75,10 @@ _WORD = re.compile(r"[A-Za-z]+")
 _POS_TAG = {"NOUN": "_N", "VERB": "_V", None: ""}
 
 
-def _inflections(word: str, pos: str | None) -> list[str]:
-    from ctrlg.dfa.words import inflections   # lemminflect's tables load on first use
-
-    return inflections(word, pos)
-
-
 def uses_concept(sentence: str, concept: str, pos: str | None) -> bool:
     """Whether ``sentence`` uses ``concept`` in some inflection, as a whole word (any case)."""
     words = {w.lower() for w in _WORD.findall(sentence)}
-    return any(form.lower() in words for form in _inflections(concept, pos))
+    return any(form.lower() in words for form in inflections(concept, pos))
 
 
 def _extra_concept(word: str) -> tuple[str, str | None] | None:
@@ -124,7 +119,7 @@ def _grow(example: CommonGenExample, size: int, rng: np.random.Generator
     if need < 1:
         return None
     taken = {form.lower() for c, p in zip(example.concepts, example.pos)
-             for form in _inflections(c, p)}
+             for form in inflections(c, p)}
     candidates = []
     for reference in example.references:
         if all(uses_concept(reference, c, p) for c, p in zip(example.concepts, example.pos)):
