@@ -14,6 +14,10 @@ Each case draws, from its own seed:
   (b) transformers beam search (2–4 beams) from such an LM; (c) a hand-written sampling loop fed
   raw random logits (Gaussian, some columns −inf, sometimes padded wider than V).
 
+New constraint kinds (grammars, JSON Schemas, ...) join with :func:`register_leaf` (and, for one
+that spells text, a byte vocabulary in :data:`VOCABULARIES`); a kind that is not an automaton is
+drawn only as a whole constraint and checked by enumeration through its ``accepts``.
+
 A concatenation whose subset construction would exceed ``CONCAT_STATES`` states raises
 ConstraintError (``dfa.concat(max_states=...)``); such a constraint is redrawn and counted.
 
@@ -37,13 +41,16 @@ seeds, so any one can be replayed with ``--replay SEED``. The suite runs a small
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -88,45 +95,82 @@ def _random_dense(rng, V):
     return dfa.TokenDFA.from_dense(table, accepting, int(rng.integers(0, S)))
 
 
-def _leaf(rng, V, eos, toy: bool):
-    kinds = ["phrase", "any_phrase", "starts_with", "exact", "length", "banned", "dense",
-             "universal"] + (["eos"] if eos is not None else []) + (["regex"] * 3 if toy else [])
+@dataclass(frozen=True)
+class LeafKind:
+    """A constraint builder the campaign draws from.
+
+    ``build(rng, V, eos)`` returns a constraint over token ids ``[0, V)``; ``vocabulary`` is None
+    (any V) or the name of a byte vocabulary in :data:`VOCABULARIES` (the case then runs over
+    that vocabulary, whose last token is EOS); ``weight`` is the relative frequency;
+    ``needs_eos``: drawn only when the case has an EOS; ``combinable``: may appear under ∧ ∨ ¬ ·
+    (False for a constraint that is not an automaton, e.g. a grammar: it is drawn only as the
+    whole constraint, and the oracle then enumerates sequences through its ``accepts``)."""
+
+    build: Callable
+    vocabulary: str | None = None
+    weight: int = 1
+    needs_eos: bool = False
+    combinable: bool = True
+
+
+# byte vocabularies of the cases that compile text constraints (regex, JSON Schema, grammars)
+VOCABULARIES: dict[str, list[bytes]] = {"toy": TOY_TOKENS}
+LEAF_KINDS: dict[str, LeafKind] = {}
+
+
+def register_leaf(name: str, build: Callable, **options) -> None:
+    """Add a constraint kind to the campaign (``options``: the fields of :class:`LeafKind`).
+    Kinds are drawn in registration order, so registering a new kind after the built-in ones
+    leaves the draws of every earlier seed unchanged unless the new kind is drawn."""
+    LEAF_KINDS[name] = LeafKind(build, **options)
+
+
+def _length(rng, V, eos):
+    lo = int(rng.integers(0, 4))
+    hi = None if rng.random() < 0.3 else lo + int(rng.integers(0, 4))
+    return dfa.length(lo, hi, vocab_size=V)
+
+
+register_leaf("phrase", lambda rng, V, eos: dfa.phrase(_tokens(rng, V), V))
+register_leaf("any_phrase", lambda rng, V, eos: dfa.any_phrase(
+    [_tokens(rng, V) for _ in range(int(rng.integers(1, 4)))], V))
+register_leaf("starts_with", lambda rng, V, eos: dfa.starts_with(
+    [_tokens(rng, V) for _ in range(int(rng.integers(1, 3)))], V))
+register_leaf("exact", lambda rng, V, eos: dfa.exact(_tokens(rng, V, 1, 4), V))
+register_leaf("length", _length)
+register_leaf("banned", lambda rng, V, eos: dfa.banned_phrases([_tokens(rng, V, 1, 2)], V))
+register_leaf("dense", lambda rng, V, eos: _random_dense(rng, V))
+register_leaf("universal", lambda rng, V, eos: dfa.universal(V))
+register_leaf("eos", lambda rng, V, eos: dfa.eos(eos, V, required=bool(rng.random() < 0.5)),
+              needs_eos=True)
+register_leaf("regex", lambda rng, V, eos: _regex_leaf(rng), vocabulary="toy", weight=3)
+
+
+def _regex_leaf(rng):
+    pattern = _random_regex(rng)
+    return f"regex:{pattern}", dfa.regex(pattern, TOY_TOKENS, eos_token_id=TOY_EOS)
+
+
+def _leaf(rng, V, eos, vocabulary: str | None, top: bool):
+    kinds = [name for name, kind in LEAF_KINDS.items() for _ in range(kind.weight)
+             if kind.vocabulary in (None, vocabulary) and (eos is not None or not kind.needs_eos)
+             and (top or kind.combinable)]
     kind = str(rng.choice(kinds))
-    if kind == "phrase":
-        return kind, dfa.phrase(_tokens(rng, V), V)
-    if kind == "any_phrase":
-        return kind, dfa.any_phrase([_tokens(rng, V) for _ in range(int(rng.integers(1, 4)))], V)
-    if kind == "starts_with":
-        return kind, dfa.starts_with([_tokens(rng, V) for _ in range(int(rng.integers(1, 3)))], V)
-    if kind == "exact":
-        return kind, dfa.exact(_tokens(rng, V, 1, 4), V)
-    if kind == "length":
-        lo = int(rng.integers(0, 4))
-        hi = None if rng.random() < 0.3 else lo + int(rng.integers(0, 4))
-        return kind, dfa.length(lo, hi, vocab_size=V)
-    if kind == "banned":
-        return kind, dfa.banned_phrases([_tokens(rng, V, 1, 2)], V)
-    if kind == "eos":
-        return kind, dfa.eos(eos, V, required=bool(rng.random() < 0.5))
-    if kind == "regex":
-        pattern = _random_regex(rng)
-        return f"regex:{pattern}", dfa.regex(pattern, TOY_TOKENS, eos_token_id=TOY_EOS)
-    if kind == "universal":
-        return kind, dfa.universal(V)
-    return kind, _random_dense(rng, V)
+    built = LEAF_KINDS[kind].build(rng, V, eos)
+    return built if isinstance(built, tuple) else (kind, built)
 
 
-def random_constraint(rng, V, eos, toy: bool, depth: int = 0):
-    """``(description, top-level operation, TokenDFA)``: a random expression of builders and
-    operations."""
+def random_constraint(rng, V, eos, vocabulary: str | None, depth: int = 0):
+    """``(description, top-level operation, constraint)``: a random expression of builders and
+    operations (``vocabulary``: the case's byte vocabulary, None for bare token ids)."""
     if depth >= 3 or rng.random() < 0.35:
-        name, leaf = _leaf(rng, V, eos, toy)
+        name, leaf = _leaf(rng, V, eos, vocabulary, top=depth == 0)
         return name, "leaf", leaf
     op = str(rng.choice(["intersect", "union", "complement", "concat"]))
     if op == "complement":
-        name, _, inner = random_constraint(rng, V, eos, toy, depth + 1)
+        name, _, inner = random_constraint(rng, V, eos, vocabulary, depth + 1)
         return f"¬({name})", op, dfa.complement(inner, allow_empty=True)
-    parts = [random_constraint(rng, V, eos, toy, depth + 1)
+    parts = [random_constraint(rng, V, eos, vocabulary, depth + 1)
              for _ in range(int(rng.integers(2, 4)))]
     fn = {"intersect": dfa.intersect, "union": dfa.union,
           "concat": lambda *d, **kw: dfa.concat(*d, max_states=CONCAT_STATES, **kw)}[op]
@@ -149,7 +193,10 @@ def accepted(constraint: dfa.TokenDFA, tokens, eos) -> bool:
 def satisfiable(constraint: dfa.TokenDFA, n: int, m: int, eos) -> bool:
     """Whether some generation of the budget is accepted: n tokens without EOS, or k non-EOS
     tokens then EOS with m ≤ k < n (EOS is forbidden before ``min_new_tokens``). Dynamic
-    programme over the dense table (the set of states after k non-EOS tokens)."""
+    programme over the dense table (the set of states after k non-EOS tokens); a constraint
+    without one (not an automaton) is checked on every such sequence through ``accepts``."""
+    if not hasattr(constraint, "dense"):
+        return _satisfiable_by_enumeration(constraint, n, m, eos)
     table = constraint.dense()
     V = constraint.vocab_size
     plain = [v for v in range(V) if v != eos]
@@ -162,6 +209,17 @@ def satisfiable(constraint: dfa.TokenDFA, n: int, m: int, eos) -> bool:
         states = {int(table[s, v]) for s in states for v in plain}
         if not states:
             return False
+    return False
+
+
+def _satisfiable_by_enumeration(constraint, n: int, m: int, eos) -> bool:
+    plain = [v for v in range(constraint.vocab_size) if v != eos]
+    for k in range(n + 1):
+        for body in itertools.product(plain, repeat=k):
+            if k == n and constraint.accepts(list(body)):
+                return True
+            if eos is not None and m <= k < n and constraint.accepts([*body, eos]):
+                return True
     return False
 
 
@@ -236,9 +294,11 @@ def decode_random_logits(case, constraint, hmm, rng):
 # ---------------------------------------------------------------------- one case
 def run_case(seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    toy = bool(rng.random() < 0.3)
-    if toy:
-        V, eos = len(TOY_TOKENS), TOY_EOS
+    vocabulary = None
+    if rng.random() < 0.3:
+        names = list(VOCABULARIES)
+        vocabulary = names[0] if len(names) == 1 else str(rng.choice(names))
+        V, eos = len(VOCABULARIES[vocabulary]), len(VOCABULARIES[vocabulary]) - 1
     else:
         V = int(rng.integers(2, 7))
         eos = int(V - 1) if rng.random() < 0.6 else None
@@ -251,7 +311,7 @@ def run_case(seed: int) -> dict:
         attempt = 0
         while True:   # redraw an unsatisfiable constraint once (~1 case in 6 stays unsatisfiable)
             try:
-                name, case["op"], constraint = random_constraint(rng, V, eos, toy)
+                name, case["op"], constraint = random_constraint(rng, V, eos, vocabulary)
             except ConstraintError as err:
                 if "max_states" not in str(err):
                     raise
@@ -262,7 +322,7 @@ def run_case(seed: int) -> dict:
             if expect or attempt == 2 or rng.random() < 0.5:
                 break
         case["constraint"] = name
-        case["states"] = constraint.num_states
+        case["states"] = getattr(constraint, "num_states", None)
         hmm = random_hmm(rng, int(rng.integers(1, 5)), V)
         case["satisfiable"] = expect
         try:

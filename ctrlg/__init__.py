@@ -10,7 +10,9 @@ Heavy dependencies (transformers) are imported lazily: ``ctrlg.ConstraintLogitsP
 from ctrlg import dfa
 from ctrlg.errors import (
     CheckpointError,
+    CheckpointWriteError,
     ConstraintError,
+    ContextLengthError,
     CtrlgError,
     HMMParameterError,
     RegexError,
@@ -30,7 +32,9 @@ __all__ = [
     "dfa",
     "generate",
     "CheckpointError",
+    "CheckpointWriteError",
     "ConstraintError",
+    "ContextLengthError",
     "CtrlgError",
     "HMMParameterError",
     "RegexError",

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ctrlg.errors import CheckpointError
+from ctrlg.errors import CheckpointError, CheckpointWriteError
 
 __all__ = ["atomic_folder", "new_save_id", "check_same_save", "remove_stale_staging",
            "staging_folder"]
@@ -100,12 +100,18 @@ def remove_stale_staging(parent, target_name: str) -> list[Path]:
 
 def staging_folder(target) -> Path:
     """A new empty folder beside ``target`` (same filesystem, so it can be renamed onto it),
-    named after the target and this process's id."""
+    named after the target and this process's id. CheckpointWriteError naming ``target`` when
+    its folder cannot be created or written."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(target.parent, target.name)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-",
-                                 dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(target.parent, target.name)
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-",
+                                     dir=target.parent))
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"cannot save to {target}: its folder {target.parent} cannot be created or written "
+            f"({err.strerror or err}); choose a folder you can write to") from None
 
 
 def publish(staging: Path, target: Path, owned: Iterable[str] = ()) -> None:
@@ -138,6 +144,13 @@ def atomic_folder(target, owned: Iterable[str] = ()) -> Iterator[Path]:
     try:
         yield staging
         publish(staging, target, owned)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, CheckpointWriteError):
+            raise
+        raise CheckpointWriteError(
+            f"saving {target} failed: {err.strerror or err}; the previous contents of {target} "
+            f"are unchanged") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -6,8 +6,10 @@ __all__ = [
     "ConstraintError",
     "UnsatisfiableConstraintError",
     "VocabularyMismatchError",
+    "ContextLengthError",
     "HMMParameterError",
     "CheckpointError",
+    "CheckpointWriteError",
     "RegexError",
     "UnsupportedRegexError",
     "SchemaError",
@@ -33,12 +35,22 @@ class VocabularyMismatchError(CtrlgError):
     """Two objects (DFA, HMM, LM, tokenizer) disagree on the vocabulary."""
 
 
+class ContextLengthError(ConstraintError):
+    """A prompt (with the new tokens and any suffix) longer than the LM's maximum positions."""
+
+
 class HMMParameterError(CtrlgError):
     """HMM parameters that are not probability distributions (NaN, negative, rows not summing to 1)."""
 
 
 class CheckpointError(CtrlgError):
     """A checkpoint that is truncated, corrupt, or made for another tokenizer."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint that cannot be written where the caller asked (an unwritable or missing folder,
+    a full disk); the message names that path, never an internal staging folder. Also an
+    ``OSError``, so ``except OSError`` keeps working."""
 
 
 class RegexError(CtrlgError):

@@ -45,7 +45,7 @@ from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
-from ctrlg.validation import check_count
+from ctrlg.validation import check_context_length, check_count
 from ctrlg.vocab import as_vocabulary, lm_vocab_size
 
 __all__ = ["Query", "QueryResult", "search", "sample", "exclude_words", "compile_query"]
@@ -405,8 +405,10 @@ def _passes(query: Query, text: str) -> bool:
 # ---------------------------------------------------------------------- shortest path
 def _prepare(model, tokenizer, query: Query, context_ids):
     """(compiled query automaton, LM context ids, EOS id or None) shared by search and sample."""
+    context = _context(tokenizer, context_ids)
+    check_context_length(model, len(context), query.max_tokens, what="the query's context")
     autom = compile_query(query, tokenizer, _vocab_size(model, tokenizer))
-    return autom, _context(tokenizer, context_ids), getattr(tokenizer, "eos_token_id", None)
+    return autom, context, getattr(tokenizer, "eos_token_id", None)
 
 
 _RESULT, _NODE, _SIBLINGS = 0, 1, 2

@@ -16,6 +16,11 @@ is the ε-NFA on states ``(q, e)``, ``e ∈ [0, k]`` (Ukkonen / Schulz–Mihov c
 accepting where ``q ∈ F``; subset construction and minimisation make it a byte DFA again.
 Edits act on characters; the symbols and the characters that can be deleted or substituted are
 restricted to one-byte (ASCII) characters, so the result stays valid UTF-8.
+
+Cost: the subset construction grows about 3^k times the pattern's live byte states (measured on
+``hello world``, 12 live states: 142 / 1,387 / 3,924 / 10,009 states for k = 2 / 4 / 5 / 6, built in
+0.05 / 1.6 / 6.4 / 24 s), so an estimate ``live states · 3^k`` above :data:`MAX_EDIT_STATES` is
+refused before the automaton is built.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import numpy as np
 from ctrlg.dfa.bytes_dfa import DEAD, ByteDFA, ByteNFA, determinize, minimize
 from ctrlg.errors import ConstraintError
 
-__all__ = ["within_edit_distance", "DEFAULT_EDIT_SYMBOLS"]
+__all__ = ["within_edit_distance", "DEFAULT_EDIT_SYMBOLS", "MAX_EDIT_STATES"]
 
 DEFAULT_EDIT_SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
+# Largest estimated subset construction (live states · 3^k) built: ~10 s on one core.
+MAX_EDIT_STATES = 5_000
 
 
 def within_edit_distance(dfa: ByteDFA, k: int, symbols: str = DEFAULT_EDIT_SYMBOLS) -> ByteDFA:
@@ -41,8 +48,15 @@ def within_edit_distance(dfa: ByteDFA, k: int, symbols: str = DEFAULT_EDIT_SYMBO
             f"got {symbols!r}")
     if k == 0:
         return dfa
-    sym = sorted({ord(ch) for ch in symbols})
     live = dfa.live()
+    estimate = int(live.sum()) * 3 ** k
+    if estimate > MAX_EDIT_STATES:
+        fits = max(e for e in range(k) if e == 0 or int(live.sum()) * 3 ** e <= MAX_EDIT_STATES)
+        raise ConstraintError(
+            f"edit distance {k} on a pattern of {int(live.sum())} byte states needs about "
+            f"{estimate:,} automaton states (they grow about 3^k), more than {MAX_EDIT_STATES:,}; "
+            f"use edit_distance ≤ {fits} for this pattern, or a shorter pattern")
+    sym = sorted({ord(ch) for ch in symbols})
     Q = dfa.num_states
     nfa = ByteNFA()
     ids = np.array([[nfa.add_state() for _ in range(k + 1)] for _ in range(Q)])

@@ -74,7 +74,8 @@ from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
 from ctrlg.guide.tables import GuideTables, resolve_precision
-from ctrlg.validation import MAX_PADDING, check_count, check_float_scores, check_vocab_width
+from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, check_generation,
+                              check_vocab_width)
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
 __all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_log_likelihood",
@@ -443,6 +444,9 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
         suffix_ids = tokenizer(suffix, add_special_tokens=False).input_ids if isinstance(suffix, str) \
             else [int(t) for t in suffix]
     eos_ids = eos_list(eos_token_id) if eos_token_id is not None else eos_token_ids(tokenizer, model)
+    check_generation(model, prompt_ids, suffix_ids, max_new_tokens, generate_kwargs,
+                     do_sample=num_beams == 1 if do_sample is None else do_sample,
+                     num_beams=num_beams, num_samples=num_samples)
     if isinstance(prior_head, str) and prior_head == "auto":
         prior_head = getattr(hmm, "prior_head", None)
     head_prior = (HeadPrior(prior_head, model, hidden_size=hmm.hidden_size)

@@ -11,8 +11,11 @@ import json
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.common import report_errors
+
 
 @hydra.main(config_path="../configs", config_name="adapt", version_base=None)
+@report_errors
 def main(cfg: DictConfig) -> dict:
     from ctrlg.commongen_adaptation import adapt
 

@@ -3,12 +3,16 @@ by the Hydra config, the run directory, result files and the printed table.
 
 Entry points stay thin: each ``experiments/<name>.py`` has ``run(cfg, out_dir) -> dict`` (all the
 work, callable from tests with a composed config) and a ``@hydra.main`` ``main`` that passes
-Hydra's run directory.
+Hydra's run directory, wrapped in :func:`report_errors`: a ctrlg error (a bad config value, a
+missing data file, an unknown method, a prompt past the context) prints its message alone and
+exits with status 1; ``HYDRA_FULL_ERROR=1`` shows the traceback as for any other error.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -40,12 +44,32 @@ __all__ = [
     "interval_cell",
     "interval_header",
     "progress",
+    "report_errors",
 ]
 
 
 class ExperimentConfigError(CtrlgError):
     """An experiment configuration that cannot run (a size of 0, an unknown method, a resume
     folder that does not match); raised before the LM or HMM is loaded where possible."""
+
+
+def report_errors(main: Callable) -> Callable:
+    """Wrap an experiment's task function (under ``@hydra.main``): a :class:`CtrlgError` is
+    printed as one line on stderr and ends the run with exit status 1, instead of Hydra's
+    traceback; with ``HYDRA_FULL_ERROR=1`` it propagates (full traceback). Hydra reads the
+    wrapped function's module through ``__wrapped__``, so the config path is unchanged."""
+
+    @functools.wraps(main)
+    def task(cfg):
+        try:
+            return main(cfg)
+        except CtrlgError as error:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"Error: {error}\n(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+            raise SystemExit(1) from None
+
+    return task
 
 
 def seed_everything(seed: int) -> torch.Generator:

@@ -53,13 +53,14 @@ from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
+from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
 from experiments.common import (METRIC_NAMES, ExperimentConfigError, RecordWriter,
                                 find_resume_dir, format_table, generation_config,
                                 hydra_output_dir, interval_cell, interval_header, load_hmm,
-                                load_lm, paired_intervals, progress, read_records, start_run,
-                                write_json)
+                                load_lm, paired_intervals, progress, read_records,
+                                report_errors, start_run, write_json)
 
 GUIDES = ("none", "logical", "ctrlg")
 PRIORS = ("filter", "head")
@@ -206,6 +207,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(p) for p in prompts)
+    check_context_length(model, width, gen.max_new_tokens, what="the longest prompt of the batch")
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     decoding = decoding_options(gen, K, beams)
@@ -458,6 +460,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="commongen")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 

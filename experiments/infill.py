@@ -39,7 +39,8 @@ from ctrlg.errors import CtrlgError
 from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
                                 format_table, generation_config, hydra_output_dir,
                                 interval_cell, interval_header, load_hmm, load_lm,
-                                paired_intervals, progress, read_records, start_run, write_json)
+                                paired_intervals, progress, read_records, report_errors,
+                                start_run, write_json)
 from experiments.commongen import eos_ids
 
 METHODS = ("logical", "ctrlg")
@@ -281,6 +282,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="infill")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 

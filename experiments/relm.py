@@ -42,10 +42,11 @@ import torch
 from omegaconf import DictConfig
 
 from ctrlg.errors import CtrlgError
+from ctrlg.validation import check_context_length
 from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
                                 format_table, generation_config, hydra_output_dir, load_lm,
                                 progress, read_records, save_resolved_config, seed_everything,
-                                write_json, write_jsonl)
+                                report_errors, write_json, write_jsonl)
 
 TASKS = ("lambada", "bias", "extraction")
 PREDICTIONS = "predictions.jsonl"
@@ -94,6 +95,7 @@ def lambada_query(variant: str, max_tokens: int, top_k: int | None = None,
 
 @torch.no_grad()
 def predict_baseline(model, tokenizer, context_ids: list[int], max_tokens: int) -> str:
+    check_context_length(model, len(context_ids), max_tokens, what="the passage")
     ids = torch.tensor([context_ids])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                          max_new_tokens=max_tokens, pad_token_id=tokenizer.eos_token_id)
@@ -273,6 +275,7 @@ def run_extraction(cfg, model, tokenizer, out_dir: Path) -> dict:
         while remaining > 0:
             batch = min(cfg.batch_size, remaining)
             remaining -= batch
+            check_context_length(model, len(context), int(length), what="the context")
             out = model.generate(ids.repeat(batch, 1), attention_mask=torch.ones_like(ids).repeat(batch, 1),
                                  do_sample=True, top_k=0, max_new_tokens=int(length),
                                  pad_token_id=tokenizer.eos_token_id)
@@ -313,6 +316,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="relm")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 

@@ -22,8 +22,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from ctrlg.validation import check_context_length
+
 from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                save_resolved_config, seed_everything, write_json)
+                                report_errors, save_resolved_config, seed_everything,
+                                write_json)
 
 
 def random_hmm(hidden_size: int, vocab_size: int, seed: int):
@@ -49,6 +52,7 @@ def constraint(tokenizer, concepts: str, max_words: int, vocab_size: int):
 @torch.no_grad()
 def time_point(model, prompt_ids, n: int, batch: int, repeats: int, processor=None) -> float:
     """Seconds per generated token (per row), minimum over ``repeats`` calls."""
+    check_context_length(model, len(prompt_ids), n)
     input_ids = torch.tensor([prompt_ids] * batch)
     best = float("inf")
     for repeat in range(repeats):
@@ -151,6 +155,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base=None, config_path="../configs", config_name="runtime")
+@report_errors
 def main(cfg: DictConfig) -> None:
     run(cfg, hydra_output_dir())
 

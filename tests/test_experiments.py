@@ -210,3 +210,19 @@ def test_relm_extraction_smoke(tiny_lm_dir, tmp_path):
     assert shortest["method"] == "shortest path" and shortest["unique_valid"] <= 3
     assert all(re.fullmatch(r"https://www\.[a-z]+\.(com|org|net)", url)
                for url in result["examples"]["shortest path"])
+
+
+def test_commongen_plus_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    """`data=commongen_plus` runs CommonGen+ items (here one of 9 concepts) end to end."""
+    from experiments import commongen
+
+    cfg = compose("commongen", ["pipeline=instruct", f"model.name={tiny_lm_dir}",
+                                f"hmm.path={tiny_hmm_dir}", "data=commongen_plus",
+                                "data.offset=400", "data.limit=1", "generation.num_samples=2",
+                                "generation.max_new_tokens=24", "metrics.meteor=false",
+                                "bootstrap.resamples=0"])
+    table = commongen.run(cfg, tmp_path)
+    assert table["logical"]["success"] == 100.0 and table["ctrlg"]["success"] == 100.0
+    (record,) = [json.loads(line) for line in
+                 (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert record["index"] == 400 and len(record["concepts"]) == 9

@@ -2,6 +2,7 @@
 cases): every guided output is accepted by its constraint, and the campaign does catch a broken
 processor."""
 
+import numpy as np
 import pytest
 
 from benchmarks.fuzz_campaign import accepted, run_campaign, satisfiable
@@ -32,3 +33,24 @@ def test_oracle_semantics_on_a_hand_checked_constraint():
     assert not satisfiable(d, 2, 2, eos)          # EOS forbidden before 2 tokens, budget 2
     assert satisfiable(dfa.length(3, 3, vocab_size=V), 3, 0, None)
     assert not satisfiable(dfa.length(4, 4, vocab_size=V), 3, 0, None)
+
+
+def test_new_constraint_kinds_join_with_their_own_vocabulary(monkeypatch):
+    """A kind registered later (here: regexes over a digit vocabulary, as a JSON Schema or a
+    grammar kind would over its own) is drawn, and the enumeration oracle agrees with the DFA
+    programme."""
+    from benchmarks import fuzz_campaign as fc
+
+    digits = [b"0", b"1", b"12", b"-", b""]
+    monkeypatch.setitem(fc.VOCABULARIES, "digits", digits)
+    monkeypatch.setattr(fc, "LEAF_KINDS", dict(fc.LEAF_KINDS))
+    fc.register_leaf("number", lambda rng, V, eos: dfa.regex(
+        str(rng.choice(["-?[0-9]+", "1[0-9]?", "(12)+"])), digits, eos_token_id=len(digits) - 1),
+        vocabulary="digits", weight=20)
+    summary = run_campaign(cases=40, seed=3)
+    assert summary["violations"] == 0, summary["first_violations"][:3]
+    assert any(fc.run_case(s).get("constraint", "").find("number") >= 0 for s in range(3, 43))
+    for seed in range(30):
+        d = fc._random_dense(np.random.default_rng(seed), 3)
+        for n, m, eos in ((1, 0, 2), (3, 1, 2), (2, 0, None)):
+            assert satisfiable(d, n, m, eos) == fc._satisfiable_by_enumeration(d, n, m, eos)

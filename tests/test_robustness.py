@@ -3,6 +3,8 @@ fix), never a silent wrong answer, a hang, or a lost/mixed checkpoint. docs/erro
 
 import json
 import os
+import re
+from pathlib import Path
 import time
 
 import numpy as np
@@ -66,13 +68,29 @@ def test_hmm_save_is_atomic_when_it_fails_half_way(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(json, "dumps", broken_dumps)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match=f"saving {re.escape(str(path))} failed: disk full"):
         new.save(path)
     monkeypatch.undo()
     loaded = ctrlg.HMM.load(path)
     assert loaded.config["tokenizer_hash"] == "old-hash"
     assert torch.allclose(loaded.emission, old.emission)
     assert [p.name for p in tmp_path.iterdir()] == ["h"]       # no staging folder left behind
+
+
+@pytest.mark.parametrize("where", ["/proc/ctrlg_hmm", "under_a_file"])
+def test_hmm_save_to_an_unwritable_place_names_the_users_path(tmp_path, where):
+    """It raised a bare FileNotFoundError naming an internal staging folder."""
+    from ctrlg.errors import CheckpointWriteError
+
+    if where == "under_a_file":
+        (tmp_path / "notes.txt").write_text("a file, not a folder")
+        where = str(tmp_path / "notes.txt" / "hmm")
+    elif not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(CheckpointWriteError, match=f"cannot save to {re.escape(where)}") as caught:
+        small_hmm().save(where)
+    assert ".staging-" not in str(caught.value) and isinstance(caught.value, OSError)
+    assert caught.value.__suppress_context__                # no internal traceback behind it
 
 
 def test_hmm_load_rejects_files_of_two_different_saves(tmp_path):

@@ -46,6 +46,7 @@ from ctrlg.app.constraints import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
 from ctrlg.sampler import generate as guided_generate
 from ctrlg.sampler import lm_log_likelihood
+from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids, lm_vocab_size, token_bytes
 
 __all__ = ["Limits", "EditorService", "Job", "EditorError", "ConstraintTooLargeError",
@@ -310,6 +311,8 @@ class EditorService:
                                              request.allow_newlines)
             prompt_ids, suffix_ids, drop_space, add_space = self._encode(request.prefix,
                                                                          request.suffix)
+            check_context_length(self.model, len(prompt_ids), request.max_new_tokens,
+                                 suffix_tokens=len(suffix_ids or []), what="the prefix")
             self._acquire(job)
             try:
                 job.state = "building"

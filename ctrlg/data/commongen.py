@@ -17,6 +17,7 @@ from ctrlg.data._files import DatasetError, bundled_path, read_jsonl
 
 __all__ = ["CommonGenExample", "load_commongen", "load_commongen_hub", "parse_concept_set"]
 
+BUNDLED = "bundled:"           # prefix of a path that names a bundled data file
 _POS_NAMES = {"N": "NOUN", "V": "VERB", "A": "ADJ", "J": "ADJ", "R": "ADV"}
 
 
@@ -56,8 +57,15 @@ def parse_concept_set(concept_set: str) -> tuple[tuple[str, ...], tuple[str | No
 
 
 def load_commongen(path=None, limit: int | None = None) -> list[CommonGenExample]:
-    """Read CommonGen items from ``path`` (default: the bundled dev split), at most ``limit``."""
-    source = bundled_path("commongen.dev.jsonl") if path is None else path
+    """Read CommonGen items from ``path`` (default: the bundled dev split), at most ``limit``.
+    ``path="bundled:<file>"`` names a bundled file, e.g. ``bundled:commongen_plus.dev.jsonl``
+    (CommonGen+, :mod:`ctrlg.data.commongen_plus`)."""
+    if path is None:
+        source = bundled_path("commongen.dev.jsonl")
+    elif isinstance(path, str) and path.startswith(BUNDLED):
+        source = bundled_path(path[len(BUNDLED):])
+    else:
+        source = path
     examples = []
     for row in read_jsonl(source, limit=limit):
         if "concept_set" not in row:

@@ -260,12 +260,24 @@ def exact(tokens: Sequence[int], vocab_size: int) -> TokenDFA:
     return builder.build()
 
 
+# Largest token bound accepted by :func:`length`: one state per count (0.5 s and ~50 MB at this
+# bound); no LM context comes near it.
+MAX_TOKEN_BOUND = 1 << 20
+
+
 def length(min_tokens: int = 0, max_tokens: int | None = None,
            vocab_size: int | None = None) -> TokenDFA:
     """Accepts the sequences of ``min_tokens ≤ n ≤ max_tokens`` tokens (no upper bound when
-    ``max_tokens`` is None). Every token, EOS included, counts. ``vocab_size`` is required."""
+    ``max_tokens`` is None). Every token, EOS included, counts. ``vocab_size`` is required.
+    Both bounds must be ≤ :data:`MAX_TOKEN_BOUND` (the automaton has a state per count)."""
     V = _check_vocab_size(vocab_size)
     check_count_range("length", "min_tokens", min_tokens, "max_tokens", max_tokens)
+    for name, value in (("min_tokens", min_tokens), ("max_tokens", max_tokens)):
+        if value is not None and value > MAX_TOKEN_BOUND:
+            raise ConstraintError(
+                f"{name}={value} is above the supported token bound {MAX_TOKEN_BOUND:,}: the "
+                f"automaton needs a state for every count up to it, and no LM context is that "
+                f"long; use max_tokens=None for no upper bound")
     builder = DFABuilder(V)
     if max_tokens is None:
         for i in range(min_tokens + 1):

@@ -492,16 +492,7 @@ class TokenDFA:
         S, C = table.shape
         if C != classes.num_classes:
             raise ConstraintError(f"class table has {C} columns, expected {classes.num_classes}")
-        sizes = classes.sizes
-        keys = (np.arange(S, dtype=np.int64)[:, None] * S + table).ravel()
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        weight = np.bincount(inverse.ravel(), weights=np.tile(sizes, S), minlength=len(uniq))
-        owner, succ = uniq // S, uniq % S
-        best = np.lexsort((succ, -weight, owner))
-        first = np.ones(len(best), dtype=bool)
-        first[1:] = owner[best][1:] != owner[best][:-1]
-        default = np.empty(S, dtype=np.int64)
-        default[owner[best][first]] = succ[best][first]
+        default = _heaviest_successor(table, classes.sizes)
         state, letter = np.nonzero(table != default[:, None])
         ptr = np.zeros(S + 1, dtype=np.int64)
         np.cumsum(np.bincount(state, minlength=S), out=ptr[1:])
@@ -521,6 +512,31 @@ class TokenDFA:
         return (f"TokenDFA(states={self.num_states}, exceptions={self.num_exceptions}"
                 f"{letters}, vocab_size={self.vocab_size}, "
                 f"accepting={int(self.accepting.sum())})")
+
+
+def _heaviest_successor(table: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """int64 [S]: for each row of ``table`` [S, C], the successor with the largest total column
+    weight (ties: the smallest successor). Rows are sorted on their own and their runs of equal
+    successors summed, O(S·C·log C); O(S) when one column weighs more than all others together
+    (its successor is then the heaviest in every row)."""
+    S, C = table.shape
+    weights = np.asarray(weights)
+    heaviest = int(np.argmax(weights)) if C else 0
+    if C and 2 * int(weights[heaviest]) > int(weights.sum()):
+        return table[:, heaviest].astype(np.int64)
+    order = np.argsort(table, axis=1, kind="stable")
+    succ = np.take_along_axis(table, order, axis=1).ravel()
+    run_start = np.ones(S * C, dtype=bool)
+    run_start.reshape(S, C)[:, 1:] = succ.reshape(S, C)[:, 1:] != succ.reshape(S, C)[:, :-1]
+    starts = np.flatnonzero(run_start)
+    run_weight = np.add.reduceat(np.asarray(weights)[order].ravel(), starts)
+    run_owner, run_succ = starts // C, succ[starts]
+    best = np.lexsort((run_succ, -run_weight, run_owner))
+    first = np.ones(len(best), dtype=bool)
+    first[1:] = run_owner[best][1:] != run_owner[best][:-1]
+    default = np.empty(S, dtype=np.int64)
+    default[run_owner[best][first]] = run_succ[best][first]
+    return default
 
 
 def _empty_dfa(vocab_size: int) -> TokenDFA:
@@ -760,11 +776,16 @@ def ragged_indices(starts: np.ndarray, lengths: np.ndarray, dtype=np.int64) -> n
 def bfs_order(source: int, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
     """Nodes reachable from ``source`` along edges ``src → dst``, in breadth-first order
     (children of earlier nodes first, each node's children by increasing id). Vectorised one
-    BFS level at a time."""
+    BFS level at a time; graphs with more than :data:`_SCIPY_BFS_EDGES` edges are searched in C
+    (``scipy.sparse.csgraph.breadth_first_order`` over the adjacency with sorted columns: the
+    same order)."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    order = np.lexsort((dst, src))
-    src, dst = src[order], dst[order]
+    if not _sorted_pairs(src, dst):
+        order = np.lexsort((dst, src))
+        src, dst = src[order], dst[order]
+    if len(src) > _SCIPY_BFS_EDGES:
+        return _scipy_bfs_order(source, src, dst, num_nodes)
     ptr = np.searchsorted(src, np.arange(num_nodes + 1))
     seen = np.zeros(num_nodes, dtype=bool)
     seen[source] = True
@@ -780,6 +801,44 @@ def bfs_order(source: int, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> 
         seen[frontier] = True
         levels.append(frontier)
     return np.concatenate(levels)
+
+
+def distinct_edges(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)``: the distinct transitions of a successor table ``[S, C]``, sorted by
+    (src, dst). Each row is sorted on its own (O(S·C·log C), no hashing of the S·C pairs)."""
+    table = np.asarray(table, dtype=np.int64)
+    succ = np.sort(table, axis=1)
+    first = np.ones(succ.shape, dtype=bool)
+    first[:, 1:] = succ[:, 1:] != succ[:, :-1]
+    src, col = np.nonzero(first)
+    return src.astype(np.int64), succ[src, col]
+
+
+# edge counts above which a breadth-first search runs in scipy's C code (imported only then)
+_SCIPY_BFS_EDGES = 200_000
+
+
+def _sorted_pairs(src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether the edges are already sorted by (src, dst)."""
+    if len(src) < 2:
+        return True
+    step = src[1:] - src[:-1]
+    return bool(np.all((step > 0) | ((step == 0) & (dst[1:] >= dst[:-1]))))
+
+
+def _scipy_bfs_order(source: int, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """:func:`bfs_order` for edges sorted by (src, dst), by scipy's FIFO breadth-first search
+    (duplicate edges removed first: scipy would sum them)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    keep = np.ones(len(src), dtype=bool)
+    keep[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    src, dst = src[keep], dst[keep]
+    ptr = np.searchsorted(src, np.arange(num_nodes + 1))
+    graph = csr_matrix((np.ones(len(dst), dtype=np.int8), dst, ptr), shape=(num_nodes,) * 2)
+    return breadth_first_order(graph, source, directed=True,
+                               return_predecessors=False).astype(np.int64)
 
 
 def reachable_mask(sources: np.ndarray, src: np.ndarray, dst: np.ndarray,

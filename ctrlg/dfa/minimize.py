@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ctrlg.dfa.core import TokenDFA, bfs_order, token_classes
+from ctrlg.dfa.core import TokenDFA, bfs_order, distinct_edges, token_classes
 
 __all__ = ["minimize", "minimize_table", "moore_partition", "hopcroft_refine"]
 
@@ -121,8 +121,7 @@ def minimize_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     table = np.asarray(table, dtype=np.int64)
     accepting = np.asarray(accepting, dtype=bool)
     S, C = table.shape
-    src = np.repeat(np.arange(S, dtype=np.int64), C)
-    reach = bfs_order(initial, src, table.ravel(), S)            # reachable states only
+    reach = bfs_order(initial, *distinct_edges(table), S)        # reachable states only
     old_to_sub = np.full(S, -1, dtype=np.int64)
     old_to_sub[reach] = np.arange(len(reach))
     sub = old_to_sub[table[reach]]
@@ -133,7 +132,7 @@ def minimize_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     quotient = block[sub[representative]]
     block_accepting = accepting[reach][representative]
     start = int(block[0])
-    order = bfs_order(start, np.repeat(np.arange(nblocks), C), quotient.ravel(), nblocks)
+    order = bfs_order(start, *distinct_edges(quotient), nblocks)
     new_id = np.empty(nblocks, dtype=np.int64)
     new_id[order] = np.arange(nblocks)
     return new_id[quotient[order]], block_accepting[order]

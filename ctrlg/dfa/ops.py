@@ -21,6 +21,13 @@ Proposition 4.1 fast path when every accepting state of D₁ leads only to dead 
 string has at most one split point, so D₁'s accepting states can simply be replaced by D₂'s
 initial state (|Q₁| + |Q₂| states, no subsets).
 
+Sizes: a product of k automata can have the product of their sizes, and a subset construction
+2^|Q₂| states, which no estimate made before the search can bound usefully; so the searches
+count what they build and raise :class:`~ctrlg.errors.ConstraintError` past ``max_states``
+(:data:`MAX_PRODUCT_STATES` reachable tuples of one binary product, :data:`MAX_CONCAT_STATES`
+subsets). Builders whose growth is known up front check an estimate before any work instead
+(:mod:`ctrlg.dfa.size_bounds`).
+
 By default an operation whose result accepts nothing raises
 :class:`~ctrlg.errors.UnsatisfiableConstraintError`; pass ``allow_empty=True`` to get the empty
 automaton instead (useful while composing).
@@ -33,7 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ctrlg.dfa.core import (TokenClasses, TokenDFA, bfs_order, check_same_vocab,
-                            ragged_indices, reachable_mask, token_classes)
+                            distinct_edges, ragged_indices, reachable_mask, token_classes)
 from ctrlg.dfa.minimize import minimize_table
 from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
@@ -50,8 +57,7 @@ def trim_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     transition leads to a dead state. Returns ``(table, accepting)`` or ``None`` when the language
     is empty."""
     S, C = table.shape
-    pairs = np.unique(np.arange(S, dtype=np.int64)[:, None] * S + table)
-    src, dst = pairs // S, pairs % S
+    src, dst = distinct_edges(table)
     live = reachable_mask(np.nonzero(accepting)[0], dst, src, S)
     if not live[initial]:
         return None
@@ -94,15 +100,32 @@ def finish(table: np.ndarray, accepting: np.ndarray, initial: int, classes: Toke
 # pair-key ranges up to this size get a "seen" bitmap (one byte per pair); larger ones a sorted
 # set of reached keys (O(reached) per level)
 _BITMAP_PAIRS = 1 << 25
+# pair-key ranges up to this size also get a dense key → id table (8 bytes per pair)
+_DENSE_IDS = 1 << 23
+
+
+# Default bound on the reachable states of one product (a product of k automata can have the
+# product of their sizes); about 1 GB of tables at 80 token classes.
+MAX_PRODUCT_STATES = 2_000_000
+
+
+def _too_many(found: int, max_states: int, sizes: tuple[int, int], what: str) -> None:
+    if found > max_states:
+        raise ConstraintError(
+            f"the {what} of a {sizes[0]:,}-state and a {sizes[1]:,}-state automaton reaches more "
+            f"than max_states={max_states:,} states (a product can have as many states as the "
+            f"product of its operands' sizes); combine fewer constraints or raise max_states")
 
 
 def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2: np.ndarray,
-                    i2: int, rule: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+                    i2: int, rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                    max_states: int = MAX_PRODUCT_STATES, what: str = "product"):
     """Class-level product over reachable pairs only (frontier BFS on pair keys s1·S2 + s2).
     With a bitmap of seen pairs each BFS level costs O(frontier · C), so the whole search is
     O(reached pairs · C) however deep the product is (a 4,000-token length counter is 4,000
-    levels)."""
+    levels). More than ``max_states`` reached pairs raise ConstraintError."""
     S2 = np.int64(t2.shape[0])
+    sizes = (t1.shape[0], t2.shape[0])
     t1 = t1.astype(np.int64)
     t2 = t2.astype(np.int64)
     start = np.array([i1 * S2 + i2], dtype=np.int64)
@@ -111,18 +134,28 @@ def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2:
         seen = np.zeros(t1.shape[0] * int(S2), dtype=bool)
         seen[start] = True
         levels = [start]
+        found = 1
         while frontier.size:
-            succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
-            frontier = succ[~seen[succ]]
+            succ = (t1[frontier // S2] * S2 + t2[frontier % S2]).ravel()
+            frontier = np.unique(succ[~seen[succ]])     # drop the seen pairs before sorting
             seen[frontier] = True
             levels.append(frontier)
+            found += len(frontier)
+            _too_many(found, max_states, sizes, what)
         reached = np.sort(np.concatenate(levels))
+        if len(seen) <= _DENSE_IDS:                      # pair key → state id by a lookup
+            ids = np.zeros(len(seen), dtype=np.int64)
+            ids[reached] = np.arange(len(reached))
+            table = ids[t1[reached // S2] * S2 + t2[reached % S2]]
+            return (table, rule(a1[reached // S2], a2[reached % S2]),
+                    int(ids[start[0]]))
     else:
         reached = start
         while frontier.size:
             succ = np.unique(t1[frontier // S2] * S2 + t2[frontier % S2])
             frontier = np.setdiff1d(succ, reached, assume_unique=True)
             reached = np.union1d(reached, frontier)
+            _too_many(len(reached), max_states, sizes, what)
     table = np.searchsorted(reached, t1[reached // S2] * S2 + t2[reached % S2])
     accepting = rule(a1[reached // S2], a2[reached % S2])
     initial = int(np.searchsorted(reached, start[0]))
@@ -130,27 +163,33 @@ def _binary_product(t1: np.ndarray, a1: np.ndarray, i1: int, t2: np.ndarray, a2:
 
 
 def product(dfas: Sequence[TokenDFA], rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
-            what: str, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
+            what: str, allow_empty: bool = False, minimal: bool = True,
+            max_states: int = MAX_PRODUCT_STATES) -> TokenDFA:
     """Fold binary products of ``dfas`` with the accepting rule ``rule(acc1, acc2)``. Each
     intermediate is minimised (or, with ``minimal=False``, trimmed: its dead states merged),
-    valid for monotone rules such as ``and``/``or``, where a tuple of dead states stays dead."""
+    valid for monotone rules such as ``and``/``or``, where a tuple of dead states stays dead.
+    A binary product that reaches more than ``max_states`` states raises ConstraintError."""
     check_same_vocab(dfas)
+    max_states = check_count("max_states", max_states, minimum=1)
     classes = token_classes(*dfas)
     tables = [d.class_table(classes) for d in dfas]
     table, acc = reduce_table(tables[0], dfas[0].accepting, dfas[0].initial, minimal)
     for d, t in zip(dfas[1:], tables[1:]):
-        table, acc, init = _binary_product(table, acc, 0, t, d.accepting, d.initial, rule)
+        table, acc, init = _binary_product(table, acc, 0, t, d.accepting, d.initial, rule,
+                                           max_states, what)
         table, acc = reduce_table(table, acc, init, minimal)
     return finish(table, acc, 0, classes, allow_empty, what, minimal)
 
 
 # ---------------------------------------------------------------------- public operations
 def intersect(*dfas: TokenDFA | CanonicalDFA, allow_empty: bool = False,
-              minimal: bool = True) -> TokenDFA | CanonicalDFA:
+              minimal: bool = True,
+              max_states: int = MAX_PRODUCT_STATES) -> TokenDFA | CanonicalDFA:
     """A DFA accepting the token sequences accepted by **all** of ``dfas`` (product automaton
     over reachable state tuples; minimised unless ``minimal=False``). Raises
     UnsatisfiableConstraintError if no sequence is accepted, unless ``allow_empty``. With a
-    :class:`CanonicalDFA` among them the result is one too: ``(A ∩ B) ∩ Canon``."""
+    :class:`CanonicalDFA` among them the result is one too: ``(A ∩ B) ∩ Canon``. A product
+    step that reaches more than ``max_states`` states raises ConstraintError."""
     _only_automata(dfas, "intersection")
     canonical = [d for d in dfas if isinstance(d, CanonicalDFA)]
     if canonical:
@@ -160,8 +199,8 @@ def intersect(*dfas: TokenDFA | CanonicalDFA, allow_empty: bool = False,
                     "intersect: the canonical constraints come from different tokenizers")
         inner = [d.dfa if isinstance(d, CanonicalDFA) else d for d in dfas]
         return canonical[0].with_dfa(product(inner, np.logical_and, "intersection",
-                                             allow_empty, minimal))
-    return product(dfas, np.logical_and, "intersection", allow_empty, minimal)
+                                             allow_empty, minimal, max_states))
+    return product(dfas, np.logical_and, "intersection", allow_empty, minimal, max_states)
 
 
 def _only_automata(dfas, operation: str) -> None:
@@ -186,10 +225,12 @@ def _no_canonical(dfas, operation: str) -> None:
             f"one regex before compiling it")
 
 
-def union(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:
-    """A DFA accepting the token sequences accepted by **any** of ``dfas``."""
+def union(*dfas: TokenDFA, allow_empty: bool = False, minimal: bool = True,
+          max_states: int = MAX_PRODUCT_STATES) -> TokenDFA:
+    """A DFA accepting the token sequences accepted by **any** of ``dfas`` (``max_states`` as in
+    :func:`intersect`)."""
     _no_canonical(dfas, "union")
-    return product(dfas, np.logical_or, "union", allow_empty, minimal)
+    return product(dfas, np.logical_or, "union", allow_empty, minimal, max_states)
 
 
 def complement(dfa: TokenDFA, allow_empty: bool = False, minimal: bool = True) -> TokenDFA:

@@ -26,6 +26,7 @@ from ctrlg.dfa.builders import phrase
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import intersect, union
 from ctrlg.dfa.regex import regex
+from ctrlg.dfa.size_bounds import MAX_STATES, check_estimate, substring_states
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError
 from ctrlg.vocab import tokenizer_of
@@ -64,8 +65,16 @@ def _keyword_dfas(keywords: Sequence[str], tokenizer, encodings: str, vocab_size
 
 
 def contains_all(keywords: Sequence[str], tokenizer, encodings: str = "all", *,
-                 vocab_size: int | None = None) -> TokenDFA:
-    """The text contains every keyword (in any order)."""
+                 vocab_size: int | None = None, max_states: int = MAX_STATES) -> TokenDFA:
+    """The text contains every keyword (in any order). The automaton remembers which keywords
+    have occurred, about 2^k·(1 + Σ|wᵢ|/2) states (:func:`ctrlg.dfa.size_bounds.substring_states`;
+    |wᵢ| in characters): an estimate above ``max_states`` is refused before anything is built."""
+    if isinstance(keywords, str):
+        raise ConstraintError(f"contains_all needs a list of keywords, got the string {keywords!r}")
+    keywords = [_check_keyword(k) for k in keywords]
+    check_estimate(f"contains_all with {len(keywords)} keywords",
+                   substring_states([len(k) for k in keywords]), max_states,
+                   "use fewer or shorter keywords")
     dfas = _keyword_dfas(keywords, tokenizer, encodings, vocab_size, "contains_all")
     return dfas[0] if len(dfas) == 1 else intersect(*dfas)
 

@@ -41,7 +41,10 @@ from ctrlg.dfa import builders
 from ctrlg.dfa.builders import any_phrase, check_count_range, starts_with
 from ctrlg.dfa.core import TokenClasses, TokenDFA
 from ctrlg.dfa.ops import finish, intersect, union
+from ctrlg.dfa.size_bounds import (MAX_STATES, check_estimate, keyword_states,
+                                    max_keyword_groups)
 from ctrlg.errors import ConstraintError
+from ctrlg.validation import check_count
 from ctrlg.vocab import as_vocabulary, is_vocabulary_like, spec_then_vocabulary, tokenizer_of
 
 __all__ = ["count_words", "word_count", "keywords", "keyword_phrases", "word_boundary",
@@ -227,13 +230,23 @@ def keyword_phrases(tokenizer, forms: Sequence[str]) -> tuple[list[list[int]], l
 
 
 def keywords(groups: Sequence[Sequence[str]], tokenizer, *, whole_word: bool = True,
-             vocab_size: int | None = None) -> TokenDFA:
+             vocab_size: int | None = None, max_states: int = MAX_STATES) -> TokenDFA:
     """Accepts the token sequences that contain, for **every** group, at least one of the
     group's surface forms as a word (see the module docstring). ``whole_word=False`` drops the
     end-of-word check (a smaller automaton; ``Ġlook`` + ``out`` then counts as "look").
     ``tokenizer``: a tokenizer or :class:`ctrlg.Vocabulary` (``keywords(tokenizer, groups)``,
-    the older order, still works with a DeprecationWarning)."""
+    the older order, still works with a DeprecationWarning).
+
+    The automaton remembers which groups have occurred: about (k + 1)·2^k states for k groups
+    (:func:`ctrlg.dfa.size_bounds.keyword_states`); an estimate above ``max_states`` is refused
+    before anything is built."""
     groups, tokenizer = spec_then_vocabulary(groups, tokenizer, "keywords", "groups")
+    if isinstance(groups, str) or not groups:
+        raise ConstraintError(f"groups must be a non-empty list of keyword lists, got {groups!r}")
+    groups = list(groups)
+    max_states = check_count("max_states", max_states, minimum=1)
+    check_estimate(f"keywords with {len(groups)} groups", keyword_states(len(groups)), max_states,
+                   f"use at most {max_keyword_groups(max_states)} groups")
     tokens = _vocabulary(tokenizer, vocab_size)
     return _keywords(tokenizer_of(tokenizer, "keywords"), groups, tokens, whole_word)
 
@@ -246,8 +259,6 @@ def word_boundary(tokens: Sequence[bytes]) -> np.ndarray:
 
 def _keywords(tokenizer, groups, tokens: Sequence[bytes], whole_word: bool) -> TokenDFA:
     V = len(tokens)
-    if isinstance(groups, str) or not groups:
-        raise ConstraintError(f"groups must be a non-empty list of keyword lists, got {groups!r}")
     boundary = word_boundary(tokens) if whole_word else None
     dfas = []
     for group in groups:
@@ -307,7 +318,8 @@ def parse_concepts(concepts: str | Sequence[str]) -> list[tuple[str, str | None]
 def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: int = 1,
                          max_words: int | None = None, *, eos_token_id: int | None = None,
                          require_eos: bool = True, whole_word: bool = True,
-                         vocab_size: int | None = None) -> TokenDFA:
+                         vocab_size: int | None = None, minimal: bool = False,
+                         max_states: int = MAX_STATES) -> TokenDFA:
     """The CommonGen constraint: every concept appears in some inflection ∧ ``min_words ≤ words ≤
     max_words`` ∧ after EOS only EOS (``require_eos``: the generation must end with EOS).
 
@@ -316,16 +328,30 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     ``whole_word`` as in :func:`keywords`. ``tokenizer``: a tokenizer or :class:`ctrlg.Vocabulary`
     (``commongen_constraint(tokenizer, concepts, ...)``, the older order, still works with a
     DeprecationWarning).
+
+    Built as the minimal keyword automaton × the minimal (word count ∧ EOS) automaton over the
+    reachable pairs, trimmed: one product and no minimisation of it (Hopcroft over the product
+    costs ~10× the product itself), within 2 % of the minimal state count in every measured case
+    (6 concepts, 5-30 words: 14,413 states vs 14,277); ``minimal=True`` minimises it. The size
+    grows as (k + 1)·2^k × the word counts (:func:`ctrlg.dfa.size_bounds.keyword_states`): an
+    estimate above ``max_states`` is refused at once, before the inflections are looked up.
     """
     concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer, "commongen_constraint",
                                                "concepts")
     _check_word_range(min_words, max_words)
-    groups = [inflections(word, pos) for word, pos in parse_concepts(concepts)]
+    parsed = parse_concepts(concepts)
+    counts = (max_words if max_words is not None else min_words) + 1    # counts told apart
+    max_states = check_count("max_states", max_states, minimum=1)
+    check_estimate(f"commongen_constraint with {len(parsed)} concepts",
+                   keyword_states(len(parsed), counts), max_states,
+                   f"use at most {max_keyword_groups(max_states, counts)} concepts"
+                   + (" or a smaller max_words" if max_words else ""))
+    groups = [inflections(word, pos) for word, pos in parsed]
     tokens = _vocabulary(tokenizer, vocab_size)
     V = len(tokens)
-    parts = [_keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word),
-             _word_count_from_bytes(tokens, min_words, max_words)]
+    counter = _word_count_from_bytes(tokens, min_words, max_words)
     eos_id = as_vocabulary(tokenizer).eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
-        parts.append(builders.eos(int(eos_id), V, required=require_eos))
-    return intersect(*parts)
+        counter = intersect(counter, builders.eos(int(eos_id), V, required=require_eos))
+    kw = _keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word)
+    return intersect(kw, counter, minimal=minimal)

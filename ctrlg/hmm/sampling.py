@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
+from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
 __all__ = [
@@ -268,6 +269,8 @@ def sample_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         raise CtrlgError(f"sampler must be one of {sorted(_SAMPLERS)}, got {sampler!r}")
     if kv_cache not in KV_CACHES:
         raise CtrlgError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+    prompt = input_ids.shape[1] + (0 if prefix_ids is None else int(prefix_ids.numel()))
+    check_context_length(model, prompt, length, what="the longest distillation prompt")
     draw, work = _SAMPLERS[sampler], DrawBuffers()
     device = input_ids.device
     B = input_ids.shape[0]
