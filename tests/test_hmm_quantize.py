@@ -1,0 +1,80 @@
+"""8-bit emission storage (ctrlg.hmm.quantize): every decoded row is a distribution, each entry is
+within the scheme's stated error, the checkpoint round trip keeps the log-likelihood, and a
+corrupt quantized checkpoint is a clear error."""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ctrlg
+from ctrlg.errors import CheckpointError
+from ctrlg.hmm.quantize import LOG_RANGE, dequantize_emission, quantize_emission
+
+
+def skewed_emission(h=6, V=300, seed=0):
+    """Rows spanning ~20 orders of magnitude, as a distilled HMM's do."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(h, V, generator=g, dtype=torch.float64) * 6
+    return torch.softmax(logits, -1)
+
+
+def test_log8_keeps_every_entry_within_half_a_step_in_log_space():
+    B = skewed_emission()
+    q = quantize_emission(B, "log8")
+    assert q["emission_codes"].dtype == torch.uint8
+    decoded = dequantize_emission(q, "log8")
+    assert torch.allclose(decoded.sum(1), torch.ones(B.shape[0], dtype=torch.float64))
+    assert (decoded > 0).all()
+    # up to the row's renormalisation (a common factor), log B̂ − log B lies within ±step/2
+    # wherever log B is within LOG_RANGE of the row's maximum
+    diff = decoded.log() - B.log()
+    for row in range(B.shape[0]):
+        inside = B[row].log() >= B[row].log().max() - LOG_RANGE
+        spread = diff[row, inside].max() - diff[row, inside].min()
+        assert spread <= float(q["emission_step"][row]) * (1 + 1e-6)
+
+
+def test_normq8_is_linear_in_the_row_maximum_and_floors_small_entries():
+    B = skewed_emission(seed=1)
+    q = quantize_emission(B, "normq8")
+    decoded = dequantize_emission(q, "normq8")
+    assert torch.allclose(decoded.sum(1), torch.ones(B.shape[0], dtype=torch.float64))
+    assert (decoded > 0).all()                      # the floor keeps every token possible
+    codes = q["emission_codes"].double()
+    top = B.max(1).values[:, None]
+    assert ((codes - 255 * B / top).abs() <= 0.5 + 1e-9).all()
+
+
+@pytest.mark.parametrize("scheme", ["log8", "normq8"])
+def test_quantized_checkpoint_round_trip(tmp_path, scheme):
+    g = torch.Generator().manual_seed(3)
+    h, V = 5, 400
+    emission = skewed_emission(h, V, seed=3).float()
+    hmm = ctrlg.HMM.from_params(torch.full((h,), 1 / h), torch.softmax(torch.randn(h, h, generator=g), -1),
+                                emission)
+    hmm.save(tmp_path / "q", emission_quantization=scheme)
+    loaded = ctrlg.HMM.load(tmp_path / "q")
+    assert loaded.config["emission_quantization"] == scheme
+    assert torch.allclose(loaded.transition, hmm.transition, atol=1e-6)
+    ids = hmm.sample(64, 12, seed=0)
+    per_token = (loaded.log_prob(ids) - hmm.log_prob(ids)).abs().mean() / 12
+    bound = 0.06 if scheme == "log8" else 1.0     # log8: about half a step (~0.06 nats) at most
+    assert float(per_token) < bound
+    size = (tmp_path / "q" / "model.safetensors").stat().st_size
+    assert size < h * V * 1.2 + 4 * h * h + 4096        # one byte per emission entry
+
+
+def test_unknown_scheme_and_missing_tensors_are_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="must be one of"):
+        quantize_emission(skewed_emission(), "int4")
+    hmm = ctrlg.HMM.from_params(torch.full((2,), 0.5), torch.full((2, 2), 0.5), torch.full((2, 3), 1 / 3))
+    hmm.save(tmp_path / "q", emission_quantization="log8")
+    weights = tmp_path / "q" / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["emission_step"]
+    save_file(tensors, str(weights), metadata={"format": "ctrlg-hmm"})
+    with pytest.raises(CheckpointError):
+        ctrlg.HMM.load(tmp_path / "q")
+    assert math.isfinite(LOG_RANGE)
