@@ -109,3 +109,26 @@ def test_timed_records_the_block_and_sampling_options_read_the_config():
     for bad in (0, -2, "two", 1.5):
         with pytest.raises(CtrlgError, match="sampling.workers"):
             distill._sampling_workers(bad)
+
+
+def test_extra_training_texts_are_the_adapted_targets_eos_padded(tmp_path, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    path = tmp_path / "targets.txt"
+    path.write_text("A dog runs.\n\n  two   spaces here\n" + "word " * 40 + "\n", encoding="utf-8")
+    eos = tok.eos_token_id
+    out = distill.extra_training_tokens({"em": {"extra_texts": str(path)}}, tok, 8, eos)
+    assert out.shape == (3, 8) and out.dtype == torch.long      # the blank line is skipped
+    expected = tok(" A dog runs." + tok.eos_token, add_special_tokens=False)["input_ids"]
+    assert out[0, :len(expected)].tolist() == expected
+    assert (out[0, len(expected):] == eos).all()                # EOS-padded like a sample
+    assert tok.decode(out[1][out[1] != eos]) == " two spaces here"   # whitespace as in training
+    assert (out[2] != eos).all()                                # cut to the sample length
+    limited = distill.extra_training_tokens({"em": {"extra_texts": str(path), "extra_limit": 1}},
+                                            tok, 8, eos)
+    assert limited.shape == (1, 8)
+    assert distill.extra_training_tokens({"em": {}}, tok, 8, eos) is None
+    bundled = distill.extra_training_tokens(
+        {"em": {"extra_texts": "bundled:commongen.train.tgt.txt", "extra_limit": 2}}, tok, 32, eos)
+    assert bundled.shape == (2, 32)
+    with pytest.raises(CtrlgError, match="no file at"):
+        distill.extra_training_tokens({"em": {"extra_texts": str(tmp_path / "nope")}}, tok, 8, eos)

@@ -44,7 +44,7 @@ from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
 from ctrlg.vocab import tokenizer_fingerprint
 
-__all__ = ["distill", "build_prompts", "unigram_loglik", "plot_curve"]
+__all__ = ["distill", "build_prompts", "unigram_loglik", "plot_curve", "extra_training_tokens"]
 
 
 def _get(cfg: Mapping, dotted: str, default=None):
@@ -218,6 +218,40 @@ def _load_samples(cfg: Mapping, samples: Path) -> tuple[dict, torch.Tensor, dict
     return train, heldout["tokens"][:half], {k: v[half:] for k, v in heldout.items()}
 
 
+def extra_training_tokens(cfg: Mapping, tokenizer, length: int, pad_id: int) -> torch.Tensor | None:
+    """``em.extra_texts``: texts the LM was adapted on, added to the EM data beside the LM's samples.
+
+    Each line of the file (``bundled:<name>`` for a file in ``ctrlg/data/bundled``, e.g. the
+    CommonGen train targets the adapter was trained on) becomes the continuation the adapted LM
+    was taught to write after its BOS prompt (:func:`ctrlg.data.commongen_prompts.target_text`:
+    " " + sentence + EOS), tokenised, cut to ``length`` tokens and EOS-padded like a sample.
+    They join the EM data only: the LVD initialisation and the prior head use the LM's samples
+    (their hidden states). The held-out figures stay on held-out LM samples, so whether the extra
+    texts help the HMM model the *LM's* distribution is measured, not assumed. Returns
+    ``[N_extra, length]`` token ids, or None when ``em.extra_texts`` is unset.
+    Cost: tokenising N_extra lines."""
+    from ctrlg.data.commongen_prompts import target_text
+
+    source = _get(cfg, "em.extra_texts")
+    if not source:
+        return None
+    path = bundled_path(source[len("bundled:"):]) if str(source).startswith("bundled:") else Path(source)
+    if not path.is_file():
+        raise CtrlgError(f"em.extra_texts: no file at {str(path)!r}")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    limit = _get(cfg, "em.extra_limit")
+    lines = lines[:int(limit)] if limit else lines
+    if not lines:
+        raise CtrlgError(f"em.extra_texts: {str(path)!r} has no non-empty line")
+    out = torch.full((len(lines), length), pad_id, dtype=torch.long)
+    encoded = tokenizer([target_text(line, tokenizer) for line in lines],
+                        add_special_tokens=False)["input_ids"]
+    for row, ids in enumerate(encoded):
+        ids = ids[:length]
+        out[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
 def _hmm_config(cfg: Mapping, model_name, tokenizer) -> dict:
     """The JSON config saved with the HMM: the tokenizer's name and fingerprint (checked when the
     HMM is loaded against an LM) and the whole training config."""
@@ -348,12 +382,17 @@ def distill(cfg: Mapping) -> dict:
     lvd_ll = heldout_ll_per_token(hmm, test["tokens"])
     if not _get(cfg, "head.enabled", True):
         del train["hidden"]
+    em_tokens = train["tokens"]
+    extra = extra_training_tokens(cfg, tokenizer, int(em_tokens.shape[1]), eos_id)
+    if extra is not None:
+        em_tokens = torch.cat([em_tokens, extra.to(em_tokens.dtype)])
     with _timed(timings, "em_s"):
-        hmm, history = _train_em(cfg, hmm, train["tokens"], valid, device, seed)
+        hmm, history = _train_em(cfg, hmm, em_tokens, valid, device, seed)
 
     metrics = _heldout_metrics(hmm, lvd_ll, train, valid, test, V, eos_id,
                                _sampling_options(cfg)["length"], history)
     metrics["timings"] = timings
+    metrics["extra_sequences"] = 0 if extra is None else int(extra.shape[0])
     hmm = _save_checkpoint(cfg, hmm, train, test, metrics, eos_ids=eos_ids, hmm_config=hmm_config,
                            out_dir=out_dir)
     _write_reports(out_dir, history, metrics)
