@@ -202,6 +202,26 @@ def test_commongen_constraint_on_smollm2(smollm2_tokenizer):
     relaxed = dfa.commongen_constraint(["field_N", "look_V", "stand_V"], tok, 5, 20,
                                        require_eos=False)
     assert relaxed.accepts(good)
+    # a chat marker spells no text: banned by default, so a sentence cannot "end" with
+    # <|im_start|> and go on as a new turn; special_tokens="allow" keeps the old language
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert start != eos and start in tok.all_special_ids
+    marked = ids("The dog stood in the field") + [start] + ids(" and looked at it.") + [eos]
+    assert not d.accepts(marked)
+    allowed = dfa.commongen_constraint("field_N#look_V#stand_V", tok, min_words=5, max_words=20,
+                                       special_tokens="allow")
+    assert allowed.accepts(marked) and allowed.accepts(good + [eos])
+    with pytest.raises(ConstraintError, match="special_tokens"):
+        dfa.commongen_constraint("field_N", tok, special_tokens="drop")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.lists(st.integers(0, 3), max_size=3), st.integers(0, 4))
+def test_banned_tokens_by_enumeration(V, banned, n):
+    banned = [b % V for b in banned]
+    d = dfa.banned_tokens(banned, V)
+    for seq in all_sequences(V, n):
+        assert d.accepts(seq) == (not set(seq) & set(banned))
 
 
 @pytest.mark.parametrize("call, message", [

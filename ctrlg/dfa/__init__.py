@@ -3,7 +3,7 @@ minimisation, the regex compiler and the context-free grammar constraint (:func:
 See :class:`ctrlg.dfa.core.TokenDFA` for the representation.
 """
 
-from ctrlg.dfa.builders import (any_phrase, banned_phrases, eos, exact, length, phrase,
+from ctrlg.dfa.builders import (any_phrase, banned_phrases, banned_tokens, eos, exact, length, phrase,
                                 starts_with, universal)
 from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA, token_classes
 from ctrlg.dfa.minimize import minimize
@@ -18,7 +18,7 @@ from ctrlg.dfa.words import (commongen_constraint, count_words, inflections, key
 __all__ = [
     "DFABuilder", "TokenDFA", "TokenClasses", "token_classes",
     "phrase", "any_phrase", "starts_with", "exact", "universal", "length", "eos",
-    "banned_phrases", "word_count", "keywords", "inflections", "count_words",
+    "banned_phrases", "banned_tokens", "word_count", "keywords", "inflections", "count_words",
     "commongen_constraint",
     "intersect", "union", "complement", "concat", "minimize",
     "regex", "json_schema", "grammar", "contains", "contains_all", "contains_any",

@@ -310,6 +310,22 @@ def eos(eos_token_id: int, vocab_size: int, required: bool = False) -> TokenDFA:
     return builder.build(initial=before)
 
 
+def banned_tokens(token_ids: Sequence[int], vocab_size: int) -> TokenDFA:
+    """Accepts the token sequences in which none of ``token_ids`` occurs: two states, the
+    accepting one looping on every other token (its default successor) and a dead sink."""
+    V = _check_vocab_size(vocab_size)
+    banned = sorted({int(i) for i in token_ids})
+    for token in banned:
+        if not 0 <= token < V:
+            raise ConstraintError(f"banned token id {token} out of range [0, {V})")
+    builder = DFABuilder(V)
+    allowed = builder.add_state(accepting=True)
+    dead = builder.add_state()
+    builder.set_transitions(allowed, allowed, {token: dead for token in banned})
+    builder.set_transitions(dead, dead, {})
+    return builder.build(initial=allowed)
+
+
 def banned_phrases(phrases: Sequence[Sequence[int]], vocab_size: int) -> TokenDFA:
     """Accepts the token sequences that contain none of ``phrases``."""
     return complement(any_phrase(phrases, vocab_size))

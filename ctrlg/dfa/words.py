@@ -319,9 +319,15 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
                          max_words: int | None = None, *, eos_token_id: int | None = None,
                          require_eos: bool = True, whole_word: bool = True,
                          vocab_size: int | None = None, minimal: bool = False,
-                         max_states: int = MAX_STATES) -> TokenDFA:
+                         max_states: int = MAX_STATES,
+                         special_tokens: str = "ban") -> TokenDFA:
     """The CommonGen constraint: every concept appears in some inflection ∧ ``min_words ≤ words ≤
     max_words`` ∧ after EOS only EOS (``require_eos``: the generation must end with EOS).
+
+    ``special_tokens="ban"`` (default): the tokenizer's special tokens other than the EOS
+    (chat markers such as ``<|im_start|>``, BOS, padding) never occur — they spell no text, so
+    without this an LM could "end" its sentence with a chat marker and go on writing a new turn;
+    ``"allow"`` leaves them free (they count as no word).
 
     ``concepts``: ``"field_N#look_V#stand_V"`` or a list of ``word_POS`` strings.
     ``eos_token_id`` defaults to the tokenizer's; with neither, no EOS rule is added.
@@ -353,5 +359,10 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     eos_id = as_vocabulary(tokenizer).eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
         counter = intersect(counter, builders.eos(int(eos_id), V, required=require_eos))
+    if special_tokens not in ("ban", "allow"):
+        raise ConstraintError(f"special_tokens must be 'ban' or 'allow', got {special_tokens!r}")
+    banned = [i for i in as_vocabulary(tokenizer).special_ids if i != eos_id and i < V]
+    if special_tokens == "ban" and banned:
+        counter = intersect(counter, builders.banned_tokens(banned, V))
     kw = _keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word)
     return intersect(kw, counter, minimal=minimal)
