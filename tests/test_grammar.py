@@ -73,6 +73,8 @@ def test_bad_arguments_are_clear_errors(tiny):
         dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny, depth=4)
     with pytest.raises(GrammarError, match="no rule 'root'"):
         dfa.grammar('start ::= "a"', tiny, syntax="gbnf")
+    # depth="auto" keeps the last depth whose automaton did not explode (it raised RegexError)
+    assert dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny).depth == 2
     with pytest.raises(UnsupportedGrammarError, match="line 2: a token reference"):
         dfa.grammar('root ::= "a"\nx ::= <[1]>', tiny, syntax="gbnf")
     g = dfa.grammar(ALL["arithmetic"], tiny)
