@@ -28,12 +28,14 @@ ConstraintError (``dfa.concat(max_states=...)``); such a constraint is redrawn a
 The **oracle** is an independent dynamic programme over the dense transition table: the set of
 DFA states after k non-EOS tokens; a generation of ≤ n tokens is accepted iff the DFA accepts its
 tokens up to and including EOS if EOS ends it (README's semantics). A case is a **violation** if
-an output is rejected by its DFA — or, when the whole constraint is a grammar or a JSON Schema,
-by that kind's own oracle on the bytes it spells: ``lark``'s Earley parser (``dynamic_complete``
-lexer), ``json.loads`` + ``jsonschema.validate`` — if the processor calls a satisfiable constraint unsatisfiable
-(or the reverse), or if any other exception escapes. Beam-search hypotheses transformers keeps
-with score −inf (or its −1e9 "no hypothesis" stand-in) are not outputs of the guided distribution
-and are skipped.
+an output is rejected by its DFA — or, when the whole constraint is a grammar or a JSON
+Schema, by that kind's own oracle on the bytes it spells: ``lark``'s Earley parser
+(``dynamic_complete`` lexer), ``json.loads`` + ``jsonschema.validate`` — if the processor calls
+a satisfiable constraint unsatisfiable (or the reverse), or if any other exception escapes.
+Beam-search hypotheses transformers keeps with score −inf (or its −1e9 "no hypothesis"
+stand-in) are not outputs of the guided distribution and are skipped. For a grammar, the
+satisfiability verdict is checked by enumerating the budget's token sequences through the
+constraint's ``accepts``, leaving out those its ``prefix_viable`` says cannot be completed.
 
     nice -n 10 python -m benchmarks.fuzz_campaign --cases 10000           # the full campaign
     python -m benchmarks.fuzz_campaign --cases 200 --seed 7 --out x.json  # a quick one
@@ -403,7 +405,7 @@ def random_constraint(rng, V, eos, vocabulary: str | None, depth: int = 0,
     the bytes an output spells (up to EOS) are in the constraint's language, independently of
     ctrlg (e.g. ``lark`` for a grammar, ``jsonschema`` for a JSON Schema). ``drawn`` collects
     the kinds drawn."""
-    top_leaf = VOCABULARY_OPTIONS.get(vocabulary, {}).get("top_leaf", 0.35) if depth == 0 else 0.35
+    top_leaf = 0.35 if depth else VOCABULARY_OPTIONS.get(vocabulary, {}).get("top_leaf", 0.35)
     if depth >= 3 or rng.random() < top_leaf:
         name, leaf, check = _leaf(rng, V, eos, vocabulary, depth == 0, drawn)
         return name, "leaf", leaf, check
