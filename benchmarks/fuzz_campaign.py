@@ -5,7 +5,11 @@ Each case draws, from its own seed:
 * a **constraint**: a random expression over the builders (``phrase``, ``any_phrase``,
   ``starts_with``, ``exact``, ``length``, ``banned_phrases``, ``eos``, ``universal``, a random
   dense DFA, and — over a toy byte vocabulary — ``regex`` with ``encodings="all"``) combined with
-  ∧ (``intersect``), ∨ (``union``), ¬ (``complement``) and concatenation, up to depth 3;
+  ∧ (``intersect``), ∨ (``union``), ¬ (``complement``) and concatenation, up to depth 3; over
+  their own byte vocabularies (multi-byte tokens across terminal boundaries), random small Lark
+  grammars (``dfa.grammar``, arithmetic / list templates and random rules with ``?rule``,
+  ``* + ? [ ]``, alternatives, recursion, ``%ignore``; the whole constraint) and random JSON
+  Schemas of common keywords (``dfa.json_schema``, a TokenDFA, so also under ∧ ∨ ¬ ·);
 * a budget n ∈ [1, 5], ``min_new_tokens`` m ∈ [0, 2] and an EOS token (or none);
 * a **random HMM** (1–4 hidden states, Dirichlet rows of random concentration, so some are
   peaked) and a mode, ``"ctrlg"`` or ``"logical"``;
@@ -24,10 +28,14 @@ ConstraintError (``dfa.concat(max_states=...)``); such a constraint is redrawn a
 The **oracle** is an independent dynamic programme over the dense transition table: the set of
 DFA states after k non-EOS tokens; a generation of ≤ n tokens is accepted iff the DFA accepts its
 tokens up to and including EOS if EOS ends it (README's semantics). A case is a **violation** if
-an output is rejected by its DFA, if the processor calls a satisfiable constraint unsatisfiable
-(or the reverse), or if any other exception escapes. Beam-search hypotheses transformers keeps
-with score −inf (or its −1e9 "no hypothesis" stand-in) are not outputs of the guided distribution
-and are skipped.
+an output is rejected by its DFA — or, when the whole constraint is a grammar or a JSON
+Schema, by that kind's own oracle on the bytes it spells: ``lark``'s Earley parser
+(``dynamic_complete`` lexer), ``json.loads`` + ``jsonschema.validate`` — if the processor calls
+a satisfiable constraint unsatisfiable (or the reverse), or if any other exception escapes.
+Beam-search hypotheses transformers keeps with score −inf (or its −1e9 "no hypothesis"
+stand-in) are not outputs of the guided distribution and are skipped. For a grammar, the
+satisfiability verdict is checked by enumerating the budget's token sequences through the
+constraint's ``accepts``, leaving out those its ``prefix_viable`` says cannot be completed.
 
     nice -n 10 python -m benchmarks.fuzz_campaign --cases 10000           # the full campaign
     python -m benchmarks.fuzz_campaign --cases 200 --seed 7 --out x.json  # a quick one
@@ -41,7 +49,6 @@ seeds, so any one can be replayed with ``--replay SEED``. The suite runs a small
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -115,7 +122,28 @@ class LeafKind:
 
 # byte vocabularies of the cases that compile text constraints (regex, JSON Schema, grammars)
 VOCABULARIES: dict[str, list[bytes]] = {"toy": TOY_TOKENS}
+# A share VOCABULARY_CASES of all cases runs over a byte vocabulary. Every vocabulary after the
+# first takes its ``share`` of all cases off the top of that range (default DEFAULT_SHARE), the
+# first keeps the rest: the same uniform draw picks both, so a case over the first vocabulary
+# draws exactly as before later vocabularies were added. Further options of a vocabulary (none
+# changes a case over another one): ``max_new_tokens`` (the largest budget n drawn, default
+# 5) and ``top_leaf`` (the probability that the whole constraint is one leaf, default 0.35).
+VOCABULARY_CASES = 0.3
+DEFAULT_SHARE = 0.05
+VOCABULARY_OPTIONS: dict[str, dict] = {}
 LEAF_KINDS: dict[str, LeafKind] = {}
+
+
+def pick_vocabulary(r: float) -> str | None:
+    """The case's byte vocabulary for its uniform draw ``r`` (None: bare token ids)."""
+    if r >= VOCABULARY_CASES:
+        return None
+    names, hi = list(VOCABULARIES), VOCABULARY_CASES
+    for name in reversed(names[1:]):
+        hi -= VOCABULARY_OPTIONS.get(name, {}).get("share", DEFAULT_SHARE)
+        if r >= hi:
+            return name
+    return names[0]
 
 
 def register_leaf(name: str, build: Callable, **options) -> None:
@@ -151,32 +179,247 @@ def _regex_leaf(rng):
     return f"regex:{pattern}", dfa.regex(pattern, TOY_TOKENS, eos_token_id=TOY_EOS)
 
 
-def _leaf(rng, V, eos, vocabulary: str | None, top: bool):
+# ---------------------------------------------------------------------- grammars
+# A byte vocabulary for grammars: single bytes and multi-byte tokens ("(1", ", ", "1)", "ab",
+# "+1") whose boundaries fall inside or across terminals; the last token (no bytes) is EOS.
+GRAMMAR_TOKENS = [b"1", b"2", b"+", b"*", b"(", b")", b" ", b",", b"[", b"]", b"a", b"b",
+                  b"(1", b", ", b"1)", b"ab", b"+1", b""]
+# literals the random grammars' rules are made of (each spelled by the vocabulary)
+GRAMMAR_LITERALS = ["a", "b", "1", "2", "+", "*", "ab", "(", ")", "[", "]", ",", "12", "a1"]
+GRAMMAR_REGEXES = ["/[12]+/", "/a|b/", "/(ab)+/", "/[ab]1?/", "/1[+*]2/"]
+
+
+def _grammar_arithmetic(rng) -> str:
+    number = str(rng.choice(['/[12]+/', '"1" | "2" | "12"', '/[12]/']))
+    add, mul = (str(x) for x in rng.permutation(["+", "*"]))
+    return "\n".join([
+        "?start: sum",
+        f'?sum: product | sum "{add}" product',
+        f'?product: atom | product "{mul}" atom' if rng.random() < 0.7 else "?product: atom",
+        '?atom: NUMBER | "(" sum ")"' + (' | "[" sum "]"' if rng.random() < 0.3 else ""),
+        f"NUMBER: {number}"])
+
+
+def _grammar_list(rng) -> str:
+    open_, close = ("[", "]") if rng.random() < 0.6 else ("(", ")")
+    body = '[item ("," item)*]' if rng.random() < 0.6 else 'item ("," item)*'
+    atom = str(rng.choice(['"a" | "b"', "/a|b/", '"ab" | "1"', "/[12]+/"]))
+    return "\n".join([
+        "start: list",
+        f'list: "{open_}" {body} "{close}"',
+        "?item: list | ATOM" + (' | ATOM "+" ATOM' if rng.random() < 0.3 else ""),
+        f"ATOM: {atom}"])
+
+
+def _grammar_symbol(rng, refs: list[str]) -> str:
+    """One item of a random rule: a literal, a regex terminal or a reference, maybe repeated."""
+    r = rng.random()
+    if refs and r < 0.3:
+        item = str(rng.choice(refs))
+    elif r < 0.45:
+        item = "REG" + str(int(rng.integers(0, len(GRAMMAR_REGEXES))))
+    else:
+        item = f'"{rng.choice(GRAMMAR_LITERALS)}"'
+    r = rng.random()
+    if r < 0.12:
+        return f"{item}*"
+    if r < 0.24:
+        return f"{item}+"
+    if r < 0.34:
+        return f"{item}?"
+    if r < 0.42:
+        return f"[{item}]"
+    if r < 0.5:
+        return f'({item} | "{rng.choice(GRAMMAR_LITERALS)}")'
+    return item
+
+
+def _grammar_random(rng) -> str:
+    """Rules start, x, y (some inlined with ``?``): each has 1–3 alternatives; the first one
+    only refers to later rules (y's: to none), so every rule derives a sentence; the others may
+    refer to any rule, after a literal (no cycle of unit rules), nesting recursively."""
+    names = ["start", "x", "y"]
+    lines, used = [], set()
+    for i, name in enumerate(names):
+        alts = []
+        for a in range(int(rng.integers(1, 4))):
+            refs = names[i + 1:] if a == 0 else names
+            items = [f'"{rng.choice(GRAMMAR_LITERALS)}"'] if a > 0 else []
+            items += [_grammar_symbol(rng, refs) for _ in range(int(rng.integers(1, 4)))]
+            if a == 0 and all(it[-1] in "*?]" for it in items):
+                items.append(f'"{rng.choice(GRAMMAR_LITERALS)}"')   # a nonempty sentence
+            alts.append(" ".join(items))
+        inline = "?" if name != "start" and rng.random() < 0.5 else ""
+        lines.append(f"{inline}{name}: " + " | ".join(alts))
+    text = "\n".join(lines)
+    for j, pattern in enumerate(GRAMMAR_REGEXES):
+        if f"REG{j}" in text:
+            lines.append(f"REG{j}: {pattern}")
+    return "\n".join(lines)
+
+
+def random_grammar(rng) -> tuple[str, str]:
+    """``(template, Lark text)``: a random small grammar over GRAMMAR_TOKENS' bytes (redrawn
+    while Lark refuses it, e.g. for two optionals expanding to the same rule)."""
+    from lark import Lark
+    from lark.exceptions import GrammarError
+
+    while True:
+        template = str(rng.choice(["arithmetic", "list", "random", "random"]))
+        text = {"arithmetic": _grammar_arithmetic, "list": _grammar_list,
+                "random": _grammar_random}[template](rng)
+        if rng.random() < 0.4:
+            text += '\n%ignore " "'
+        try:
+            Lark(text, parser="earley", lexer="dynamic_complete")
+        except GrammarError:
+            continue
+        return template, text + "\n"
+
+
+def _grammar_leaf(rng):
+    from lark import Lark
+    from lark.exceptions import LarkError
+
+    template, text = random_grammar(rng)
+    depth = rng.choice([1, 2, 3, "auto"])
+    constraint = dfa.grammar(text, GRAMMAR_TOKENS, eos_token_id=len(GRAMMAR_TOKENS) - 1,
+                             depth=depth if depth == "auto" else int(depth))
+    parser = Lark(text, parser="earley", lexer="dynamic_complete")
+
+    def check(data: bytes) -> bool:
+        try:
+            parser.parse(data.decode("utf-8"))
+        except (LarkError, UnicodeDecodeError):
+            return False
+        return True
+
+    return f"grammar:{template}:{text!r}", constraint, check
+
+
+VOCABULARIES["grammar"] = GRAMMAR_TOKENS
+VOCABULARY_OPTIONS["grammar"] = dict(share=0.06, max_new_tokens=6, top_leaf=0.85)
+register_leaf("grammar", lambda rng, V, eos: _grammar_leaf(rng), vocabulary="grammar",
+              weight=40, needs_eos=True, combinable=False)
+
+
+# ---------------------------------------------------------------------- JSON Schemas
+# A byte vocabulary for JSON: structure, digits, letters, literals and tokens across the
+# boundaries of JSON tokens ('{"', '":', '",', '1,'); the last token (no bytes) is EOS.
+JSON_TOKENS = [b"{", b"}", b"[", b"]", b'"', b":", b",", b" ", b"0", b"1", b"2", b"5", b"9",
+               b"-", b".", b"a", b"b", b"true", b"false", b"null", b'{"', b'":', b'",', b"1,",
+               b"ab", b""]
+JSON_KEYS = ["a", "b", "ab", "ba"]
+JSON_SCALARS = [0, 1, -2, 12, 1.5, "a", "ab", "", True, False, None]
+
+
+def random_schema(rng, depth: int = 0) -> dict:
+    """A random small JSON Schema of common keywords (nesting ≤ 2)."""
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "const", "types"]
+    if depth < 2:
+        kinds += ["array", "object", "object", "anyOf"]
+    kind = str(rng.choice(kinds))
+    if kind == "string":
+        schema: dict = {"type": "string"}
+        if rng.random() < 0.5:
+            schema["minLength"] = int(rng.integers(0, 3))
+        if rng.random() < 0.5:
+            schema["maxLength"] = schema.get("minLength", 0) + int(rng.integers(0, 3))
+        return schema
+    if kind in ("integer", "number"):
+        schema = {"type": kind}
+        if rng.random() < 0.6:
+            schema["minimum"] = int(rng.integers(-3, 6))
+        if rng.random() < 0.6:
+            schema["maximum"] = schema.get("minimum", -3) + int(rng.integers(0, 30))
+        return schema
+    if kind in ("boolean", "null"):
+        return {"type": kind}
+    if kind == "enum":
+        picks = rng.choice(len(JSON_SCALARS), size=int(rng.integers(1, 4)), replace=False)
+        return {"enum": [JSON_SCALARS[int(i)] for i in picks]}
+    if kind == "const":
+        return {"const": JSON_SCALARS[int(rng.integers(0, len(JSON_SCALARS)))]}
+    if kind == "types":
+        picks = rng.choice(["integer", "string", "null", "boolean"], size=2, replace=False)
+        return {"type": [str(t) for t in picks]}
+    if kind == "array":
+        schema = {"type": "array", "items": random_schema(rng, depth + 1)}
+        if rng.random() < 0.5:
+            schema["minItems"] = int(rng.integers(0, 3))
+        if rng.random() < 0.5:
+            schema["maxItems"] = schema.get("minItems", 0) + int(rng.integers(0, 3))
+        return schema
+    if kind == "anyOf":
+        return {"anyOf": [random_schema(rng, depth + 1) for _ in range(int(rng.integers(2, 4)))]}
+    keys = [str(k) for k in rng.choice(JSON_KEYS, size=int(rng.integers(1, 4)), replace=False)]
+    schema = {"type": "object", "properties": {k: random_schema(rng, depth + 1) for k in keys}}
+    required = [k for k in keys if rng.random() < 0.5]
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _json_schema_leaf(rng):
+    import jsonschema
+
+    schema = random_schema(rng)
+    constraint = dfa.json_schema(schema, JSON_TOKENS, encodings="all",
+                                 eos_token_id=len(JSON_TOKENS) - 1)
+
+    def check(data: bytes) -> bool:
+        try:
+            jsonschema.validate(json.loads(data.decode("utf-8")), schema)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+
+    return f"json_schema:{json.dumps(schema)}", constraint, check
+
+
+VOCABULARIES["json"] = JSON_TOKENS
+VOCABULARY_OPTIONS["json"] = dict(share=0.06, max_new_tokens=12, top_leaf=0.7)
+register_leaf("json_schema", lambda rng, V, eos: _json_schema_leaf(rng), vocabulary="json",
+              weight=40)
+
+
+def _leaf(rng, V, eos, vocabulary: str | None, top: bool, drawn: list | None):
     kinds = [name for name, kind in LEAF_KINDS.items() for _ in range(kind.weight)
              if kind.vocabulary in (None, vocabulary) and (eos is not None or not kind.needs_eos)
              and (top or kind.combinable)]
     kind = str(rng.choice(kinds))
+    if drawn is not None:
+        drawn.append(kind)
     built = LEAF_KINDS[kind].build(rng, V, eos)
-    return built if isinstance(built, tuple) else (kind, built)
+    if not isinstance(built, tuple):
+        return kind, built, None
+    return built if len(built) == 3 else (*built, None)
 
 
-def random_constraint(rng, V, eos, vocabulary: str | None, depth: int = 0):
-    """``(description, top-level operation, constraint)``: a random expression of builders and
-    operations (``vocabulary``: the case's byte vocabulary, None for bare token ids)."""
-    if depth >= 3 or rng.random() < 0.35:
-        name, leaf = _leaf(rng, V, eos, vocabulary, top=depth == 0)
-        return name, "leaf", leaf
+def random_constraint(rng, V, eos, vocabulary: str | None, depth: int = 0,
+                      drawn: list | None = None):
+    """``(description, top-level operation, constraint, check)``: a random expression of
+    builders and operations (``vocabulary``: the case's byte vocabulary, None for bare token
+    ids). ``check`` is None, or — when the whole constraint is one leaf whose build returned
+    ``(description, constraint, check)`` — that leaf's own oracle: ``check(text)`` says whether
+    the bytes an output spells (up to EOS) are in the constraint's language, independently of
+    ctrlg (e.g. ``lark`` for a grammar, ``jsonschema`` for a JSON Schema). ``drawn`` collects
+    the kinds drawn."""
+    top_leaf = 0.35 if depth else VOCABULARY_OPTIONS.get(vocabulary, {}).get("top_leaf", 0.35)
+    if depth >= 3 or rng.random() < top_leaf:
+        name, leaf, check = _leaf(rng, V, eos, vocabulary, depth == 0, drawn)
+        return name, "leaf", leaf, check
     op = str(rng.choice(["intersect", "union", "complement", "concat"]))
     if op == "complement":
-        name, _, inner = random_constraint(rng, V, eos, vocabulary, depth + 1)
-        return f"¬({name})", op, dfa.complement(inner, allow_empty=True)
-    parts = [random_constraint(rng, V, eos, vocabulary, depth + 1)
+        name, _, inner, _ = random_constraint(rng, V, eos, vocabulary, depth + 1, drawn)
+        return f"¬({name})", op, dfa.complement(inner, allow_empty=True), None
+    parts = [random_constraint(rng, V, eos, vocabulary, depth + 1, drawn)
              for _ in range(int(rng.integers(2, 4)))]
     fn = {"intersect": dfa.intersect, "union": dfa.union,
           "concat": lambda *d, **kw: dfa.concat(*d, max_states=CONCAT_STATES, **kw)}[op]
     symbol = {"intersect": " ∧ ", "union": " ∨ ", "concat": " · "}[op]
     return ("(" + symbol.join(p[0] for p in parts) + ")", op,
-            fn(*(p[2] for p in parts), allow_empty=True))
+            fn(*(p[2] for p in parts), allow_empty=True), None)
 
 
 # ---------------------------------------------------------------------- oracle
@@ -188,6 +431,16 @@ def accepted(constraint: dfa.TokenDFA, tokens, eos) -> bool:
         if eos is not None and t == eos:
             break
     return constraint.accepts(y)
+
+
+def spelled(tokens: list[bytes], output, eos) -> bytes:
+    """The bytes an output spells over a byte vocabulary, up to its first EOS."""
+    out = []
+    for t in output:
+        if eos is not None and t == eos:
+            break
+        out.append(tokens[int(t)])
+    return b"".join(out)
 
 
 def satisfiable(constraint: dfa.TokenDFA, n: int, m: int, eos) -> bool:
@@ -213,13 +466,21 @@ def satisfiable(constraint: dfa.TokenDFA, n: int, m: int, eos) -> bool:
 
 
 def _satisfiable_by_enumeration(constraint, n: int, m: int, eos) -> bool:
+    """Every sequence of the budget through ``accepts``; a constraint with ``prefix_viable``
+    (a grammar: whether the tokens can still be completed, budget aside) has the bodies that
+    cannot be completed left out with all their extensions."""
     plain = [v for v in range(constraint.vocab_size) if v != eos]
+    viable = getattr(constraint, "prefix_viable", None)
+    bodies: list[tuple[int, ...]] = [()]
     for k in range(n + 1):
-        for body in itertools.product(plain, repeat=k):
+        for body in bodies:
             if k == n and constraint.accepts(list(body)):
                 return True
             if eos is not None and m <= k < n and constraint.accepts([*body, eos]):
                 return True
+        if k < n:
+            bodies = [(*body, v) for body in bodies for v in plain
+                      if viable is None or viable([*body, v])]
     return False
 
 
@@ -294,15 +555,13 @@ def decode_random_logits(case, constraint, hmm, rng):
 # ---------------------------------------------------------------------- one case
 def run_case(seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    vocabulary = None
-    if rng.random() < 0.3:
-        names = list(VOCABULARIES)
-        vocabulary = names[0] if len(names) == 1 else str(rng.choice(names))
+    vocabulary = pick_vocabulary(rng.random())
+    if vocabulary is not None:
         V, eos = len(VOCABULARIES[vocabulary]), len(VOCABULARIES[vocabulary]) - 1
     else:
         V = int(rng.integers(2, 7))
         eos = int(V - 1) if rng.random() < 0.6 else None
-    n = int(rng.integers(1, 6))
+    n = int(rng.integers(1, VOCABULARY_OPTIONS.get(vocabulary, {}).get("max_new_tokens", 5) + 1))
     case = dict(seed=seed, V=V, eos=eos, n=n, m=int(min(rng.integers(0, 3), n)),
                 mode=str(rng.choice(["ctrlg", "ctrlg", "logical"])),
                 decoder=str(rng.choice(["sample", "beam", "random_logits"])))
@@ -311,9 +570,11 @@ def run_case(seed: int) -> dict:
         attempt = 0
         while True:   # redraw an unsatisfiable constraint once (~1 case in 6 stays unsatisfiable)
             try:
-                name, case["op"], constraint = random_constraint(rng, V, eos, vocabulary)
+                drawn: list[str] = []
+                name, case["op"], constraint, check = random_constraint(
+                    rng, V, eos, vocabulary, drawn=drawn)
             except ConstraintError as err:
-                if "max_states" not in str(err):
+                if "max_states" not in str(err) and "needs a byte automaton" not in str(err):
                     raise
                 case["redrawn_too_large"] = case.get("redrawn_too_large", 0) + 1
                 continue
@@ -322,6 +583,7 @@ def run_case(seed: int) -> dict:
             if expect or attempt == 2 or rng.random() < 0.5:
                 break
         case["constraint"] = name
+        case["kinds"] = sorted(set(drawn))
         case["states"] = getattr(constraint, "num_states", None)
         hmm = random_hmm(rng, int(rng.integers(1, 5)), V)
         case["satisfiable"] = expect
@@ -342,6 +604,11 @@ def run_case(seed: int) -> dict:
         bad = [o for o in outputs if not accepted(constraint, o, eos)]
         if bad:
             return {**case, "violation": f"rejected outputs {bad[:3]}"}
+        if check is not None:                  # the kind's own oracle, on the bytes spelled
+            bad = [o for o in outputs if not check(spelled(VOCABULARIES[vocabulary], o, eos))]
+            if bad:
+                return {**case, "violation": f"outputs outside the language {bad[:3]}: "
+                        f"{[spelled(VOCABULARIES[vocabulary], o, eos) for o in bad[:3]]}"}
         return {**case, "violation": None, "outputs": len(outputs)}
     except Exception as err:                                     # noqa: BLE001 - fuzzing
         return {**case, "violation": f"{type(err).__name__}: {err}",
@@ -352,6 +619,7 @@ def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
     """Run ``cases`` cases with seeds ``seed, seed + 1, ...``; returns the summary dict."""
     start = time.perf_counter()
     violations, by_decoder, by_op, unsat = [], Counter(), Counter(), 0
+    by_kind, whole, kind_outputs = Counter(), Counter(), Counter()
     outputs = too_large = 0
     for i in range(cases):
         result = run_case(seed + i)
@@ -360,6 +628,11 @@ def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
         unsat += result.get("satisfiable") is False
         outputs += result.get("outputs", 0) or 0
         too_large += result.get("redrawn_too_large", 0)
+        for kind in result.get("kinds", ()):
+            by_kind[kind] += 1
+            kind_outputs[kind] += result.get("outputs", 0) or 0
+            if result["op"] == "leaf":
+                whole[kind] += 1
         if result["violation"]:
             violations.append(result)
         if progress and (i + 1) % 500 == 0:
@@ -368,6 +641,8 @@ def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
     return dict(cases=cases, seed=seed, violations=len(violations), outputs_checked=outputs,
                 unsatisfiable_cases=unsat, constraints_redrawn_too_large=too_large,
                 by_decoder=dict(by_decoder), by_top_operation=dict(by_op),
+                by_kind={k: dict(cases=by_kind[k], whole_constraint=whole[k],
+                                 outputs_checked=kind_outputs[k]) for k in LEAF_KINDS},
                 seconds=round(time.perf_counter() - start, 1), first_violations=violations[:20])
 
 

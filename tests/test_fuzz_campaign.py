@@ -54,3 +54,50 @@ def test_new_constraint_kinds_join_with_their_own_vocabulary(monkeypatch):
         d = fc._random_dense(np.random.default_rng(seed), 3)
         for n, m, eos in ((1, 0, 2), (3, 1, 2), (2, 0, None)):
             assert satisfiable(d, n, m, eos) == fc._satisfiable_by_enumeration(d, n, m, eos)
+
+
+def _seeds_over(vocabulary, count, start=0):
+    from benchmarks import fuzz_campaign as fc
+
+    seeds = (s for s in range(start, start + 10_000)
+             if fc.pick_vocabulary(np.random.default_rng(s).random()) == vocabulary)
+    return [next(seeds) for _ in range(count)]
+
+
+@pytest.mark.parametrize("vocabulary, kind", [("grammar", "grammar"), ("json", "json_schema")])
+def test_grammar_and_json_schema_kinds_are_drawn_and_checked(vocabulary, kind):
+    """Cases over the grammar / JSON vocabulary draw their kind, mostly as the whole constraint,
+    and every output passes both ctrlg's ``accepts`` and the kind's own oracle (lark's Earley
+    parser; json.loads + jsonschema)."""
+    from benchmarks import fuzz_campaign as fc
+
+    results = [fc.run_case(s) for s in _seeds_over(vocabulary, 8)]
+    assert all(r["violation"] is None for r in results), [r for r in results if r["violation"]]
+    whole = [r for r in results if r["op"] == "leaf" and r["kinds"] == [kind]]
+    assert len(whole) >= 3
+    assert sum(r.get("outputs", 0) for r in whole) > 0
+
+
+def test_kind_oracles_catch_outputs_outside_the_language(monkeypatch):
+    """With a processor that does not guide and ctrlg's own verdict switched off, the lark and
+    jsonschema oracles alone still reject the outputs (so they check something)."""
+    from benchmarks import fuzz_campaign as fc
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    monkeypatch.setattr(ConstraintLogitsProcessor, "__call__", lambda self, ids, scores: scores)
+    monkeypatch.setattr(fc, "accepted", lambda constraint, tokens, eos: True)
+    for vocabulary in ("grammar", "json"):
+        caught = [r for r in map(fc.run_case, _seeds_over(vocabulary, 12))
+                  if "outside the language" in (r["violation"] or "")]
+        assert caught, vocabulary
+    rng = np.random.default_rng(0)
+    *_, check = fc._grammar_leaf(rng)
+    assert isinstance(check(b"zz"), bool) and not check(b"zz")
+    *_, check = fc._json_schema_leaf(np.random.default_rng(1))
+    assert not check(b"{") and not check(b"\xff")
+
+
+def test_summary_counts_cases_per_kind():
+    summary = run_campaign(cases=12, seed=2024)
+    assert set(summary["by_kind"]) >= {"grammar", "json_schema", "regex", "phrase"}
+    assert sum(k["cases"] for k in summary["by_kind"].values()) >= 12

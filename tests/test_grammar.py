@@ -64,6 +64,16 @@ def test_lark_errors_name_the_construct_and_line(tiny, text, error, match):
         dfa.grammar(text, tiny)
 
 
+def test_a_grammar_lark_accepts_is_read():
+    """``","? [","]``: with ``keep_all_tokens`` Lark gave ``[","]`` a placeholder and refused
+    the two expansions as "Rules defined twice"; Lark's own options read it (its language is
+    unchanged: "(" then zero to two commas then an optional "12")."""
+    text = 'start: "(" ","? [","] "12"?'
+    lark.Lark(text, parser="earley")
+    g = dfa.grammar(text, [b"(", b",", b"12", b""], eos_token_id=3)
+    assert g.matches("(,,12") and g.matches("(") and not g.matches("(,,,")
+
+
 def test_bad_arguments_are_clear_errors(tiny):
     with pytest.raises(ConstraintError, match="syntax must be"):
         dfa.grammar('start: "a"', tiny, syntax="ebnf")
@@ -73,6 +83,8 @@ def test_bad_arguments_are_clear_errors(tiny):
         dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny, depth=4)
     with pytest.raises(GrammarError, match="no rule 'root'"):
         dfa.grammar('start ::= "a"', tiny, syntax="gbnf")
+    # depth="auto" keeps the last depth whose automaton did not explode (it raised RegexError)
+    assert dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny).depth == 2
     with pytest.raises(UnsupportedGrammarError, match="line 2: a token reference"):
         dfa.grammar('root ::= "a"\nx ::= <[1]>', tiny, syntax="gbnf")
     g = dfa.grammar(ALL["arithmetic"], tiny)

@@ -245,20 +245,29 @@ def regular_superset(g: Grammar, depth: int | str = "auto") -> tuple[ByteDFA, in
     :data:`AUTO_STATES` states (depth 1 at least), stopping early once exact, or when the growth
     from the last level predicts the next one would exceed the bound."""
     unroller = Unroller(g)
+
+    def too_large(d):
+        return ConstraintError(
+            f"the grammar unrolled to depth {d} needs a byte automaton of more than "
+            f"{MAX_DFA_STATES} states; use a smaller depth or depth='auto' (ambiguous "
+            f"repetition such as 'x: x x' grows fastest: write it as 'x: item+')")
+
     if depth != "auto":
         if int(depth) < 1:
             raise ConstraintError(f"depth must be ≥ 1 (or 'auto'), got {depth!r}")
         try:
             bdfa, exact = unroller.top(int(depth))
         except RegexError:
-            raise ConstraintError(
-                f"the grammar unrolled to depth {depth} needs a byte automaton of more than "
-                f"{MAX_DFA_STATES} states; use a smaller depth or depth='auto' (ambiguous "
-                f"repetition such as 'x: x x' grows fastest: write it as 'x: item+')") from None
+            raise too_large(depth) from None
         return bdfa, int(depth), exact
     best = None
     for d in range(1, MAX_AUTO_DEPTH + 1):
-        bdfa, exact = unroller.top(d)
+        try:
+            bdfa, exact = unroller.top(d)
+        except RegexError:            # this level explodes: keep the last one that did not
+            if best is None:
+                raise too_large(d) from None
+            break
         if best is not None and bdfa.num_states > AUTO_STATES:
             break
         growth = bdfa.num_states / best[0].num_states if best is not None else 1.0

@@ -103,7 +103,7 @@ def _load(text: str, start: str) -> lark.Lark:
     if not isinstance(text, str) or not text.strip():
         raise GrammarError("the grammar text is empty; give Lark rules such as 'start: \"a\"+'")
     try:
-        return lark.Lark(text, start=start, parser="earley", lexer="dynamic", keep_all_tokens=True)
+        return lark.Lark(text, start=start, parser="earley", lexer="dynamic")
     except lark.exceptions.GrammarError as err:
         raise GrammarError(f"invalid Lark grammar: {err}") from None
     except lark.exceptions.LarkError as err:
