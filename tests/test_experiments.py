@@ -81,7 +81,7 @@ def run_interrupted(module, name: str, call: int, run) -> None:
 def test_commongen_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path, capsys):
     from experiments import commongen
 
-    cfg = compose("commongen", ["pipeline=instruct", f"model.name={tiny_lm_dir}", f"hmm.path={tiny_hmm_dir}",
+    cfg = compose("commongen", ["pipeline=instruct", "methods=[unconstrained,logical,ctrlg]", f"model.name={tiny_lm_dir}", f"hmm.path={tiny_hmm_dir}",
                                 "data.limit=2", "generation.num_samples=2",
                                 "generation.max_new_tokens=10", "metrics.meteor=false"])
     table = commongen.run(cfg, tmp_path)
@@ -101,7 +101,7 @@ def test_commongen_beam_search_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path):
     dependence), and the guided beams still satisfy every constraint."""
     from experiments import commongen
 
-    overrides = ["pipeline=instruct", f"model.name={tiny_lm_dir}", f"hmm.path={tiny_hmm_dir}", "data.limit=1",
+    overrides = ["pipeline=instruct", "methods=[unconstrained,logical,ctrlg]", f"model.name={tiny_lm_dir}", f"hmm.path={tiny_hmm_dir}", "data.limit=1",
                  "generation.num_samples=2", "generation.num_beams=3",
                  "generation.max_new_tokens=10", "metrics.meteor=false"]
     first = commongen.run(compose("commongen", overrides + ["seed=0"]), tmp_path / "a")

@@ -1,0 +1,92 @@
+"""Merge CommonGen runs that decoded different methods on the same items into one run folder.
+
+    python -m experiments.merge_runs OUT RUN_A RUN_B [...]
+    python -m experiments.commongen <RUN_A's overrides> "methods=[a,b]" resume=OUT   # scores all
+
+A method's generations depend only on its own spec, the item batches and the seeds derived from
+(seed, first item of the batch, method name) (:func:`experiments.commongen.batch_seed`), so
+methods decoded in separate processes — e.g. one per core — equal those of one run over all of
+them. Each item's record in OUT carries every run's method outputs and timings; the runs must
+agree on everything else that decides the generations (checked), and OUT's ``config.yaml`` is
+RUN_A's with ``methods`` and ``method_specs`` the union of the runs'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from experiments.common import ExperimentConfigError, read_records
+from experiments.commongen import GENERATION_KEYS
+
+__all__ = ["merge_runs"]
+
+# per-run keys of a record; everything else must agree between the runs
+_PER_RUN = ("seconds",)
+
+
+def _plain(cfg, key: str):
+    value = cfg.get(key)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def merge_runs(out: Path, runs: list[Path]) -> Path:
+    """Write OUT/generations.jsonl and OUT/config.yaml from ``runs`` (module docstring)."""
+    if len(runs) < 2:
+        raise ExperimentConfigError("give at least two run folders to merge")
+    configs = [OmegaConf.load(run / "config.yaml") for run in runs]
+    shared = [k for k in GENERATION_KEYS if k not in ("methods", "method_specs", "hmm", "model")]
+    for run, cfg in zip(runs[1:], configs[1:]):
+        differing = [k for k in shared if _plain(cfg, k) != _plain(configs[0], k)]
+        if differing:
+            raise ExperimentConfigError(f"{run} differs from {runs[0]} in {differing}")
+    methods: list[str] = []
+    for cfg in configs:
+        methods += [m for m in cfg.methods if m not in methods]
+    merged: dict[int, dict] = {}
+    for run, cfg in zip(runs, configs):
+        for record in read_records(run):
+            index = record["index"]
+            base = merged.setdefault(index, {k: v for k, v in record.items()
+                                             if k not in cfg.methods and k not in _PER_RUN})
+            for method in cfg.methods:
+                if method in record:
+                    base[method] = record[method]
+            base.setdefault("seconds", {}).update(record.get("seconds", {}))
+    complete = [r for r in merged.values() if "skipped" in r or all(m in r for m in methods)]
+    if not complete:
+        raise ExperimentConfigError("the runs have no item in common")
+    config = configs[0].copy()
+    config.methods = methods
+    specs = {}
+    for cfg in configs:
+        specs.update(OmegaConf.to_container(cfg.method_specs, resolve=True))
+    config.method_specs = specs
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(config, out / "config.yaml")
+    with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:
+        for record in sorted(complete, key=lambda r: r["index"]):
+            handle.write(json.dumps(record) + "\n")
+    print(f"{len(complete)} items with methods {methods} -> {out} "
+          f"({len(merged) - len(complete)} items lacked a method and were left out)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("runs", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        merge_runs(args.out, args.runs)
+    except ExperimentConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
