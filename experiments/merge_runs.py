@@ -1,6 +1,6 @@
 """Merge CommonGen runs that decoded different methods on the same items into one run folder.
 
-    python -m experiments.merge_runs OUT RUN_A RUN_B [...]
+    python -m experiments.merge_runs OUT RUN_A RUN_B [...] [--methods logical ctrlg]
     python -m experiments.commongen <RUN_A's overrides> "methods=[a,b]" resume=OUT   # scores all
 
 A method's generations depend only on its own spec, the item batches and the seeds derived from
@@ -30,12 +30,20 @@ _PER_RUN = ("seconds",)
 
 
 def _plain(cfg, key: str):
+    """The setting ``key`` as plain data; for ``data``, without ``offset``/``limit`` (which items a
+    run covered does not change any item's generations)."""
     value = cfg.get(key)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if key == "data" and isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in ("offset", "limit")}
+    return value
 
 
-def merge_runs(out: Path, runs: list[Path]) -> Path:
-    """Write OUT/generations.jsonl and OUT/config.yaml from ``runs`` (module docstring)."""
+def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) -> Path:
+    """Write OUT/generations.jsonl and OUT/config.yaml from ``runs`` (module docstring): the
+    items for which the runs together have every one of ``methods`` (default: every method of
+    every run). Runs may cover other items (``data.offset`` / ``data.limit``) and may repeat a
+    method on an item (its outputs are equal; the first run's is kept)."""
     if len(runs) < 2:
         raise ExperimentConfigError("give at least two run folders to merge")
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
@@ -44,9 +52,13 @@ def merge_runs(out: Path, runs: list[Path]) -> Path:
         differing = [k for k in shared if _plain(cfg, k) != _plain(configs[0], k)]
         if differing:
             raise ExperimentConfigError(f"{run} differs from {runs[0]} in {differing}")
-    methods: list[str] = []
+    known: list[str] = []
     for cfg in configs:
-        methods += [m for m in cfg.methods if m not in methods]
+        known += [m for m in cfg.methods if m not in known]
+    missing = sorted(set(methods or []) - set(known))
+    if missing:
+        raise ExperimentConfigError(f"no run decoded method(s) {missing}; the runs have {known}")
+    methods = list(methods or known)
     merged: dict[int, dict] = {}
     for run, cfg in zip(runs, configs):
         for record in read_records(run):
@@ -54,9 +66,12 @@ def merge_runs(out: Path, runs: list[Path]) -> Path:
             base = merged.setdefault(index, {k: v for k, v in record.items()
                                              if k not in cfg.methods and k not in _PER_RUN})
             for method in cfg.methods:
-                if method in record:
+                if method in record and method in methods and method not in base:
                     base[method] = record[method]
-            base.setdefault("seconds", {}).update(record.get("seconds", {}))
+            seconds = base.setdefault("seconds", {})
+            for method, value in record.get("seconds", {}).items():
+                if method in methods:
+                    seconds.setdefault(method, value)
     complete = [r for r in merged.values() if "skipped" in r or all(m in r for m in methods)]
     if not complete:
         raise ExperimentConfigError("the runs have no item in common")
@@ -65,7 +80,7 @@ def merge_runs(out: Path, runs: list[Path]) -> Path:
     specs = {}
     for cfg in configs:
         specs.update(OmegaConf.to_container(cfg.method_specs, resolve=True))
-    config.method_specs = specs
+    config.method_specs = {m: specs[m] for m in methods}
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(config, out / "config.yaml")
     with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:
@@ -80,9 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="the methods to keep (default: every method of every run)")
     args = parser.parse_args(argv)
     try:
-        merge_runs(args.out, args.runs)
+        merge_runs(args.out, args.runs, args.methods)
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

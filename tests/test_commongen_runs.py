@@ -1,0 +1,91 @@
+"""experiments.merge_runs and experiments.commongen_report: runs of different methods on the same
+items merge into one folder, scored per range of items with the main job's own tables."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.common import ExperimentConfigError
+from experiments.merge_runs import merge_runs
+
+
+def _run(folder, methods, items, seed=0):
+    folder.mkdir()
+    OmegaConf.save(OmegaConf.create({"seed": seed, "methods": methods,
+                                     "method_specs": {m: {"guide": m} for m in methods},
+                                     "generation": {"num_beams": 8}, "data": {"limit": None},
+                                     "batch_size": 10}), folder / "config.yaml")
+    with open(folder / "generations.jsonl", "w") as handle:
+        for index in items:
+            record = {"index": index, "concepts": ["a"], "seconds": {m: 1.0 for m in methods}}
+            record.update({m: {"text": f"{m} {index}"} for m in methods})
+            handle.write(json.dumps(record) + "\n")
+    return folder
+
+
+def test_merge_keeps_the_items_every_run_finished(tmp_path):
+    a = _run(tmp_path / "a", ["logical"], [0, 1, 2])
+    b = _run(tmp_path / "b", ["ctrlg"], [0, 1])
+    out = merge_runs(tmp_path / "out", [a, b])
+    records = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1]
+    assert records[1]["logical"]["text"] == "logical 1" and records[1]["ctrlg"]["text"] == "ctrlg 1"
+    assert records[0]["seconds"] == {"logical": 1.0, "ctrlg": 1.0}
+    config = OmegaConf.load(out / "config.yaml")
+    assert list(config.methods) == ["logical", "ctrlg"] and set(config.method_specs) == {"logical", "ctrlg"}
+
+
+def test_runs_of_other_settings_are_refused(tmp_path):
+    a = _run(tmp_path / "a", ["logical"], [0])
+    b = _run(tmp_path / "b", ["ctrlg"], [0], seed=1)
+    with pytest.raises(ExperimentConfigError, match="seed"):
+        merge_runs(tmp_path / "out", [a, b])
+    with pytest.raises(ExperimentConfigError, match="at least two"):
+        merge_runs(tmp_path / "out", [a])
+
+
+def test_runs_over_other_items_and_extra_methods_merge_on_the_chosen_methods(tmp_path):
+    a = _run(tmp_path / "a", ["ctrlg"], [0, 1])
+    b = _run(tmp_path / "b", ["ctrlg", "ctrlg_w2"], [2])           # e.g. a tuning run
+    c = _run(tmp_path / "c", ["logical"], [0, 1, 2])
+    config = OmegaConf.load(b / "config.yaml")
+    config.data = {"offset": 2, "limit": 1}                         # covered other items
+    OmegaConf.save(config, b / "config.yaml")
+    out = merge_runs(tmp_path / "out", [a, b, c], ["logical", "ctrlg"])
+    records = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    assert all("ctrlg_w2" not in r and set(r["seconds"]) == {"ctrlg", "logical"} for r in records)
+    assert list(OmegaConf.load(out / "config.yaml").methods) == ["logical", "ctrlg"]
+    with pytest.raises(ExperimentConfigError, match="unconstrained"):
+        merge_runs(tmp_path / "out2", [a, c], ["unconstrained"])
+
+
+def test_report_scores_each_range_apart_like_the_main_job(tmp_path):
+    from experiments.commongen_report import report_ranges, side_by_side
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    OmegaConf.save(OmegaConf.create({
+        "methods": ["logical", "ctrlg"],
+        "method_specs": {"logical": {"guide": "logical"}, "ctrlg": {"guide": "ctrlg"}},
+        "metrics": {"meteor": False},
+        "bootstrap": {"baseline": "logical", "resamples": 50, "seed": 0, "confidence": 0.95}}),
+        folder / "config.yaml")
+    refs = ["a dog runs in the park", "the cat sleeps on the mat", "kids play ball outside",
+            "the man reads a book"]
+    with open(folder / "generations.jsonl", "w") as handle:
+        for index, ref in enumerate(refs):
+            good = {"text": ref, "accepted": True, "words": len(ref.split())}
+            bad = {"text": "word salad here", "accepted": True, "words": 3}
+            handle.write(json.dumps({"index": index, "concepts": ["x"], "keyword_groups": [["x"]],
+                                     "references": [ref], "seconds": {"logical": 1, "ctrlg": 2},
+                                     "logical": bad, "ctrlg": good if index < 2 else bad}) + "\n")
+    result = report_ranges(folder, [(0, 2), (2, 4)])
+    assert result["0:2"]["items"] == 2 and abs(result["0:2"]["methods"]["ctrlg"]["bleu4"] - 100.0) < 1e-6
+    assert result["2:4"]["methods"]["ctrlg"]["bleu4"] == result["2:4"]["methods"]["logical"]["bleu4"]
+    assert result["0:2"]["intervals"]["ctrlg"]["bleu4"]["low"] > 0
+    with pytest.raises(ExperimentConfigError, match="no scored item"):
+        report_ranges(folder, [(10, 20)])
+    table = side_by_side(folder, 1)
+    assert "| 0 | x | word salad here | a dog runs in the park | a dog runs in the park |" in table
