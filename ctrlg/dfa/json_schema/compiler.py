@@ -19,7 +19,7 @@ from ctrlg.dfa.json_schema.frag import Ref, alt, is_text, rep, seq
 from ctrlg.dfa.json_schema.merge import (ANNOTATIONS, KNOWN, TYPES, canonical, draft_of, facts,
                                          fails, merge, normalize, type_set)
 from ctrlg.dfa.json_schema.numbers import Bounds, integer_range, multiples, number_range
-from ctrlg.dfa.json_schema.strings import (FORMATS, STRING, escape, fit_length,
+from ctrlg.dfa.json_schema.strings import (FORMATS, STRING, escape, fit_length, disjoint,
                                            ast_to_regex, length_range, names_except, pattern_ast)
 from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
@@ -39,7 +39,14 @@ _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProper
 
 
 def _size(frag) -> int:
-    return len(frag) if is_text(frag) else LARGE + 1
+    """Characters of regex text in a fragment (a recursive reference counts 1)."""
+    if is_text(frag):
+        return len(frag)
+    if isinstance(frag, Ref):
+        return 1
+    if hasattr(frag, "items"):
+        return sum(_size(x) for x in frag.items)
+    return _size(frag.item)
 
 
 class Compiler:
@@ -589,17 +596,16 @@ class Compiler:
                                           f"does not satisfy 'propertyNames'")
                     forbidden.add(name)
         # members in the order of 'properties'; optional ones we cannot express are left out
-        members, first_error = [], None
+        members = []
         for name, sub in props.items():
             if name in forbidden:
                 continue
             key = escape(json.dumps(name, ensure_ascii=False))
             try:
                 frag = self.value(sub, f"{path}/properties/{_pointer(name)}", refs)
-            except SchemaError as exc:
-                if name in required or not isinstance(exc, UnsupportedSchemaError):
+            except SchemaError:     # an optional property we cannot (or may never) write
+                if name in required:
                     raise
-                first_error = first_error or exc
                 continue
             members.append((seq(f"{key}{ws}:{ws}", frag), name in required))
         lo = _count(s, "minProperties", path, 0)
@@ -651,18 +657,27 @@ class Compiler:
         pattern's schema), else names outside the declared ones for an
         ``additionalProperties`` schema, else any name for a map without properties."""
         ws, extra = self.ws, s.get("additionalProperties")
-        if extra is False:
-            return None
         taken = set(props) | forbidden
         names = value = None
         try:
             if patterns:
-                pats = [p for p in patterns if not any(pattern_re[p].search(n) for n in taken)]
-                if pats and key_regex is None:
-                    value = self.value({"allOf": list(patterns.values())},
-                                       f"{path}/patternProperties", refs)
-                    names = alt(['"' + ast_to_regex(pattern_ast(p, f"{path}/patternProperties"))
-                                 + '"' for p in pats])
+                # a name of pattern p also takes the schemas of the patterns it may match
+                asts = {p: pattern_ast(p, f"{path}/patternProperties") for p in patterns}
+                pairs = []
+                for p in patterns:
+                    if any(pattern_re[p].search(n) for n in taken) or key_regex is not None:
+                        continue
+                    overlapping = [patterns[q] for q in patterns
+                                   if q == p or not disjoint(asts[p], asts[q])]
+                    try:
+                        v = self.value({"allOf": overlapping},
+                                       f"{path}/patternProperties/{_pointer(p)}", refs)
+                    except SchemaError:
+                        continue
+                    pairs.append(seq('"' + ast_to_regex(asts[p]) + '"', f"{ws}:{ws}", v))
+                return alt(pairs) if pairs else None
+            if extra is False:
+                return None
             elif key_regex is not None:
                 names = key_regex if not taken else None
             elif not taken:

@@ -246,3 +246,22 @@ def _outside(node: dict) -> str:
     alts = [f"{other}{NAME_CHAR}*"] + [escape(c) + _outside(node[c]) for c in chars]
     body = "(?:" + "|".join(alts) + ")"
     return body if None in node else f"(?:{body})?"
+
+
+def disjoint(a: Node, b: Node) -> bool:
+    """Whether no string matches both ASTs (breadth-first search of the product of their
+    byte DFAs)."""
+    from ctrlg.dfa.bytes_dfa import compile_ast
+
+    da, db = compile_ast(a), compile_ast(b)
+    seen = {(da.initial, db.initial)}
+    queue = list(seen)
+    while queue:
+        p, q = queue.pop()
+        if da.accepting[p] and db.accepting[q]:
+            return False
+        for pair in set(zip(da.table[p].tolist(), db.table[q].tolist())):
+            if pair[0] and pair[1] and pair not in seen:
+                seen.add(pair)
+                queue.append(pair)
+    return True
