@@ -78,11 +78,14 @@ from ctrlg.dfa.regex_syntax import parse
 from ctrlg.errors import RegexError, SchemaError, UnsupportedSchemaError
 
 __all__ = ["json_schema", "schema_to_regex", "schema_to_grammar", "WHITESPACE", "STRING_CHAR",
-           "escape", "MAX_REGEX_CHARS"]
+           "escape", "MAX_REGEX_CHARS", "AUTO_MINIMIZE_STATES"]
 
 WHITESPACE = r"[ ]?"
 #: a regex longer than this is refused (its automaton would have too many states)
 MAX_REGEX_CHARS = 2_000_000
+#: ``minimize="auto"`` minimises token DFAs of at most this many states (the byte DFA they come
+#: from is minimal already; minimising thousands of token states costs tens of seconds)
+AUTO_MINIMIZE_STATES = 1500
 
 
 def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = WHITESPACE,
@@ -102,7 +105,9 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
         max_nesting: depth of arbitrary JSON values allowed where the schema is ``{}``.
         warn: list the ignored unknown keywords in a ``warnings.warn``.
         **regex_kwargs: ``eos_token_id``, ``vocab_size``, ``minimize`` of :func:`ctrlg.dfa.regex`
-            (``eos_token_id``, ``vocab_size``, ``depth`` of :func:`ctrlg.dfa.grammar`).
+            (``eos_token_id``, ``vocab_size``, ``depth`` of :func:`ctrlg.dfa.grammar`);
+            ``minimize="auto"`` (default) minimises DFAs of at most
+            :data:`AUTO_MINIMIZE_STATES` states.
 
     Raises:
         SchemaError: the schema is not valid JSON / not an object, or is contradictory.
@@ -111,7 +116,12 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
     """
     frag, defs = _compile(schema, whitespace, max_nesting, warn)
     if is_text(frag):
-        return regex(frag, tokenizer, encodings, **regex_kwargs)
+        minimize = regex_kwargs.pop("minimize", "auto")
+        d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
+        if minimize == "auto" and encodings == "all" and d.num_states <= AUTO_MINIMIZE_STATES:
+            from ctrlg.dfa.minimize import minimize as minimize_dfa
+            d = minimize_dfa(d)
+        return d
     from ctrlg.dfa.grammar import grammar
     if encodings != "all":
         raise UnsupportedSchemaError("a recursive schema compiles to a grammar constraint, "

@@ -260,10 +260,26 @@ class Compiler:
                 except SchemaError:
                     flat.append(None)       # contradictory: never valid, excluded below
             fs = [facts(f) if isinstance(f, dict) else None for f in flat]
+            # an object alternative leaves out a property that another one requires (a subset)
+            for i, f in enumerate(fs):
+                if f is None or not f.types <= {"object"}:
+                    continue
+                for j, g in enumerate(fs):
+                    if j != i and g is not None and not fails(f, g):
+                        names = sorted(g.required - f.required)
+                        if names:
+                            flat[i]["$ctrlg_forbid"] = list(flat[i].get("$ctrlg_forbid", [])) \
+                                + [names[0]]
+                            f.forbidden.add(names[0])
+
             def fails_all(i):
                 return all(j == i or flat[j] is None or fs[j] is not None and fails(fs[i], fs[j])
                            for j in range(len(fs)))
             keep = [i for i in range(len(fs)) if fs[i] is not None and fails_all(i)]
+            branches = [dict(f) if isinstance(f, dict) else b for f, b in zip(flat, branches)]
+            for b in branches:
+                if isinstance(b, dict):
+                    b.pop("$ctrlg_ref", None)
             if not keep:
                 raise UnsupportedSchemaError(
                     f"'oneOf' at {path}/oneOf: no alternative is provably disjoint from the "
@@ -505,8 +521,10 @@ class Compiler:
                               f"values are allowed)")
         lits = [self.literal(v) for v in values]
         if lo <= 1 and top == n:     # every ordered subset: members-style, quadratic in n
+            size = sum(len(x) for x in lits)
+            firsts = range(n) if size * n <= 4 * LARGE else range(1)
             body = alt([seq(lits[k], *[rep(seq(sep, x), 0, 1) for x in lits[k + 1:]])
-                        for k in range(n)])
+                        for k in firsts] + ([] if len(firsts) == n else [alt(lits)]))
             return seq(rf"\[{ws}", body if lo == 1 else rep(body, 0, 1), rf"{ws}\]")
         combos = [c for k in range(lo, top + 1) for c in combinations(range(n), k)]
         if len(combos) > 500:

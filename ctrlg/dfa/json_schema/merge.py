@@ -239,6 +239,7 @@ class Facts:
         self.declared: set = set()
         self.closed = False                   # no property beyond the declared ones
         self.never_extra = False              # the compiler generates only declared ones
+        self.forbidden: set = set()           # names the compiler never generates
 
 
 def _value_type(v) -> str:
@@ -278,6 +279,7 @@ def facts(schema) -> Facts:
                 f.prop_values[name] = {canonical(v) for v in sv}
     extra = schema.get("additionalProperties")
     f.closed = extra is False and not schema.get("patternProperties")
+    f.forbidden = set(schema.get("$ctrlg_forbid", []))
     f.never_extra = f.closed or (bool(props) and extra in (None, True, {})
                                  and not schema.get("patternProperties"))
     return f
@@ -306,6 +308,7 @@ def fails(fi: Facts, fj: Facts) -> bool:
                 return True
             if fj.closed and p not in fj.declared:
                 return True
-        if fi.never_extra and any(p not in fi.declared for p in fj.required):
+        if any(p in fi.forbidden or fi.never_extra and p not in fi.declared
+               for p in fj.required):
             return True
     return False
