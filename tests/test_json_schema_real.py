@@ -49,6 +49,12 @@ CASES = {
     "oneof_overlapping_subset": {"oneOf": [{"type": "string", "maxLength": 2},
                                            {"type": "integer", "minimum": 0},
                                            {"type": "integer", "maximum": 5}]},
+    "oneof_required_sets": {"type": "object", "properties": {
+        "r": {"type": "number"}, "w": {"type": "number"}, "h": {"type": "number"}},
+        "oneOf": [{"required": ["r"]}, {"required": ["w", "h"]}]},
+    "oneof_nested_anyof": {"oneOf": [
+        {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}]},
+        {"type": "object", "properties": {"id": {"type": "string", "maxLength": 2}}}]},
     "allof_several": {"allOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
         {"properties": {"b": {"type": "string", "maxLength": 3}}, "required": ["b"]},
@@ -155,6 +161,9 @@ def test_subsets_still_cover_the_intended_documents():
     assert matches("oneof_discriminator", '{"kind":"square","side":2}')
     assert matches("oneof_overlapping_subset", '"ab"')
     assert not matches("oneof_overlapping_subset", "3")      # valid for both integer branches
+    assert matches("oneof_required_sets", '{"r":1}') and matches("oneof_required_sets",
+                                                                '{"w":1,"h":2}')
+    assert not matches("oneof_required_sets", '{"r":1,"w":1,"h":2}')   # valid for both
     assert matches("pattern_properties", '{"x_a":3,"y_ab":true}')
     assert not matches("pattern_properties", '{"x_a":-1}')
     assert matches("additional_schema", '{"a":"s","zz":3}')

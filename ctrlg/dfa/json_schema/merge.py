@@ -260,6 +260,9 @@ def facts(schema) -> Facts:
         return f
     if "type" in schema:
         f.types = frozenset(type_set(schema["type"]))
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            f.types &= frozenset().union(*(facts(a).types for a in schema[key]))
     vals = [schema["const"]] if "const" in schema else schema.get("enum")
     if isinstance(vals, list):
         f.values = {canonical(v): v for v in vals if _value_type(v) in f.types}
