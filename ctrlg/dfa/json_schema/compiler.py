@@ -20,6 +20,7 @@ from ctrlg.dfa.json_schema.merge import (ANNOTATIONS, KNOWN, TYPES, canonical, d
                                          fails, merge, normalize, type_set)
 from ctrlg.dfa.json_schema.numbers import Bounds, integer_range, multiples, number_range
 from ctrlg.dfa.json_schema.strings import (FORMATS, STRING, escape, fit_length, disjoint,
+                                           included,
                                            ast_to_regex, length_range, names_except, pattern_ast)
 from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
@@ -391,9 +392,17 @@ class Compiler:
         if hi is not None and hi > MAX_REPEAT:
             hi = MAX_REPEAT        # a subset: shorter strings are valid too
         fmt = s.get("format")
+        fmt = fmt if isinstance(fmt, str) and fmt in FORMATS else None
         if "pattern" in s:
             ast = pattern_ast(s["pattern"], f"{path}/pattern")
-        elif isinstance(fmt, str) and fmt in FORMATS:
+            if fmt is not None:       # both must hold: the one included in the other
+                if included(parse(FORMATS[fmt]), ast):
+                    ast = parse(FORMATS[fmt])
+                elif not included(ast, parse(FORMATS[fmt])):
+                    raise UnsupportedSchemaError(
+                        f"'pattern' together with 'format' {fmt!r} at {path}/format: neither "
+                        f"language includes the other")
+        elif fmt is not None:
             ast = parse(FORMATS[fmt])
         else:
             return f'"{length_range(lo, hi)}"'

@@ -47,9 +47,9 @@ _ALL_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array
 
 
 def draft_of(root) -> int:
-    """The draft year-ish number of ``$schema``: 4, 6, 7, 2019 or 2020 (default)."""
+    """The draft number of ``$schema``: 3, 4, 6, 7, 2019 or 2020 (default)."""
     uri = root.get("$schema", "") if isinstance(root, dict) else ""
-    for key, draft in (("draft-04", 4), ("draft-03", 4), ("draft-06", 6), ("draft-07", 7),
+    for key, draft in (("draft-04", 4), ("draft-03", 3), ("draft-06", 6), ("draft-07", 7),
                        ("2019-09", 2019), ("2020-12", 2020)):
         if key in str(uri):
             return draft
@@ -59,7 +59,21 @@ def draft_of(root) -> int:
 def normalize(schema: dict, draft: int) -> dict:
     """``schema`` with draft-specific keywords rewritten (module docstring)."""
     s = dict(schema)
-    if draft == 4:
+    if draft == 3:        # property-level boolean 'required', 'divisibleBy', 'extends'
+        props = s.get("properties")
+        if isinstance(props, dict):
+            names = [n for n, sub in props.items() if isinstance(sub, dict)
+                     and sub.get("required") is True]
+            if names:
+                s["required"] = names
+        if isinstance(s.get("required"), bool):
+            s.pop("required")
+        if "divisibleBy" in s:
+            s["multipleOf"] = s.pop("divisibleBy")
+        if "extends" in s:
+            ext = s.pop("extends")
+            s["allOf"] = ext if isinstance(ext, list) else [ext]
+    if draft <= 4:
         for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
             if isinstance(s.get(key), bool):
                 flag = s.pop(key)

@@ -60,6 +60,7 @@ FORMATS = {
     "json-pointer": r"(?:/(?:[a-zA-Z0-9._-]|~[01]){0,20}){0,4}",
     "int32": r"-?(?:0|[1-9][0-9]{0,8})",
     "int64": r"-?(?:0|[1-9][0-9]{0,17})",
+    "regex": r"[a-zA-Z0-9 _]{0,20}",
 }
 for _alias, _of in {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
                     "iri-reference": "uri-reference", "uri-template": "uri-reference"}.items():
@@ -251,6 +252,16 @@ def _outside(node: dict) -> str:
 def disjoint(a: Node, b: Node) -> bool:
     """Whether no string matches both ASTs (breadth-first search of the product of their
     byte DFAs)."""
+    return not _product_finds(a, b, inside_b=True)
+
+
+def included(a: Node, b: Node) -> bool:
+    """Whether every string of ``a`` matches ``b``."""
+    return not _product_finds(a, b, inside_b=False)
+
+
+def _product_finds(a: Node, b: Node, inside_b: bool) -> bool:
+    """Whether some string of ``a`` is (``inside_b``) or is not a string of ``b``."""
     from ctrlg.dfa.bytes_dfa import compile_ast
 
     da, db = compile_ast(a), compile_ast(b)
@@ -258,10 +269,10 @@ def disjoint(a: Node, b: Node) -> bool:
     queue = list(seen)
     while queue:
         p, q = queue.pop()
-        if da.accepting[p] and db.accepting[q]:
-            return False
+        if da.accepting[p] and bool(db.accepting[q]) == inside_b:
+            return True
         for pair in set(zip(da.table[p].tolist(), db.table[q].tolist())):
-            if pair[0] and pair[1] and pair not in seen:
+            if pair[0] and (pair[1] or not inside_b) and pair not in seen:
                 seen.add(pair)
                 queue.append(pair)
-    return True
+    return False
