@@ -70,9 +70,11 @@ from __future__ import annotations
 import json
 import warnings
 
+from ctrlg.dfa.grammar import grammar
 from ctrlg.dfa.json_schema.compiler import Compiler
 from ctrlg.dfa.json_schema.frag import is_text, to_grammar
 from ctrlg.dfa.json_schema.strings import STRING_CHAR, escape
+from ctrlg.dfa.minimize import minimize as minimize_dfa
 from ctrlg.dfa.regex import regex
 from ctrlg.dfa.regex_syntax import parse
 from ctrlg.errors import RegexError, SchemaError, UnsupportedSchemaError
@@ -119,10 +121,8 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
         minimize = regex_kwargs.pop("minimize", "auto")
         d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
         if minimize == "auto" and encodings == "all" and d.num_states <= AUTO_MINIMIZE_STATES:
-            from ctrlg.dfa.minimize import minimize as minimize_dfa
             d = minimize_dfa(d)
         return d
-    from ctrlg.dfa.grammar import grammar
     if encodings != "all":
         raise UnsupportedSchemaError("a recursive schema compiles to a grammar constraint, "
                                      "which supports encodings='all' only")

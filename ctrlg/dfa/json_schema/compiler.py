@@ -15,6 +15,7 @@ from itertools import combinations
 from typing import Any
 from urllib.parse import unquote
 
+from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
 from ctrlg.dfa.json_schema.frag import Ref, alt, is_text, rep, seq
 from ctrlg.dfa.json_schema.merge import (ANNOTATIONS, KNOWN, TYPES, canonical, draft_of, facts,
                                          fails, merge, normalize, type_set)
@@ -349,7 +350,6 @@ class Compiler:
         values = list({canonical(v): v for v in values}.values())
         rest = {k: v for k, v in s.items() if k in KNOWN and k not in ("enum", "const", "type")}
         if rest:  # other assertions: keep the values the rest of the schema generates
-            from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
             others = self.compile({k: v for k, v in s.items() if k not in ("enum", "const")},
                                   path, refs)
             if not is_text(others):
@@ -614,7 +614,6 @@ class Compiler:
         if names_check is not None and names_check is not True:
             key_regex = self.value({"allOf": [names_check, {"type": "string"}]},
                                    f"{path}/propertyNames", refs)
-            from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
             matcher = compile_bytes_dfa(key_regex)
             for name in list(props):
                 if not matcher.fullmatch(json.dumps(name, ensure_ascii=False).encode()):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
 
@@ -230,7 +231,6 @@ def merge(a: dict, b: dict, path: str) -> dict:
 
 
 def _matches_any(name: str, patterns) -> bool:
-    import re
     for pat in patterns:
         try:
             if re.search(pat, name):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from ctrlg.dfa.bytes_dfa import compile_ast
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
 from ctrlg.errors import RegexError, UnsupportedSchemaError
 
@@ -262,8 +263,6 @@ def included(a: Node, b: Node) -> bool:
 
 def _product_finds(a: Node, b: Node, inside_b: bool) -> bool:
     """Whether some string of ``a`` is (``inside_b``) or is not a string of ``b``."""
-    from ctrlg.dfa.bytes_dfa import compile_ast
-
     da, db = compile_ast(a), compile_ast(b)
     seen = {(da.initial, db.initial)}
     queue = list(seen)
