@@ -166,6 +166,9 @@ def _compile(schema, whitespace, max_nesting, warn):
     compiler = Compiler(schema, ws, max_nesting)
     try:
         frag = compiler.value(schema, "#")
+        for target in sorted(compiler.pending):   # recursive targets still undefined
+            if target in compiler.recursive and target not in compiler.defs:
+                compiler.value({"$ref": target}, "#")
     except RecursionError:
         raise UnsupportedSchemaError("the schema nests too deeply to compile") from None
     if is_text(frag) and len(frag) > MAX_REGEX_CHARS:

@@ -61,6 +61,7 @@ class Compiler:
         self.defs: dict[str, Any] = {}          # recursive $ref target → its fragment
         self.recursive: set[str] = set()
         self.cache: dict[str, str] = {}         # non-recursive $ref target → its regex
+        self.pending: set[str] = set()          # targets compiled only in a changed form
         self.unknown: list[str] = []            # paths of ignored unknown keywords
         self.ids = self._collect_ids(root, "#")
 
@@ -254,6 +255,7 @@ class Compiler:
         rest = {k: v for k, v in s.items() if k not in ANNOTATIONS}
         branches = [{"allOf": [rest, o]} if rest else o for o in options]
         keep = list(range(len(branches)))
+        contexts = [refs] * len(branches)
         if key == "oneOf":
             flat = []
             for i, b in enumerate(branches):
@@ -278,10 +280,13 @@ class Compiler:
                 return all(j == i or flat[j] is None or fs[j] is not None and fails(fs[i], fs[j])
                            for j in range(len(fs)))
             keep = [i for i in range(len(fs)) if fs[i] is not None and fails_all(i)]
-            branches = [dict(f) if isinstance(f, dict) else b for f, b in zip(flat, branches)]
-            for b in branches:
-                if isinstance(b, dict):
-                    b.pop("$ctrlg_ref", None)
+            for i, f in enumerate(flat):
+                if isinstance(f, dict) and "$ctrlg_forbid" in f:
+                    branches[i] = dict(f)
+                    marker = branches[i].pop("$ctrlg_ref", None)
+                    if marker is not None:    # changed: not the target's own definition
+                        contexts[i] = marker[1]
+                        self.pending.add(marker[0])
             if not keep:
                 raise UnsupportedSchemaError(
                     f"'oneOf' at {path}/oneOf: no alternative is provably disjoint from the "
@@ -290,7 +295,7 @@ class Compiler:
         frags, first_error = [], None
         for i in keep:
             try:
-                frags.append(self.value(branches[i], f"{path}/{key}/{i}", refs))
+                frags.append(self.value(branches[i], f"{path}/{key}/{i}", contexts[i]))
             except SchemaError as exc:     # an alternative we cannot express is left out
                 first_error = first_error or exc
         if not frags:
