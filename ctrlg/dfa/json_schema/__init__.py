@@ -119,7 +119,11 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
     frag, defs = _compile(schema, whitespace, max_nesting, warn)
     if is_text(frag):
         minimize = regex_kwargs.pop("minimize", "auto")
-        d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
+        try:
+            d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
+        except RegexError as exc:     # the automaton of the whole document is too large
+            raise UnsupportedSchemaError(f"the schema at # compiles to a regex of {len(frag):,} "
+                                         f"characters whose automaton is too large: {exc}") from None
         if minimize == "auto" and encodings == "all" and d.num_states <= AUTO_MINIMIZE_STATES:
             d = minimize_dfa(d)
         return d
