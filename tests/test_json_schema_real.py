@@ -138,7 +138,7 @@ def validator(schema):
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def sampled(schema, num=40, whitespace=r"[ ]?"):
+def sampled(schema, num=20, whitespace=r"[ ]?"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pattern = schema_to_regex(schema, whitespace=whitespace)
@@ -206,7 +206,7 @@ def test_recursive_ref_gives_a_grammar_whose_documents_validate():
     alphabet = sorted(set(b'{}[]:,"vkids0123456789'))
     check = validator(TREE)
     done = 0
-    for _ in range(30):
+    for _ in range(16):
         state, text = rec.start(), b""
         while len(text) < 120:
             if state.accepting and rng.random() < 0.3:
@@ -220,7 +220,7 @@ def test_recursive_ref_gives_a_grammar_whose_documents_validate():
         if state.accepting:
             check.validate(json.loads(text))
             done += 1
-    assert done >= 10
+    assert done >= 6
     with pytest.raises(UnsupportedSchemaError, match="recursive"):
         schema_to_regex(TREE)
     assert schema_to_grammar(TREE).nonterminals
