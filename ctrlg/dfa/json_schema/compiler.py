@@ -10,6 +10,7 @@ by its type(s).
 from __future__ import annotations
 
 import json
+import math
 import re
 from itertools import combinations
 from typing import Any
@@ -426,6 +427,8 @@ class Compiler:
                 v = s[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise SchemaError(f"'{key}' at {path}/{key} must be a number, got {v!r}")
+        s = {k: v for k, v in s.items()      # ±1e309 and beyond read as infinities: no bound
+             if not (k in _NUMBER_KEYS and isinstance(v, float) and math.isinf(v))}
         for key, excl in (("minimum", False), ("exclusiveMinimum", True)):
             if key in s and (b.lo is None or s[key] > b.lo or s[key] == b.lo and excl):
                 b.lo, b.lo_excl = s[key], excl
