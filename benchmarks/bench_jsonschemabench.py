@@ -322,6 +322,18 @@ def summarise(rows, engines):
     return table
 
 
+def compact(rows):
+    """Per-token mask times of each row as their count, median and 99th percentile (the pooled
+    percentiles are in the summary)."""
+    for r in rows:
+        for e in ENGINES:
+            x = r.get(e)
+            if isinstance(x, dict) and isinstance(x.get("mask_us"), list):
+                times = x.pop("mask_us")
+                x["mask_steps"] = len(times)
+                x["mask_p50_us"], x["mask_p99_us"] = _pct(times, 50), _pct(times, 99)
+
+
 def markdown(table, engines):
     def f(v, unit=""):
         if v is None:
@@ -419,6 +431,7 @@ def main(argv=None):
         rows.append(row)
     rows = [r for r in rows if "skipped" not in r] + [r for r in rows if "skipped" in r]
     table = summarise([r for r in rows if "skipped" not in r], engines)
+    compact(rows)
     wall = time.time() - t_start
     refusals = {}
     for r in rows:
