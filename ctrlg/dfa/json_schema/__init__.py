@@ -48,7 +48,8 @@ duration, json-pointer, ...: regexes of valid values; unknown formats are annota
 fractional/exclusive number bounds rounded inwards; ``multipleOf`` as up to 1,000 multiples;
 ``uniqueItems`` as distinct values of a finite item set in its order, else at most one item;
 ``contains`` satisfied by the first item; ``propertyNames`` checked on declared names;
-``maxLength`` above 1,000 capped; containers and repeated members whose regex is longer than
+``maxLength`` above 128 lowered to 128 (the token automaton of a 255-character
+counter takes seconds to build); containers and repeated members whose regex is longer than
 :data:`~ctrlg.dfa.json_schema.compiler.LARGE` are not copied (arrays of at most one such item
 beyond the prefix; without a required property, only the first optional one may open an
 object), which keeps Kubernetes-size schemas linear; ``{}`` is any value nested at most
