@@ -1,0 +1,464 @@
+"""JSONSchemaBench coverage, validity and speed: ctrlg vs outlines-core vs llguidance.
+
+    nice -n 10 python -m benchmarks.bench_jsonschemabench --data /path/to/jsonschemabench/data \\
+        [--per-category 30] [--seed 0] [--timeout 30] [--walks 3] [--budget 512]
+
+Reads a local checkout of guidance-ai/jsonschemabench (``data/<category>/*.json``; not part of
+this repository) and takes every schema, or a seeded sample of ``--per-category`` schemas of
+each category. Each engine runs in one long-lived process that loaded the SmolLM2 tokenizer
+(and each library's vocabulary object, :func:`benchmarks.bench_regex._setup`) once; every
+schema runs in a child forked from it, killed after ``--timeout`` seconds (a timeout), whose
+exceptions are refusals (``ValueError`` and the libraries' own errors) or crashes (anything
+else, or a dead child).
+
+* **ctrlg**: ``dfa.json_schema(schema, tokenizer)`` (a TokenDFA, or a grammar constraint for a
+  recursive schema); compile time, states (of the regular automaton A). Then ``--walks``
+  uniform random walks: at every step the next token is drawn uniformly among the tokens that
+  keep the constraint satisfiable within the remaining budget of ``--budget`` tokens (the exact
+  masks of :func:`ctrlg.guide.masks.token_mask` over :class:`~ctrlg.guide.feasibility.Feasibility`,
+  timed per token), until EOS. Each document (the walk's token bytes, decoded) is checked with
+  ``jsonschema`` (the validator of the schema's ``$schema``, formats checked where jsonschema
+  can); ``invalid`` counts the documents it rejects.
+* **outlines-core**: ``build_regex_from_schema`` + ``Index`` (compile time), then walks uniform
+  over ``get_allowed_tokens`` (no budget: a walk stopped after ``--budget`` tokens is
+  ``incomplete``), masks timed as in bench_regex; its finished documents are checked too.
+* **llguidance**: ``LLMatcher(grammar_from_json_schema(schema))`` (an ``is_error`` matcher is a
+  refusal), walks uniform over ``fill_next_token_bitmask``, timed with ``consume_token``.
+
+Writes ``benchmarks/results/bench_jsonschemabench.json`` (per schema and per category) and a
+PNG plot next to it, and prints the per-category table (markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import select
+import signal
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+
+ENGINES = ("ctrlg", "outlines", "llguidance")
+RESULTS = Path(__file__).parent / "results"
+
+
+# ---------------------------------------------------------------------- isolation
+def run_forked(fn, timeout: float, memory_gb: float = 8.0) -> dict:
+    """Run ``fn(emit)`` in a forked child; ``emit(dict)`` sends partial results (kept when the
+    child is killed at ``timeout`` seconds). Returns the merged dict with a ``status``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # child
+        os.close(r)
+        try:
+            limit = int(memory_gb * (1 << 30))
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        except (ValueError, OSError):
+            pass
+        out = os.fdopen(w, "w")
+
+        def emit(d):
+            out.write(json.dumps(d) + "\n")
+            out.flush()
+        try:
+            fn(emit)
+        except ValueError as exc:
+            emit({"status": "refused", "error": f"{type(exc).__name__}: {exc}"[:400]})
+        except BaseException as exc:  # noqa: BLE001 - a crash is a result
+            emit({"status": "crash", "error": f"{type(exc).__name__}: {exc}"[:400]})
+        out.close()
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + timeout
+    data, timed_out = b"", False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([r], [], [], left)
+        if ready:
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    os.close(r)
+    os.waitpid(pid, 0)
+    merged: dict = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            merged.update(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    if timed_out:
+        merged["timed_out"] = True
+        merged.setdefault("status", "timeout")
+        if merged["status"] == "compiled":
+            merged["status"] = "ok"            # compiled; the walks ran out of time
+    merged.setdefault("status", "crash")
+    return merged
+
+
+# ---------------------------------------------------------------------- checking documents
+def checker(schema):
+    """A function doc_text -> None (valid) or an error message (jsonschema, the schema's draft)."""
+    import jsonschema
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    v = cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+    def check(text):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"not JSON: {exc}"
+        try:
+            err = next(iter(v.iter_errors(doc)), None)
+        except Exception as exc:  # noqa: BLE001 - the validator itself failed
+            return None if "validator" in str(exc) else f"validator error: {exc}"
+        return None if err is None else f"{err.message[:200]} at {list(err.absolute_path)}"
+    return check
+
+
+def _walk_stats(emit, docs, times, check):
+    invalid = []
+    for text in docs:
+        err = check(text)
+        if err is not None:
+            invalid.append({"doc": text[:300], "error": err})
+    emit({"docs": len(docs), "invalid": len(invalid), "invalid_examples": invalid[:2],
+          "mask_us": [round(t * 1e6, 2) for t in times]})
+
+
+# ---------------------------------------------------------------------- engines
+def run_ctrlg(schema, ctx, args, seed, emit):
+    from ctrlg import dfa
+    from ctrlg.cfg.constraint import GrammarConstraint
+    from ctrlg.guide.feasibility import Feasibility
+    from ctrlg.guide.masks import regular_automaton, token_mask
+
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = dfa.json_schema(schema, ctx.trie)
+    compile_s = time.perf_counter() - t0
+    a = regular_automaton(d)
+    emit({"status": "compiled", "compile_s": compile_s, "states": int(a.num_states),
+          "kind": "grammar" if isinstance(d, GrammarConstraint) else "dfa"})
+    t0 = time.perf_counter()
+    table = Feasibility(a, max_new_tokens=args.budget, eos_token_id=ctx.eos)
+    masks = token_mask(d, table)
+    emit({"table_s": time.perf_counter() - t0})
+    if not table.feasible[args.budget - 1, a.initial] and not table.feasible[args.budget, a.initial]:
+        emit({"status": "ok", "walk_error": f"no document within {args.budget} tokens"})
+        return
+    check = checker(schema)
+    rng = np.random.default_rng(seed)
+    docs, times = [], []
+    for _ in range(args.walks):
+        cursor, s, toks = masks.start(), a.initial, []
+        for r in range(args.budget, 0, -1):
+            t1 = time.perf_counter()
+            allowed = masks.allowed(cursor, s, r)
+            times.append(time.perf_counter() - t1)
+            ids = np.flatnonzero(allowed)
+            if not len(ids):
+                break
+            t = int(ids[rng.integers(len(ids))])
+            if t == ctx.eos:
+                break
+            toks.append(t)
+            cursor, s = masks.advance(cursor, t), a.step(s, t)
+        docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
+    _walk_stats(emit, docs, times, check)
+    emit({"status": "ok"})
+
+
+def run_outlines(schema, ctx, args, seed, emit):
+    from outlines_core.json_schema import build_regex_from_schema
+
+    t0 = time.perf_counter()
+    index = ctx.Index(build_regex_from_schema(json.dumps(schema)), ctx.oc_vocab)
+    emit({"status": "compiled", "compile_s": time.perf_counter() - t0})
+    check = checker(schema)
+    rng = np.random.default_rng(seed)
+    docs, times, incomplete = [], [], 0
+    for _ in range(args.walks):
+        s, toks, done = index.get_initial_state(), [], False
+        for _ in range(args.budget):
+            t1 = time.perf_counter()
+            mask = np.zeros(ctx.V, dtype=bool)
+            mask[index.get_allowed_tokens(s)] = True
+            times.append(time.perf_counter() - t1)
+            ids = np.flatnonzero(mask)
+            if not len(ids):
+                break
+            t = int(ids[rng.integers(len(ids))])
+            if t == ctx.eos:
+                done = True
+                break
+            toks.append(t)
+            s = index.get_next_state(s, t)
+        if done:
+            docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
+        else:
+            incomplete += 1
+    emit({"incomplete": incomplete})
+    _walk_stats(emit, docs, times, check)
+    emit({"status": "ok"})
+
+
+def run_llguidance(schema, ctx, args, seed, emit):
+    llguidance, llnp = ctx.llguidance, ctx.llnp
+    t0 = time.perf_counter()
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+    m = llguidance.LLMatcher(ctx.ll_tok, grammar)
+    if m.is_error():
+        emit({"status": "refused", "error": m.get_error()[:400]})
+        return
+    emit({"status": "compiled", "compile_s": time.perf_counter() - t0})
+    check = checker(schema)
+    rng = np.random.default_rng(seed)
+    bitmask = llnp.allocate_token_bitmask(1, ctx.ll_tok.vocab_size)
+    docs, times, incomplete = [], [], 0
+    for _ in range(args.walks):
+        m = llguidance.LLMatcher(ctx.ll_tok, grammar)
+        toks, done = [], False
+        for _ in range(args.budget):
+            t1 = time.perf_counter()
+            llnp.fill_next_token_bitmask(m, bitmask, 0)
+            times.append(time.perf_counter() - t1)
+            bits = np.unpackbits(np.asarray(bitmask[0]).view(np.uint8), bitorder="little")[:ctx.V]
+            ids = np.flatnonzero(bits)
+            if not len(ids) or m.is_error():
+                break
+            t = int(ids[rng.integers(len(ids))])
+            if t == ctx.eos:
+                done = True
+                break
+            t1 = time.perf_counter()
+            m.consume_token(t)
+            times[-1] += time.perf_counter() - t1
+            toks.append(t)
+        if done:
+            docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
+        else:
+            incomplete += 1
+    emit({"incomplete": incomplete})
+    _walk_stats(emit, docs, times, check)
+    emit({"status": "ok"})
+
+
+RUNNERS = {"ctrlg": run_ctrlg, "outlines": run_outlines, "llguidance": run_llguidance}
+
+
+# ---------------------------------------------------------------------- driver
+def sample_schemas(data: Path, per_category: int | None, seed: int):
+    out = []
+    for cat in sorted(p.name for p in data.iterdir() if p.is_dir()):
+        files = sorted(p.name for p in (data / cat).glob("*.json"))
+        if per_category is not None and per_category < len(files):
+            files = sorted(random.Random(f"{seed}/{cat}").sample(files, per_category))
+        out += [(cat, f) for f in files]
+    return out
+
+
+def _setup_context():
+    from benchmarks.bench_regex import _setup
+    from ctrlg.dfa.vocab_trie import vocab_trie
+    from ctrlg.models import load_tokenizer
+
+    tok = load_tokenizer()
+    ctx, setup, notes = _setup(tok)
+    ctx.trie = vocab_trie(tok)
+    ctx.token_bytes = [bytes(b) for b in ctx.trie.token_bytes]
+    return ctx, setup, notes
+
+
+def _pct(values, q):
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarise(rows, engines):
+    cats = sorted({r["category"] for r in rows}) + ["all"]
+    table = {}
+    for cat in cats:
+        sel = [r for r in rows if cat == "all" or r["category"] == cat]
+        entry = {"schemas": len(sel)}
+        for e in engines:
+            res = [r[e] for r in sel if e in r]
+            ok = [x for x in res if x["status"] == "ok"]
+            comp = [x["compile_s"] for x in ok if "compile_s" in x]
+            masks = [t for x in ok for t in x.get("mask_us", [])]
+            entry[e] = {
+                "compiled": len(ok),
+                "refused": sum(x["status"] == "refused" for x in res),
+                "timeout": sum(x["status"] == "timeout" for x in res),
+                "crash": sum(x["status"] == "crash" for x in res),
+                "compile_median_s": _pct(comp, 50), "compile_p90_s": _pct(comp, 90),
+                "mask_p50_us": _pct(masks, 50), "mask_p99_us": _pct(masks, 99),
+                "docs": sum(x.get("docs", 0) for x in ok),
+                "invalid_docs": sum(x.get("invalid", 0) for x in ok),
+                "schemas_with_invalid_docs": sum(x.get("invalid", 0) > 0 for x in ok),
+                "incomplete_walks": sum(x.get("incomplete", 0) for x in ok),
+            }
+            if e == "ctrlg":
+                states = [x["states"] for x in ok if "states" in x]
+                entry[e]["states_median"] = _pct(states, 50)
+                entry[e]["states_p90"] = _pct(states, 90)
+                entry[e]["grammar"] = sum(x.get("kind") == "grammar" for x in ok)
+        table[cat] = entry
+    return table
+
+
+def compact(rows):
+    """Per-token mask times of each row as their count, median and 99th percentile (the pooled
+    percentiles are in the summary)."""
+    for r in rows:
+        for e in ENGINES:
+            x = r.get(e)
+            if isinstance(x, dict) and isinstance(x.get("mask_us"), list):
+                times = x.pop("mask_us")
+                x["mask_steps"] = len(times)
+                x["mask_p50_us"], x["mask_p99_us"] = _pct(times, 50), _pct(times, 99)
+
+
+def markdown(table, engines):
+    def f(v, unit=""):
+        if v is None:
+            return "—"
+        if unit == "s":
+            return f"{v * 1e3:.0f} ms" if v < 1 else f"{v:.1f} s"
+        if unit == "us":
+            return f"{v:.0f} µs" if v < 1000 else f"{v / 1e3:.1f} ms"
+        return f"{v:.0f}"
+    lines = ["| category | n | " + " | ".join(
+                 f"{e} compiled" for e in engines) + " | compile median / p90 (" +
+             " · ".join(engines) + ") | mask p50 / p99 (" + " · ".join(engines) +
+             ") | ctrlg states median / p90 | invalid docs (" + " · ".join(engines) + ") |",
+             "|---" * (5 + len(engines)) + "|"]
+    for cat, entry in table.items():
+        cells = [cat, str(entry["schemas"])]
+        cells += [f"{entry[e]['compiled']}" + (f" ({entry[e]['timeout']} t/o, "
+                                               f"{entry[e]['crash']} crash)"
+                                               if entry[e]['timeout'] or entry[e]['crash'] else "")
+                  for e in engines]
+        cells.append(" · ".join(f"{f(entry[e]['compile_median_s'], 's')} / "
+                                f"{f(entry[e]['compile_p90_s'], 's')}" for e in engines))
+        cells.append(" · ".join(f"{f(entry[e]['mask_p50_us'], 'us')} / "
+                                f"{f(entry[e]['mask_p99_us'], 'us')}" for e in engines))
+        c = entry.get("ctrlg", {})
+        cells.append(f"{f(c.get('states_median'))} / {f(c.get('states_p90'))}")
+        cells.append(" · ".join(f"{entry[e]['invalid_docs']}/{entry[e]['docs']}"
+                                for e in engines))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(table, engines, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = [c for c in table if c != "all"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.5))
+    width = 0.8 / len(engines)
+    for k, e in enumerate(engines):
+        cov = [table[c][e]["compiled"] / table[c]["schemas"] for c in cats]
+        ax1.bar(np.arange(len(cats)) + k * width, cov, width, label=e)
+        med = [table[c][e]["compile_median_s"] or np.nan for c in cats]
+        ax2.bar(np.arange(len(cats)) + k * width, med, width, label=e)
+    for ax, title in ((ax1, "schemas compiled (fraction)"), (ax2, "compile time, median (s)")):
+        ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2)
+        ax.set_xticklabels(cats, rotation=35, ha="right", fontsize=8)
+        ax.set_title(title)
+    ax2.set_yscale("log")
+    ax1.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, required=True,
+                   help="the data/ folder of a guidance-ai/jsonschemabench checkout")
+    p.add_argument("--per-category", type=int, default=None,
+                   help="a seeded sample of N schemas per category (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per schema and engine")
+    p.add_argument("--walks", type=int, default=3)
+    p.add_argument("--budget", type=int, default=512, help="tokens per random walk")
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_jsonschemabench.json")
+    args = p.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    t_start = time.time()
+    ctx, setup, notes = _setup_context()
+    if ctx.Index is None:
+        engines = [e for e in engines if e != "outlines"]
+    if ctx.llguidance is None:
+        engines = [e for e in engines if e != "llguidance"]
+    schemas = sample_schemas(args.data, args.per_category, args.seed)
+    rows = []
+    try:
+        from tqdm import tqdm
+        it = tqdm(schemas, disable=not os.isatty(2))
+    except ImportError:
+        it = schemas
+    for k, (cat, name) in enumerate(it):
+        row = {"category": cat, "file": name}
+        try:
+            schema = json.loads((args.data / cat / name).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            row["skipped"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            continue
+        for e in engines:
+            runner = RUNNERS[e]
+            row[e] = run_forked(lambda emit: runner(schema, ctx, args, args.seed + k, emit),
+                                args.timeout)
+        rows.append(row)
+    rows = [r for r in rows if "skipped" not in r] + [r for r in rows if "skipped" in r]
+    table = summarise([r for r in rows if "skipped" not in r], engines)
+    compact(rows)
+    wall = time.time() - t_start
+    refusals = {}
+    for r in rows:
+        x = r.get("ctrlg")
+        if x and x["status"] in ("refused", "crash", "timeout"):
+            key = x["status"] + ": " + " ".join(x.get("error", "").split(" at ")[0].split()[:12])
+            refusals[key] = refusals.get(key, 0) + 1
+    result = {
+        "command": "python -m benchmarks.bench_jsonschemabench " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        "wall_s": wall, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                    "load_avg": os.getloadavg()},
+        "setup_s": setup, "notes": notes, "engines": engines,
+        "summary": table, "ctrlg_refusal_causes": dict(sorted(refusals.items(),
+                                                              key=lambda kv: -kv[1])),
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    try:
+        plot(table, engines, args.out.with_suffix(".png"))
+    except ImportError:
+        pass
+    print(markdown(table, engines))
+    print(f"\nwall time {wall:.0f} s; ctrlg refusals: {json.dumps(result['ctrlg_refusal_causes'], indent=1)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
