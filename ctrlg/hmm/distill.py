@@ -35,7 +35,7 @@ import torch
 
 from ctrlg import models
 from ctrlg.data._files import bundled_path
-from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text
+from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text, target_text
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
 from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
@@ -230,8 +230,6 @@ def extra_training_tokens(cfg: Mapping, tokenizer, length: int, pad_id: int) -> 
     texts help the HMM model the *LM's* distribution is measured, not assumed. Returns
     ``[N_extra, length]`` token ids, or None when ``em.extra_texts`` is unset.
     Cost: tokenising N_extra lines."""
-    from ctrlg.data.commongen_prompts import target_text
-
     source = _get(cfg, "em.extra_texts")
     if not source:
         return None
