@@ -170,9 +170,11 @@ def test_commongen_constraint_accepts_what_the_previous_builder_accepted(
 def test_commongen_on_smollm2_is_the_previous_language_within_2_percent_of_minimal(
         smollm2_tokenizer):
     concepts = ["dog_N", "frisbee_N", "catch_V", "throw_V"]
-    new = dfa.commongen_constraint(concepts, smollm2_tokenizer, 5, 20)
+    new = dfa.commongen_constraint(concepts, smollm2_tokenizer, 5, 20, special_tokens="allow")
     old = _previous_builder(concepts, smollm2_tokenizer, 5, 20, True, True)
     assert _same_language(new, old)
+    banned = dfa.commongen_constraint(concepts, smollm2_tokenizer, 5, 20)   # the default
+    assert banned.num_states <= 1.02 * old.num_states
     assert old.num_states <= new.num_states <= 1.02 * old.num_states
 
 
