@@ -1,7 +1,7 @@
 """Score a finished CommonGen run on ranges of items, with the experiment's own tables.
 
     python -m experiments.commongen_report RUN_DIR [--ranges 0:500 500:993 0:993]
-                                           [--baseline logical] [--resamples 1000] [--no-meteor]
+                                           [--baseline logical] [--resamples 1000] [--meteor | --no-meteor]
                                            [--examples 10]
 
 Reads ``RUN_DIR/generations.jsonl`` and ``config.yaml`` (e.g. the folder written by
@@ -90,12 +90,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranges", type=_range, nargs="+", default=[(0, 10**9)])
     parser.add_argument("--baseline", default=None)
     parser.add_argument("--resamples", type=int, default=None)
+    parser.add_argument("--meteor", action="store_true", help="METEOR (needs java) even when the run skipped it")
     parser.add_argument("--no-meteor", action="store_true")
     parser.add_argument("--examples", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         result = report_ranges(args.run_dir, args.ranges, baseline=args.baseline,
-                               resamples=args.resamples, meteor=False if args.no_meteor else None)
+                               resamples=args.resamples, meteor=False if args.no_meteor else ("auto" if args.meteor else None))
         if args.examples:
             print(side_by_side(args.run_dir, args.examples, args.ranges[0][0]))
     except ExperimentConfigError as error:
