@@ -230,3 +230,13 @@ def test_class_string_letters_match_the_per_token_walk(smollm2, pattern):
     assert not per_token.has_letters
     for name in ("exc_ptr", "exc_tokens", "exc_next", "accepting", "default"):
         assert np.array_equal(getattr(per_token, name), getattr(d, name)), name
+
+
+@pytest.mark.parametrize("pattern", ["a", "a*", "a?b?", "(a|)", "(a|b)+", "a{0,3}", "a{2,3}",
+                                     "(ab*)*c?", "[^a]|b*", "(a+|b?)(c|d*)"])
+def test_matches_empty_agrees_with_python_re(pattern):
+    import re
+
+    from ctrlg.dfa.regex_syntax import matches_empty, parse
+
+    assert matches_empty(parse(pattern)) == (re.fullmatch(pattern, "") is not None)

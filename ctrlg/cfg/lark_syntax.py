@@ -23,8 +23,8 @@ import re
 import lark
 
 from ctrlg.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import (Alternation, CharSet, Concat, Node, map_charsets,
-                                    normalize_ranges, parse)
+from ctrlg.dfa.regex_syntax import (CharSet, Concat, Node, map_charsets,
+                                    matches_empty, normalize_ranges, parse)
 from ctrlg.errors import GrammarError, RegexError, UnsupportedGrammarError
 
 __all__ = ["from_lark", "fold_case", "line_of"]
@@ -81,22 +81,12 @@ def _terminal(defn, text: str) -> Terminal:
                 f"expression: {err}") from None
     if "i" in pattern.flags:
         node = fold_case(node)
-    if _matches_empty(node):
+    if matches_empty(node):
         raise UnsupportedGrammarError(
             f"terminal {name}{where} matches the empty string; make it match at least one "
             f"character and write the occurrence as optional ({name}?) in the rules")
     return Terminal(name, node, f"{name}: /{pattern.value}/" if pattern.type == "re"
                     else f'{name}: "{pattern.value}"')
-
-
-def _matches_empty(node: Node) -> bool:
-    if isinstance(node, CharSet):
-        return False
-    if isinstance(node, Concat):
-        return all(_matches_empty(x) for x in node.items)
-    if isinstance(node, Alternation):
-        return any(_matches_empty(x) for x in node.items)
-    return node.min == 0 or _matches_empty(node.item)
 
 
 def _load(text: str, start: str) -> lark.Lark:

@@ -47,7 +47,7 @@ from ctrlg.errors import RegexError, UnsupportedRegexError
 
 __all__ = [
     "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY",
-    "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets",
+    "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty",
 ]
 
 MAX_CODE_POINT = 0x10FFFF
@@ -98,6 +98,17 @@ def map_charsets(node: Node, fn) -> Node:
     if isinstance(node, Repeat):
         return Repeat(map_charsets(node.item, fn), node.min, node.max)
     raise TypeError(f"unknown regex node {node!r}")  # pragma: no cover
+
+
+def matches_empty(node: Node) -> bool:
+    """Whether the regex ``node`` matches the empty string (nullability, by structural recursion)."""
+    if isinstance(node, CharSet):
+        return False
+    if isinstance(node, Concat):
+        return all(matches_empty(x) for x in node.items)
+    if isinstance(node, Alternation):
+        return any(matches_empty(x) for x in node.items)
+    return node.min == 0 or matches_empty(node.item)
 
 
 # ---------------------------------------------------------------------- code-point ranges

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ctrlg.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
+from ctrlg.dfa.regex_syntax import (Alternation, Concat, Node, Repeat, matches_empty,
+                                    parse)
 
 __all__ = ["Ref", "Seq", "Alt", "Rep", "seq", "alt", "rep", "is_text", "to_grammar"]
 
@@ -80,19 +81,9 @@ def rep(part, lo: int, hi: int | None):
 
 
 # ---------------------------------------------------------------------- to a grammar
-def _nullable(node: Node) -> bool:
-    if isinstance(node, CharSet):
-        return False
-    if isinstance(node, Concat):
-        return all(_nullable(x) for x in node.items)
-    if isinstance(node, Alternation):
-        return any(_nullable(x) for x in node.items)
-    return node.min == 0 or _nullable(node.item)
-
-
 def _non_empty(node: Node) -> Node | None:
     """An AST of ``L(node) \\ {ε}`` (``None`` when that is empty)."""
-    if not _nullable(node):
+    if not matches_empty(node):
         return node
     if isinstance(node, Alternation):
         items = [y for y in (_non_empty(x) for x in node.items) if y is not None]
@@ -157,7 +148,7 @@ class _Builder:
         ast = parse(text)
         nt = self.nonterminal(f"<leaf {len(self.leaf_ids)}>")
         self.leaf_ids[text] = nt
-        if _nullable(ast):
+        if matches_empty(ast):
             self.rules.append((nt, ()))
         ne = _non_empty(ast)
         if ne is not None:
