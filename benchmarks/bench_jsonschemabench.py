@@ -141,6 +141,16 @@ def _walk_stats(emit, docs, times, check):
           "mask_us": [round(t * 1e6, 2) for t in times]})
 
 
+def _report_unbudgeted_walks(emit, ctx, walks, times, check):
+    """The walks of an engine without a budget, ``[(tokens, reached EOS)]``: those that reached
+    EOS are decoded and checked, the others counted as incomplete."""
+    docs = [b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace")
+            for toks, done in walks if done]
+    emit({"incomplete": len(walks) - len(docs)})
+    _walk_stats(emit, docs, times, check)
+    emit({"status": "ok"})
+
+
 # ---------------------------------------------------------------------- engines
 def run_ctrlg(schema, ctx, args, seed, emit):
     from ctrlg import dfa
@@ -193,7 +203,7 @@ def run_outlines(schema, ctx, args, seed, emit):
     emit({"status": "compiled", "compile_s": time.perf_counter() - t0})
     check = checker(schema)
     rng = np.random.default_rng(seed)
-    docs, times, incomplete = [], [], 0
+    walks, times = [], []
     for _ in range(args.walks):
         s, toks, done = index.get_initial_state(), [], False
         for _ in range(args.budget):
@@ -210,13 +220,8 @@ def run_outlines(schema, ctx, args, seed, emit):
                 break
             toks.append(t)
             s = index.get_next_state(s, t)
-        if done:
-            docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
-        else:
-            incomplete += 1
-    emit({"incomplete": incomplete})
-    _walk_stats(emit, docs, times, check)
-    emit({"status": "ok"})
+        walks.append((toks, done))
+    _report_unbudgeted_walks(emit, ctx, walks, times, check)
 
 
 def run_llguidance(schema, ctx, args, seed, emit):
@@ -231,7 +236,7 @@ def run_llguidance(schema, ctx, args, seed, emit):
     check = checker(schema)
     rng = np.random.default_rng(seed)
     bitmask = llnp.allocate_token_bitmask(1, ctx.ll_tok.vocab_size)
-    docs, times, incomplete = [], [], 0
+    walks, times = [], []
     for _ in range(args.walks):
         m = llguidance.LLMatcher(ctx.ll_tok, grammar)
         toks, done = [], False
@@ -251,13 +256,8 @@ def run_llguidance(schema, ctx, args, seed, emit):
             m.consume_token(t)
             times[-1] += time.perf_counter() - t1
             toks.append(t)
-        if done:
-            docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
-        else:
-            incomplete += 1
-    emit({"incomplete": incomplete})
-    _walk_stats(emit, docs, times, check)
-    emit({"status": "ok"})
+        walks.append((toks, done))
+    _report_unbudgeted_walks(emit, ctx, walks, times, check)
 
 
 RUNNERS = {"ctrlg": run_ctrlg, "outlines": run_outlines, "llguidance": run_llguidance}
