@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ctrlg.errors import CtrlgError
 
-__all__ = ["BUNDLED_DIR", "DatasetError", "bundled_path", "read_jsonl"]
+__all__ = ["BUNDLED_DIR", "BUNDLED", "DatasetError", "bundled_path", "data_path", "read_jsonl"]
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 
@@ -22,6 +22,16 @@ def bundled_path(name: str) -> Path:
     if not path.is_file():
         raise DatasetError(f"bundled data file {name!r} not found under {BUNDLED_DIR}")
     return path
+
+
+BUNDLED = "bundled:"           # prefix of a path that names a bundled data file
+
+
+def data_path(path) -> Path:
+    """``path`` as a Path; ``"bundled:<name>"`` names a bundled file (:func:`bundled_path`)."""
+    if isinstance(path, str) and path.startswith(BUNDLED):
+        return bundled_path(path[len(BUNDLED):])
+    return Path(path)
 
 
 def read_jsonl(path, limit: int | None = None) -> list[dict]:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ctrlg.data._files import DatasetError, bundled_path, read_jsonl
+from ctrlg.data._files import DatasetError, bundled_path, data_path, read_jsonl
 
 __all__ = ["CommonGenExample", "load_commongen", "load_commongen_hub", "parse_concept_set"]
 
-BUNDLED = "bundled:"           # prefix of a path that names a bundled data file
 _POS_NAMES = {"N": "NOUN", "V": "VERB", "A": "ADJ", "J": "ADJ", "R": "ADV"}
 
 
@@ -60,12 +59,7 @@ def load_commongen(path=None, limit: int | None = None) -> list[CommonGenExample
     """Read CommonGen items from ``path`` (default: the bundled dev split), at most ``limit``.
     ``path="bundled:<file>"`` names a bundled file, e.g. ``bundled:commongen_plus.dev.jsonl``
     (CommonGen+, :mod:`ctrlg.data.commongen_plus`)."""
-    if path is None:
-        source = bundled_path("commongen.dev.jsonl")
-    elif isinstance(path, str) and path.startswith(BUNDLED):
-        source = bundled_path(path[len(BUNDLED):])
-    else:
-        source = path
+    source = bundled_path("commongen.dev.jsonl") if path is None else data_path(path)
     examples = []
     for row in read_jsonl(source, limit=limit):
         if "concept_set" not in row:

@@ -345,6 +345,8 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     concepts, tokenizer = spec_then_vocabulary(concepts, tokenizer, "commongen_constraint",
                                                "concepts")
     _check_word_range(min_words, max_words)
+    if special_tokens not in ("ban", "allow"):
+        raise ConstraintError(f"special_tokens must be 'ban' or 'allow', got {special_tokens!r}")
     parsed = parse_concepts(concepts)
     counts = (max_words if max_words is not None else min_words) + 1    # counts told apart
     max_states = check_count("max_states", max_states, minimum=1)
@@ -356,12 +358,11 @@ def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: in
     tokens = _vocabulary(tokenizer, vocab_size)
     V = len(tokens)
     counter = _word_count_from_bytes(tokens, min_words, max_words)
-    eos_id = as_vocabulary(tokenizer).eos_token_id if eos_token_id is None else eos_token_id
+    vocabulary = as_vocabulary(tokenizer)
+    eos_id = vocabulary.eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is not None:
         counter = intersect(counter, builders.eos(int(eos_id), V, required=require_eos))
-    if special_tokens not in ("ban", "allow"):
-        raise ConstraintError(f"special_tokens must be 'ban' or 'allow', got {special_tokens!r}")
-    banned = [i for i in as_vocabulary(tokenizer).special_ids if i != eos_id and i < V]
+    banned = [i for i in vocabulary.special_ids if i != eos_id and i < V]
     if special_tokens == "ban" and banned:
         counter = intersect(counter, builders.banned_tokens(banned, V))
     kw = _keywords(tokenizer_of(tokenizer, "commongen_constraint"), groups, tokens, whole_word)

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 import torch
 
 from ctrlg import models
-from ctrlg.data._files import bundled_path
+from ctrlg.data._files import bundled_path, data_path
 from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text, target_text
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
@@ -233,14 +233,12 @@ def extra_training_tokens(cfg: Mapping, tokenizer, length: int, pad_id: int) -> 
     source = _get(cfg, "em.extra_texts")
     if not source:
         return None
-    path = bundled_path(source[len("bundled:"):]) if str(source).startswith("bundled:") else Path(source)
+    path = data_path(str(source))
     if not path.is_file():
         raise CtrlgError(f"em.extra_texts: no file at {str(path)!r}")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = read_prompts(path)
     limit = _get(cfg, "em.extra_limit")
     lines = lines[:int(limit)] if limit else lines
-    if not lines:
-        raise CtrlgError(f"em.extra_texts: {str(path)!r} has no non-empty line")
     out = torch.full((len(lines), length), pad_id, dtype=torch.long)
     encoded = tokenizer([target_text(line, tokenizer) for line in lines],
                         add_special_tokens=False)["input_ids"]
