@@ -47,7 +47,7 @@ def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) ->
     if len(runs) < 2:
         raise ExperimentConfigError("give at least two run folders to merge")
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
-    shared = [k for k in GENERATION_KEYS if k not in ("methods", "method_specs", "hmm", "model")]
+    shared = [k for k in GENERATION_KEYS if k not in ("methods", "method_specs")]
     for run, cfg in zip(runs[1:], configs[1:]):
         differing = [k for k in shared if _plain(cfg, k) != _plain(configs[0], k)]
         if differing:
