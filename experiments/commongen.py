@@ -418,6 +418,21 @@ def decode_items(items: list, previous: list[dict], methods: list[str], specs: d
     return records
 
 
+def reference_words(records: list[dict]) -> float:
+    """The mean over items of each item's mean number of words per reference."""
+    return sum(sum(map(word_count, r["references"])) / max(len(r["references"]), 1)
+               for r in records) / len(records)
+
+
+def print_tables(table: dict, intervals: dict, methods: list[str], cfg: DictConfig,
+                 ref_words: float) -> None:
+    """The metric table, the references' mean words and the paired-bootstrap intervals."""
+    print(format_table([{"method": m, **table[m]} for m in methods], TABLE_COLUMNS, TABLE_HEADERS))
+    print(f"references: {ref_words:.2f} words on average")
+    if intervals:
+        print(format_intervals(intervals, cfg.bootstrap.baseline, float(cfg.bootstrap.confidence)))
+
+
 def report(records: list[dict], first_index: int, methods: list[str], specs: dict,
            cfg: DictConfig, out_dir: Path) -> dict:
     """Score the records that were not skipped (:func:`score_methods`), write ``metrics.json``
@@ -429,21 +444,16 @@ def report(records: list[dict], first_index: int, methods: list[str], specs: dic
         raise ExperimentConfigError(f"all {len(records)} items were skipped (unsatisfiable within "
                                     f"generation.max_new_tokens={cfg.generation.max_new_tokens})")
     table, intervals = score_methods(scored, methods, specs, cfg)
-    ref_words = sum(sum(map(word_count, r["references"])) / max(len(r["references"]), 1)
-                    for r in scored) / len(scored)
+    ref_words = reference_words(scored)
     write_json(out_dir / "metrics.json", {"items": len(scored), "skipped": skipped,
                                           "scales": metrics.SCALES,
                                           "reference_words": ref_words, "methods": table,
                                           "bootstrap": {"baseline": cfg.bootstrap.baseline,
                                                         "intervals": intervals}})
-    rows = [{"method": m, **table[m]} for m in methods]
     print(f"CommonGen ({len(scored)} items from index {first_index}, {len(skipped)} skipped, "
           f"K={cfg.generation.num_samples}, beams={cfg.generation.get('num_beams', 1)}, "
           f"max_new_tokens={cfg.generation.max_new_tokens}) → {out_dir}")
-    print(format_table(rows, TABLE_COLUMNS, TABLE_HEADERS))
-    print(f"references: {ref_words:.2f} words on average")
-    if intervals:
-        print(format_intervals(intervals, cfg.bootstrap.baseline, float(cfg.bootstrap.confidence)))
+    print_tables(table, intervals, methods, cfg, ref_words)
     return table
 
 

@@ -21,9 +21,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments.common import ExperimentConfigError, format_table, read_records, write_json
-from experiments.commongen import (TABLE_COLUMNS, TABLE_HEADERS, format_intervals, method_spec,
-                                   score_methods, word_count)
+from experiments.common import ExperimentConfigError, read_records, write_json
+from experiments.commongen import method_spec, print_tables, reference_words, score_methods
 
 __all__ = ["report_ranges", "side_by_side"]
 
@@ -57,14 +56,11 @@ def report_ranges(run_dir: Path, ranges, *, baseline: str | None = None, resampl
         if not chosen:
             raise ExperimentConfigError(f"no scored item of {run_dir} lies in [{start}, {stop})")
         table, intervals = score_methods(chosen, methods, specs, cfg)
-        ref_words = sum(sum(map(word_count, r["references"])) / max(len(r["references"]), 1)
-                        for r in chosen) / len(chosen)
+        ref_words = reference_words(chosen)
         out[f"{start}:{stop}"] = {"items": len(chosen), "reference_words": ref_words,
                                   "methods": table, "intervals": intervals}
-        print(f"items [{start}, {stop}): {len(chosen)} scored; references {ref_words:.2f} words")
-        print(format_table([{"method": m, **table[m]} for m in methods], TABLE_COLUMNS, TABLE_HEADERS))
-        if intervals:
-            print(format_intervals(intervals, cfg.bootstrap.baseline, float(cfg.bootstrap.confidence)))
+        print(f"items [{start}, {stop}): {len(chosen)} scored")
+        print_tables(table, intervals, methods, cfg, ref_words)
     return out
 
 
