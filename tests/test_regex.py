@@ -228,8 +228,21 @@ def test_class_string_letters_match_the_per_token_walk(smollm2, pattern):
 
     per_token = token_dfa_from_bytes_dfa(bdfa, trie, max_transformation_entries=1)
     assert not per_token.has_letters
-    for name in ("exc_ptr", "exc_tokens", "exc_next", "accepting", "default"):
-        assert np.array_equal(getattr(per_token, name), getattr(d, name)), name
+    assert np.array_equal(per_token.accepting, d.accepting)
+    dense = per_token.letter_table()                       # [S, V]: every token's successor
+    assert np.array_equal(dense, d.letter_table()[:, d.letter_of_token])
+    expected_dense = np.zeros_like(dense)
+    expected_dense[src, tok] = end
+    ended = bdfa.num_states
+    expected_dense[np.flatnonzero(d.accepting), eos] = ended
+    assert np.array_equal(dense, expected_dense)
+    # states where most tokens loop (free text) store their loop as the default, not 40k edges
+    heavy = np.bincount(src, minlength=len(dense)) * 2 > trie.vocab_size
+    assert np.array_equal(per_token.default != 0, heavy & (
+        (dense == per_token.default[:, None]).sum(axis=1) > (dense == 0).sum(axis=1)))
+    assert per_token.num_exceptions <= len(src) + len(d.accepting)
+    if pattern == r"[^\n]*":                      # the free-text state loops by default
+        assert per_token.default[d.initial] == d.initial and per_token.num_exceptions < 2_000
 
 
 @pytest.mark.parametrize("pattern", ["a", "a*", "a?b?", "(a|)", "(a|b)+", "a{0,3}", "a{2,3}",
@@ -240,3 +253,114 @@ def test_matches_empty_agrees_with_python_re(pattern):
     from ctrlg.dfa.regex_syntax import matches_empty, parse
 
     assert matches_empty(parse(pattern)) == (re.fullmatch(pattern, "") is not None)
+
+
+# ------------------------------------------------------------------ large-automaton paths
+LOOP_PATTERNS = ["[^c]*", "[^c]*c[ab]*", "a*|[^a]*", r"(\s|a|b)*c", "é[^c]*", "[ab]{0,3}"]
+
+
+@pytest.mark.parametrize("pattern", LOOP_PATTERNS)
+def test_per_token_construction_by_enumeration(pattern):
+    """The per-token path for large automata (loop tokens skipped by the walk, majority
+    defaults) accepts exactly the token sequences whose bytes match, like the letter path."""
+    from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
+
+    bdfa = compile_bytes_dfa(pattern)
+    d = token_dfa_from_bytes_dfa(bdfa, TRIE, max_transformation_entries=1)
+    assert not d.has_letters
+    accepted = 0
+    for n in range(5):
+        for seq in itertools.product(range(len(VOCAB)), repeat=n):
+            got = d.accepts(list(seq))
+            assert got == _expected(pattern, list(seq)), (pattern, seq)
+            accepted += got
+    assert accepted > 0
+    if pattern == "[^c]*":       # 7 of 13 tokens loop: the state's default is itself
+        assert d.default[d.initial] == d.initial
+
+
+@pytest.mark.parametrize("pattern", LOOP_PATTERNS + [r'"([^"\\]|\\["\\/bfnrt])*"', r"[^\n]*x"])
+def test_walk_with_loops_equals_the_plain_walk(smollm2, pattern):
+    """Edges plus loop tokens of :func:`walk_with_loops` are exactly :func:`walk`'s edges."""
+    from ctrlg.dfa.vocab_trie import vocab_trie, walk, walk_with_loops
+
+    for trie in (TRIE, vocab_trie(smollm2)):
+        bdfa = compile_bytes_dfa(pattern)
+        live = bdfa.live()
+        sources = np.nonzero(live)[0]
+        src, tok, end = walk(trie, bdfa.table, live, sources)
+        s2, t2, e2, loops = walk_with_loops(trie, bdfa.table, live, sources,
+                                            min_loop_tokens=trie.vocab_size // 2 + 1)
+        parts = [np.stack([s2, t2, e2])]
+        for states, tokens in loops:
+            assert len(tokens) > trie.vocab_size // 2
+            parts += [np.stack([np.full(len(tokens), q), tokens, np.full(len(tokens), q)])
+                      for q in states.tolist()]
+        got = np.concatenate(parts, axis=1)
+        got = got[:, np.lexsort((got[1], got[0]))]
+        assert np.array_equal(got, np.stack([src, tok, end])), pattern
+
+
+def _fixed_point_live(table, accepting):
+    live = accepting.copy()
+    while True:
+        new = live | live[table].any(axis=1)
+        if (new == live).all():
+            return live
+        live = new
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_minimize_live_and_columns_against_brute_force(num_states, num_columns, seed):
+    """Backward-BFS liveness equals the fixed point; hashed column grouping equals
+    ``np.unique``; the minimised DFA has the states of the exact Moore refinement and the same
+    language (all byte strings up to length 4 over the used bytes)."""
+    from ctrlg.dfa import bytes_dfa as bd
+
+    rng = np.random.default_rng(seed)
+    table = np.zeros((num_states, 256), dtype=np.int32)
+    used = rng.choice(256, size=num_columns, replace=False)
+    table[1:, used] = rng.integers(0, num_states, size=(num_states - 1, num_columns))
+    accepting = rng.random(num_states) < 0.3
+    accepting[0] = False
+    assert np.array_equal(bd._live(table, accepting), _fixed_point_live(table, accepting))
+    assert np.array_equal(bd._distinct_columns(table),
+                          np.sort(np.unique(table.T, axis=0, return_index=True)[1]))
+    dfa_in = bd.ByteDFA(table=table, accepting=accepting, initial=1)
+    small = bd.minimize(dfa_in)
+    live = dfa_in.live()
+    masked = np.where(live[table], table, 0)
+    masked[~live] = 0
+    compact = masked[:, bd._distinct_columns(masked)]
+    block = np.where(~live, 0, np.where(accepting, 1, 2)).astype(np.int64)
+    hashed, exact = bd._refine(block, compact), bd._refine_exact(block, compact)
+    pairs = np.unique(np.stack([hashed, exact]), axis=1).shape[1]   # the same partition
+    assert pairs == len(np.unique(hashed)) == len(np.unique(exact))
+    for n in range(5):
+        for word in itertools.product(used.tolist(), repeat=n):
+            assert small.fullmatch(bytes(word)) == (dfa_in.fullmatch(bytes(word))
+                                                     and bool(live[dfa_in.run(bytes(word))]))
+
+
+def test_minimize_survives_hash_collisions(monkeypatch):
+    """With every hash weight 1 (collisions everywhere) the checks fall back to exact
+    comparisons and the result is unchanged."""
+    from ctrlg.dfa import bytes_dfa as bd
+
+    fallbacks = []
+    exact = bd._refine_exact
+
+    def counted(*args):
+        fallbacks.append(1)
+        return exact(*args)
+
+    for pattern in ["(ab|ba)*c", "[a-c]{2,4}|x+", r'"([^"\\]|\\.)*"']:
+        expected = compile_bytes_dfa(pattern)
+        monkeypatch.setattr(bd, "_hash_weights", lambda n, seed: np.ones(n, dtype=np.uint64))
+        monkeypatch.setattr(bd, "_refine_exact", counted)
+        got = compile_bytes_dfa(pattern)
+        monkeypatch.undo()
+        assert np.array_equal(got.table, expected.table)
+        assert np.array_equal(got.accepting, expected.accepting)
+    assert fallbacks       # the collisions were caught, not silently merged

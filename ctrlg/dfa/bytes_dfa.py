@@ -184,13 +184,52 @@ class ByteDFA:
         return not bool(self.live()[self.initial])
 
 
+def _hash_weights(n: int, seed: int) -> np.ndarray:
+    """``n`` odd pseudo-random uint64 weights of a linear hash mod 2^64."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 2**63, size=n, dtype=np.uint64) | np.uint64(1)
+
+
+def _distinct_columns(table: np.ndarray) -> np.ndarray:
+    """Sorted indices of the first of each group of equal columns of ``table`` [Q, 256]
+    (bytes that act alike in every state). Columns are hashed by a random linear form mod 2^64
+    and grouped by hash; groups are then checked column by column (exact ``np.unique`` on a
+    collision)."""
+    weights = _hash_weights(table.shape[0], seed=0xC01)
+    hashes = (table.T.astype(np.uint64) * weights).sum(axis=1)
+    _, first, group = np.unique(hashes, return_index=True, return_inverse=True)
+    if np.array_equal(table, table[:, first[group.reshape(-1)]]):
+        return np.sort(first)
+    _, first = np.unique(table.T, axis=0, return_index=True)
+    return np.sort(first)
+
+
 def _live(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
-    live = accepting.copy()
-    while True:
-        new = live | live[table].any(axis=1)
-        if (new == live).all():
-            return live
-        live = new
+    """Backward breadth-first search from the accepting states over the distinct edges into
+    states other than the dead state 0 (bytes that act alike are one column): O(edges), not
+    O(depth · Q · 256) as a fixed-point iteration would be."""
+    table = np.asarray(table)
+    Q = table.shape[0]
+    compact = table[:, _distinct_columns(table)]
+    src, column = np.nonzero(compact)
+    dst = compact[src, column].astype(np.int64)
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order].astype(np.int64), dst[order]
+    ptr = np.searchsorted(dst, np.arange(Q + 1))
+    live = np.asarray(accepting, dtype=bool).copy()
+    live[DEAD] = False
+    frontier = np.flatnonzero(live)
+    while len(frontier):
+        counts = ptr[frontier + 1] - ptr[frontier]
+        total = int(counts.sum())
+        if not total:
+            break
+        offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        preds = src[np.repeat(ptr[frontier], counts) + offsets]
+        preds = np.unique(preds[~live[preds]])
+        live[preds] = True
+        frontier = preds
+    return live
 
 
 def _closure(nfa: ByteNFA, states) -> frozenset[int]:
@@ -245,22 +284,10 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     table = np.where(live[dfa.table], dfa.table, DEAD)
     table[~live] = DEAD
     # bytes that act identically in every state form one column (byte class)
-    _, first_cols = np.unique(table.T, axis=0, return_index=True)
-    compact = table[:, np.sort(first_cols)]
+    compact = table[:, _distinct_columns(table)]
     # initial partition: dead / live-accepting / live-rejecting
     block = np.where(~live, 0, np.where(dfa.accepting, 1, 2)).astype(np.int64)
-    num_blocks = len(np.unique(block))
-    while True:
-        signature = np.ascontiguousarray(
-            np.concatenate([block[:, None], block[compact]], axis=1))
-        keys = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1])))
-        _, new_block = np.unique(keys.reshape(-1), return_inverse=True)
-        new_block = new_block.reshape(-1).astype(np.int64)
-        count = int(new_block.max()) + 1
-        block = new_block
-        if count == num_blocks:
-            break
-        num_blocks = count
+    block = _refine(block, compact)
     # BFS renumbering: the dead block (state 0 of determinize is the empty set) gets id 0
     rep: dict[int, int] = {}
     for q in range(dfa.num_states):
@@ -288,6 +315,59 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
         accepting[nid] = bool(dfa.accepting[q] and live[q])
     new_table[0] = 0
     return ByteDFA(table=new_table, accepting=accepting, initial=int(new_id[int(block[dfa.initial])]))
+
+
+def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
+    """Moore's rounds: split blocks by (block, blocks of the successors) until stable.
+
+    A state's signature is hashed to one 64-bit number, a random linear form of its block and
+    its successors' blocks mod 2^64 (odd weights). Edges into the dead block add 0, so a round
+    costs O(live edges) — a gather, a segmented sum and a 1-D ``np.unique`` — rather than a
+    lexicographic sort of ``[Q, C]`` rows. A hash collision can only merge states that differ;
+    the final partition is therefore checked to be stable (every state's successor blocks and
+    initial block equal its block representative's), and on a collision the exact row comparison
+    is used instead. A stable partition that refines acceptance is a correct quotient in any
+    case. ``block`` must give the dead states block 0."""
+    initial_block = block
+    weights = _hash_weights(compact.shape[1] + 1, seed=0x5EED)
+    state, column = np.nonzero(compact)
+    target = compact[state, column]
+    edge_weight = weights[1:][column]
+    owners, starts = np.unique(state, return_index=True)
+    num_blocks = len(np.unique(block))
+    while True:
+        ublock = block.astype(np.uint64)
+        keys = ublock * weights[0]
+        if len(state):
+            keys[owners] += np.add.reduceat(edge_weight * ublock[target], starts)
+        _, new_block = np.unique(keys, return_inverse=True)   # dead states: key 0, block 0
+        block = new_block.reshape(-1).astype(np.int64)
+        count = int(block.max()) + 1
+        if count == num_blocks:
+            break
+        num_blocks = count
+    rep = np.zeros(num_blocks, dtype=np.int64)
+    rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
+    stable = np.array_equal(block[compact], block[compact[rep[block]]])
+    if stable and np.array_equal(initial_block, initial_block[rep[block]]):
+        return block
+    return _refine_exact(initial_block, compact)
+
+
+def _refine_exact(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
+    """Moore's rounds with exact signatures (``np.unique`` over whole rows)."""
+    num_blocks = len(np.unique(block))
+    while True:
+        signature = np.ascontiguousarray(
+            np.concatenate([block[:, None], block[compact]], axis=1))
+        keys = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1])))
+        _, new_block = np.unique(keys.reshape(-1), return_inverse=True)
+        new_block = new_block.reshape(-1).astype(np.int64)
+        count = int(new_block.max()) + 1
+        block = new_block
+        if count == num_blocks:
+            return block
+        num_blocks = count
 
 
 def compile_ast(node: Node) -> ByteDFA:

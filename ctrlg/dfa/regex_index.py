@@ -12,7 +12,7 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations, walk
+from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations, walk_with_loops
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
 __all__ = ["AUTO", "byte_classes", "resolve_eos", "resolve_vocab_size", "token_dfa_from_bytes_dfa"]
@@ -83,12 +83,15 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
         found = token_transformations(trie, class_table, sources, byte_class,
                                       max_entries=max_transformation_entries)
     if found is None:    # too many distinct transformations × states: one edge per token
-        src, let, end = walk(trie, bdfa.table, live, sources)
+        src, let, end, loops = walk_with_loops(trie, bdfa.table, live, sources,
+                                               min_loop_tokens=V // 2 + 1)
         letter_of_token = None
         if eos is not None:
             keep = let != eos          # an EOS with bytes keeps only its EOS edges
             src, let, end = src[keep], let[keep], end[keep]
         eos_symbol = eos
+        default, src, let, end = _majority_defaults(src, let, end, Q + 1, V, eos,
+                                                    bdfa.accepting & live, loops)
     else:
         src, let, end, letter_of_token, eos_symbol = _letter_edges(*found, sources, V, eos)
     ended = Q
@@ -104,13 +107,84 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     accepting = np.zeros(S, dtype=bool)
     accepting[:Q] = bdfa.accepting & live
     accepting[ended] = eos is not None
+    if found is not None:
+        default = np.zeros(S, dtype=np.int64)
     dfa = TokenDFA(vocab_size=V, initial=int(bdfa.initial), accepting=accepting,
-                   default=np.zeros(S, dtype=np.int64), exc_ptr=exc_ptr,
+                   default=default, exc_ptr=exc_ptr,
                    exc_tokens=let, exc_next=end, letter_of_token=letter_of_token)
     if not _reaches_acceptance(dfa):
         raise UnsatisfiableConstraintError(
             f"the {what} matches strings, but no token sequence of this vocabulary spells one")
     return dfa
+
+
+def _majority_defaults(src: np.ndarray, tok: np.ndarray, end: np.ndarray, S: int, V: int,
+                       eos: int | None, accepting: np.ndarray, loops=(), chunk: int = 256):
+    """Defaults for per-token edges ``(src, tok, end)`` sorted by (src, tok): a state whose most
+    common successor is shared by more tokens than are dead from it (free text inside a JSON
+    string: most tokens loop) gets that successor as its default, and its exceptions become the
+    tokens that go elsewhere plus the dead ones (successor 0; EOS only where the state does not
+    accept: accepting states get their EOS edge afterwards).
+
+    ``loops`` (from :func:`vocab_trie.walk_with_loops`) lists states whose more than ``V/2`` loop
+    tokens were left out of the edges: their default is themselves. Of the other states only
+    those with more than ``V/2`` edges can qualify; their candidate is the most common successor
+    among 33 evenly spaced edges, then counted exactly (any default is correct; a poor candidate
+    only stores more exceptions). Returns ``(default [S], src, tok, end)``."""
+    default = np.zeros(S, dtype=np.int64)
+    ptr = np.searchsorted(src, np.arange(S + 1))
+    counts = np.diff(ptr)
+    looped = np.zeros(S, dtype=bool)
+    loop_tokens = {}
+    for states, tokens in loops:
+        looped[states] = True
+        default[states] = states
+        for q in states.tolist():
+            loop_tokens[q] = tokens
+    heavy = np.flatnonzero((counts * 2 > V) & ~looped)
+    if len(heavy):
+        picks = ptr[heavy][:, None] + (counts[heavy][:, None] * np.arange(1, 34)) // 34
+        sample = np.sort(end[picks], axis=1)
+        run_start = np.concatenate([np.ones((len(heavy), 1), bool),
+                                    sample[:, 1:] != sample[:, :-1]], axis=1)
+        run_id = np.cumsum(run_start, axis=1)
+        best = np.zeros(len(heavy), dtype=np.int64)
+        best_count = np.zeros(len(heavy), dtype=np.int64)
+        for r in range(1, 34):
+            n = (run_id == r).sum(axis=1)
+            better = n > best_count
+            best[better] = sample[better, np.argmax(run_id == r, axis=1)[better]]
+            best_count[better] = n[better]
+        candidate = np.zeros(S, dtype=np.int64)
+        candidate[heavy] = best
+        owner = np.repeat(np.arange(S), counts)
+        hits = np.bincount(owner[end == candidate[owner]], minlength=S)
+        chosen = heavy[hits[heavy] > V - counts[heavy]]
+        default[chosen] = candidate[chosen]
+    chosen = np.flatnonzero(default)
+    if not len(chosen):
+        return default, src, tok, end
+    owner = np.repeat(np.arange(S), counts)
+    keep = end != default[owner]
+    extra_src, extra_tok = [], []
+    for k in range(0, len(chosen), chunk):
+        states = chosen[k:k + chunk]
+        covered = np.zeros((len(states), V), dtype=bool)
+        for row, q in enumerate(states.tolist()):
+            covered[row, tok[ptr[q]:ptr[q + 1]]] = True
+            if q in loop_tokens:
+                covered[row, loop_tokens[q]] = True
+        if eos is not None:
+            covered[:, eos] = accepting[states]     # accepting states get their EOS edge later
+        row, dead_tok = np.nonzero(~covered)
+        extra_src.append(states[row])
+        extra_tok.append(dead_tok)
+    extra_src = np.concatenate(extra_src).astype(np.int64)
+    extra_tok = np.concatenate(extra_tok).astype(np.int64)
+    src = np.concatenate([src[keep], extra_src])
+    tok = np.concatenate([tok[keep], extra_tok])
+    end = np.concatenate([end[keep], np.zeros(len(extra_src), dtype=np.int64)])
+    return default, src, tok, end
 
 
 def _letter_edges(tok_fid: np.ndarray, F: np.ndarray, sources: np.ndarray, V: int,

@@ -23,7 +23,8 @@ from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import VocabularyMismatchError
 from ctrlg.vocab import Vocabulary, as_vocabulary
 
-__all__ = ["VocabTrie", "token_transformations", "vocab_trie", "vocabulary_index", "walk"]
+__all__ = ["VocabTrie", "token_transformations", "vocab_trie", "vocabulary_index", "walk",
+           "walk_with_loops"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,13 +206,92 @@ def walk(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
     Level-synchronous search over the trie for all sources at once; returns three int64 arrays
     sorted by (source, token).
     """
+    src = np.asarray(sources, dtype=np.int32)
+    return _walk_from(trie, table, live, src, src.copy(), np.zeros(len(src), dtype=np.int32),
+                      record_start=False)
+
+
+def walk_with_loops(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray,
+                    min_loop_tokens: int):
+    """:func:`walk`, except that a source ``q`` whose *loop tokens* (tokens whose every byte
+    keeps ``q`` in ``q``: free text inside a JSON string) number at least ``min_loop_tokens``
+    gets no edges for them: they are returned once per loop byte set instead.
+
+    For a loop byte set ``L`` the trie nodes spelled by bytes of ``L`` alone are found once; a
+    source with that set is then walked only from the *exits* of that subtrie (a child reached
+    by a byte outside ``L``), so its cost is the number of exit pairs instead of the vocabulary.
+    Returns ``(src, tok, end, loops)`` with the edges sorted by (source, token) and ``loops`` a
+    list of ``(states, loop_tokens)`` int64 array pairs."""
+    table = np.ascontiguousarray(table, dtype=np.int32)
+    live = np.asarray(live, dtype=bool)
+    sources = np.asarray(sources, dtype=np.int32)
+    loop_bytes = table[sources] == sources[:, None]                 # [n, 256]
+    plain = np.ones(len(sources), dtype=bool)
+    seeds_src, seeds_state, seeds_node, loops = [], [], [], []
+    candidates = np.flatnonzero(loop_bytes.sum(axis=1) >= 2)
+    if len(candidates):
+        keys = np.packbits(loop_bytes[candidates], axis=1)
+        _, group = np.unique(keys, axis=0, return_inverse=True)
+        group = group.reshape(-1)
+        for g in range(int(group.max()) + 1 if len(group) else 0):
+            members = candidates[group == g]
+            in_loop = loop_bytes[members[0]]
+            nodes, exit_edges = _subtrie(trie, in_loop)
+            tokens = trie.node_tokens[ragged_indices(trie.tok_ptr[nodes[1:]],
+                                                     np.diff(trie.tok_ptr)[nodes[1:]])]
+            if len(tokens) < min_loop_tokens:
+                continue
+            plain[members] = False
+            states = sources[members]
+            loops.append((states.astype(np.int64), np.sort(tokens).astype(np.int64)))
+            if not len(exit_edges):
+                continue
+            # every (source, exit edge): the byte leaves L, the node is the exit child
+            byte = trie.child_byte[exit_edges].astype(np.int64)
+            nxt = table[states[:, None], byte[None, :]]               # [members, exits]
+            row, col = np.nonzero(live[nxt])
+            seeds_src.append(states[row])
+            seeds_state.append(nxt[row, col])
+            seeds_node.append(trie.child_node[exit_edges][col].astype(np.int32))
+    parts = []
+    src = sources[plain]
+    parts.append(_walk_from(trie, table, live, src, src.copy(),
+                            np.zeros(len(src), dtype=np.int32), record_start=False))
+    if seeds_src:
+        parts.append(_walk_from(trie, table, live, np.concatenate(seeds_src).astype(np.int32),
+                                np.concatenate(seeds_state).astype(np.int32),
+                                np.concatenate(seeds_node).astype(np.int32), record_start=True))
+    s = np.concatenate([p[0] for p in parts])
+    t = np.concatenate([p[1] for p in parts])
+    e = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((t, s))
+    return s[order], t[order], e[order], loops
+
+
+def _subtrie(trie, in_loop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(nodes, exit_edges)``: the trie nodes spelled by bytes with ``in_loop[byte]`` only
+    (the root first), and the child edges that leave them by any other byte."""
+    ptr = trie.child_ptr
+    nchild = np.diff(ptr)
+    frontier = np.zeros(1, dtype=np.int64)
+    nodes, exits = [frontier], []
+    while len(frontier):
+        edges = ragged_indices(ptr[frontier], nchild[frontier])
+        inside = in_loop[trie.child_byte[edges]]
+        exits.append(edges[~inside])
+        frontier = trie.child_node[edges[inside]].astype(np.int64)
+        nodes.append(frontier)
+    return np.concatenate(nodes), np.concatenate(exits)
+
+
+def _walk_from(trie, table: np.ndarray, live: np.ndarray, src: np.ndarray, state: np.ndarray,
+               node: np.ndarray, *, record_start: bool):
+    """The walk of :func:`walk` from arbitrary ``(source, state, trie node)`` triples (tokens
+    ending at the starting nodes count too when ``record_start``)."""
     table = np.ascontiguousarray(table, dtype=np.int32)
     width = table.shape[1]
     flat = table.reshape(-1)
     live = np.asarray(live, dtype=bool)
-    src = np.asarray(sources, dtype=np.int32)
-    state = src.copy()
-    node = np.zeros(len(src), dtype=np.int32)
     out_src, out_tok, out_end = [], [], []
     ptr = trie.child_ptr.astype(np.int32)
     nchild = np.diff(ptr)
@@ -220,6 +300,20 @@ def walk(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
     tptr = trie.tok_ptr.astype(np.int32)
     ntok = np.diff(tptr)
     node_tokens = trie.node_tokens.astype(np.int32)
+
+    def record(src, state, node):
+        tcounts = ntok[node]
+        has = np.flatnonzero(tcounts)
+        if len(has):
+            tc = tcounts[has]
+            trep = np.repeat(has, tc)
+            tidx = ragged_indices(tptr[node[has]], tc, np.int32)
+            out_src.append(src[trep])
+            out_tok.append(node_tokens[tidx])
+            out_end.append(state[trep])
+
+    if record_start:
+        record(src, state, node)
     while len(src):
         counts = nchild[node]
         total = int(counts.sum())
@@ -231,16 +325,7 @@ def walk(trie, table: np.ndarray, live: np.ndarray, sources: np.ndarray
         keep = np.flatnonzero(live[new_state])
         rep = rep[keep]
         src, state, node = src[rep], new_state[keep], cnode[edge[keep]]
-        # tokens ending at the new nodes
-        tcounts = ntok[node]
-        has = np.flatnonzero(tcounts)
-        if len(has):
-            tc = tcounts[has]
-            trep = np.repeat(has, tc)
-            tidx = ragged_indices(tptr[node[has]], tc, np.int32)
-            out_src.append(src[trep])
-            out_tok.append(node_tokens[tidx])
-            out_end.append(state[trep])
+        record(src, state, node)
     if not out_src:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
