@@ -51,7 +51,7 @@ def byte_classes(table: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, int |
 
 def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AUTO,
                              vocab_size: int | None = None, what: str = "pattern",
-                             max_transformation_entries: int = 8_000_000) -> TokenDFA:
+                             max_transformation_entries: int = 64_000_000) -> TokenDFA:
     """The all-encodings token DFA of a byte DFA (module docstring), over letters.
 
     States: byte-DFA states (0 dead) plus ``ended`` = Q. Bytes with equal columns form classes
@@ -61,11 +61,12 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     transformation are one *letter*; the DFA stores its exceptions over letters (plus one
     letter for EOS, and one for tokens that are never an exception: no bytes, or dead from every
     state). Cost: O(trie nodes) vectorised for the keys, O(distinct pairs × live states) for the
-    transformations, O(letters × live states) for the edges. For automata with more than
-    ``max_transformation_entries / 4000`` live states, or when the transformations would need
-    more than ``max_transformation_entries`` entries (their tokens mostly act differently),
-    the DFA is built per token instead, by a walk of the
-    trie that keeps only live (state, node) pairs (:func:`vocab_trie.walk`)."""
+    transformations, O(letters × live states) for the edges. When the transformations would need
+    more than ``max_transformation_entries`` entries (their tokens mostly act differently; the
+    attempt stops as soon as they would), the DFA is built per token instead, by a walk of the
+    trie that keeps only live (state, node) pairs and skips the loop tokens of free-text states
+    (:func:`vocab_trie.walk_with_loops`); states where most tokens go to one successor store it
+    as their default (:func:`_majority_defaults`)."""
     eos = resolve_eos(trie, eos_token_id)
     V = resolve_vocab_size(trie, vocab_size, eos)
     live = bdfa.live()
@@ -78,10 +79,8 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
     class_table = np.where(live[bdfa.table], bdfa.table, 0)[:, first_byte]
     sources = np.nonzero(live)[0]
-    found = None
-    if len(sources) * 4 <= max_transformation_entries // 1000:   # ≤ 2,000 live states
-        found = token_transformations(trie, class_table, sources, byte_class,
-                                      max_entries=max_transformation_entries)
+    found = token_transformations(trie, class_table, sources, byte_class,
+                                  max_entries=max_transformation_entries)
     if found is None:    # too many distinct transformations × states: one edge per token
         src, let, end, loops = walk_with_loops(trie, bdfa.table, live, sources,
                                                min_loop_tokens=V // 2 + 1)
