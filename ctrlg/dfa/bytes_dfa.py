@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctrlg.dfa.core import ragged_indices
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
 from ctrlg.errors import RegexError
 
@@ -318,34 +319,99 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
 
 
 def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
-    """Moore's rounds: split blocks by (block, blocks of the successors) until stable.
+    """Moore's partition refinement with a worklist: split blocks by their successors' blocks
+    until stable, recomputing only the states whose successors moved.
 
-    A state's signature is hashed to one 64-bit number, a random linear form of its block and
-    its successors' blocks mod 2^64 (odd weights). Edges into the dead block add 0, so a round
-    costs O(live edges) — a gather, a segmented sum and a 1-D ``np.unique`` — rather than a
-    lexicographic sort of ``[Q, C]`` rows. A hash collision can only merge states that differ;
-    the final partition is therefore checked to be stable (every state's successor blocks and
-    initial block equal its block representative's), and on a collision the exact row comparison
-    is used instead. A stable partition that refines acceptance is a correct quotient in any
-    case. ``block`` must give the dead states block 0."""
+    A state's *key* hashes its successors' blocks to one 64-bit number, a random linear form
+    mod 2^64 (odd weights; edges into the dead block 0 add 0). Members of a block that have not
+    been touched since it last split share one key (``block_key``), so a round only looks at the
+    predecessors of the states that moved: those whose key differs from their block's are split
+    off, grouped by (block, key); a block whose touched members all agree on a new key and
+    cover it keeps its id. Each round therefore costs O(edges of the touched states), and deep
+    automata (long counters: a JSON string of ≤ 128 characters) need no O(Q) pass per level.
+
+    A hash collision can only merge states that differ; the final partition is checked to be
+    stable (every state's successor blocks and initial block equal its block representative's)
+    and on a collision the exact row comparison is used instead. ``block`` must give the dead
+    states block 0."""
     initial_block = block
-    weights = _hash_weights(compact.shape[1] + 1, seed=0x5EED)
+    Q = len(block)
+    weights = _hash_weights(compact.shape[1], seed=0x5EED)
     state, column = np.nonzero(compact)
-    target = compact[state, column]
-    edge_weight = weights[1:][column]
-    owners, starts = np.unique(state, return_index=True)
-    num_blocks = len(np.unique(block))
-    while True:
-        ublock = block.astype(np.uint64)
-        keys = ublock * weights[0]
-        if len(state):
-            keys[owners] += np.add.reduceat(edge_weight * ublock[target], starts)
-        _, new_block = np.unique(keys, return_inverse=True)   # dead states: key 0, block 0
-        block = new_block.reshape(-1).astype(np.int64)
-        count = int(block.max()) + 1
-        if count == num_blocks:
+    target = compact[state, column].astype(np.int64)
+    edge_weight = weights[column]
+    fwd_ptr = np.searchsorted(state, np.arange(Q + 1))
+    order = np.argsort(target, kind="stable")
+    pred, pred_ptr = state[order].astype(np.int64), np.searchsorted(target[order], np.arange(Q + 1))
+
+    def keys_of(states, block):
+        counts = fwd_ptr[states + 1] - fwd_ptr[states]
+        edges = ragged_indices(fwd_ptr[states], counts)
+        contrib = edge_weight[edges] * block[target[edges]].astype(np.uint64)
+        out = np.zeros(len(states), dtype=np.uint64)
+        has = counts > 0
+        if has.any():
+            starts = (np.cumsum(counts) - counts)[has]
+            out[has] = np.add.reduceat(contrib, starts)
+        return out
+
+    # first round over every state: blocks = distinct (initial block, key)
+    keys = keys_of(np.arange(Q), block)
+    pairs = np.stack([block.astype(np.uint64), keys], axis=1)
+    _, block = np.unique(pairs, axis=0, return_inverse=True)   # dead (0, 0) sorts first: 0
+    block = block.reshape(-1).astype(np.int64)
+    num_blocks = int(block.max()) + 1
+    block_key = np.zeros(num_blocks, dtype=np.uint64)
+    block_key[block] = keys
+    block_size = np.bincount(block, minlength=num_blocks)
+    moved = np.arange(Q)
+    while len(moved):
+        counts = pred_ptr[moved + 1] - pred_ptr[moved]
+        touched = np.unique(pred[ragged_indices(pred_ptr[moved], counts)])
+        if not len(touched):
             break
-        num_blocks = count
+        new_keys = keys_of(touched, block)
+        keys[touched] = new_keys
+        differ = touched[new_keys != block_key[block[touched]]]
+        if not len(differ):
+            break
+        # groups of (block, new key) among the states whose key left their block's
+        order = np.lexsort((keys[differ], block[differ]))
+        differ = differ[order]
+        b, k = block[differ], keys[differ]
+        first = np.ones(len(differ), dtype=bool)
+        first[1:] = (b[1:] != b[:-1]) | (k[1:] != k[:-1])
+        group = np.cumsum(first) - 1
+        group_start = np.flatnonzero(first)
+        group_size = np.diff(np.append(group_start, len(differ)))
+        group_block = b[group_start]
+        # a block left with no untouched members keeps its id for its largest group
+        moved_total = np.bincount(group_block, weights=group_size, minlength=num_blocks)
+        emptied = moved_total[group_block] == block_size[group_block]
+        largest = np.zeros(len(group_start), dtype=bool)
+        if emptied.any():
+            cand = np.flatnonzero(emptied)
+            # per emptied block, its largest group (ties: the first) stays
+            order2 = np.lexsort((-group_size[cand], group_block[cand]))
+            cand = cand[order2]
+            head = np.ones(len(cand), dtype=bool)
+            head[1:] = group_block[cand][1:] != group_block[cand][:-1]
+            largest[cand[head]] = True
+        stay_groups = np.flatnonzero(largest)
+        block_key[group_block[stay_groups]] = k[group_start[stay_groups]]
+        go = ~largest
+        new_ids = np.full(len(group_start), -1, dtype=np.int64)
+        new_ids[go] = num_blocks + np.arange(int(go.sum()))
+        num_blocks += int(go.sum())
+        block_key = np.concatenate([block_key, k[group_start[go]]])
+        moving = go[group]
+        moved = differ[moving]
+        block_size = np.concatenate([block_size, group_size[go]])
+        np.subtract.at(block_size, group_block[go], group_size[go])
+        block[moved] = new_ids[group[moving]]
+    _, block = np.unique(block, return_inverse=True)     # dense ids; the dead block stays 0
+    block = block.reshape(-1).astype(np.int64)
+    num_blocks = int(block.max()) + 1
     rep = np.zeros(num_blocks, dtype=np.int64)
     rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
     stable = np.array_equal(block[compact], block[compact[rep[block]]])

@@ -47,7 +47,7 @@ from ctrlg.errors import RegexError, UnsupportedRegexError
 
 __all__ = [
     "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY",
-    "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty",
+    "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty", "positions",
 ]
 
 MAX_CODE_POINT = 0x10FFFF
@@ -98,6 +98,17 @@ def map_charsets(node: Node, fn) -> Node:
     if isinstance(node, Repeat):
         return Repeat(map_charsets(node.item, fn), node.min, node.max)
     raise TypeError(f"unknown regex node {node!r}")  # pragma: no cover
+
+
+def positions(node: Node) -> int:
+    """The number of character positions of the regex with counted repetitions expanded
+    (``X{m,n}`` counts ``X`` ``max(m, n)`` times, ``X*`` once): the size of its Thompson NFA
+    up to a constant factor, and the number of states a counter adds to the DFA."""
+    if isinstance(node, CharSet):
+        return 1
+    if isinstance(node, (Concat, Alternation)):
+        return sum(positions(x) for x in node.items)
+    return positions(node.item) * max(node.min, node.max if node.max is not None else 1, 1)
 
 
 def matches_empty(node: Node) -> bool:

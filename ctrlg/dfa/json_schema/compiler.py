@@ -24,7 +24,7 @@ from ctrlg.dfa.json_schema.numbers import Bounds, integer_range, multiples, numb
 from ctrlg.dfa.json_schema.strings import (FORMATS, STRING, escape, fit_length, disjoint,
                                            included,
                                            ast_to_regex, length_range, names_except, pattern_ast)
-from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse
+from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse, positions
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
 
 __all__ = ["Compiler", "LARGE", "MAX_LENGTH"]
@@ -33,6 +33,9 @@ __all__ = ["Compiler", "LARGE", "MAX_LENGTH"]
 #: hold at most one of them beyond their prefix, objects without a required property list it
 #: only as the first member
 LARGE = 4000
+#: an array's counter copies its item once per place: at most this many regex positions of
+#: copies (:func:`regex_syntax.positions`), lowering ``maxItems`` if needed (a sound subset)
+MAX_ITEM_POSITIONS = 2_000
 #: a ``maxLength`` above this is lowered to it (a subset): a token automaton counting 255
 #: characters takes ~13 s to build over SmolLM2's vocabulary, one counting 128 takes 0.35 s
 MAX_LENGTH = 128
@@ -42,6 +45,18 @@ _ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "c
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
                 "minProperties", "maxProperties", "dependentRequired", "dependentSchemas",
                 "propertyNames"}
+
+
+def _positions(frag) -> int:
+    """Regex positions of a fragment with counted repetitions expanded
+    (:func:`regex_syntax.positions`; a recursive reference counts 1)."""
+    if is_text(frag):
+        return max(1, positions(parse(frag))) if frag else 1
+    if isinstance(frag, Ref):
+        return 1
+    if hasattr(frag, "items"):
+        return sum(_positions(x) for x in frag.items)
+    return _positions(frag.item) * max(frag.min, frag.max if frag.max is not None else 1, 1)
 
 
 def _size(frag) -> int:
@@ -507,6 +522,12 @@ class Compiler:
         elif _size(tail) > LARGE:       # a subset: at most one item beyond the prefix
             cap = max(lo, len(heads) + 1)
             max_count = cap if max_count is None else min(max_count, cap)
+        elif (max_count is not None and max_count - len(heads) > 1
+              and _positions(tail) * (max_count - len(heads)) > MAX_ITEM_POSITIONS):
+            # a subset: a counter copies the item once per place; keep the copies under
+            # MAX_ITEM_POSITIONS regex positions (never below minItems)
+            fit = max(1, MAX_ITEM_POSITIONS // _positions(tail))
+            max_count = min(max_count, max(lo, len(heads) + fit))
         if max_count is not None and max_count < lo:
             raise SchemaError(f"the array at {path} cannot have {lo} items")
         alternatives = []
