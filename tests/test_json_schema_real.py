@@ -130,6 +130,12 @@ CASES = {
                         "required": ["a"]},
     "unevaluated": {"type": "object", "properties": {"a": {"type": "integer"}},
                     "unevaluatedProperties": False, "required": ["a"]},
+    "long_arrays": {"type": "object", "required": ["ids", "notes"], "properties": {
+        "ids": {"type": "array", "items": {"type": "string", "pattern": "^[a-f0-9]{24}$"},
+                "minItems": 2, "maxItems": 1000},
+        "notes": {"type": "array", "maxItems": 500, "items": {
+            "type": "object", "required": ["text"],
+            "properties": {"text": {"type": "string", "maxLength": 1024}}}}}},
 }
 
 
@@ -177,6 +183,13 @@ def test_subsets_still_cover_the_intended_documents():
     assert matches("draft4_exclusive", "1") and not matches("draft4_exclusive", "0")
     assert matches("dependent_2020", '{"a":3,"z":null}') and not matches("dependent_2020",
                                                                          '{"a":4,"z":null}')
+    # maxItems lowered so the counters stay small, never below minItems
+    hex24 = '"' + "a" * 24 + '"'
+    assert matches("long_arrays", '{"ids":[%s],"notes":[]}' % ",".join([hex24] * 70))
+    assert not matches("long_arrays", '{"ids":[%s],"notes":[]}' % ",".join([hex24] * 200))
+    assert not matches("long_arrays", '{"ids":[%s],"notes":[]}' % hex24)
+    assert matches("long_arrays", '{"ids":[%s,%s],"notes":[{"text":"x"},{"text":"y"}]}'
+                   % (hex24, hex24))
 
 
 def test_unknown_keywords_are_listed_in_one_warning():

@@ -245,6 +245,15 @@ def test_class_string_letters_match_the_per_token_walk(smollm2, pattern):
         assert per_token.default[d.initial] == d.initial and per_token.num_exceptions < 2_000
 
 
+def test_positions_count_expanded_repetitions():
+    from ctrlg.dfa.regex_syntax import positions
+
+    assert positions(parse("abc")) == 3
+    assert positions(parse("a{3}b*")) == 4
+    assert positions(parse("(ab|c){0,10}")) == 30
+    assert positions(parse("(a{2,5}){3}")) == 15
+
+
 @pytest.mark.parametrize("pattern", ["a", "a*", "a?b?", "(a|)", "(a|b)+", "a{0,3}", "a{2,3}",
                                      "(ab*)*c?", "[^a]|b*", "(a+|b?)(c|d*)"])
 def test_matches_empty_agrees_with_python_re(pattern):
