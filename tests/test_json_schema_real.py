@@ -266,3 +266,35 @@ BAD = [
 def test_bad_schemas_name_the_keyword_and_path(schema, cls, message):
     with pytest.raises(cls, match=message):
         schema_to_regex(schema, warn=False)
+
+
+def test_arbitrary_values_nest_less_when_the_automaton_is_too_large(monkeypatch):
+    """Where ``{}`` values make the document's regex too large, they nest less deeply (a sound
+    subset, with a warning) instead of the schema being refused."""
+    import importlib
+
+    js = importlib.import_module("ctrlg.dfa.json_schema")
+    schema = {"type": "object", "required": ["a", "b", "c"],
+              "properties": {"a": {}, "b": {}, "c": {"instanceof": "function"}}}
+    monkeypatch.setattr(js, "MAX_REGEX_CHARS", 6_000)
+    with pytest.raises(UnsupportedSchemaError, match="max_regex_chars"):
+        js.schema_to_regex(schema, warn=False)
+    vocab = [bytes([b]) for b in range(32, 127)] + [b"<eos>"]
+    trie = VocabTrie.from_token_bytes(vocab, eos_token_id=len(vocab) - 1)
+    with pytest.warns(UserWarning, match="nest at most 1 deep"):
+        d = dfa.json_schema(schema, trie, warn=False, whitespace="")
+
+    def accepts(text):
+        return d.accepts([b - 32 for b in text.encode()] + [len(vocab) - 1])
+
+    assert accepts('{"a":[1],"b":{"k":null},"c":"x"}')          # depth 1
+    assert not accepts('{"a":[[1]],"b":1,"c":2}')                # depth 2: left out
+    check = validator(schema)
+    pattern = js.schema_to_regex(schema, whitespace="", max_nesting=1, warn=False)
+    docs = sample_strings(compile_bytes_dfa(pattern), np.random.default_rng(0), num=20,
+                          max_len=200)
+    assert len(docs) >= 5
+    for doc in docs:
+        if all(32 <= b < 127 for b in doc.encode()):
+            assert d.accepts([b - 32 for b in doc.encode()] + [len(vocab) - 1]), doc
+        assert not list(check.iter_errors(json.loads(doc))), doc

@@ -105,7 +105,9 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
         encodings: ``"all"`` or ``"canonical"`` (see :func:`ctrlg.dfa.regex`; a recursive schema
             gives a grammar constraint, which is ``"all"`` only).
         whitespace: regex of the whitespace allowed between JSON tokens.
-        max_nesting: depth of arbitrary JSON values allowed where the schema is ``{}``.
+        max_nesting: depth of arbitrary JSON values allowed where the schema is ``{}`` (lowered
+            one level at a time, with a warning, while the document's regex or automaton is
+            over a size limit: a sound subset).
         warn: list the ignored unknown keywords in a ``warnings.warn``.
         **regex_kwargs: ``eos_token_id``, ``vocab_size``, ``minimize`` of :func:`ctrlg.dfa.regex`
             (``eos_token_id``, ``vocab_size``, ``depth`` of :func:`ctrlg.dfa.grammar`);
@@ -117,14 +119,27 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
         UnsupportedSchemaError: a keyword for which no sound subset is found (named with its
             path).
     """
-    frag, defs = _compile(schema, whitespace, max_nesting, warn)
-    if is_text(frag):
-        minimize = regex_kwargs.pop("minimize", "auto")
+    minimize = regex_kwargs.pop("minimize", "auto")
+    nesting = max_nesting
+    while True:
         try:
-            d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
-        except RegexError as exc:     # the automaton of the whole document is too large
-            raise UnsupportedSchemaError(f"the schema at # compiles to a regex of {len(frag):,} "
-                                         f"characters whose automaton is too large: {exc}") from None
+            frag, defs = _compile(schema, whitespace, nesting, warn and nesting == max_nesting)
+            if not is_text(frag):
+                break
+            try:
+                d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
+            except RegexError as exc:     # the automaton of the whole document is too large
+                raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
+                                f"characters whose automaton is too large: {exc}") from None
+        except _TooLarge:
+            if not isinstance(nesting, int) or nesting <= 0:
+                raise
+            nesting -= 1              # a sound subset: arbitrary values ({}) nest less deeply
+            continue
+        if nesting != max_nesting:
+            warnings.warn(f"JSON Schema: the automaton was too large with values of '{{}}' "
+                          f"nested {max_nesting} deep; they nest at most {nesting} deep "
+                          f"(a subset of the valid documents)", stacklevel=2)
         if minimize == "auto" and encodings == "all" and d.num_states <= AUTO_MINIMIZE_STATES:
             d = minimize_dfa(d)
         return d
@@ -177,7 +192,7 @@ def _compile(schema, whitespace, max_nesting, warn):
     except RecursionError:
         raise UnsupportedSchemaError("the schema nests too deeply to compile") from None
     if is_text(frag) and len(frag) > MAX_REGEX_CHARS:
-        raise UnsupportedSchemaError(
+        raise _TooLarge(
             f"the schema's regex has {len(frag):,} characters, over max_regex_chars="
             f"{MAX_REGEX_CHARS:,}: its automaton would have too many states")
     if warn and compiler.unknown:
@@ -185,6 +200,10 @@ def _compile(schema, whitespace, max_nesting, warn):
         warnings.warn(f"JSON Schema: ignored {len(compiler.unknown)} unknown keyword(s) "
                       f"(annotations): {shown}", stacklevel=3)
     return frag, compiler.defs
+
+
+class _TooLarge(UnsupportedSchemaError):
+    """The document's regex or automaton is over a size limit (json_schema backs off)."""
 
 
 def _load(schema):
