@@ -193,11 +193,12 @@ def _hash_weights(n: int, seed: int) -> np.ndarray:
 
 def _distinct_columns(table: np.ndarray) -> np.ndarray:
     """Sorted indices of the first of each group of equal columns of ``table`` [Q, 256]
-    (bytes that act alike in every state). Columns are hashed by a random linear form mod 2^64
-    and grouped by hash; groups are then checked column by column (exact ``np.unique`` on a
+    (bytes that act alike in every state). Columns are hashed by a random linear form (in
+    floating point: rounding can only merge columns, which the check catches) and grouped by
+    hash; groups are then checked column by column (exact ``np.unique`` on a
     collision)."""
-    weights = _hash_weights(table.shape[0], seed=0xC01)
-    hashes = (table.T.astype(np.uint64) * weights).sum(axis=1)
+    weights = np.random.default_rng(0xC01).random(table.shape[0]) + 0.5
+    hashes = table.T.astype(np.float64) @ weights              # one BLAS product
     _, first, group = np.unique(hashes, return_index=True, return_inverse=True)
     if np.array_equal(table, table[:, first[group.reshape(-1)]]):
         return np.sort(first)
@@ -289,33 +290,36 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     # initial partition: dead / live-accepting / live-rejecting
     block = np.where(~live, 0, np.where(dfa.accepting, 1, 2)).astype(np.int64)
     block = _refine(block, compact)
-    # BFS renumbering: the dead block (state 0 of determinize is the empty set) gets id 0
-    rep: dict[int, int] = {}
-    for q in range(dfa.num_states):
-        rep.setdefault(int(block[q]), q)
-    new_id = {int(block[DEAD]): 0}
-    queue = [int(block[dfa.initial])]
-    new_id.setdefault(queue[0], 1)
-    head = 0
-    while head < len(queue):
-        b = queue[head]
-        head += 1
-        for t in block[table[rep[b]]].tolist():
-            if t not in new_id:
-                new_id[t] = len(new_id)
-                queue.append(t)
-    Q = len(new_id)
-    new_table = np.zeros((Q, 256), dtype=np.int32)
-    accepting = np.zeros(Q, dtype=bool)
-    lookup = np.zeros(int(block.max()) + 1, dtype=np.int32)
-    for b, nid in new_id.items():
-        lookup[b] = nid
-    for b, nid in new_id.items():
-        q = rep[b]
-        new_table[nid] = lookup[block[table[q]]]
-        accepting[nid] = bool(dfa.accepting[q] and live[q])
+    # BFS renumbering (level by level, each level in the order a sequential BFS over the blocks'
+    # rows, byte by byte, discovers it); the dead block gets id 0
+    num_blocks = int(block.max()) + 1
+    rep = np.zeros(num_blocks, dtype=np.int64)              # first state of each block
+    rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
+    block_table = block[table[rep]]                          # [blocks, 256]
+    new_id = np.full(num_blocks, -1, dtype=np.int64)
+    new_id[block[DEAD]] = 0
+    count = 1
+    initial_block = int(block[dfa.initial])
+    if new_id[initial_block] < 0:
+        new_id[initial_block] = count
+        count += 1
+    frontier = np.array([initial_block], dtype=np.int64)
+    while len(frontier):
+        found = block_table[frontier].reshape(-1)
+        found = found[new_id[found] < 0]
+        if not len(found):
+            break
+        _, first = np.unique(found, return_index=True)
+        frontier = found[np.sort(first)]
+        new_id[frontier] = count + np.arange(len(frontier))
+        count += len(frontier)
+    reached = np.flatnonzero(new_id >= 0)
+    new_table = np.zeros((count, 256), dtype=np.int32)
+    new_table[new_id[reached]] = new_id[block_table[reached]]
     new_table[0] = 0
-    return ByteDFA(table=new_table, accepting=accepting, initial=int(new_id[int(block[dfa.initial])]))
+    accepting = np.zeros(count, dtype=bool)
+    accepting[new_id[reached]] = dfa.accepting[rep[reached]] & live[rep[reached]]
+    return ByteDFA(table=new_table, accepting=accepting, initial=int(new_id[initial_block]))
 
 
 def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
