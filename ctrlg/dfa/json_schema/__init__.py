@@ -131,9 +131,9 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
             except RegexError as exc:     # the automaton of the whole document is too large
                 raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
                                 f"characters whose automaton is too large: {exc}") from None
-        except _TooLarge:
+        except _TooLarge as exc:
             if not isinstance(nesting, int) or nesting <= 0:
-                raise
+                raise UnsupportedSchemaError(str(exc)) from None
             nesting -= 1              # a sound subset: arbitrary values ({}) nest less deeply
             continue
         if nesting != max_nesting:
@@ -155,7 +155,10 @@ def schema_to_regex(schema, *, whitespace: str = WHITESPACE, max_nesting: int = 
                     warn: bool = True) -> str:
     """The regex (``ctrlg.dfa.regex_syntax`` syntax, full-match) of the documents generated for
     ``schema``; UnsupportedSchemaError for a recursive schema (see :func:`schema_to_grammar`)."""
-    frag, _ = _compile(schema, whitespace, max_nesting, warn)
+    try:
+        frag, _ = _compile(schema, whitespace, max_nesting, warn)
+    except _TooLarge as exc:
+        raise UnsupportedSchemaError(str(exc)) from None
     if not is_text(frag):
         raise UnsupportedSchemaError("the schema has a recursive '$ref': its documents are not "
                                      "a regular language; use schema_to_grammar or "
