@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000   # no page faults per training step
 "$PY" -m experiments.adapt threads=1 output.copy_to=ctrlg/assets/adapter_smollm2_commongen
-"$PY" -m experiments.adapt threads=1 form=supervised \
+"$PY" -m experiments.adapt threads=2 form=supervised \
   output.copy_to=ctrlg/assets/adapter_smollm2_commongen_supervised
 "$PY" -m experiments.distill --config-name distill_adapted \
   output.copy_to=ctrlg/assets/hmm_smollm2_commongen_adapted

@@ -30,3 +30,20 @@ def test_adapted_hmm_models_commongen_sentences_better_than_the_instruct_one(smo
     per_token = {name: float(load_embedded_hmm(name).log_prob(ids, mask=mask).sum() / mask.sum())
                  for name in ("instruct", "commongen-adapted")}
     assert per_token["commongen-adapted"] > per_token["instruct"] + 0.5, per_token
+
+
+def test_every_embedded_adapter_names_the_embedded_base_and_improved_held_out_nll():
+    """Both CommonGen adapters ship with their metadata: the embedded base LM and its
+    fingerprint (checked again when the adapter is merged), the text format they were trained
+    on, and a lower held-out NLL of dev references than the base LM's."""
+    from ctrlg.adapters import EMBEDDED_ADAPTERS, adapter_info
+
+    fingerprints = set()
+    for name in EMBEDDED_ADAPTERS:
+        info = adapter_info(name)
+        assert info["base_model"] == "smollm2-135m-instruct"
+        assert info["form"] == ("supervised" if name.endswith("supervised") else "unsupervised")
+        nll = info["metrics"]["heldout_nll_per_token"]
+        assert nll["adapted"] < nll["base"] - 0.3, (name, nll)
+        fingerprints.add(info["base_fingerprint"])
+    assert len(fingerprints) == 1
