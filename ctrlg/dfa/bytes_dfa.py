@@ -293,8 +293,7 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     # BFS renumbering (level by level, each level in the order a sequential BFS over the blocks'
     # rows, byte by byte, discovers it); the dead block gets id 0
     num_blocks = int(block.max()) + 1
-    rep = np.zeros(num_blocks, dtype=np.int64)              # first state of each block
-    rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
+    rep = _first_members(block)
     block_table = block[table[rep]]                          # [blocks, 256]
     new_id = np.full(num_blocks, -1, dtype=np.int64)
     new_id[block[DEAD]] = 0
@@ -320,6 +319,13 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     accepting = np.zeros(count, dtype=bool)
     accepting[new_id[reached]] = dfa.accepting[rep[reached]] & live[rep[reached]]
     return ByteDFA(table=new_table, accepting=accepting, initial=int(new_id[initial_block]))
+
+
+def _first_members(block: np.ndarray) -> np.ndarray:
+    """int64 [blocks]: the smallest state of each block (``block`` gives dense ids)."""
+    rep = np.zeros(int(block.max()) + 1, dtype=np.int64)
+    rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
+    return rep
 
 
 def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
@@ -415,9 +421,7 @@ def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
         block[moved] = new_ids[group[moving]]
     _, block = np.unique(block, return_inverse=True)     # dense ids; the dead block stays 0
     block = block.reshape(-1).astype(np.int64)
-    num_blocks = int(block.max()) + 1
-    rep = np.zeros(num_blocks, dtype=np.int64)
-    rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
+    rep = _first_members(block)
     stable = np.array_equal(block[compact], block[compact[rep[block]]])
     if stable and np.array_equal(initial_block, initial_block[rep[block]]):
         return block

@@ -93,6 +93,7 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
                                                     bdfa.accepting & live, loops)
     else:
         src, let, end, letter_of_token, eos_symbol = _letter_edges(*found, sources, V, eos)
+        default = np.zeros(Q + 1, dtype=np.int64)
     ended = Q
     if eos is not None:
         acc = np.nonzero(bdfa.accepting & live)[0]
@@ -106,8 +107,6 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     accepting = np.zeros(S, dtype=bool)
     accepting[:Q] = bdfa.accepting & live
     accepting[ended] = eos is not None
-    if found is not None:
-        default = np.zeros(S, dtype=np.int64)
     dfa = TokenDFA(vocab_size=V, initial=int(bdfa.initial), accepting=accepting,
                    default=default, exc_ptr=exc_ptr,
                    exc_tokens=let, exc_next=end, letter_of_token=letter_of_token)
@@ -140,6 +139,7 @@ def _majority_defaults(src: np.ndarray, tok: np.ndarray, end: np.ndarray, S: int
         default[states] = states
         for q in states.tolist():
             loop_tokens[q] = tokens
+    owner = np.repeat(np.arange(S), counts)
     heavy = np.flatnonzero((counts * 2 > V) & ~looped)
     if len(heavy):
         picks = ptr[heavy][:, None] + (counts[heavy][:, None] * np.arange(1, 34)) // 34
@@ -156,14 +156,12 @@ def _majority_defaults(src: np.ndarray, tok: np.ndarray, end: np.ndarray, S: int
             best_count[better] = n[better]
         candidate = np.zeros(S, dtype=np.int64)
         candidate[heavy] = best
-        owner = np.repeat(np.arange(S), counts)
         hits = np.bincount(owner[end == candidate[owner]], minlength=S)
         chosen = heavy[hits[heavy] > V - counts[heavy]]
         default[chosen] = candidate[chosen]
     chosen = np.flatnonzero(default)
     if not len(chosen):
         return default, src, tok, end
-    owner = np.repeat(np.arange(S), counts)
     keep = end != default[owner]
     extra_src, extra_tok = [], []
     for k in range(0, len(chosen), chunk):

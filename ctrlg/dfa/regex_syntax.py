@@ -48,6 +48,7 @@ from ctrlg.errors import RegexError, UnsupportedRegexError
 __all__ = [
     "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY",
     "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty", "positions",
+    "repeat_copies",
 ]
 
 MAX_CODE_POINT = 0x10FFFF
@@ -108,7 +109,13 @@ def positions(node: Node) -> int:
         return 1
     if isinstance(node, (Concat, Alternation)):
         return sum(positions(x) for x in node.items)
-    return positions(node.item) * max(node.min, node.max if node.max is not None else 1, 1)
+    return positions(node.item) * repeat_copies(node.min, node.max)
+
+
+def repeat_copies(low: int, high: int | None) -> int:
+    """How many copies of its item a repetition ``{low,high}`` expands to (``high=None``: one
+    loop)."""
+    return max(low, high if high is not None else 1, 1)
 
 
 def matches_empty(node: Node) -> bool:

@@ -24,7 +24,7 @@ from ctrlg.dfa.json_schema.numbers import Bounds, integer_range, multiples, numb
 from ctrlg.dfa.json_schema.strings import (FORMATS, STRING, escape, fit_length, disjoint,
                                            included,
                                            ast_to_regex, length_range, names_except, pattern_ast)
-from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse, positions
+from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse, positions, repeat_copies
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
 
 __all__ = ["Compiler", "LARGE", "MAX_LENGTH"]
@@ -56,7 +56,7 @@ def _positions(frag) -> int:
         return 1
     if hasattr(frag, "items"):
         return sum(_positions(x) for x in frag.items)
-    return _positions(frag.item) * max(frag.min, frag.max if frag.max is not None else 1, 1)
+    return _positions(frag.item) * repeat_copies(frag.min, frag.max)
 
 
 def _size(frag) -> int:
