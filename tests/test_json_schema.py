@@ -3,6 +3,7 @@ with random walks of the byte and token automata, with logical masking and with 
 (a random HMM over a small vocabulary); integer/number bounds by enumeration; bad schemas give
 clear errors; outlines-core's documents for the same schemas are accepted too."""
 
+import itertools
 import json
 import re
 
@@ -148,13 +149,59 @@ def test_optional_properties_keep_order_and_commas():
             if re.fullmatch(none_required, s)} == {'{}', '{"a":0}', '{"b":1}', '{"a":0,"b":1}'}
 
 
-def test_pattern_is_a_search_unless_anchored_and_never_needs_escapes():
+def test_pattern_is_a_search_unless_anchored_and_writes_json_escapes():
     unanchored = schema_to_regex({"type": "string", "pattern": "ab"})
     assert re.fullmatch(unanchored, '"xxabyy"') and not re.fullmatch(unanchored, '"xxa"')
     anchored = schema_to_regex({"type": "string", "pattern": "^ab$"})
     assert re.fullmatch(anchored, '"ab"') and not re.fullmatch(anchored, '"xab"')
-    quote = schema_to_regex({"type": "string", "pattern": '^.a$'})   # '.' minus '"', '\\'
-    assert re.fullmatch(quote, '"ba"') and not re.fullmatch(quote, '"""a"')
+    quote = schema_to_regex({"type": "string", "pattern": '^.a$'})   # '"' and '\\' escaped
+    assert re.fullmatch(quote, '"ba"') and re.fullmatch(quote, '"\\"a"') and re.fullmatch(quote, '"\\\\a"')
+    assert not re.fullmatch(quote, '"""a"') and not re.fullmatch(quote, '"\\a"')
+
+
+def _finite_matches(bdfa, limit=10_000):
+    """Every full match of a byte DFA with a finite language (depth-first), as strings."""
+    live, out, stack = bdfa.live(), [], [(bdfa.initial, b"")]
+    while stack:
+        q, data = stack.pop()
+        if bdfa.accepting[q]:
+            out.append(data.decode("utf-8"))
+        for byte in np.nonzero(live[bdfa.table[q]])[0]:
+            stack.append((int(bdfa.table[q, byte]), data + bytes([int(byte)])))
+        assert len(out) < limit
+    return out
+
+
+@pytest.mark.parametrize("pattern", ['^[a"\\\\\n]{1,2}$', '^[\x00-\x02\x7f\x9e"]$', '^\\\\d+/[^/x-\U0010ffff]$'])
+def test_patterns_that_need_escapes_decode_to_exactly_their_strings(pattern):
+    """The JSON literals the regex accepts decode to exactly the strings of the pattern
+    (enumerated on finite patterns; the last one's class is every character below 'x' but '/')."""
+    schema = {"type": "string", "pattern": pattern}
+    if "d+" in pattern:
+        schema["maxLength"] = 5
+    literals = _finite_matches(compile_bytes_dfa(schema_to_regex(schema)))
+    decoded = {json.loads(lit) for lit in literals}
+    for text in decoded:
+        jsonschema.validate(text, schema)
+    alphabet = [chr(c) for c in range(0x7A)] + ["\x7f", "\x9e"]
+    if "d+" in pattern:
+        want = {f"\\{'d' * k}/{c}" for k in (1, 2) for c in alphabet if c != "/" and c < "x"}
+    else:
+        chars = [c for c in alphabet + ["\x00", "\x01", "\x02"] if re.fullmatch(pattern[1:-1], c)]
+        lengths = (1, 2) if "{1,2}" in pattern else (1,)
+        want = {"".join(p) for k in lengths for p in itertools.product(chars, repeat=k)}
+    assert decoded == want
+
+
+def test_a_pattern_with_a_literal_backslash_compiles_and_validates():
+    """A real-world shape: group addresses written with literal backslashes, r'^\\d+/\\d+$'."""
+    schema = {"type": "object", "properties": {"read": {"type": "string", "pattern": "^\\\\d+/\\\\d+$"}},
+              "required": ["read"]}
+    pattern = schema_to_regex(schema)
+    docs = sample_strings(compile_bytes_dfa(pattern), np.random.default_rng(1))
+    assert len(docs) >= 30
+    for doc in docs:
+        jsonschema.validate(json.loads(doc), schema)
 
 
 BAD = [

@@ -418,7 +418,7 @@ class Compiler:
         fmt = s.get("format")
         fmt = fmt if isinstance(fmt, str) and fmt in FORMATS else None
         if "pattern" in s:
-            ast = pattern_ast(s["pattern"], f"{path}/pattern")
+            ast = pattern_ast(s["pattern"], f"{path}/pattern", escapable=True)
             if fmt is not None:       # both must hold: the one included in the other
                 if included(parse(FORMATS[fmt]), ast):
                     ast = parse(FORMATS[fmt])
@@ -436,7 +436,7 @@ class Compiler:
             raise UnsupportedSchemaError(
                 f"'{what}' at {path}/{what} with minLength {lo} / maxLength {hi}: no string of "
                 f"the {what} was found within the length bounds")
-        return '"' + ast_to_regex(fitted) + '"'
+        return '"' + ast_to_regex(fitted, json_escapes=True) + '"'
 
     def _bounds(self, s, path) -> Bounds:
         b = Bounds()

@@ -92,13 +92,17 @@ def length_range(lo: int, hi: int | None) -> str:
 _FORBIDDEN = ((0x00, 0x1F), (ord('"'), ord('"')), (ord("\\"), ord("\\")), (0x7F, 0x9F))
 
 
-def pattern_ast(pattern, path: str) -> Node:
-    """The AST of the string contents matched by ``pattern`` under ``re.search`` semantics,
-    restricted to characters that need no escape."""
+def pattern_ast(pattern, path: str, *, escapable: bool = False) -> Node:
+    """The AST of the (decoded) string contents matched by ``pattern`` under ``re.search``
+    semantics. Without ``escapable`` it is restricted to characters that need no escape (for
+    property names, which compare as written); with it, characters a JSON literal must escape
+    (``"``, ``\\``, U+0000–U+001F) and U+007F–U+009F stay, and :func:`ast_to_regex` with
+    ``json_escapes`` writes them as escapes. The unanchored ends take unescaped characters only
+    (a sound subset)."""
     if not isinstance(pattern, str):
         raise UnsupportedSchemaError(f"'pattern' at {path} must be a string, got {pattern!r}")
     try:
-        ast = _restrict(parse(pattern))
+        ast = parse(pattern) if escapable else _restrict(parse(pattern))
     except RegexError as exc:
         raise UnsupportedSchemaError(f"'pattern' {pattern!r} at {path}: {exc}") from None
     free = Repeat(_restrict(CharSet(((0, 0x10FFFF),))), 0, None)
@@ -144,8 +148,19 @@ def _anchored_end(pattern: str) -> bool:
     return backslashes % 2 == 0
 
 
-def ast_to_regex(node: Node) -> str:
+def ast_to_regex(node: Node, *, json_escapes: bool = False) -> str:
+    """The regex of an AST of decoded characters; with ``json_escapes``, of their JSON string
+    literal: a character that must (or, for U+007F–U+009F, here does) appear escaped is written
+    as its escape (:func:`_escaped_chars`), so that every match decodes to a string of ``node``."""
     if isinstance(node, CharSet):
+        if json_escapes:
+            plain = _restrict(node)
+            escaped = _escaped_chars(node)
+            if escaped:
+                if not plain.ranges:
+                    return escaped
+                return f"(?:{ast_to_regex(plain)}|{escaped})"
+            node = plain
         if not node.ranges:
             return "[^\\x00-\\U0010ffff]"
         if len(node.ranges) == 1 and node.ranges[0][0] == node.ranges[0][1]:
@@ -153,12 +168,38 @@ def ast_to_regex(node: Node) -> str:
         return "[" + "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}"
                              for lo, hi in node.ranges) + "]"
     if isinstance(node, Concat):
-        return "".join(f"(?:{ast_to_regex(n)})" if isinstance(n, Alternation)
-                       else ast_to_regex(n) for n in node.items)
+        return "".join(f"(?:{ast_to_regex(n, json_escapes=json_escapes)})" if isinstance(n, Alternation)
+                       else ast_to_regex(n, json_escapes=json_escapes) for n in node.items)
     if isinstance(node, Alternation):
-        return "(?:" + "|".join(ast_to_regex(n) for n in node.items) + ")"
+        return "(?:" + "|".join(ast_to_regex(n, json_escapes=json_escapes) for n in node.items) + ")"
     hi = "" if node.max is None else node.max
-    return f"(?:{ast_to_regex(node.item)}){{{node.min},{hi}}}"
+    return f"(?:{ast_to_regex(node.item, json_escapes=json_escapes)}){{{node.min},{hi}}}"
+
+
+_SHORT_ESCAPES = {0x22: r'\\"', 0x5C: r"\\\\", 0x08: r"\\b", 0x0C: r"\\f", 0x0A: r"\\n",
+                  0x0D: r"\\r", 0x09: r"\\t"}
+
+
+def _escaped_chars(node: CharSet) -> str:
+    """The regex of the JSON escapes of the characters of ``node`` that :data:`_FORBIDDEN` keeps
+    out of a literal unescaped ('' when none): RFC 8259's two-character escapes where they exist
+    (``\\"``, ``\\\\``, ``\\n``, …) and ``\\u00XX`` (lower-case hex) for every forbidden code point,
+    grouped by its third hex digit."""
+    cps = sorted(cp for lo, hi in node.ranges for f_lo, f_hi in _FORBIDDEN
+                 for cp in range(max(lo, f_lo), min(hi, f_hi) + 1))
+    if not cps:
+        return ""
+    short = [_SHORT_ESCAPES[cp] for cp in cps if cp in _SHORT_ESCAPES]
+    by_high: dict[int, list[int]] = {}
+    for cp in cps:
+        if cp not in (0x22, 0x5C):
+            by_high.setdefault(cp >> 4, []).append(cp & 0xF)
+    groups = []
+    for high, lows in by_high.items():
+        digits = "".join(f"{low:x}" for low in lows)
+        groups.append(f"{high:x}" + (digits if len(lows) == 1 else f"[{digits}]"))
+    unicode = [r"\\u00(?:" + "|".join(groups) + ")"] if groups else []
+    return "(?:" + "|".join(short + unicode) + ")"
 
 
 def _cp(cp: int) -> str:
