@@ -99,20 +99,23 @@ def load_hmm(hmm_cfg: DictConfig | None, tokenizer=None):
     """The HMM named by the config: ``hmm.path`` (a checkpoint folder), else ``hmm.name`` (an
     embedded HMM, :data:`ctrlg.hmm.EMBEDDED_HMMS`), else the embedded default
     :func:`ctrlg.hmm.load_default_hmm`. The checkpoint is checked against the tokenizer's
-    vocabulary when the loader supports it."""
+    vocabulary when the loader supports it. ``hmm.prior_head`` (an embedded head's name or a
+    folder) attaches a prior head saved apart from the HMM (:meth:`ctrlg.HMM.attach_prior_head`)."""
+    from ctrlg.hmm import load_default_hmm, load_embedded_hmm, prior_head_path
     from ctrlg.hmm import model as hmm_model
 
     path = None if hmm_cfg is None else hmm_cfg.get("path")
-    if path:
-        return hmm_model.HMM.load(path, tokenizer=tokenizer)
     name = None if hmm_cfg is None else hmm_cfg.get("name")
-    if name:
-        from ctrlg.hmm import load_embedded_hmm
-
-        return load_embedded_hmm(name, tokenizer=tokenizer)
-    from ctrlg.hmm import load_default_hmm
-
-    return load_default_hmm(tokenizer=tokenizer)
+    if path:
+        hmm = hmm_model.HMM.load(path, tokenizer=tokenizer)
+    elif name:
+        hmm = load_embedded_hmm(name, tokenizer=tokenizer)
+    else:
+        hmm = load_default_hmm(tokenizer=tokenizer)
+    head = None if hmm_cfg is None else hmm_cfg.get("prior_head")
+    if head:
+        hmm.attach_prior_head(prior_head_path(str(head)), tokenizer=tokenizer)
+    return hmm
 
 
 def hydra_output_dir() -> Path:

@@ -7,8 +7,9 @@ A method's generations depend only on its own spec, the item batches and the see
 (seed, first item of the batch, method name) (:func:`experiments.commongen.batch_seed`), so
 methods decoded in separate processes — e.g. one per core — equal those of one run over all of
 them. Each item's record in OUT carries every run's method outputs and timings; the runs must
-agree on everything else that decides the generations (checked), and OUT's ``config.yaml`` is
-RUN_A's with ``methods`` and ``method_specs`` the union of the runs'.
+agree on everything else that decides the generations (checked; ``hmm.prior_head`` only between
+runs that decode ``prior: head`` methods), and OUT's ``config.yaml`` is RUN_A's with ``methods``
+and ``method_specs`` the union of the runs' (and their prior head).
 """
 
 from __future__ import annotations
@@ -36,7 +37,27 @@ def _plain(cfg, key: str):
     value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     if key == "data" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in ("offset", "limit")}
+    if key == "hmm" and isinstance(value, dict):   # the prior head: see _merged_prior_head
+        value = {k: v for k, v in value.items() if k != "prior_head"}
     return value
+
+
+def _merged_prior_head(runs: list[Path], configs: list) -> object:
+    """``hmm.prior_head`` decides only the generations of methods with ``prior: head``: runs may
+    differ in it as long as those that decode such methods agree; the merged run carries their
+    value (None when no run decodes one)."""
+    def uses_head(cfg, method: str) -> bool:
+        spec = (cfg.get("method_specs") or {}).get(method) or {}
+        return spec.get("guide", "ctrlg") == "ctrlg" and spec.get("prior", "filter") == "head"
+
+    used = {}
+    for run, cfg in zip(runs, configs):
+        if any(uses_head(cfg, m) for m in cfg.methods):
+            used[run] = (cfg.get("hmm") or {}).get("prior_head")
+    if len(set(used.values())) > 1:
+        raise ExperimentConfigError(f"runs with prior=head methods used different prior heads: "
+                                    f"{ {str(r): v for r, v in used.items()} }")
+    return next(iter(used.values()), None)
 
 
 def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) -> Path:
@@ -76,6 +97,9 @@ def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) ->
     if not complete:
         raise ExperimentConfigError("the runs have no item in common")
     config = configs[0].copy()
+    head = _merged_prior_head(runs, configs)
+    if head is not None:
+        OmegaConf.update(config, "hmm.prior_head", head, force_add=True)
     config.methods = methods
     specs = {}
     for cfg in configs:

@@ -45,6 +45,29 @@ def test_runs_of_other_settings_are_refused(tmp_path):
         merge_runs(tmp_path / "out", [a])
 
 
+def test_the_prior_head_must_agree_only_between_runs_that_use_it(tmp_path):
+    def with_hmm(folder, hmm, specs=None):
+        config = OmegaConf.load(folder / "config.yaml")
+        config.hmm = hmm
+        if specs:
+            config.method_specs = specs
+        OmegaConf.save(config, folder / "config.yaml")
+        return folder
+
+    a = with_hmm(_run(tmp_path / "a", ["logical"], [0, 1]), {"name": "x"})   # a run made before the key
+    b = with_hmm(_run(tmp_path / "b", ["head"], [0, 1]), {"name": "x", "prior_head": "p"},
+                 {"head": {"guide": "ctrlg", "prior": "head"}})
+    config = OmegaConf.load(merge_runs(tmp_path / "out", [a, b]) / "config.yaml")
+    assert config.hmm.prior_head == "p" and config.hmm.name == "x"
+    c = with_hmm(_run(tmp_path / "c", ["head"], [0, 1]), {"name": "x", "prior_head": "q"},
+                 {"head": {"guide": "ctrlg", "prior": "head"}})
+    with pytest.raises(ExperimentConfigError, match="different prior heads"):
+        merge_runs(tmp_path / "out2", [a, b, c])
+    d = with_hmm(_run(tmp_path / "d", ["ctrlg"], [0, 1]), {"name": "y"})
+    with pytest.raises(ExperimentConfigError, match="hmm"):          # another HMM still differs
+        merge_runs(tmp_path / "out3", [a, d])
+
+
 def test_runs_over_other_items_and_extra_methods_merge_on_the_chosen_methods(tmp_path):
     a = _run(tmp_path / "a", ["ctrlg"], [0, 1])
     b = _run(tmp_path / "b", ["ctrlg", "ctrlg_w2"], [2])           # e.g. a tuning run

@@ -132,3 +132,18 @@ def test_extra_training_texts_are_the_adapted_targets_eos_padded(tmp_path, smoll
     assert bundled.shape == (2, 32)
     with pytest.raises(CtrlgError, match="no file at"):
         distill.extra_training_tokens({"em": {"extra_texts": str(tmp_path / "nope")}}, tok, 8, eos)
+
+
+def test_keyword_prompts_are_the_supervised_adapters_prompts(smollm2_tokenizer):
+    """prompts.format=keywords: one prompt per distinct concept line, exactly the supervised
+    decoding prompt (BOS + "Concepts: a, b, c.\\nSentence:")."""
+    from ctrlg.data.commongen_prompts import prompt_text
+
+    cfg = {"prompts": {"list": ["dog frisbee catch", "  dog  frisbee catch ", "", "field look"],
+                       "format": "keywords", "bos_token": "<|endoftext|>"}}
+    prompts = distill.build_prompts(cfg, smollm2_tokenizer)
+    assert prompts == ["<|endoftext|>Concepts: dog, frisbee, catch.\nSentence:",
+                       "<|endoftext|>Concepts: field, look.\nSentence:"]
+    assert prompts[1] == prompt_text(["field", "look"], "keywords", smollm2_tokenizer)
+    with pytest.raises(CtrlgError, match="'keywords'"):
+        distill.build_prompts({"prompts": {"list": ["a"], "format": "chat"}}, smollm2_tokenizer)

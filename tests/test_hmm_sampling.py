@@ -193,6 +193,50 @@ def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
     assert set(table[0]["per_token"]) == {"unigram", "lm", "hmm", "hmm_head"}
 
 
+def test_head_only_pipeline_keeps_the_base_hmm_and_saves_a_head_apart(tiny_lm, tmp_path):
+    """base_hmm: no LVD or EM; the head is trained against the given HMM, saved in its own folder,
+    and attaches only to that HMM (its save_id), with the prefix table measured against it."""
+    from ctrlg.errors import CheckpointError
+    from ctrlg.hmm.distill import distill
+    from ctrlg.hmm.em import heldout_ll_per_token
+    from ctrlg.vocab import tokenizer_fingerprint
+    from helpers import random_hmm
+
+    _, tokenizer, path = tiny_lm
+    base = random_hmm(5, 40, seed=3)
+    base.config.update(tokenizer_hash=tokenizer_fingerprint(tokenizer))
+    base.save(tmp_path / "base")
+    base = HMM.load(tmp_path / "base")
+    cfg = {
+        "seed": 0, "device": "cpu", "threads": 1, "model": {"name": str(path)},
+        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
+                    "heldout_fraction": 0.2},
+        "sampling": {"num_sequences": 16, "heldout_sequences": 8, "length": 5, "batch_size": 8,
+                     "chunk_size": 8, "dir": str(tmp_path / "samples")},
+        "base_hmm": str(tmp_path / "base"),
+        "head": {"inner_size": 8, "epochs": 2, "batch_size": 16, "valid_fraction": 0.25,
+                 "prefix_lengths": [0, 2]},
+        "output": {"dir": str(tmp_path / "out"), "copy_to": str(tmp_path / "asset")},
+    }
+    metrics = distill(cfg)
+    assert metrics["hmm_save_id"] == base.config["save_id"] and metrics["train_sequences"] == 16
+    test_tokens = torch.cat([load_chunks(tmp_path / "samples" / "heldout", ("tokens",))["tokens"]])[4:]
+    assert metrics["heldout_ll_per_token"]["hmm"] == pytest.approx(
+        heldout_ll_per_token(base, test_tokens), abs=1e-6)
+    assert not (tmp_path / "out" / "hmm").exists()          # the HMM is not re-saved
+    again = HMM.load(tmp_path / "base")
+    assert again.prior_head is None
+    head = again.attach_prior_head(tmp_path / "asset", tokenizer=tokenizer)
+    assert again.prior_head is head and head.lm_hidden_size == 32 and head.hidden_size == 5
+    assert head.config["lm_name"] == str(path)
+    table = metrics["head"]["prefix_table"]
+    assert table[0]["per_token"]["hmm"] == pytest.approx(metrics["heldout_ll_per_token"]["hmm"], abs=1e-4)
+    other = random_hmm(5, 40, seed=4)
+    other.save(tmp_path / "other")
+    with pytest.raises(CheckpointError, match="save_id"):
+        HMM.load(tmp_path / "other").attach_prior_head(tmp_path / "out" / "prior_head")
+
+
 def test_distill_config_drives_the_pipeline(tiny_lm, tmp_path):
     """configs/distill.yaml (the Hydra config of `python -m experiments.distill`) with overrides."""
     from pathlib import Path

@@ -8,13 +8,19 @@ from ctrlg.hmm.model import HMM, tokenizer_fingerprint
 from ctrlg.hmm.prior_head import PriorHead
 
 __all__ = ["HMM", "PriorHead", "tokenizer_fingerprint", "default_hmm_path", "load_default_hmm",
-           "EMBEDDED_HMMS", "embedded_hmm_path", "load_embedded_hmm"]
+           "EMBEDDED_HMMS", "embedded_hmm_path", "load_embedded_hmm", "EMBEDDED_PRIOR_HEADS",
+           "prior_head_path"]
 
 DEFAULT_HMM_NAME = "hmm_smollm2_commongen"
 # name -> folder under ctrlg/assets: the HMM of each CommonGen pipeline (docs/hmm.md)
 EMBEDDED_HMMS = {
     "instruct": DEFAULT_HMM_NAME,                         # SmolLM2-135M-Instruct, instruction prompts
     "commongen-adapted": "hmm_smollm2_commongen_adapted",  # the CommonGen-adapted LM, BOS prompt
+}
+# name -> folder under ctrlg/assets: prior heads saved apart from their HMM (HMM.attach_prior_head)
+EMBEDDED_PRIOR_HEADS = {
+    # reads the supervised CommonGen LM's prompt ("Concepts: a, b, c.") for the commongen-adapted HMM
+    "commongen-supervised": "prior_head_smollm2_commongen_supervised",
 }
 
 
@@ -42,3 +48,15 @@ def load_embedded_hmm(name: str, *, tokenizer=None, device="cpu") -> HMM:
     """The embedded HMM ``name`` (with its prior head when it has one); with ``tokenizer``,
     checks both match."""
     return HMM.load(embedded_hmm_path(name), tokenizer=tokenizer, device=device)
+
+
+def prior_head_path(name_or_folder: str) -> Path:
+    """The folder of a prior head: an embedded one's name (:data:`EMBEDDED_PRIOR_HEADS`) or a
+    folder written by ``PriorHead.save``."""
+    if name_or_folder in EMBEDDED_PRIOR_HEADS:
+        return Path(__file__).resolve().parent.parent / "assets" / EMBEDDED_PRIOR_HEADS[name_or_folder]
+    folder = Path(name_or_folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"no prior head {name_or_folder!r}: neither an embedded head "
+                              f"({sorted(EMBEDDED_PRIOR_HEADS)}) nor a folder")
+    return folder

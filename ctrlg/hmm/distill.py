@@ -35,7 +35,7 @@ import torch
 
 from ctrlg import models
 from ctrlg.data._files import bundled_path, data_path
-from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text, target_text
+from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text, prompt_text, target_text
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
 from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
@@ -44,7 +44,7 @@ from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
 from ctrlg.vocab import tokenizer_fingerprint
 
-__all__ = ["distill", "build_prompts", "unigram_loglik", "plot_curve", "extra_training_tokens"]
+__all__ = ["distill", "train_head_for", "build_prompts", "unigram_loglik", "plot_curve", "extra_training_tokens"]
 
 
 def _get(cfg: Mapping, dotted: str, default=None):
@@ -58,8 +58,11 @@ def _get(cfg: Mapping, dotted: str, default=None):
 
 def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     """Prompts from ``prompts.file`` (or the inline list ``prompts.list``): ``format: commongen``
-    turns concept lines into chat-template instructions, ``raw`` uses each line as is, ``bos``
-    is the single prompt "BOS" (``prompts.bos_token``) of unconditional sampling."""
+    turns concept lines into chat-template instructions, ``keywords`` into the supervised
+    adapter's prompts (BOS + "Concepts: a, b, c.\nSentence:",
+    :func:`ctrlg.data.commongen_prompts.prompt_text`), ``raw`` uses each line as is; ``bos`` is
+    the single prompt "BOS" (``prompts.bos_token``) of unconditional sampling. Deduplicated in
+    order."""
     if _get(cfg, "prompts.format", "commongen") == "bos":
         return [bos_text(tokenizer, _get(cfg, "prompts.bos_token", DEFAULT_BOS_TOKEN))]
     lines = list(_get(cfg, "prompts.list") or []) or read_prompts(
@@ -68,10 +71,14 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     fmt = _get(cfg, "prompts.format", "commongen")
     if fmt == "commongen":
         prompts = commongen_prompts(lines, tokenizer if _get(cfg, "prompts.chat_template", True) else None)
+    elif fmt == "keywords":
+        bos = _get(cfg, "prompts.bos_token", DEFAULT_BOS_TOKEN)
+        prompts = list(dict.fromkeys(prompt_text(line.split(), "keywords", tokenizer, bos)
+                                     for line in lines if line.split()))
     elif fmt == "raw":
         prompts = list(dict.fromkeys(lines))
     else:
-        raise CtrlgError(f"prompts.format must be 'commongen', 'raw' or 'bos', got {fmt!r}")
+        raise CtrlgError(f"prompts.format must be 'commongen', 'keywords', 'raw' or 'bos', got {fmt!r}")
     return prompts[:limit] if limit else prompts
 
 
@@ -346,8 +353,63 @@ def _write_reports(out_dir: Path, history, metrics: dict) -> None:
             raise CtrlgError(f"held-out log-likelihood of {key} is {value}")
 
 
+def _load_base_hmm(name_or_folder: str, tokenizer):
+    """``base_hmm``: an embedded HMM's name (:data:`ctrlg.hmm.EMBEDDED_HMMS`) or a checkpoint
+    folder, checked against the tokenizer."""
+    from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
+    from ctrlg.hmm.model import HMM
+
+    folder = embedded_hmm_path(name_or_folder) if name_or_folder in EMBEDDED_HMMS else Path(name_or_folder)
+    return HMM.load(folder, tokenizer=tokenizer)
+
+
+def train_head_for(cfg: Mapping, samples: Path, tokenizer, model_name, vocab_size: int,
+                   out_dir: Path, timings: dict) -> dict:
+    """The head-only pipeline (``base_hmm`` set): the HMM ``base_hmm`` stays frozen (no LVD, no
+    EM); the LM-conditioned prior head is trained on the samples' LM features against it (step 5)
+    and saved *apart from the HMM* in ``<output.dir>/prior_head`` (and ``output.copy_to``), its
+    config naming the HMM's ``save_id`` (:meth:`ctrlg.hmm.model.HMM.attach_prior_head` checks
+    it). Use: an HMM that models the sentences, read through the prompt of another LM (the
+    supervised CommonGen LM, whose prompt names the concepts). Metrics: the test half's
+    log-likelihood per token under the HMM, the unigram and the LM, and the prefix table."""
+    hmm = _load_base_hmm(str(_get(cfg, "base_hmm")), tokenizer)
+    sample_meta = json.loads((samples / "train" / "meta.json").read_text())
+    eos_id, eos_ids = sample_meta["pad_token_id"], list(sample_meta["eos_token_ids"])
+    if hmm.vocab_size != vocab_size:
+        raise CtrlgError(f"base_hmm has a vocabulary of {hmm.vocab_size} tokens but the LM "
+                         f"{vocab_size}; the head must read the LM the HMM was made for")
+    train, valid, test = _load_samples(cfg, samples)
+    n_tokens = test["tokens"].numel()
+    metrics = {
+        "base_hmm": str(_get(cfg, "base_hmm")), "hmm_save_id": hmm.config.get("save_id"),
+        "hidden_size": hmm.hidden_size, "train_sequences": int(train["tokens"].shape[0]),
+        "test_sequences": int(test["tokens"].shape[0]),
+        "heldout_ll_per_token": {
+            "hmm": heldout_ll_per_token(hmm, test["tokens"]),
+            "unigram": unigram_loglik(train["tokens"], test["tokens"], vocab_size),
+            "lm": float(test["logprob"].double().sum() / n_tokens)},
+        "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
+        "timings": timings,
+    }
+    head_config = {"tokenizer_name": model_name or models.EMBEDDED_NAME,
+                   "tokenizer_hash": tokenizer_fingerprint(tokenizer),
+                   "lm_name": _get(cfg, "model.name") or models.EMBEDDED_NAME,
+                   "lm_adapter": _get(cfg, "model.adapter"),
+                   "hmm_save_id": hmm.config.get("save_id"), "base_hmm": str(_get(cfg, "base_hmm")),
+                   "training": json.loads(json.dumps(dict(cfg), default=str))}
+    with _timed(timings, "head_s"):
+        head, metrics["head"] = _train_head(cfg, hmm, train, test, vocab_size, eos_ids=eos_ids,
+                                            config=head_config)
+    head.save(out_dir / "prior_head")
+    if _get(cfg, "output.copy_to"):
+        head.save(_get(cfg, "output.copy_to"))
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
 def distill(cfg: Mapping) -> dict:
-    """Run the whole pipeline (module docstring); returns the metrics dictionary."""
+    """Run the whole pipeline (module docstring); returns the metrics dictionary. With
+    ``base_hmm`` set, only the prior head is trained (:func:`train_head_for`)."""
     seed = int(_get(cfg, "seed", 0))
     torch.manual_seed(seed)
     threads = _get(cfg, "threads")
@@ -367,6 +429,9 @@ def distill(cfg: Mapping) -> dict:
     if shard or _get(cfg, "sampling.only", False):
         return {"samples": str(samples), "shard": shard, "timings": timings}
     V = int(model.get_output_embeddings().weight.shape[0])
+    if _get(cfg, "base_hmm"):
+        del model
+        return train_head_for(cfg, samples, tokenizer, model_name, V, out_dir, timings)
     sample_meta = json.loads((samples / "train" / "meta.json").read_text())
     eos_id, eos_ids = sample_meta["pad_token_id"], list(sample_meta["eos_token_ids"])
     del model

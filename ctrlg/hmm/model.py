@@ -292,5 +292,22 @@ class HMM(torch.nn.Module):
         hmm.prior_head = _load_head(path, hmm, tokenizer, device)
         return hmm.to(device)
 
+    def attach_prior_head(self, folder: str | os.PathLike, *, tokenizer=None,
+                          device: str | torch.device = "cpu") -> PriorHead:
+        """Load a prior head saved *apart from* this HMM (``PriorHead.save``; e.g. the head that
+        reads another LM's prompt, ``python -m experiments.distill base_hmm=...``) and attach it as
+        ``self.prior_head``. CheckpointError unless the head was trained against this very
+        checkpoint (its ``hmm_save_id`` equals this HMM's ``save_id``); VocabularyMismatchError
+        when its tokenizer or h differ."""
+        head = PriorHead.load(folder, tokenizer=tokenizer, hidden_size=self.hidden_size, device=device)
+        expected, got = head.config.get("hmm_save_id"), self.config.get("save_id")
+        if not expected or expected != got:
+            raise CheckpointError(
+                f"the prior head in {folder} was trained against the HMM with save_id {expected!r}, "
+                f"not this one ({got!r}); train a head for this HMM with `python -m "
+                f"experiments.distill base_hmm=<this HMM> ...`")
+        self.prior_head = head
+        return head
+
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}"
