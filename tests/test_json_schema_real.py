@@ -46,6 +46,13 @@ CASES = {
          "required": ["kind", "r"]},
         {"properties": {"kind": {"const": "square"}, "side": {"type": "integer"}},
          "required": ["kind"]}]},
+    "oneof_enum_beside_typed_properties": {   # the alternatives narrow the parent's typed properties
+        "type": "object", "additionalProperties": False,
+        "properties": {"grant": {"type": "string"}, "response": {"type": "string"}},
+        "oneOf": [{"properties": {"grant": {"enum": ["code"]}, "response": {"enum": ["c"]}},
+                   "required": ["grant"]},
+                  {"properties": {"grant": {"enum": ["token"]}, "response": {"enum": ["t"]}},
+                   "required": ["grant"]}]},
     "oneof_overlapping_subset": {"oneOf": [{"type": "string", "maxLength": 2},
                                            {"type": "integer", "minimum": 0},
                                            {"type": "integer", "maximum": 5}]},
@@ -169,6 +176,9 @@ def test_subsets_still_cover_the_intended_documents():
             warnings.simplefilter("ignore")
             return re.fullmatch(schema_to_regex(CASES[name], whitespace=ws), text) is not None
     assert matches("oneof_discriminator", '{"kind":"square","side":2}')
+    assert matches("oneof_enum_beside_typed_properties", '{"grant":"token","response":"t"}')
+    assert matches("oneof_enum_beside_typed_properties", '{"grant":"code"}')
+    assert not matches("oneof_enum_beside_typed_properties", '{"grant":"code","response":"t"}')
     assert matches("oneof_overlapping_subset", '"ab"')
     assert not matches("oneof_overlapping_subset", "3")      # valid for both integer branches
     assert matches("oneof_required_sets", '{"r":1}') and matches("oneof_required_sets",

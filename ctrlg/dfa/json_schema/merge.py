@@ -290,16 +290,33 @@ def facts(schema) -> Facts:
     f.required = set(r for r in schema.get("required", []) if isinstance(r, str))
     f.declared = set(props) | f.required
     for name, sub in props.items():
-        if isinstance(sub, dict):
-            sv = [sub["const"]] if "const" in sub else sub.get("enum")
-            if isinstance(sv, list):
-                f.prop_values[name] = {canonical(v) for v in sv}
+        values = _finite_values(sub)
+        if values is not None:
+            f.prop_values[name] = values
     extra = schema.get("additionalProperties")
     f.closed = extra is False and not schema.get("patternProperties")
     f.forbidden = set(schema.get("$ctrlg_forbid", []))
     f.never_extra = f.closed or (bool(props) and extra in (None, True, {})
                                  and not schema.get("patternProperties"))
     return f
+
+
+def _finite_values(schema) -> set | None:
+    """A finite set of canonical values that includes every value valid for ``schema``, from its
+    ``const``/``enum`` and those of its ``allOf`` members (intersected: a value must satisfy all),
+    or None when none of them is finite. Cost: linear in the values."""
+    if not isinstance(schema, dict):
+        return None
+    sets = []
+    vals = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(vals, list):
+        sets.append({canonical(v) for v in vals})
+    members = schema.get("allOf")
+    for member in members if isinstance(members, list) else ():
+        inner = _finite_values(member)
+        if inner is not None:
+            sets.append(inner)
+    return set.intersection(*sets) if sets else None
 
 
 def _is_num(v) -> bool:
