@@ -1,7 +1,7 @@
 """JSONSchemaBench coverage, validity and speed: ctrlg vs outlines-core vs llguidance.
 
     nice -n 10 python -m benchmarks.bench_jsonschemabench --data /path/to/jsonschemabench/data \\
-        [--per-category 30] [--seed 0] [--timeout 30] [--walks 3] [--budget 512]
+        [--per-category 30] [--seed 0] [--timeout 30] [--walks 3] [--budget 512] [--jobs 1]
 
 Reads a local checkout of guidance-ai/jsonschemabench (``data/<category>/*.json``; not part of
 this repository) and takes every schema, or a seeded sample of ``--per-category`` schemas of
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -389,6 +390,26 @@ def plot(table, engines, path):
     fig.savefig(path, dpi=110)
 
 
+_WORKER: dict = {}   # ctx, args, engines of the run, set before the workers fork
+
+
+def _run_schema(task) -> dict:
+    """One schema through every engine, each in its own forked child (:func:`run_forked`)."""
+    k, cat, name = task
+    ctx, args, engines = _WORKER["ctx"], _WORKER["args"], _WORKER["engines"]
+    row = {"category": cat, "file": name}
+    try:
+        schema = json.loads((args.data / cat / name).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        row["skipped"] = f"{type(exc).__name__}: {exc}"
+        return row
+    for e in engines:
+        runner = RUNNERS[e]
+        row[e] = run_forked(lambda emit: runner(schema, ctx, args, args.seed + k, emit),
+                            args.timeout)
+    return row
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True,
@@ -400,6 +421,8 @@ def main(argv=None):
     p.add_argument("--walks", type=int, default=3)
     p.add_argument("--budget", type=int, default=512, help="tokens per random walk")
     p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--jobs", type=int, default=1,
+                   help="schemas run at once, one core each (run with OMP_NUM_THREADS=1)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_jsonschemabench.json")
     args = p.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
@@ -410,25 +433,19 @@ def main(argv=None):
     if ctx.llguidance is None:
         engines = [e for e in engines if e != "llguidance"]
     schemas = sample_schemas(args.data, args.per_category, args.seed)
-    rows = []
+    _WORKER.update(ctx=ctx, args=args, engines=engines)
+    tasks = [(k, cat, name) for k, (cat, name) in enumerate(schemas)]
     try:
         from tqdm import tqdm
-        it = tqdm(schemas, disable=not os.isatty(2))
     except ImportError:
-        it = schemas
-    for k, (cat, name) in enumerate(it):
-        row = {"category": cat, "file": name}
-        try:
-            schema = json.loads((args.data / cat / name).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            row["skipped"] = f"{type(exc).__name__}: {exc}"
-            rows.append(row)
-            continue
-        for e in engines:
-            runner = RUNNERS[e]
-            row[e] = run_forked(lambda emit: runner(schema, ctx, args, args.seed + k, emit),
-                                args.timeout)
-        rows.append(row)
+        def tqdm(it, **_):
+            return it
+    if args.jobs > 1:   # forked workers, each single-threaded, each forking one child per schema
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            rows = list(tqdm(pool.imap(_run_schema, tasks), total=len(tasks),
+                             disable=not os.isatty(2)))
+    else:
+        rows = [_run_schema(t) for t in tqdm(tasks, disable=not os.isatty(2))]
     rows = [r for r in rows if "skipped" not in r] + [r for r in rows if "skipped" in r]
     table = summarise([r for r in rows if "skipped" not in r], engines)
     compact(rows)
