@@ -40,6 +40,7 @@ import random
 import resource
 import select
 import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -440,12 +441,26 @@ def main(argv=None):
     except ImportError:
         def tqdm(it, **_):
             return it
-    if args.jobs > 1:   # forked workers, each single-threaded, each forking one child per schema
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            rows = list(tqdm(pool.imap(_run_schema, tasks), total=len(tasks),
-                             disable=not os.isatty(2)))
-    else:
-        rows = [_run_schema(t) for t in tqdm(tasks, disable=not os.isatty(2))]
+    partial = args.out.with_suffix(".partial.jsonl")   # rows as they finish (kept if interrupted)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(partial, "w", encoding="utf-8") as log:
+        def keep(row):
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            if not os.isatty(2) and len(rows) % 50 == 0:
+                print(f"{len(rows)}/{len(tasks)} schemas, {time.time() - t_start:.0f} s",
+                      file=sys.stderr, flush=True)
+        if args.jobs > 1:   # forked workers, single-threaded, each forking a child per schema
+            with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+                for row in tqdm(pool.imap(_run_schema, tasks), total=len(tasks),
+                                disable=not os.isatty(2)):
+                    keep(row)
+        else:
+            for task in tqdm(tasks, disable=not os.isatty(2)):
+                keep(_run_schema(task))
+    partial.unlink()
     rows = [r for r in rows if "skipped" not in r] + [r for r in rows if "skipped" in r]
     table = summarise([r for r in rows if "skipped" not in r], engines)
     compact(rows)
