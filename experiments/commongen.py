@@ -333,9 +333,10 @@ def load_models(cfg: DictConfig, specs: dict):
     if heads and getattr(hmm, "prior_head", None) is None:
         raise ExperimentConfigError(f"method(s) {heads} use prior=head but the HMM "
                                     f"({cfg.hmm.get('path') or 'the embedded default'}) has no "
-                                    f"prior head saved with it; train one with "
-                                    f"`python -m experiments.distill` (it does by default) or "
-                                    f"use the filtering prior, e.g. methods=[logical,ctrlg_w075]")
+                                    f"prior head saved with it or named by hmm.prior_head; "
+                                    f"train one with `python -m experiments.distill` (it does by "
+                                    f"default; base_hmm=... for a head alone) or use the "
+                                    f"filtering prior, e.g. methods=[logical,ctrlg_w075]")
     return model, tokenizer, hmm
 
 

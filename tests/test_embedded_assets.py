@@ -47,3 +47,21 @@ def test_every_embedded_adapter_names_the_embedded_base_and_improved_held_out_nl
         assert nll["adapted"] < nll["base"] - 0.3, (name, nll)
         fingerprints.add(info["base_fingerprint"])
     assert len(fingerprints) == 1
+
+
+def test_every_embedded_prior_head_attaches_to_its_hmm_and_improved_held_out_ll(smollm2_tokenizer):
+    """Prior heads shipped apart from their HMM: each was trained against the embedded HMM it
+    names (same save_id), reads the embedded LM's width, and its held-out table shows the head
+    beating the HMM's own filtering prior on continuations of the LM it reads."""
+    from ctrlg.hmm import EMBEDDED_PRIOR_HEADS, prior_head_path
+    from ctrlg.hmm.prior_head import PriorHead
+
+    for name in EMBEDDED_PRIOR_HEADS:
+        folder = prior_head_path(name)
+        base = PriorHead.load(folder).config["base_hmm"]
+        hmm = load_embedded_hmm(base, tokenizer=smollm2_tokenizer)
+        head = hmm.attach_prior_head(folder, tokenizer=smollm2_tokenizer)
+        assert head.lm_hidden_size == 576 and head.hidden_size == hmm.hidden_size
+        assert head.config["lm_adapter"] == name   # the LM whose features it reads
+        for row in head.config["metrics"]["prefix_table"]:
+            assert row["per_token"]["hmm_head"] > row["per_token"]["hmm"], row
