@@ -5,6 +5,8 @@
 #   2. the supervised one (concepts -> sentence) -> ctrlg/assets/adapter_smollm2_commongen_supervised
 #   3. the HMM distilled from the adapted LM's unconditional samples (+ its prior head)
 #                                                -> ctrlg/assets/hmm_smollm2_commongen_adapted
+#   4. the supervised LM's prior head for that HMM (after 3: a head is tied to its HMM's save_id)
+#                                                -> ctrlg/assets/prior_head_smollm2_commongen_supervised
 # Each stage resumes where it stopped when run again (training state, sample chunks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +17,5 @@ export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000   # no page faults
   output.copy_to=ctrlg/assets/adapter_smollm2_commongen_supervised
 "$PY" -m experiments.distill --config-name distill_adapted \
   output.copy_to=ctrlg/assets/hmm_smollm2_commongen_adapted
+"$PY" -m experiments.distill --config-name distill_supervised_head threads=2 \
+  output.copy_to=ctrlg/assets/prior_head_smollm2_commongen_supervised
