@@ -53,6 +53,7 @@ CASES = {
                    "required": ["grant"]},
                   {"properties": {"grant": {"enum": ["token"]}, "response": {"enum": ["t"]}},
                    "required": ["grant"]}]},
+    "pattern_with_min_length_only": {"type": "string", "pattern": "^[a-z_.]+$", "minLength": 3},
     "oneof_overlapping_subset": {"oneOf": [{"type": "string", "maxLength": 2},
                                            {"type": "integer", "minimum": 0},
                                            {"type": "integer", "maximum": 5}]},
@@ -179,6 +180,8 @@ def test_subsets_still_cover_the_intended_documents():
     assert matches("oneof_enum_beside_typed_properties", '{"grant":"token","response":"t"}')
     assert matches("oneof_enum_beside_typed_properties", '{"grant":"code"}')
     assert not matches("oneof_enum_beside_typed_properties", '{"grant":"code","response":"t"}')
+    assert matches("pattern_with_min_length_only", '"a_c.' + "x" * 50 + '"')   # no upper bound
+    assert not matches("pattern_with_min_length_only", '"ab"')
     assert matches("oneof_overlapping_subset", '"ab"')
     assert not matches("oneof_overlapping_subset", "3")      # valid for both integer branches
     assert matches("oneof_required_sets", '{"r":1}') and matches("oneof_required_sets",

@@ -268,6 +268,38 @@ def test_matches_empty_agrees_with_python_re(pattern):
     assert matches_empty(parse(pattern)) == (re.fullmatch(pattern, "") is not None)
 
 
+_ANCHOR_PARTS = ["a", "b", "^", "$", "(a|^b)", "(a$|b)", "(^|a)", "($|b)", "a*", "[ab]", "\\A", "\\Z"]
+
+
+@given(st.lists(st.sampled_from(_ANCHOR_PARTS), min_size=1, max_size=4),
+       st.lists(st.sampled_from(_ANCHOR_PARTS), min_size=0, max_size=3))
+@settings(max_examples=150, deadline=None)
+def test_search_language_equals_python_re_search(left, right):
+    """Anchors anywhere (in alternatives, groups, the middle): the strings of search_language are
+    exactly those in which re.search finds a match, over every string of length ≤ 4 on {a, b, c}."""
+    from ctrlg.dfa.bytes_dfa import compile_ast
+    from ctrlg.dfa.regex_syntax import CharSet, search_language
+
+    pattern = "".join(left) + ("|" + "".join(right) if right else "")
+    language = compile_ast(search_language(parse(pattern, anchors=True), CharSet(((0, 0x10FFFF),))))
+    for n in range(5):
+        for chars in itertools.product("abc", repeat=n):
+            text = "".join(chars)
+            q = language.initial
+            for byte in text.encode():
+                q = int(language.table[q, byte])
+            assert bool(language.accepting[q]) == (re.search(pattern, text) is not None), (pattern, text)
+
+
+def test_an_anchor_under_a_quantifier_is_named():
+    from ctrlg.dfa.regex_syntax import CharSet, search_language
+
+    with pytest.raises(UnsupportedRegexError, match="quantified anchor"):
+        parse("a^*", anchors=True)
+    with pytest.raises(UnsupportedRegexError, match="inside a repetition"):
+        search_language(parse("(a|^b)+", anchors=True), CharSet(((0, 0x10FFFF),)))
+
+
 # ------------------------------------------------------------------ large-automaton paths
 LOOP_PATTERNS = ["[^c]*", "[^c]*c[ab]*", "a*|[^a]*", r"(\s|a|b)*c", "é[^c]*", "[ab]{0,3}"]
 

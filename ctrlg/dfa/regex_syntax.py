@@ -24,7 +24,9 @@ Supported syntax (the language is what Python's ``re.fullmatch`` matches, with f
 * alternation ``|`` (a true union: ``a|ab`` matches both ``a`` and ``ab``);
 * quantifiers ``* + ? {m} {m,} {,n} {m,n}``; lazy variants (``*?`` ...) denote the same language;
 * anchors ``^``/``\\A`` at the very start and ``$``/``\\Z`` at the very end (no-ops under the
-  full-match semantics).
+  full-match semantics); with ``parse(..., anchors=True)`` anchors anywhere (``^a$|^b$``,
+  ``^(x$|y)``) are kept as :class:`Anchor` nodes and :func:`search_language` gives the strings
+  ``re.search`` finds a match in (JSON Schema's ``pattern``).
 
 Rejected with :class:`~ctrlg.errors.UnsupportedRegexError` naming the construct (they are not
 regular, or need context the automaton does not see): backreferences (``\\1``, ``(?P=name)``,
@@ -46,8 +48,8 @@ import numpy as np
 from ctrlg.errors import RegexError, UnsupportedRegexError
 
 __all__ = [
-    "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY",
-    "parse", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty", "positions",
+    "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY", "Anchor",
+    "parse", "search_language", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty", "positions",
     "repeat_copies",
 ]
 
@@ -86,6 +88,13 @@ class Repeat(Node):
 
 
 EMPTY = Concat(())  # the empty string
+
+
+@dataclass(frozen=True)
+class Anchor(Node):
+    """A zero-width anchor kept by ``parse(..., anchors=True)``: ``start`` (``^``, ``\\A``) or
+    ``end`` (``$``, ``\\Z``); :func:`search_language` removes them."""
+    at: str
 
 
 def map_charsets(node: Node, fn) -> Node:
@@ -204,9 +213,10 @@ SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\
 
 # ---------------------------------------------------------------------- parser
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, anchors: bool = False):
         self.p = pattern
         self.i = 0
+        self.anchors = anchors   # keep every anchor as an Anchor node (search_language)
 
     # -- helpers
     def error(self, message: str, cls=RegexError):
@@ -251,6 +261,8 @@ class _Parser:
                 self.i = start if self.i == start else self.i
                 self.error("nothing to repeat")
             return None
+        if isinstance(atom, Anchor) and (self.peek() in ("*", "+", "?") or self._quantifier_ahead()):
+            self.error("a quantified anchor is not supported", UnsupportedRegexError)
         quantified = False
         while True:
             c = self.peek()
@@ -300,6 +312,12 @@ class _Parser:
         if c == ".":
             self.i += 1
             return CharSet(DOT_RANGES)
+        if c in "^$" and self.anchors:
+            self.i += 1
+            return Anchor("start" if c == "^" else "end")
+        if self.anchors and (self.startswith("\\A") or self.startswith("\\Z")):
+            self.i += 2
+            return Anchor("start" if self.p[self.i - 1] == "A" else "end")
         if c == "^":
             if not (top and self.i == 0):
                 self.error("anchor '^' is only supported at the start of the pattern",
@@ -474,8 +492,10 @@ def _point(cp: int) -> tuple[tuple[int, int], ...]:
     return normalize_ranges([(cp, cp)])
 
 
-def parse(pattern: str) -> Node:
-    """Parse ``pattern`` into an AST (see the module docstring for the supported syntax).
+def parse(pattern: str, *, anchors: bool = False) -> Node:
+    """Parse ``pattern`` into an AST (see the module docstring for the supported syntax). With
+    ``anchors``, every ``^ $ \\A \\Z`` (anywhere) becomes an :class:`Anchor` node, for
+    :func:`search_language`.
 
     Raises:
         RegexError: the pattern is empty, not a string, or syntactically invalid.
@@ -485,4 +505,58 @@ def parse(pattern: str) -> Node:
         raise RegexError(f"regex pattern must be a str, got {type(pattern).__name__}")
     if pattern == "":
         raise RegexError("regex pattern is empty")
-    return _Parser(pattern).parse()
+    return _Parser(pattern, anchors).parse()
+
+
+def search_language(node: Node, free: Node) -> Node:
+    """The strings in which ``re.search`` finds a match of ``node`` (an AST with
+    :class:`Anchor` nodes from ``parse(..., anchors=True)``), with ``free`` the characters a
+    match may have around it: ``free* · match · free*``, where a branch that passed a start
+    anchor has no prefix and one that passed an end anchor no suffix.
+
+    Anchors are eliminated by structural recursion over *branches* (start?, end?, AST): a start
+    anchor after a part of a concatenation keeps only that part's empty match, an end anchor
+    before a part likewise, and branches with the same flags are merged, so a node has at most
+    four. ``$`` is taken as the end of the string (Python's also matches before a final
+    newline: those strings are left out, a subset). Cost: linear in the AST. Anchors inside a
+    repetition raise :class:`~ctrlg.errors.UnsupportedRegexError`."""
+    parts = []
+    for (start, end), body in _anchor_branches(node).items():
+        items = ([] if start else [Repeat(free, 0, None)]) + [body] + ([] if end else [Repeat(free, 0, None)])
+        parts.append(Concat(tuple(items)))
+    if not parts:
+        return CharSet(())
+    return parts[0] if len(parts) == 1 else Alternation(tuple(parts))
+
+
+def _anchor_branches(node: Node) -> dict[tuple[bool, bool], Node]:
+    """{(passed a start anchor, passed an end anchor): anchor-free AST} (see search_language)."""
+    if isinstance(node, Anchor):
+        return {(node.at == "start", node.at == "end"): EMPTY}
+    if isinstance(node, CharSet):
+        return {(False, False): node}
+    if isinstance(node, Alternation):
+        out: dict[tuple[bool, bool], list[Node]] = {}
+        for item in node.items:
+            for flags, body in _anchor_branches(item).items():
+                out.setdefault(flags, []).append(body)
+        return {f: b[0] if len(b) == 1 else Alternation(tuple(b)) for f, b in out.items()}
+    if isinstance(node, Concat):
+        acc: dict[tuple[bool, bool], Node] = {(False, False): EMPTY}
+        for item in node.items:
+            nxt: dict[tuple[bool, bool], list[Node]] = {}
+            branches = _anchor_branches(item)
+            for (s1, e1), left in acc.items():
+                for (s2, e2), right in branches.items():
+                    if s2 and not matches_empty(left) or e1 and not matches_empty(right):
+                        continue         # nothing may come before a start / after an end anchor
+                    before = EMPTY if s2 else left
+                    after = EMPTY if e1 else right
+                    body = Concat(tuple(x for x in (before, after) if x != EMPTY))
+                    nxt.setdefault((s1 or s2, e1 or e2), []).append(body)
+            acc = {f: b[0] if len(b) == 1 else Alternation(tuple(b)) for f, b in nxt.items()}
+        return acc
+    inner = _anchor_branches(node.item)
+    if any(flags != (False, False) for flags in inner):
+        raise UnsupportedRegexError("an anchor inside a repetition is not supported")
+    return {(False, False): Repeat(inner[(False, False)], node.min, node.max)}

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 
 from ctrlg.dfa.bytes_dfa import compile_ast
-from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
+from ctrlg.dfa.regex_syntax import (Alternation, Anchor, CharSet, Concat, Node, Repeat, parse,
+                                    search_language)
 from ctrlg.errors import RegexError, UnsupportedSchemaError
 
 __all__ = ["STRING_CHAR", "STRING", "FORMATS", "escape", "pattern_ast", "fit_length",
@@ -102,19 +103,16 @@ def pattern_ast(pattern, path: str, *, escapable: bool = False) -> Node:
     if not isinstance(pattern, str):
         raise UnsupportedSchemaError(f"'pattern' at {path} must be a string, got {pattern!r}")
     try:
-        ast = parse(pattern) if escapable else _restrict(parse(pattern))
+        ast = parse(pattern, anchors=True)
+        return search_language(ast if escapable else _restrict(ast),
+                               _restrict(CharSet(((0, 0x10FFFF),))))
     except RegexError as exc:
         raise UnsupportedSchemaError(f"'pattern' {pattern!r} at {path}: {exc}") from None
-    free = Repeat(_restrict(CharSet(((0, 0x10FFFF),))), 0, None)
-    items = [ast]
-    if not pattern.startswith(("^", "\\A")):
-        items.insert(0, free)
-    if not _anchored_end(pattern):
-        items.append(free)
-    return Concat(tuple(items))
 
 
 def _restrict(node: Node) -> Node:
+    if isinstance(node, Anchor):
+        return node
     if isinstance(node, CharSet):
         out = []
         for lo, hi in node.ranges:
@@ -137,15 +135,6 @@ def _restrict(node: Node) -> Node:
     if isinstance(node, Alternation):
         return Alternation(tuple(_restrict(n) for n in node.items))
     return Repeat(_restrict(node.item), node.min, node.max)
-
-
-def _anchored_end(pattern: str) -> bool:
-    if pattern.endswith("\\Z"):
-        return True
-    if not pattern.endswith("$"):
-        return False
-    backslashes = len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))
-    return backslashes % 2 == 0
 
 
 def ast_to_regex(node: Node, *, json_escapes: bool = False) -> str:
@@ -262,7 +251,8 @@ def fit_length(node: Node, lo: int, hi: float) -> Node | None:
     if size == 0:
         return node if lo <= 0 else None
     k_lo = max(node.min, math.ceil(lo / size))
-    k_hi = min(math.inf if node.max is None else node.max, math.floor(hi / size))
+    k_hi = min(math.inf if node.max is None else node.max,
+               math.inf if hi == math.inf else math.floor(hi / size))
     if k_lo > k_hi:
         return None
     return Repeat(item, k_lo, None if k_hi == math.inf else int(k_hi))
