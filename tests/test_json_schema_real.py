@@ -53,6 +53,21 @@ CASES = {
                    "required": ["grant"]},
                   {"properties": {"grant": {"enum": ["token"]}, "response": {"enum": ["t"]}},
                    "required": ["grant"]}]},
+    "if_then_per_discriminator": {   # one if/then per value of "kind", inside allOf
+        "type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]}}, "required": ["kind"],
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": "a"}}},
+             "then": {"properties": {"kind": {"const": "a"}, "name": {"type": "string", "maxLength": 3}},
+                      "required": ["name"], "additionalProperties": False}},
+            {"if": {"properties": {"kind": {"const": "b"}}},
+             "then": {"properties": {"kind": {"const": "b"}, "pkg": {"type": "integer"}},
+                      "required": ["pkg"], "additionalProperties": False},
+             "else": {"properties": {"tag": {"type": "boolean"}}}}]},
+    "if_false_takes_else": {   # the condition contradicts the rest: 'else' must hold
+        "type": "object", "properties": {"k": {"const": 1}}, "required": ["k"],
+        "if": {"properties": {"k": {"const": 2}}, "required": ["k"]},
+        "then": {"properties": {"k": {"const": 2}}},
+        "else": {"properties": {"z": {"type": "integer", "minimum": 5}}, "required": ["z"]}},
     "pattern_with_min_length_only": {"type": "string", "pattern": "^[a-z_.]+$", "minLength": 3},
     "oneof_overlapping_subset": {"oneOf": [{"type": "string", "maxLength": 2},
                                            {"type": "integer", "minimum": 0},
@@ -180,6 +195,10 @@ def test_subsets_still_cover_the_intended_documents():
     assert matches("oneof_enum_beside_typed_properties", '{"grant":"token","response":"t"}')
     assert matches("oneof_enum_beside_typed_properties", '{"grant":"code"}')
     assert not matches("oneof_enum_beside_typed_properties", '{"grant":"code","response":"t"}')
+    assert matches("if_then_per_discriminator", '{"kind":"a","name":"xy"}')
+    assert not matches("if_then_per_discriminator", '{"kind":"a"}')          # then: name required
+    assert matches("if_false_takes_else", '{"k":1,"z":7}')
+    assert not matches("if_false_takes_else", '{"k":1}')                       # else: z required
     assert matches("pattern_with_min_length_only", '"a_c.' + "x" * 50 + '"')   # no upper bound
     assert not matches("pattern_with_min_length_only", '"ab"')
     assert matches("oneof_overlapping_subset", '"ab"')

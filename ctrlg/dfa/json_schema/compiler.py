@@ -177,32 +177,49 @@ class Compiler:
             if isinstance(out, dict):
                 out.pop("$ctrlg_ref", None)
             for i, part in enumerate(parts):
-                sub = self.flatten(part, f"{path}/allOf/{i}", refs)
-                if sub is None:
-                    raise SchemaError(f"'allOf' at {path}/allOf/{i} is false: no value is allowed")
-                if isinstance(sub, Ref) or isinstance(out, Ref):
-                    raise UnsupportedSchemaError(f"recursive '$ref' inside 'allOf' at "
-                                                 f"{path}/allOf/{i}")
-                sub = dict(sub)
-                sub.pop("$ctrlg_ref", None)
-                out = merge(out, sub, f"{path}/allOf")
+                # an if/then whose condition the members before it provably fail: its 'else'
+                otherwise = self._else_if_fails(out, part, f"{path}/allOf/{i}", refs)
+                out = self._merge_part(out, part if otherwise is None else otherwise,
+                                       f"{path}/allOf/{i}", path, refs)
             return out
         if "if" in s:
             cond, then = s.pop("if"), s.pop("then", True)
-            s.pop("else", None)
             otherwise = s.pop("else", True)
-            # subset: documents that satisfy the condition and 'then'; when that is
-            # contradictory and the rest provably fails the condition, the 'else' branch
-            try:
-                return self.flatten({"allOf": [s, cond, then]}, path, refs)
-            except SchemaError:
-                base, c = self.flatten(s, path, refs), self.flatten(cond, f"{path}/if", refs)
-                if isinstance(base, dict) and isinstance(c, dict) and fails(facts(base), facts(c)):
-                    return self.flatten({"allOf": [s, otherwise]}, path, refs)
-                raise
+            # the 'else' branch when the rest provably fails the condition (exact); otherwise
+            # a subset: documents that satisfy the condition and 'then'
+            base, c = self.flatten(dict(s), path, refs), self.flatten(cond, f"{path}/if", refs)
+            if isinstance(base, dict) and isinstance(c, dict) and fails(facts(base), facts(c)):
+                return self.flatten({"allOf": [s, otherwise]}, path, refs)
+            return self.flatten({"allOf": [s, cond, then]}, path, refs)
         s.pop("then", None)
         s.pop("else", None)
         return s
+
+    def _merge_part(self, out, part, part_path: str, path: str, refs: tuple):
+        """``out`` merged with the flattened ``allOf`` member ``part``."""
+        sub = self.flatten(part, part_path, refs)
+        if sub is None:
+            raise SchemaError(f"'allOf' at {part_path} is false: no value is allowed")
+        if isinstance(sub, Ref) or isinstance(out, Ref):
+            raise UnsupportedSchemaError(f"recursive '$ref' inside 'allOf' at {part_path}")
+        sub = dict(sub)
+        sub.pop("$ctrlg_ref", None)
+        return merge(out, sub, f"{path}/allOf")
+
+    def _else_if_fails(self, out, part, part_path: str, refs: tuple):
+        """For an ``allOf`` member with ``if``: the member with its ``else`` in place of the
+        condition and ``then`` when every document of ``out`` (the members merged so far)
+        provably fails the condition (:func:`~ctrlg.dfa.json_schema.merge.fails`) — exactly what
+        if/then/else means there — else None (the member's own flattening then forces the
+        condition, a subset). Typical of real schemas: one ``if``/``then`` per value of a
+        discriminator; the first is forced, the others' conditions are then false."""
+        if not isinstance(part, dict) or "if" not in part or not isinstance(out, dict):
+            return None
+        cond = self.flatten(part["if"], f"{part_path}/if", refs)
+        if not isinstance(cond, dict) or not fails(facts(out), facts(cond)):
+            return None
+        rest = {k: v for k, v in part.items() if k not in ("if", "then", "else")}
+        return {"allOf": [rest, part.get("else", True)]}
 
     # ------------------------------------------------------------------ dispatch
     def value(self, schema, path: str, refs: tuple = ()):
