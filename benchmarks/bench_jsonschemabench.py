@@ -2,6 +2,7 @@
 
     nice -n 10 python -m benchmarks.bench_jsonschemabench --data /path/to/jsonschemabench/data \\
         [--per-category 30] [--seed 0] [--timeout 30] [--walks 3] [--budget 512] [--jobs 1]
+        [--failures-of benchmarks/results/<earlier run>.json]
 
 Reads a local checkout of guidance-ai/jsonschemabench (``data/<category>/*.json``; not part of
 this repository) and takes every schema, or a seeded sample of ``--per-category`` schemas of
@@ -422,6 +423,9 @@ def main(argv=None):
     p.add_argument("--walks", type=int, default=3)
     p.add_argument("--budget", type=int, default=512, help="tokens per random walk")
     p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--failures-of", type=Path, default=None,
+                   help="a previous result JSON: run only the schemas (of this sample) that ctrlg "
+                        "refused or crashed on there")
     p.add_argument("--jobs", type=int, default=1,
                    help="schemas run at once, one core each (run with OMP_NUM_THREADS=1)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_jsonschemabench.json")
@@ -434,6 +438,10 @@ def main(argv=None):
     if ctx.llguidance is None:
         engines = [e for e in engines if e != "llguidance"]
     schemas = sample_schemas(args.data, args.per_category, args.seed)
+    if args.failures_of:   # re-check: only the schemas ctrlg refused or crashed on in that run
+        failed = {(r["category"], r["file"]) for r in json.loads(args.failures_of.read_text())["rows"]
+                  if r.get("ctrlg", {}).get("status") in ("refused", "crash")}
+        schemas = [x for x in schemas if x in failed]
     _WORKER.update(ctx=ctx, args=args, engines=engines)
     tasks = [(k, cat, name) for k, (cat, name) in enumerate(schemas)]
     try:
