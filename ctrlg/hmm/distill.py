@@ -37,10 +37,12 @@ from ctrlg import models
 from ctrlg.data._files import bundled_path, data_path
 from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text, prompt_text, target_text
 from ctrlg.errors import CtrlgError
+from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
 from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
 from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
+from ctrlg.hmm.model import HMM
 from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
 from ctrlg.vocab import tokenizer_fingerprint
 
@@ -356,9 +358,6 @@ def _write_reports(out_dir: Path, history, metrics: dict) -> None:
 def _load_base_hmm(name_or_folder: str, tokenizer):
     """``base_hmm``: an embedded HMM's name (:data:`ctrlg.hmm.EMBEDDED_HMMS`) or a checkpoint
     folder, checked against the tokenizer."""
-    from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
-    from ctrlg.hmm.model import HMM
-
     folder = embedded_hmm_path(name_or_folder) if name_or_folder in EMBEDDED_HMMS else Path(name_or_folder)
     return HMM.load(folder, tokenizer=tokenizer)
 
