@@ -154,9 +154,12 @@ def test_pattern_is_a_search_unless_anchored_and_writes_json_escapes():
     assert re.fullmatch(unanchored, '"xxabyy"') and not re.fullmatch(unanchored, '"xxa"')
     anchored = schema_to_regex({"type": "string", "pattern": "^ab$"})
     assert re.fullmatch(anchored, '"ab"') and not re.fullmatch(anchored, '"xab"')
-    quote = schema_to_regex({"type": "string", "pattern": '^.a$'})   # '"' and '\\' escaped
-    assert re.fullmatch(quote, '"ba"') and re.fullmatch(quote, '"\\"a"') and re.fullmatch(quote, '"\\\\a"')
-    assert not re.fullmatch(quote, '"""a"') and not re.fullmatch(quote, '"\\a"')
+    # a class with plain characters keeps only those (no escapes under '.', '\\S', '[^/]' ...)
+    dot = schema_to_regex({"type": "string", "pattern": '^.a$'})
+    assert re.fullmatch(dot, '"ba"') and not re.fullmatch(dot, '"\\"a"') and not re.fullmatch(dot, '"""a"')
+    # characters the pattern asks for literally are written as JSON escapes
+    quote = schema_to_regex({"type": "string", "pattern": '^"a\\\\$'})
+    assert re.fullmatch(quote, '"\\"a\\\\"') and not re.fullmatch(quote, '""a\\"')
 
 
 def _finite_matches(bdfa, limit=10_000):
@@ -172,10 +175,11 @@ def _finite_matches(bdfa, limit=10_000):
     return out
 
 
-@pytest.mark.parametrize("pattern", ['^[a"\\\\\n]{1,2}$', '^[\x00-\x02\x7f\x9e"]$', '^\\\\d+/[^/x-\U0010ffff]$'])
+@pytest.mark.parametrize("pattern", ['^["\\\\\n]{1,2}$', '^[\x00-\x02\x7f\x9e"]$', '^\\\\d+/[^/x-\U0010ffff]$'])
 def test_patterns_that_need_escapes_decode_to_exactly_their_strings(pattern):
-    """The JSON literals the regex accepts decode to exactly the strings of the pattern
-    (enumerated on finite patterns; the last one's class is every character below 'x' but '/')."""
+    """The JSON literals the regex accepts decode to exactly the strings of the pattern when its
+    classes hold only characters that need escapes (enumerated on finite patterns); the last
+    one's class (every character below 'x' but '/') mixes both and keeps its plain characters."""
     schema = {"type": "string", "pattern": pattern}
     if "d+" in pattern:
         schema["maxLength"] = 5
@@ -185,7 +189,8 @@ def test_patterns_that_need_escapes_decode_to_exactly_their_strings(pattern):
         jsonschema.validate(text, schema)
     alphabet = [chr(c) for c in range(0x7A)] + ["\x7f", "\x9e"]
     if "d+" in pattern:
-        want = {f"\\{'d' * k}/{c}" for k in (1, 2) for c in alphabet if c != "/" and c < "x"}
+        plain = [c for c in alphabet if c >= " " and c not in '"\\' and not "\x7f" <= c <= "\x9f"]
+        want = {f"\\{'d' * k}/{c}" for k in (1, 2) for c in plain if c != "/" and c < "x"}
     else:
         chars = [c for c in alphabet + ["\x00", "\x01", "\x02"] if re.fullmatch(pattern[1:-1], c)]
         lengths = (1, 2) if "{1,2}" in pattern else (1,)

@@ -98,8 +98,8 @@ def pattern_ast(pattern, path: str, *, escapable: bool = False) -> Node:
     semantics. Without ``escapable`` it is restricted to characters that need no escape (for
     property names, which compare as written); with it, characters a JSON literal must escape
     (``"``, ``\\``, U+0000–U+001F) and U+007F–U+009F stay, and :func:`ast_to_regex` with
-    ``json_escapes`` writes them as escapes. The unanchored ends take unescaped characters only
-    (a sound subset)."""
+    ``json_escapes`` writes the sets made only of them as escapes. The unanchored ends take
+    unescaped characters only (a sound subset)."""
     if not isinstance(pattern, str):
         raise UnsupportedSchemaError(f"'pattern' at {path} must be a string, got {pattern!r}")
     try:
@@ -139,16 +139,16 @@ def _restrict(node: Node) -> Node:
 
 def ast_to_regex(node: Node, *, json_escapes: bool = False) -> str:
     """The regex of an AST of decoded characters; with ``json_escapes``, of their JSON string
-    literal: a character that must (or, for U+007F–U+009F, here does) appear escaped is written
-    as its escape (:func:`_escaped_chars`), so that every match decodes to a string of ``node``."""
+    literal, so that every match decodes to a string of ``node``: a character set made only of
+    characters that must (or, for U+007F–U+009F, here do) appear escaped — a literal backslash,
+    quote or newline in the pattern — is written as their escapes (:func:`_escaped_chars`); a set
+    that also has plain characters (``.``, ``\\S``, ``[^/]``) keeps only those (a sound subset:
+    their escapes would multiply the automaton's states under counted repetitions)."""
     if isinstance(node, CharSet):
         if json_escapes:
             plain = _restrict(node)
-            escaped = _escaped_chars(node)
-            if escaped:
-                if not plain.ranges:
-                    return escaped
-                return f"(?:{ast_to_regex(plain)}|{escaped})"
+            if not plain.ranges and node.ranges:
+                return _escaped_chars(node)
             node = plain
         if not node.ranges:
             return "[^\\x00-\\U0010ffff]"
