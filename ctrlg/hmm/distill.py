@@ -314,6 +314,16 @@ def _heldout_metrics(hmm, lvd_ll: float, train: dict, valid: torch.Tensor, test:
     }
 
 
+def _head_config(cfg: Mapping, hmm_config: dict) -> dict:
+    """The JSON config saved with a prior head: the tokenizer it was trained for, the LM (and
+    adapter) whose features it reads, and the training config (from :func:`_hmm_config`)."""
+    return {"tokenizer_name": hmm_config["tokenizer_name"],
+            "tokenizer_hash": hmm_config["tokenizer_hash"],
+            "lm_name": _get(cfg, "model.name") or models.EMBEDDED_NAME,
+            "lm_adapter": _get(cfg, "model.adapter"),
+            "training": hmm_config["training"]}
+
+
 def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, *, eos_ids,
                      hmm_config: dict, out_dir: Path):
     """Steps 5–6 (checkpoint): save the HMM in ``output.dtype``, reload it and record its test
@@ -327,14 +337,10 @@ def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, 
     saved = type(hmm).load(out_dir / "hmm")
     metrics["heldout_ll_per_token"]["hmm_as_saved"] = heldout_ll_per_token(saved, test["tokens"])
     if _get(cfg, "head.enabled", True):
-        head_config = {"tokenizer_name": hmm_config["tokenizer_name"],
-                       "tokenizer_hash": hmm_config["tokenizer_hash"],
-                       "lm_name": _get(cfg, "model.name") or models.EMBEDDED_NAME,
-                       "lm_adapter": _get(cfg, "model.adapter"),
-                       "training": hmm_config["training"]}
         with _timed(metrics["timings"], "head_s"):
             saved.prior_head, metrics["head"] = _train_head(cfg, saved, train, test, hmm.vocab_size,
-                                                            eos_ids=eos_ids, config=head_config)
+                                                            eos_ids=eos_ids,
+                                                            config=_head_config(cfg, hmm_config))
         saved.save(out_dir / "hmm", **storage)
         hmm = saved
     if _get(cfg, "output.copy_to"):
@@ -390,12 +396,8 @@ def train_head_for(cfg: Mapping, samples: Path, tokenizer, model_name, vocab_siz
         "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
         "timings": timings,
     }
-    head_config = {"tokenizer_name": model_name or models.EMBEDDED_NAME,
-                   "tokenizer_hash": tokenizer_fingerprint(tokenizer),
-                   "lm_name": _get(cfg, "model.name") or models.EMBEDDED_NAME,
-                   "lm_adapter": _get(cfg, "model.adapter"),
-                   "hmm_save_id": hmm.config.get("save_id"), "base_hmm": str(_get(cfg, "base_hmm")),
-                   "training": json.loads(json.dumps(dict(cfg), default=str))}
+    head_config = {**_head_config(cfg, _hmm_config(cfg, model_name, tokenizer)),
+                   "hmm_save_id": hmm.config.get("save_id"), "base_hmm": str(_get(cfg, "base_hmm"))}
     with _timed(timings, "head_s"):
         head, metrics["head"] = _train_head(cfg, hmm, train, test, vocab_size, eos_ids=eos_ids,
                                             config=head_config)

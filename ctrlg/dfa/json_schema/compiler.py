@@ -70,6 +70,11 @@ def _size(frag) -> int:
     return _size(frag.item)
 
 
+def _without_conditional(schema: dict) -> dict:
+    """``schema`` without its ``if``/``then``/``else``."""
+    return {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+
+
 class Compiler:
     def __init__(self, root: dict, ws: str, max_nesting: int):
         self.root = root
@@ -183,13 +188,14 @@ class Compiler:
                                        f"{path}/allOf/{i}", path, refs)
             return out
         if "if" in s:
-            cond, then = s.pop("if"), s.pop("then", True)
-            otherwise = s.pop("else", True)
             # the 'else' branch when the rest provably fails the condition (exact); otherwise
             # a subset: documents that satisfy the condition and 'then'
-            base, c = self.flatten(dict(s), path, refs), self.flatten(cond, f"{path}/if", refs)
-            if isinstance(base, dict) and isinstance(c, dict) and fails(facts(base), facts(c)):
-                return self.flatten({"allOf": [s, otherwise]}, path, refs)
+            rest = self.flatten(_without_conditional(s), path, refs)
+            otherwise = self._else_if_fails(rest, s, path, refs)
+            if otherwise is not None:
+                return self.flatten(otherwise, path, refs)
+            cond, then = s.pop("if"), s.pop("then", True)
+            s.pop("else", None)
             return self.flatten({"allOf": [s, cond, then]}, path, refs)
         s.pop("then", None)
         s.pop("else", None)
@@ -207,19 +213,19 @@ class Compiler:
         return merge(out, sub, f"{path}/allOf")
 
     def _else_if_fails(self, out, part, part_path: str, refs: tuple):
-        """For an ``allOf`` member with ``if``: the member with its ``else`` in place of the
-        condition and ``then`` when every document of ``out`` (the members merged so far)
-        provably fails the condition (:func:`~ctrlg.dfa.json_schema.merge.fails`) — exactly what
-        if/then/else means there — else None (the member's own flattening then forces the
-        condition, a subset). Typical of real schemas: one ``if``/``then`` per value of a
-        discriminator; the first is forced, the others' conditions are then false."""
+        """For a schema ``part`` with ``if``: ``part`` with its ``else`` in place of the
+        condition and ``then`` when every document of ``out`` provably fails the condition
+        (:func:`~ctrlg.dfa.json_schema.merge.fails`) — exactly what if/then/else means there —
+        else None (flattening ``part`` then forces the condition, a subset). ``out`` is the rest
+        of ``part`` itself, or, for an ``allOf`` member, the members merged before it. Typical of
+        real schemas: one ``if``/``then`` per value of a discriminator; the first is forced, the
+        others' conditions are then false."""
         if not isinstance(part, dict) or "if" not in part or not isinstance(out, dict):
             return None
         cond = self.flatten(part["if"], f"{part_path}/if", refs)
         if not isinstance(cond, dict) or not fails(facts(out), facts(cond)):
             return None
-        rest = {k: v for k, v in part.items() if k not in ("if", "then", "else")}
-        return {"allOf": [rest, part.get("else", True)]}
+        return {"allOf": [_without_conditional(part), part.get("else", True)]}
 
     # ------------------------------------------------------------------ dispatch
     def value(self, schema, path: str, refs: tuple = ()):

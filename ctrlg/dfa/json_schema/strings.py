@@ -170,14 +170,12 @@ _SHORT_ESCAPES = {0x22: r'\\"', 0x5C: r"\\\\", 0x08: r"\\b", 0x0C: r"\\f", 0x0A:
 
 
 def _escaped_chars(node: CharSet) -> str:
-    """The regex of the JSON escapes of the characters of ``node`` that :data:`_FORBIDDEN` keeps
-    out of a literal unescaped ('' when none): RFC 8259's two-character escapes where they exist
-    (``\\"``, ``\\\\``, ``\\n``, …) and ``\\u00XX`` (lower-case hex) for every forbidden code point,
-    grouped by its third hex digit."""
+    """The regex of the JSON escapes of the characters of ``node`` (at least one) that
+    :data:`_FORBIDDEN` keeps out of a literal unescaped: RFC 8259's two-character escapes where
+    they exist (``\\"``, ``\\\\``, ``\\n``, …) and ``\\u00XX`` (lower-case hex) for every
+    forbidden code point, grouped by its third hex digit."""
     cps = sorted(cp for lo, hi in node.ranges for f_lo, f_hi in _FORBIDDEN
                  for cp in range(max(lo, f_lo), min(hi, f_hi) + 1))
-    if not cps:
-        return ""
     short = [_SHORT_ESCAPES[cp] for cp in cps if cp in _SHORT_ESCAPES]
     by_high: dict[int, list[int]] = {}
     for cp in cps:
