@@ -25,11 +25,13 @@ from tqdm.auto import tqdm
 
 from ctrlg import metrics
 from ctrlg.errors import CtrlgError
+from ctrlg.guide import resolve_precision
 
 __all__ = [
     "ExperimentConfigError",
     "seed_everything",
     "load_lm",
+    "lm_dtype",
     "load_hmm",
     "hydra_output_dir",
     "save_resolved_config",
@@ -80,13 +82,28 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+LM_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def lm_dtype(name: str) -> torch.dtype:
+    """The torch dtype of the LM's weights for ``model.dtype``: float32, bfloat16, float16, or
+    auto = bfloat16 where the hardware multiplies it natively (a CUDA GPU that supports it, a CPU
+    with AVX512-BF16 / AMX; :func:`ctrlg.guide.resolve_precision`), else float32. bfloat16 roughly
+    halves the cost of an LM step on such CPUs (docs/experiments.md) but its rounding depends on
+    the machine; float32 reproduces everywhere."""
+    if name not in LM_DTYPES:
+        raise ExperimentConfigError(f"model.dtype must be one of {LM_DTYPES}, got {name!r}")
+    return getattr(torch, resolve_precision("auto") if name == "auto" else name)
+
+
 def load_lm(model_cfg: DictConfig):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
-    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.adapters`) merged when set."""
+    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.adapters`) merged when set and
+    the weights in ``model.dtype`` (:func:`lm_dtype`)."""
     from ctrlg.models import load_model, load_tokenizer
 
     name = model_cfg.get("name")
-    dtype = getattr(torch, model_cfg.get("dtype", "float32"))
+    dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
     model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"))
     model.eval()

@@ -60,3 +60,16 @@ def test_commongen_config_errors_from_the_command_line(tmp_path, override, messa
     assert done.returncode == 1
     assert done.stderr.startswith(message), done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 2
+
+
+def test_lm_dtype_names_and_auto():
+    import torch
+
+    from ctrlg.kernels.packed_linear import native_bfloat16
+    from experiments.common import lm_dtype
+
+    assert lm_dtype("float32") is torch.float32
+    assert lm_dtype("bfloat16") is torch.bfloat16
+    assert lm_dtype("auto") is (torch.bfloat16 if native_bfloat16() else torch.float32)
+    with pytest.raises(ExperimentConfigError, match="model.dtype must be one of .* got 'fp8'"):
+        lm_dtype("fp8")
