@@ -2,29 +2,36 @@
 
     python -m experiments.commongen_report RUN_DIR [--ranges 0:500 500:993 0:993]
                                            [--baseline logical] [--resamples 1000] [--meteor | --no-meteor]
-                                           [--examples 10]
+                                           [--examples 10] [--openings 8]
 
 Reads ``RUN_DIR/generations.jsonl`` and ``config.yaml`` (e.g. the folder written by
 ``experiments.merge_runs``) and prints, for each range [start, stop) of dataset indices, the
 metric table and the paired-bootstrap intervals of every Ctrl-G-guided method − ``--baseline``
 (:func:`experiments.commongen.score_methods`, the same code as the main job), so a tuning range
 and a reported range are scored apart; ``--examples N`` prints N side-by-side outputs of the
-first range as a Markdown table. Writes ``RUN_DIR/report.json``.
+first range as a Markdown table. ``--openings N`` diagnoses mode collapse on the first range: the
+N most common first words of each method's outputs and of the references (share of each), and
+each method's BLEU-4 / CIDEr apart on the outputs that open with a word that opens under 1 % of
+the references ("rare openings") and on the rest. Writes ``RUN_DIR/report.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ctrlg import metrics
 from experiments.common import ExperimentConfigError, read_records, write_json
 from experiments.commongen import method_spec, print_tables, reference_words, score_methods
 
-__all__ = ["report_ranges", "side_by_side"]
+__all__ = ["report_ranges", "side_by_side", "opening_words"]
+
+RARE_OPENING_SHARE = 0.01   # an opening word is "rare" when it opens under 1 % of the references
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -80,6 +87,56 @@ def side_by_side(run_dir: Path, count: int, start: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _first_word(text: str) -> str:
+    words = metrics.tokenize_for_eval(text).split()
+    return words[0] if words else ""
+
+
+def opening_words(records, methods, top: int = 8) -> dict:
+    """Mode-collapse diagnostic: ``{"references": [[word, share], ...], method: {"top": [...],
+    "rare": {...}, "common": {...}}}``, the ``top`` most common first words (lower-cased, as the
+    metrics tokenise) with their share, and for each method BLEU-4 (× 100), CIDEr (pycocoevalcap
+    × 10) and the item count on the outputs whose first word opens under
+    :data:`RARE_OPENING_SHARE` of all references, and on the rest."""
+    ref_openings = collections.Counter(_first_word(ref) for r in records for ref in r["references"])
+    total_refs = sum(ref_openings.values())
+
+    def shares(counter: collections.Counter, total: int) -> list:
+        return [[word, count / total] for word, count in counter.most_common(top)]
+
+    def score(chosen) -> dict:
+        if not chosen:
+            return {"items": 0}
+        hypotheses = [r[m]["text"] for r, m in chosen]
+        references = [r["references"] for r, _ in chosen]
+        return {"items": len(chosen), "bleu4": metrics.bleu4(hypotheses, references),
+                "cider": 10 * metrics.cider(hypotheses, references)}
+
+    out: dict = {"references": shares(ref_openings, total_refs)}
+    for m in methods:
+        firsts = [_first_word(r[m]["text"]) for r in records]
+        rare = [ref_openings[w] < RARE_OPENING_SHARE * total_refs for w in firsts]
+        out[m] = {"top": shares(collections.Counter(firsts), len(records)),
+                  "rare": score([(r, m) for r, flag in zip(records, rare) if flag]),
+                  "common": score([(r, m) for r, flag in zip(records, rare) if not flag])}
+    return out
+
+
+def _print_openings(result: dict, methods) -> None:
+    cell = lambda pairs: ", ".join(f"{w or '∅'} {100 * s:.0f} %" for w, s in pairs)  # noqa: E731
+    print("| opening words | most common first words (share) |\n|---|---|")
+    print(f"| references | {cell(result['references'])} |")
+    for m in methods:
+        print(f"| {m} | {cell(result[m]['top'])} |")
+    print("\n| method | outputs with a rare opening | BLEU-4 | CIDEr | other outputs | BLEU-4 | CIDEr |")
+    print("|---|---|---|---|---|---|---|")
+    for m in methods:
+        rare, common = result[m]["rare"], result[m]["common"]
+        num = lambda part, key: f"{part[key]:.2f}" if key in part else "–"  # noqa: E731
+        print(f"| {m} | {rare['items']} | {num(rare, 'bleu4')} | {num(rare, 'cider')} | "
+              f"{common['items']} | {num(common, 'bleu4')} | {num(common, 'cider')} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -89,12 +146,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--meteor", action="store_true", help="METEOR (needs java) even when the run skipped it")
     parser.add_argument("--no-meteor", action="store_true")
     parser.add_argument("--examples", type=int, default=0)
+    parser.add_argument("--openings", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         result = report_ranges(args.run_dir, args.ranges, baseline=args.baseline,
                                resamples=args.resamples, meteor=False if args.no_meteor else ("auto" if args.meteor else None))
         if args.examples:
             print(side_by_side(args.run_dir, args.examples, args.ranges[0][0]))
+        if args.openings:
+            start, stop = args.ranges[0]
+            cfg = OmegaConf.load(args.run_dir / "config.yaml")
+            chosen = [r for r in read_records(args.run_dir)
+                      if "skipped" not in r and start <= r["index"] < stop]
+            result[f"openings {start}:{stop}"] = opening_words(chosen, list(cfg.methods), args.openings)
+            _print_openings(result[f"openings {start}:{stop}"], list(cfg.methods))
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -112,3 +112,28 @@ def test_report_scores_each_range_apart_like_the_main_job(tmp_path):
         report_ranges(folder, [(10, 20)])
     table = side_by_side(folder, 1)
     assert "| 0 | x | word salad here | a dog runs in the park | a dog runs in the park |" in table
+
+
+def test_opening_words_counts_first_words_and_scores_rare_openings_apart():
+    from ctrlg import metrics
+    from experiments.commongen_report import opening_words
+
+    # 100 references, one opens with "actor": 1 % is not under 1 %, so not a rare opening
+    refs = [["The dog runs in the park.", "A cat sleeps."]] * 49 + [["The man reads.", "actor waves."]]
+    outputs = ["Actor walks the dog."] * 30 + ["The dog runs in the park."] * 20
+    records = [{"index": i, "references": r, "ctrlg": {"text": t}}
+               for i, (r, t) in enumerate(zip(refs, outputs))]
+    result = opening_words(records, ["ctrlg"], top=2)
+    assert result["references"] == [["the", 0.5], ["a", 0.49]]
+    assert result["ctrlg"]["top"] == [["actor", 0.6], ["the", 0.4]]
+    assert result["ctrlg"]["common"]["items"] == 50 and result["ctrlg"]["rare"] == {"items": 0}
+
+    records[-1]["references"] = ["The man reads.", "A man waves."]   # now no reference opens with actor
+    result = opening_words(records, ["ctrlg"], top=2)
+    rare, common = result["ctrlg"]["rare"], result["ctrlg"]["common"]
+    assert (rare["items"], common["items"]) == (30, 20)
+    want_rare = [(r["ctrlg"]["text"], r["references"]) for r in records[:30]]
+    assert rare["bleu4"] == pytest.approx(metrics.bleu4(*zip(*want_rare)))
+    assert rare["cider"] == pytest.approx(10 * metrics.cider(*zip(*want_rare)))
+    want_common = [(r["ctrlg"]["text"], r["references"]) for r in records[30:]]
+    assert common["bleu4"] == pytest.approx(metrics.bleu4(*zip(*want_common))) and common["bleu4"] > 90
