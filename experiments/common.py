@@ -88,9 +88,9 @@ LM_DTYPES = ("float32", "bfloat16", "float16", "auto")
 def lm_dtype(name: str) -> torch.dtype:
     """The torch dtype of the LM's weights for ``model.dtype``: float32, bfloat16, float16, or
     auto = bfloat16 where the hardware multiplies it natively (a CUDA GPU that supports it, a CPU
-    with AVX512-BF16 / AMX; :func:`ctrlg.guide.resolve_precision`), else float32. bfloat16 roughly
-    halves the cost of an LM step on such CPUs (docs/experiments.md) but its rounding depends on
-    the machine; float32 reproduces everywhere."""
+    with AVX512-BF16 / AMX; :func:`ctrlg.guide.resolve_precision`), else float32. bfloat16 makes an
+    LM step about 1.5× cheaper on such CPUs (``benchmarks/bench_lm_dtype.py``) but its rounding
+    depends on the machine; float32 reproduces everywhere."""
     if name not in LM_DTYPES:
         raise ExperimentConfigError(f"model.dtype must be one of {LM_DTYPES}, got {name!r}")
     return getattr(torch, resolve_precision("auto") if name == "auto" else name)

@@ -44,6 +44,14 @@ def _range(text: str) -> tuple[int, int]:
     return start, stop
 
 
+def _scored_records(run_dir: Path) -> list[dict]:
+    return [r for r in read_records(run_dir) if "skipped" not in r]
+
+
+def _in_range(records: list[dict], start: int, stop: int) -> list[dict]:
+    return [r for r in records if start <= r["index"] < stop]
+
+
 def report_ranges(run_dir: Path, ranges, *, baseline: str | None = None, resamples: int | None = None,
                   meteor: bool | None = None) -> dict:
     """``{"start:stop": {"items", "reference_words", "methods", "intervals"}}`` for each range."""
@@ -56,10 +64,10 @@ def report_ranges(run_dir: Path, ranges, *, baseline: str | None = None, resampl
         cfg.metrics.meteor = meteor
     methods = list(cfg.methods)
     specs = {m: method_spec(cfg, m) for m in methods}
-    records = [r for r in read_records(run_dir) if "skipped" not in r]
+    records = _scored_records(run_dir)
     out = {}
     for start, stop in ranges:
-        chosen = [r for r in records if start <= r["index"] < stop]
+        chosen = _in_range(records, start, stop)
         if not chosen:
             raise ExperimentConfigError(f"no scored item of {run_dir} lies in [{start}, {stop})")
         table, intervals = score_methods(chosen, methods, specs, cfg)
@@ -76,7 +84,7 @@ def side_by_side(run_dir: Path, count: int, start: int = 0) -> str:
     each method's output."""
     cfg = OmegaConf.load(run_dir / "config.yaml")
     methods = list(cfg.methods)
-    rows = [r for r in read_records(run_dir) if "skipped" not in r and r["index"] >= start][:count]
+    rows = [r for r in _scored_records(run_dir) if r["index"] >= start][:count]
     cell = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = ["| item | concepts | " + " | ".join(methods) + " | a reference |",
              "|---" * (len(methods) + 3) + "|"]
@@ -104,11 +112,11 @@ def opening_words(records, methods, top: int = 8) -> dict:
     def shares(counter: collections.Counter, total: int) -> list:
         return [[word, count / total] for word, count in counter.most_common(top)]
 
-    def score(chosen) -> dict:
+    def score(chosen: list[dict], method: str) -> dict:
         if not chosen:
             return {"items": 0}
-        hypotheses = [r[m]["text"] for r, m in chosen]
-        references = [r["references"] for r, _ in chosen]
+        hypotheses = [r[method]["text"] for r in chosen]
+        references = [r["references"] for r in chosen]
         return {"items": len(chosen), "bleu4": metrics.bleu4(hypotheses, references),
                 "cider": 10 * metrics.cider(hypotheses, references)}
 
@@ -117,8 +125,8 @@ def opening_words(records, methods, top: int = 8) -> dict:
         firsts = [_first_word(r[m]["text"]) for r in records]
         rare = [ref_openings[w] < RARE_OPENING_SHARE * total_refs for w in firsts]
         out[m] = {"top": shares(collections.Counter(firsts), len(records)),
-                  "rare": score([(r, m) for r, flag in zip(records, rare) if flag]),
-                  "common": score([(r, m) for r, flag in zip(records, rare) if not flag])}
+                  "rare": score([r for r, flag in zip(records, rare) if flag], m),
+                  "common": score([r for r, flag in zip(records, rare) if not flag], m)}
     return out
 
 
@@ -130,9 +138,9 @@ def _print_openings(result: dict, methods) -> None:
         print(f"| {m} | {cell(result[m]['top'])} |")
     print("\n| method | outputs with a rare opening | BLEU-4 | CIDEr | other outputs | BLEU-4 | CIDEr |")
     print("|---|---|---|---|---|---|---|")
+    num = lambda part, key: f"{part[key]:.2f}" if key in part else "–"  # noqa: E731
     for m in methods:
         rare, common = result[m]["rare"], result[m]["common"]
-        num = lambda part, key: f"{part[key]:.2f}" if key in part else "–"  # noqa: E731
         print(f"| {m} | {rare['items']} | {num(rare, 'bleu4')} | {num(rare, 'cider')} | "
               f"{common['items']} | {num(common, 'bleu4')} | {num(common, 'cider')} |")
 
@@ -155,11 +163,10 @@ def main(argv: list[str] | None = None) -> None:
             print(side_by_side(args.run_dir, args.examples, args.ranges[0][0]))
         if args.openings:
             start, stop = args.ranges[0]
-            cfg = OmegaConf.load(args.run_dir / "config.yaml")
-            chosen = [r for r in read_records(args.run_dir)
-                      if "skipped" not in r and start <= r["index"] < stop]
-            result[f"openings {start}:{stop}"] = opening_words(chosen, list(cfg.methods), args.openings)
-            _print_openings(result[f"openings {start}:{stop}"], list(cfg.methods))
+            methods = list(OmegaConf.load(args.run_dir / "config.yaml").methods)
+            chosen = _in_range(_scored_records(args.run_dir), start, stop)
+            result[f"openings {start}:{stop}"] = opening_words(chosen, methods, args.openings)
+            _print_openings(result[f"openings {start}:{stop}"], methods)
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
