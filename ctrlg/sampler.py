@@ -43,7 +43,9 @@ Outlines/guidance baseline; no HMM needed).
 
 Insertion (Ctrl-G §5): ``suffix_ids`` must follow the generation; the guide's tables require the
 HMM to emit them right after the generated middle (see :mod:`ctrlg.guide`), while the LM sees only
-the prompt and the middle. :func:`generate` reranks candidates by log p_lm(middle ⊕ suffix | prompt).
+the prompt and the middle. :func:`generate` reranks candidates by log p_lm(middle ⊕ suffix | prompt);
+without a suffix, beam search reads each beam's log p_lm as summed during the search
+(:mod:`ctrlg.beam_likelihood`) instead of running the LM over every beam a second time.
 
 If the LM gives every feasible token probability 0 (e.g. −inf logits), the row falls back to the
 guidance term alone (a uniform LM), so a feasible token is still chosen.
@@ -64,6 +66,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
+from ctrlg.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
@@ -457,7 +460,13 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                          min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
                                          mode=mode, suffix_ids=suffix_ids, prior=head_prior,
                                          strength=strength, precision=precision)
-        output = _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens,
+        recorder = None
+        if rank_by_lm and suffix_ids is None and records_lm_log_probs(
+                model.generation_config, dict(generate_kwargs, num_beams=num_beams,
+                                              do_sample=bool(do_sample))):
+            recorder = BeamLogLikelihoods(len(prompt_ids), 1, eos_ids)
+        processors = [proc] if recorder is None else [recorder, proc]
+        output = _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_tokens,
                            num_samples, num_beams, do_sample, seed, generate_kwargs)
     finally:
         if head_prior is not None:
@@ -465,13 +474,13 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
                         tokenizer)
     if rank_by_lm and results:
-        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids)
+        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids, recorder)
     return results
 
 
-def _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, num_samples,
+def _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, num_samples,
               num_beams, do_sample, seed, generate_kwargs) -> torch.Tensor:
-    """``model.generate`` with the processor, seeded on a fork of torch's RNG."""
+    """``model.generate`` with the processors, seeded on a fork of torch's RNG."""
     if do_sample is None:
         do_sample = num_beams == 1
     device = next(model.parameters()).device
@@ -480,7 +489,7 @@ def _generate(model, proc, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, 
     if pad is None:
         pad = eos_ids[0] if eos_ids else 0
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
-                  num_return_sequences=num_samples, logits_processor=[proc],
+                  num_return_sequences=num_samples, logits_processor=list(processors),
                   attention_mask=torch.ones_like(input_ids), pad_token_id=pad,
                   eos_token_id=eos_ids or None)
     if num_beams > 1:
@@ -558,11 +567,17 @@ def _accepted(rows: list[list[int]], constraint: TokenDFA, eos_ids: list[int], m
 
 
 def _rerank_in_place(model, prompt_ids, results: list[Generation], eos_set: set,
-                     suffix_ids) -> None:
-    """Score each generation by log p_lm(ids [+ suffix] | prompt) and sort, best first."""
+                     suffix_ids, recorder: BeamLogLikelihoods | None = None) -> None:
+    """Score each generation by log p_lm(ids [+ suffix] | prompt) and sort, best first; beams
+    whose score ``recorder`` kept during the search (no suffix) skip the second LM pass."""
     bodies = [g.token_ids[:-1] if g.token_ids and g.token_ids[-1] in eos_set and suffix_ids
               else g.token_ids for g in results]
-    scores = lm_log_likelihood(model, prompt_ids, [b + (suffix_ids or []) for b in bodies])
+    scores = [None if recorder is None else recorder.log_likelihood(0, g.token_ids) for g in results]
+    missing = [i for i, s in enumerate(scores) if s is None]
+    if missing:
+        passed = lm_log_likelihood(model, prompt_ids, [bodies[i] + (suffix_ids or []) for i in missing])
+        for i, s in zip(missing, passed):
+            scores[i] = s
     for g, s in zip(results, scores):
         g.lm_log_likelihood = s
     results.sort(key=lambda g: -g.lm_log_likelihood)

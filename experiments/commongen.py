@@ -46,6 +46,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ctrlg import dfa, metrics
+from ctrlg.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.data import load_commongen
 from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, prompt_text
 from ctrlg.errors import UnsatisfiableConstraintError
@@ -200,7 +201,8 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                    seed: int, processor_cache: dict | None = None) -> list[dict]:
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
     K rows; ``processor_cache`` lets the methods of one batch share a guide's tables) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
-    the highest log p_lm(candidate | prompt) (:func:`ctrlg.sampler.lm_log_likelihood`)."""
+    the highest log p_lm(candidate | prompt): summed during beam search
+    (:mod:`ctrlg.beam_likelihood`), else by a second pass (:func:`ctrlg.sampler.lm_log_likelihood`)."""
 
     gen = cfg.generation
     K, beams = int(gen.num_samples), int(gen.get("num_beams", 1))
@@ -227,6 +229,10 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
         proc.reset()
         proc.strength = float(spec.get("strength", 1.0))
         processors = [proc]
+    recorder = None
+    if rerank_from_search(model, decoding, cfg):   # each beam's log p_lm summed during the search
+        recorder = BeamLogLikelihoods(width, len(prompts), eos)
+        processors = [recorder, *processors]
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(input_ids, attention_mask=attention,
@@ -239,7 +245,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
         samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
         accepted = [constraint.accepts(s) for s in samples]
         rerank = cfg.rerank != "none"
-        scores = lm_log_likelihood(model, prompt, samples) if rerank else [0.0] * K
+        scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else [0.0] * K
         pool = [i for i in range(K) if accepted[i]] or list(range(K))
         best = max(pool, key=lambda i: scores[i]) if rerank else pool[0]
         body = [t for t in samples[best] if t not in eos]
@@ -248,6 +254,27 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                         "log_likelihood": scores[best] if rerank else None,
                         "words": word_count(text)})
     return results
+
+
+def rerank_from_search(model, decoding: dict, cfg) -> bool:
+    """Rerank with the log-likelihoods recorded during beam search
+    (:mod:`ctrlg.beam_likelihood`) instead of a second LM pass: beam search whose options leave
+    the LM's log-probabilities unscaled, unless ``rerank_pass: full`` asks for the second pass."""
+    if cfg.rerank == "none" or str(cfg.get("rerank_pass", "recorded")) == "full":
+        return False
+    return records_lm_log_probs(model.generation_config, decoding)
+
+
+def candidate_log_likelihoods(model, prompt: list[int], samples: list[list[int]], recorder,
+                              item: int) -> list[float]:
+    """log p_lm(sample | prompt) of each sample: read from ``recorder`` where it has it, else
+    (and for every sample without a recorder) one forward pass (:func:`lm_log_likelihood`)."""
+    recorded = [None if recorder is None else recorder.log_likelihood(item, s) for s in samples]
+    missing = [i for i, v in enumerate(recorded) if v is None]
+    if missing:
+        for i, v in zip(missing, lm_log_likelihood(model, prompt, [samples[i] for i in missing])):
+            recorded[i] = v
+    return recorded
 
 
 # ---------------------------------------------------------------------- persistence
