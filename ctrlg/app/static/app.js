@@ -103,6 +103,9 @@ async function pollProgress(id, maxTokens) {
     const response = await fetch(`/api/progress/${id}`);
     if (!response.ok || !pending || pending.id !== id) return;
     const p = await response.json();
+    // the request may have finished or been cancelled while this poll was in flight: a late
+    // "Generating…" must not overwrite "Cancelled." or the candidates' status line
+    if (!pending || pending.id !== id) return;
     const labels = { queued: "Waiting for the model…", building: "Building the constraint…",
                      generating: `Generating: token ${p.tokens} of at most ${maxTokens}…` };
     if (labels[p.state]) setStatus(labels[p.state]);
@@ -114,8 +117,10 @@ async function cancel() {
   if (!pending) return;
   const { id, controller } = pending;
   setStatus("Cancelling…");
-  try { await fetch(`/api/cancel/${id}`, { method: "POST" }); } catch (err) { /* aborting suffices */ }
+  // stop waiting at once (the page shows "Cancelled."), then tell the server, which also cancels
+  // a request whose client went away: a slow server cannot hold the page in "Cancelling…"
   controller.abort();
+  try { await fetch(`/api/cancel/${id}`, { method: "POST" }); } catch (err) { /* aborting suffices */ }
 }
 
 function clearCandidates() {
