@@ -65,6 +65,11 @@ def report_ranges(run_dir: Path, ranges, *, baseline: str | None = None, resampl
     methods = list(cfg.methods)
     specs = {m: method_spec(cfg, m) for m in methods}
     records = _scored_records(run_dir)
+    differing = cfg.get("differing_settings")
+    if differing:   # a merge of runs that decoded the methods differently (merge_runs)
+        for key, per_method in OmegaConf.to_container(differing).items():
+            print(f"decoded with different {key}: "
+                  + ", ".join(f"{m} {v}" for m, v in per_method.items()))
     out = {}
     for start, stop in ranges:
         chosen = _in_range(records, start, stop)

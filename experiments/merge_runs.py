@@ -10,6 +10,11 @@ them. Each item's record in OUT carries every run's method outputs and timings; 
 agree on everything else that decides the generations (checked; ``hmm.prior_head`` only between
 runs that decode ``prior: head`` methods), and OUT's ``config.yaml`` is RUN_A's with ``methods``
 and ``method_specs`` the union of the runs' (and their prior head).
+
+``--allow-differing generation.num_beams ...`` merges runs that differ in the named settings on
+purpose (e.g. a method at 128 beams against the baseline at 32): each method's records then come
+from a different decoding, so OUT's ``config.yaml`` says which — ``differing_settings`` maps every
+such key to ``{method: value}`` — and the tables built from OUT must say it too.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from omegaconf import OmegaConf
 
@@ -30,11 +36,16 @@ __all__ = ["merge_runs"]
 _PER_RUN = ("seconds",)
 
 
-def _plain(cfg, key: str):
+def _plain(cfg, key: str, allowed: Sequence[str] = ()):
     """The setting ``key`` as plain data; for ``data``, without ``offset``/``limit`` (which items a
-    run covered does not change any item's generations)."""
+    run covered does not change any item's generations); without the dotted sub-keys of ``key`` in
+    ``allowed`` (settings the runs may differ in on purpose)."""
     value = cfg.get(key)
     value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    for dotted in allowed:
+        top, _, sub = dotted.partition(".")
+        if top == key and sub and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k != sub}
     if key == "data" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in ("offset", "limit")}
     if key == "hmm" and isinstance(value, dict):   # the prior head: see _merged_prior_head
@@ -60,17 +71,26 @@ def _merged_prior_head(runs: list[Path], configs: list) -> object:
     return next(iter(used.values()), None)
 
 
-def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) -> Path:
+def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None,
+               allow_differing: Sequence[str] = ()) -> Path:
     """Write OUT/generations.jsonl and OUT/config.yaml from ``runs`` (module docstring): the
     items for which the runs together have every one of ``methods`` (default: every method of
     every run). Runs may cover other items (``data.offset`` / ``data.limit``) and may repeat a
-    method on an item (its outputs are equal; the first run's is kept)."""
+    method on an item (its outputs are equal; the first run's is kept). ``allow_differing``:
+    dotted settings (``section.key``) the runs may differ in, recorded per method in OUT's
+    ``differing_settings``."""
     if len(runs) < 2:
         raise ExperimentConfigError("give at least two run folders to merge")
+    for dotted in allow_differing:
+        top, _, sub = dotted.partition(".")
+        if top not in GENERATION_KEYS or not sub:
+            raise ExperimentConfigError(f"--allow-differing takes section.key of a generation "
+                                        f"setting ({', '.join(GENERATION_KEYS)}), got {dotted!r}")
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
     shared = [k for k in GENERATION_KEYS if k not in ("methods", "method_specs")]
     for run, cfg in zip(runs[1:], configs[1:]):
-        differing = [k for k in shared if _plain(cfg, k) != _plain(configs[0], k)]
+        differing = [k for k in shared
+                     if _plain(cfg, k, allow_differing) != _plain(configs[0], k, allow_differing)]
         if differing:
             raise ExperimentConfigError(f"{run} differs from {runs[0]} in {differing}")
     known: list[str] = []
@@ -105,6 +125,8 @@ def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) ->
     for cfg in configs:
         specs.update(OmegaConf.to_container(cfg.method_specs, resolve=True))
     config.method_specs = {m: specs[m] for m in methods}
+    if allow_differing:
+        config.differing_settings = _settings_per_method(runs, configs, methods, allow_differing)
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(config, out / "config.yaml")
     with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:
@@ -115,15 +137,34 @@ def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None) ->
     return out
 
 
+def _settings_per_method(runs: list[Path], configs: list, methods: list[str],
+                         allowed: Sequence[str]) -> dict:
+    """``{setting: {method: value}}`` for the allowed-to-differ settings, from the first run that
+    decoded each method (the run whose records the merge keeps); a method decoded by several runs
+    that disagree on a setting is refused (its kept records would mix decodings)."""
+    out: dict[str, dict] = {dotted: {} for dotted in allowed}
+    for dotted in allowed:
+        for method in methods:
+            values = [OmegaConf.select(cfg, dotted) for cfg in configs if method in cfg.methods]
+            if len(set(map(str, values))) > 1:
+                raise ExperimentConfigError(f"method {method!r} was decoded with different {dotted} "
+                                            f"({values}) by {[str(r) for r, c in zip(runs, configs) if method in c.methods]}")
+            out[dotted][method] = values[0]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--methods", nargs="+", default=None,
                         help="the methods to keep (default: every method of every run)")
+    parser.add_argument("--allow-differing", nargs="+", default=[], metavar="SECTION.KEY",
+                        help="settings the runs may differ in on purpose (e.g. "
+                             "generation.num_beams), recorded per method in OUT's config")
     args = parser.parse_args(argv)
     try:
-        merge_runs(args.out, args.runs, args.methods)
+        merge_runs(args.out, args.runs, args.methods, args.allow_differing)
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -84,7 +84,7 @@ def test_runs_over_other_items_and_extra_methods_merge_on_the_chosen_methods(tmp
         merge_runs(tmp_path / "out2", [a, c], ["unconstrained"])
 
 
-def test_report_scores_each_range_apart_like_the_main_job(tmp_path):
+def test_report_scores_each_range_apart_like_the_main_job(tmp_path, capsys):
     from experiments.commongen_report import report_ranges, side_by_side
 
     folder = tmp_path / "run"
@@ -112,6 +112,11 @@ def test_report_scores_each_range_apart_like_the_main_job(tmp_path):
         report_ranges(folder, [(10, 20)])
     table = side_by_side(folder, 1)
     assert "| 0 | x | word salad here | a dog runs in the park | a dog runs in the park |" in table
+    config = OmegaConf.load(folder / "config.yaml")   # a merge of differently decoded methods says so
+    config.differing_settings = {"generation.num_beams": {"logical": 32, "ctrlg": 128}}
+    OmegaConf.save(config, folder / "config.yaml")
+    report_ranges(folder, [(0, 4)])
+    assert "decoded with different generation.num_beams: logical 32, ctrlg 128" in capsys.readouterr().out
 
 
 def test_opening_words_counts_first_words_and_scores_rare_openings_apart():
@@ -137,3 +142,22 @@ def test_opening_words_counts_first_words_and_scores_rare_openings_apart():
     assert rare["cider"] == pytest.approx(10 * metrics.cider(*zip(*want_rare)))
     want_common = [(r["ctrlg"]["text"], r["references"]) for r in records[30:]]
     assert common["bleu4"] == pytest.approx(metrics.bleu4(*zip(*want_common))) and common["bleu4"] > 90
+
+
+def test_runs_may_differ_in_named_settings_recorded_per_method(tmp_path):
+    a = _run(tmp_path / "a", ["logical"], [0, 1])
+    b = _run(tmp_path / "b", ["ctrlg"], [0, 1])
+    config = OmegaConf.load(b / "config.yaml")
+    config.generation.num_beams = 128
+    OmegaConf.save(config, b / "config.yaml")
+    with pytest.raises(ExperimentConfigError, match="generation"):
+        merge_runs(tmp_path / "out", [a, b])
+    out = merge_runs(tmp_path / "out", [a, b], allow_differing=["generation.num_beams"])
+    merged = OmegaConf.load(out / "config.yaml")
+    assert OmegaConf.to_container(merged.differing_settings) == {
+        "generation.num_beams": {"logical": 8, "ctrlg": 128}}
+    with pytest.raises(ExperimentConfigError, match="section.key"):
+        merge_runs(tmp_path / "out2", [a, b], allow_differing=["generation"])
+    c = _run(tmp_path / "c", ["ctrlg"], [2])                     # ctrlg at 8 beams elsewhere
+    with pytest.raises(ExperimentConfigError, match="different generation.num_beams"):
+        merge_runs(tmp_path / "out3", [a, b, c], allow_differing=["generation.num_beams"])
