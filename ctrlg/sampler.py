@@ -82,6 +82,7 @@ from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, chec
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
 __all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_log_likelihood",
+           "candidate_log_likelihoods",
            "trim_at_eos", "eos_list"]
 
 MODES = ("ctrlg", "logical")
@@ -390,6 +391,20 @@ def lm_log_likelihood(model, prompt_ids: Sequence[int], candidates: Sequence[Seq
     return scores
 
 
+def candidate_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
+                              recorder: BeamLogLikelihoods | None = None, item: int = 0) -> list[float]:
+    """log p_lm(candidate | prompt) of each candidate: as summed during beam search by ``recorder``
+    (input row ``item`` of its ``generate`` call) where it has it, else — and for every candidate
+    without a recorder — by one second pass over the rest (:func:`lm_log_likelihood`)."""
+    scores = [None if recorder is None else recorder.log_likelihood(item, c) for c in candidates]
+    missing = [i for i, value in enumerate(scores) if value is None]
+    if missing:
+        passed = lm_log_likelihood(model, prompt_ids, [candidates[i] for i in missing])
+        for i, value in zip(missing, passed):
+            scores[i] = value
+    return scores
+
+
 def rerank(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
            suffix_ids: Sequence[int] | None = None) -> list[tuple[float, list[int]]]:
     """Candidates sorted by LM log-likelihood, best first: ``[(log p_lm, candidate), ...]``.
@@ -572,12 +587,8 @@ def _rerank_in_place(model, prompt_ids, results: list[Generation], eos_set: set,
     whose score ``recorder`` kept during the search (no suffix) skip the second LM pass."""
     bodies = [g.token_ids[:-1] if g.token_ids and g.token_ids[-1] in eos_set and suffix_ids
               else g.token_ids for g in results]
-    scores = [None if recorder is None else recorder.log_likelihood(0, g.token_ids) for g in results]
-    missing = [i for i, s in enumerate(scores) if s is None]
-    if missing:
-        passed = lm_log_likelihood(model, prompt_ids, [bodies[i] + (suffix_ids or []) for i in missing])
-        for i, s in zip(missing, passed):
-            scores[i] = s
+    scores = candidate_log_likelihoods(model, prompt_ids, [b + (suffix_ids or []) for b in bodies],
+                                       recorder)
     for g, s in zip(results, scores):
         g.lm_log_likelihood = s
     results.sort(key=lambda g: -g.lm_log_likelihood)

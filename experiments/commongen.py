@@ -53,7 +53,7 @@ from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
 from ctrlg.guide.priors import HeadPrior
-from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
+from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
@@ -263,18 +263,6 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
     if cfg.rerank == "none" or str(cfg.get("rerank_pass", "recorded")) == "full":
         return False
     return records_lm_log_probs(model.generation_config, decoding)
-
-
-def candidate_log_likelihoods(model, prompt: list[int], samples: list[list[int]], recorder,
-                              item: int) -> list[float]:
-    """log p_lm(sample | prompt) of each sample: read from ``recorder`` where it has it, else
-    (and for every sample without a recorder) one forward pass (:func:`lm_log_likelihood`)."""
-    recorded = [None if recorder is None else recorder.log_likelihood(item, s) for s in samples]
-    missing = [i for i, v in enumerate(recorded) if v is None]
-    if missing:
-        for i, v in zip(missing, lm_log_likelihood(model, prompt, [samples[i] for i in missing])):
-            recorded[i] = v
-    return recorded
 
 
 # ---------------------------------------------------------------------- persistence

@@ -143,12 +143,14 @@ def _settings_per_method(runs: list[Path], configs: list, methods: list[str],
     decoded each method (the run whose records the merge keeps); a method decoded by several runs
     that disagree on a setting is refused (its kept records would mix decodings)."""
     out: dict[str, dict] = {dotted: {} for dotted in allowed}
-    for dotted in allowed:
-        for method in methods:
-            values = [OmegaConf.select(cfg, dotted) for cfg in configs if method in cfg.methods]
+    for method in methods:
+        decoded_by = [(run, cfg) for run, cfg in zip(runs, configs) if method in cfg.methods]
+        for dotted in allowed:
+            values = [OmegaConf.select(cfg, dotted) for _, cfg in decoded_by]
             if len(set(map(str, values))) > 1:
-                raise ExperimentConfigError(f"method {method!r} was decoded with different {dotted} "
-                                            f"({values}) by {[str(r) for r, c in zip(runs, configs) if method in c.methods]}")
+                raise ExperimentConfigError(
+                    f"method {method!r} was decoded with different {dotted} ({values}) by "
+                    f"{[str(run) for run, _ in decoded_by]}")
             out[dotted][method] = values[0]
     return out
 
