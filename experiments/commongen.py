@@ -240,20 +240,52 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                              pad_token_id=pad, eos_token_id=eos, logits_processor=processors,
                              **decoding, **extra)
     rows = out[:, width:].tolist()
+    rerank = cfg.rerank != "none"
+    exponent = rerank_length_penalty(cfg)
+    keep_all = bool(cfg.get("save_candidates", False))
     results = []
     for j, (prompt, constraint) in enumerate(zip(prompts, constraints)):
         samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
         accepted = [constraint.accepts(s) for s in samples]
-        rerank = cfg.rerank != "none"
         scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else [0.0] * K
-        pool = [i for i in range(K) if accepted[i]] or list(range(K))
-        best = max(pool, key=lambda i: scores[i]) if rerank else pool[0]
-        body = [t for t in samples[best] if t not in eos]
-        text = tokenizer.decode(body, skip_special_tokens=True).strip()
-        results.append({"text": text, "accepted": accepted[best], "num_accepted": sum(accepted),
-                        "log_likelihood": scores[best] if rerank else None,
-                        "words": word_count(text)})
+        lengths = [len(s) for s in samples]
+        best = pick_candidate(scores, lengths, accepted, exponent) if rerank else \
+            ([i for i in range(K) if accepted[i]] or [0])[0]
+        texts = [candidate_text(tokenizer, s, eos) for s in samples] if keep_all else None
+        text = texts[best] if keep_all else candidate_text(tokenizer, samples[best], eos)
+        result = {"text": text, "accepted": accepted[best], "num_accepted": sum(accepted),
+                  "log_likelihood": scores[best] if rerank else None, "words": word_count(text)}
+        if keep_all:
+            result["candidates"] = [
+                {"text": t, "log_likelihood": score if rerank else None, "tokens": n, "accepted": ok}
+                for t, score, n, ok in zip(texts, scores, lengths, accepted)]
+        results.append(result)
     return results
+
+
+def candidate_text(tokenizer, ids: list[int], eos: list[int]) -> str:
+    """A candidate's text: its tokens without EOS, decoded and stripped."""
+    return tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
+
+
+def rerank_length_penalty(cfg) -> float:
+    """The rerank's length exponent p (``rerank_length_penalty``; 0 when absent)."""
+    return float(cfg.get("rerank_length_penalty", 0.0) or 0.0)
+
+
+def rerank_score(log_likelihood: float, tokens: int, exponent: float) -> float:
+    """The rerank's score of one candidate: log p_lm(y | prompt) / |y|^p, |y| its generated
+    tokens (EOS included). p = 0 is the paper's summed log-likelihood; p = 1 the mean per token
+    (the form of transformers' beam ``length_penalty``)."""
+    return log_likelihood / max(tokens, 1) ** exponent if exponent else log_likelihood
+
+
+def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool],
+                   exponent: float = 0.0) -> int:
+    """The index of the kept candidate: among the constraint-satisfying ones (all of them when
+    none satisfies), the highest :func:`rerank_score`; the first such on ties."""
+    pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
+    return max(pool, key=lambda i: rerank_score(scores[i], lengths[i], exponent))
 
 
 def rerank_from_search(model, decoding: dict, cfg) -> bool:
@@ -267,8 +299,11 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
 
 # ---------------------------------------------------------------------- persistence
 def _generation_config(cfg: DictConfig) -> dict:
-    """The settings that decide the generations (only the specs of the methods in use)."""
+    """The settings that decide the generations (only the specs of the methods in use; the
+    rerank's length exponent only when it is not 0, so runs from before it existed match)."""
     out = generation_config(cfg, GENERATION_KEYS)
+    if rerank_length_penalty(cfg):
+        out["rerank_length_penalty"] = rerank_length_penalty(cfg)
     specs = out.get("method_specs") or {}
     out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
     return out

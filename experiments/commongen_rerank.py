@@ -1,0 +1,199 @@
+"""Re-pick a CommonGen run's outputs from its saved candidates under another rerank length
+exponent, without decoding again.
+
+    python -m experiments.commongen_rerank RUN_DIR --sweep 0 0.25 0.5 0.75 1 [--ranges 500:993]
+    python -m experiments.commongen_rerank RUN_DIR --length-penalty 0.5 --out OUT_DIR
+
+A run decoded with ``save_candidates=true`` keeps every beam (or sample) of every item with its
+log p_lm(y | prompt), its length in tokens and whether it satisfies the constraint. The search
+itself does not depend on the rerank, so choosing again with the score
+log p_lm(y | prompt) / |y|^p (:func:`experiments.commongen.rerank_score`) gives exactly the
+outputs a run with ``rerank_length_penalty=p`` would have produced.
+
+``--sweep P …`` prints, per range of dataset indices, BLEU-4 / ROUGE-L / CIDEr (the paper's units)
+and mean words for each p, and an ``oracle`` row: per item the candidate with the best
+sentence-level BLEU-4 against its references. The oracle is the upper bound of any rerank of
+these candidates. It separates what the search found from what the rerank chose. Choose p on a
+tuning range only (for CommonGen dev: items 500–992).
+
+``--length-penalty P --out OUT_DIR`` writes a run folder (``generations.jsonl`` without the
+candidates, ``config.yaml`` with ``rerank_length_penalty: P``). Score it with
+:mod:`experiments.commongen_report` (paired intervals) or merge it with
+:mod:`experiments.merge_runs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import OmegaConf
+
+from ctrlg import metrics
+from experiments.common import ExperimentConfigError, format_table, read_records
+from experiments.commongen import pick_candidate, word_count
+from experiments.commongen_report import _range
+
+__all__ = ["repick_record", "repick_run", "sweep", "oracle_pick"]
+
+
+def _candidates(record: dict, method: str) -> list[dict]:
+    output = record.get(method)
+    if output is None:
+        raise ExperimentConfigError(f"item {record['index']} has no output of method {method!r}")
+    candidates = output.get("candidates")
+    if not candidates:
+        raise ExperimentConfigError(
+            f"item {record['index']} of method {method!r} has no saved candidates: decode with "
+            f"save_candidates=true to re-pick offline")
+    if any(c.get("log_likelihood") is None for c in candidates):
+        raise ExperimentConfigError(f"item {record['index']} of method {method!r} was decoded "
+                                    f"with rerank=none: its candidates have no log-likelihood")
+    return candidates
+
+
+def _output(candidates: list[dict], best: int) -> dict:
+    chosen = candidates[best]
+    return {"text": chosen["text"], "accepted": chosen["accepted"],
+            "num_accepted": sum(bool(c["accepted"]) for c in candidates),
+            "log_likelihood": chosen["log_likelihood"], "words": word_count(chosen["text"])}
+
+
+def repick_record(record: dict, methods: Sequence[str], exponent: float) -> dict:
+    """``record`` with each of ``methods`` re-chosen from its candidates by
+    :func:`experiments.commongen.pick_candidate` with length exponent ``exponent`` (the
+    candidates are dropped from the copy)."""
+    out = dict(record)
+    for method in methods:
+        candidates = _candidates(record, method)
+        best = pick_candidate([c["log_likelihood"] for c in candidates],
+                              [c["tokens"] for c in candidates],
+                              [c["accepted"] for c in candidates], exponent)
+        out[method] = _output(candidates, best)
+    return out
+
+
+def oracle_pick(candidates: list[dict], references: Sequence[str]) -> int:
+    """The index of the constraint-satisfying candidate (any, when none satisfies) with the
+    highest sentence-level BLEU-4 (pycocoevalcap's, against the item's ``references``); the
+    first such on ties."""
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+
+    pool = [i for i, c in enumerate(candidates) if c["accepted"]] or list(range(len(candidates)))
+    refs = [metrics.tokenize_for_eval(r) for r in references]
+    scorer = BleuScorer(n=4)
+    for i in pool:
+        scorer += (metrics.tokenize_for_eval(candidates[i]["text"]) or "<empty>", refs)
+    _, per_sentence = scorer.compute_score(option="closest", verbose=0)
+    bleu4 = per_sentence[3]
+    return pool[max(range(len(pool)), key=lambda k: bleu4[k])]
+
+
+def _scored(records: list[dict], method: str) -> dict:
+    hyps = [r[method]["text"] for r in records]
+    refs = [r["references"] or [" ".join(r["concepts"])] for r in records]
+    row = metrics.evaluate_generations(hyps, refs, [r[method]["accepted"] for r in records],
+                                       with_meteor=False)
+    return {"bleu4": row["bleu4"], "rouge_l": row["rouge_l"], "cider": row["cider"],
+            "success": row["success"], "words": sum(r[method]["words"] for r in records) / len(records)}
+
+
+def sweep(run_dir: Path, exponents: Sequence[float], ranges, methods: Sequence[str] | None = None,
+          oracle: bool = True) -> dict:
+    """``{"start:stop": {method: {"p=…" | "oracle": metric row}}}``: every exponent (and the
+    oracle) on every range of dataset indices."""
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    methods = list(methods or cfg.methods)
+    records = [r for r in read_records(run_dir) if "skipped" not in r]
+    out: dict = {}
+    for start, stop in ranges:
+        chosen = [r for r in records if start <= r["index"] < stop]
+        if not chosen:
+            raise ExperimentConfigError(f"no scored item of {run_dir} lies in [{start}, {stop})")
+        per_method: dict = {}
+        for method in methods:
+            rows = {}
+            for p in exponents:
+                rows[f"p={p:g}"] = _scored([repick_record(r, [method], p) for r in chosen], method)
+            if oracle:
+                picked = []
+                for r in chosen:
+                    candidates = _candidates(r, method)
+                    picked.append({**r, method: _output(candidates, oracle_pick(candidates, r["references"]))})
+                rows["oracle"] = _scored(picked, method)
+            per_method[method] = rows
+        out[f"{start}:{stop}"] = {"items": len(chosen), "methods": per_method}
+    return out
+
+
+def repick_run(run_dir: Path, out: Path, exponent: float, methods: Sequence[str] | None = None) -> Path:
+    """Write the run folder ``out``: ``run_dir``'s items re-chosen with length exponent
+    ``exponent`` (:func:`repick_record`), and its config with ``rerank_length_penalty``."""
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    methods = list(methods or cfg.methods)
+    unknown = sorted(set(methods) - set(cfg.methods))
+    if unknown:
+        raise ExperimentConfigError(f"{run_dir} did not decode method(s) {unknown}; it has "
+                                    f"{list(cfg.methods)}")
+    dropped = set(cfg.methods) - set(methods)   # methods not re-picked are left out
+    rows = [r if "skipped" in r else repick_record(r, methods, exponent)
+            for r in read_records(run_dir)]
+    for row in rows:
+        for method in dropped:
+            row.pop(method, None)
+            row.get("seconds", {}).pop(method, None)
+    cfg.rerank_length_penalty = float(exponent)
+    cfg.save_candidates = False
+    cfg.methods = methods
+    cfg.method_specs = {m: cfg.method_specs[m] for m in methods}
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml")
+    with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    print(f"{len(rows)} items re-picked with rerank_length_penalty={exponent:g} -> {out}")
+    return out
+
+
+def _print_sweep(result: dict) -> None:
+    columns = ["rerank", "bleu4", "rouge_l", "cider", "success", "words"]
+    headers = ["rerank", "BLEU-4", "ROUGE-L", "CIDEr", "success %", "words"]
+    for span, block in result.items():
+        for method, rows in block["methods"].items():
+            print(f"\n{method}, items {span} ({block['items']} items)")
+            print(format_table([{"rerank": name, **row} for name, row in rows.items()],
+                               columns, headers))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--sweep", type=float, nargs="+", metavar="P",
+                        help="length exponents to score (and the oracle)")
+    parser.add_argument("--ranges", type=_range, nargs="+", default=[(0, 10 ** 9)],
+                        metavar="START:STOP")
+    parser.add_argument("--methods", nargs="+", default=None)
+    parser.add_argument("--no-oracle", action="store_true")
+    parser.add_argument("--length-penalty", type=float, metavar="P",
+                        help="with --out: write the run re-picked with this exponent")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if (args.length_penalty is None) != (args.out is None) or \
+            (args.sweep is None) == (args.out is None):
+        parser.error("give either --sweep P … or both --length-penalty P and --out OUT_DIR")
+    try:
+        if args.sweep is not None:
+            _print_sweep(sweep(args.run, args.sweep, args.ranges, args.methods,
+                               oracle=not args.no_oracle))
+        else:
+            repick_run(args.run, args.out, args.length_penalty, args.methods)
+    except ExperimentConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The CommonGen rerank's length exponent: the pick against brute force, re-picking a run's saved
+candidates equal to decoding with that exponent, the sentence-BLEU oracle, and the errors."""
+
+import itertools
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from ctrlg import metrics
+from experiments.common import ExperimentConfigError
+from experiments.commongen import _generation_config, pick_candidate, rerank_score
+from experiments.commongen_rerank import oracle_pick, repick_run, sweep
+from experiments.merge_runs import merge_runs
+from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
+
+
+def read_records(folder):
+    return [json.loads(line) for line in (folder / "generations.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0])
+def test_pick_is_the_best_score_among_the_satisfying_candidates(exponent):
+    """Every assignment of accepted flags over four candidates, against an explicit search."""
+    scores, lengths = [-10.0, -12.0, -6.0, -15.0], [5, 10, 2, 20]
+    for accepted in itertools.product([False, True], repeat=4):
+        pool = [i for i in range(4) if accepted[i]] or list(range(4))
+        values = {i: scores[i] / lengths[i] ** exponent for i in pool}
+        expected = min(i for i in pool if values[i] == max(values.values()))
+        assert pick_candidate(scores, lengths, list(accepted), exponent) == expected
+    assert rerank_score(-12.0, 4, 0.0) == -12.0 and rerank_score(-12.0, 4, 1.0) == -3.0
+
+
+def test_the_exponent_decides_between_a_short_and_a_long_candidate():
+    # summed: the short one (-6 > -12); per token: the long one (-12/12 = -1 > -6/3 = -2)
+    assert pick_candidate([-6.0, -12.0], [3, 12], [True, True], 0.0) == 0
+    assert pick_candidate([-6.0, -12.0], [3, 12], [True, True], 1.0) == 1
+
+
+def test_a_zero_exponent_keeps_the_settings_of_runs_from_before_it():
+    """resume=true compares settings: a run saved without the key equals p = 0, not p = 0.5."""
+    base = compose("commongen", [])
+    assert _generation_config(base) == _generation_config(compose("commongen", ["rerank_length_penalty=0"]))
+    assert "rerank_length_penalty" not in _generation_config(base)
+    assert _generation_config(compose("commongen", ["rerank_length_penalty=0.5"]))["rerank_length_penalty"] == 0.5
+
+
+def _adapted(lm_dir, hmm_dir, *extra):
+    return compose("commongen", ["pipeline=adapted", f"model.name={lm_dir}", "model.adapter=null",
+                                 f"hmm.path={hmm_dir}", "data.limit=4", "batch_size=2",
+                                 "generation.num_beams=4", "generation.max_new_tokens=12",
+                                 "metrics.meteor=false", "bootstrap.resamples=0",
+                                 "methods=[logical,ctrlg]", "save_candidates=true", *extra])
+
+
+def test_re_picking_saved_candidates_equals_decoding_with_the_exponent(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    from experiments import commongen
+
+    summed, per_token = tmp_path / "summed", tmp_path / "per_token"
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir), summed)
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir, "rerank_length_penalty=1.0"), per_token)
+    decoded = read_records(per_token)
+    for record in read_records(summed):   # the kept output is the best summed candidate
+        for method in ("logical", "ctrlg"):
+            candidates = record[method]["candidates"]
+            assert len(candidates) == 4
+            best = max(c["log_likelihood"] for c in candidates if c["accepted"])
+            assert record[method]["log_likelihood"] == best
+    repicked = read_records(repick_run(summed, tmp_path / "repicked", 1.0))
+    assert [r["index"] for r in repicked] == [r["index"] for r in decoded]
+    for mine, theirs in zip(repicked, decoded):
+        for method in ("logical", "ctrlg"):
+            want = {k: v for k, v in theirs[method].items() if k != "candidates"}
+            assert mine[method] == want
+    config = OmegaConf.load(tmp_path / "repicked" / "config.yaml")
+    assert config.rerank_length_penalty == 1.0 and not config.save_candidates
+    # a re-picked run and a run decoded with the same exponent merge; other exponents are refused
+    merge_runs(tmp_path / "merged", [tmp_path / "repicked", per_token], ["ctrlg"])
+    with pytest.raises(ExperimentConfigError, match="rerank_length_penalty"):
+        merge_runs(tmp_path / "refused", [summed, per_token])
+
+
+def _candidate_run(folder, items):
+    folder.mkdir()
+    OmegaConf.save(OmegaConf.create({"methods": ["ctrlg"], "method_specs": {"ctrlg": {"guide": "ctrlg"}}}),
+                   folder / "config.yaml")
+    with open(folder / "generations.jsonl", "w") as handle:
+        for index, (references, candidates) in enumerate(items):
+            output = {"text": candidates[0]["text"], "candidates": candidates}
+            handle.write(json.dumps({"index": index, "concepts": ["dog"], "references": references,
+                                     "ctrlg": output}) + "\n")
+    return folder
+
+
+def _candidate(text, log_likelihood, accepted=True):
+    return {"text": text, "log_likelihood": log_likelihood, "tokens": len(text.split()) + 1,
+            "accepted": accepted}
+
+
+def test_oracle_is_the_best_sentence_bleu_among_the_satisfying_candidates():
+    references = ["a dog runs across the green field", "the dog is running in a field"]
+    candidates = [_candidate("dog", -1.0), _candidate("a dog runs across the field", -9.0),
+                  _candidate("a dog runs across the green field", -20.0, accepted=False),
+                  _candidate("the dog runs in a field", -8.0)]
+    sentence = [metrics.bleu4([c["text"]], [references]) for c in candidates]
+    expected = max((i for i in range(4) if candidates[i]["accepted"]), key=lambda i: sentence[i])
+    assert oracle_pick(candidates, references) == expected == 1
+
+
+def test_sweep_scores_each_exponent_and_the_oracle(tmp_path):
+    references = ["a dog runs across the green field", "the dog is running in a field"]
+    items = [(references, [_candidate("dog runs", -2.0),
+                           _candidate("a dog runs across the green park", -4.0)])] * 3
+    run = _candidate_run(tmp_path / "run", items)
+    result = sweep(run, [0.0, 1.0], [(0, 3)])["0:3"]["methods"]["ctrlg"]
+    short = metrics.evaluate_generations(["dog runs"] * 3, [references] * 3, with_meteor=False)
+    long = metrics.evaluate_generations(["a dog runs across the green park"] * 3, [references] * 3,
+                                        with_meteor=False)
+    assert result["p=0"]["bleu4"] == pytest.approx(short["bleu4"]) and result["p=0"]["words"] == 2
+    # summed: -2 > -4 keeps the short one; per token: -4/8 > -2/3 the long one
+    assert result["p=1"]["bleu4"] == pytest.approx(long["bleu4"]) and result["p=1"]["words"] == 7
+    assert result["p=1"]["rouge_l"] == pytest.approx(long["rouge_l"]) and long["rouge_l"] > short["rouge_l"]
+    assert result["oracle"]["bleu4"] == pytest.approx(long["bleu4"])
+
+
+def test_a_run_without_candidates_is_refused_by_name(tmp_path):
+    run = _candidate_run(tmp_path / "run", [(["a dog"], [_candidate("dog", -1.0)])])
+    records = read_records(run)
+    del records[0]["ctrlg"]["candidates"]
+    (run / "generations.jsonl").write_text(json.dumps(records[0]) + "\n")
+    with pytest.raises(ExperimentConfigError, match="save_candidates=true"):
+        repick_run(run, tmp_path / "out", 0.5)
+    with pytest.raises(ExperimentConfigError, match="did not decode"):
+        repick_run(run, tmp_path / "out", 0.5, ["logical"])
