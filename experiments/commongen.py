@@ -52,6 +52,7 @@ from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, prompt_text
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
+from ctrlg.mbr import mbr_pick
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.validation import check_context_length
@@ -114,6 +115,7 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
         raise ExperimentConfigError(f"data.offset must be an integer ≥ 0, got {offset!r}")
     if not cfg.methods:
         raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
+    rerank_rule(cfg)
     return {name: method_spec(cfg, name) for name in cfg.methods}
 
 
@@ -240,19 +242,19 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                              pad_token_id=pad, eos_token_id=eos, logits_processor=processors,
                              **decoding, **extra)
     rows = out[:, width:].tolist()
-    rerank = cfg.rerank != "none"
-    exponent = rerank_length_penalty(cfg)
+    rule = rerank_rule(cfg)
     keep_all = bool(cfg.get("save_candidates", False))
     results = []
     for j, (prompt, constraint) in enumerate(zip(prompts, constraints)):
         samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
         accepted = [constraint.accepts(s) for s in samples]
+        rerank = rule["rerank"] != "none"
         scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else [0.0] * K
         lengths = [len(s) for s in samples]
-        best = pick_candidate(scores, lengths, accepted, exponent) if rerank else \
-            ([i for i in range(K) if accepted[i]] or [0])[0]
-        texts = [candidate_text(tokenizer, s, eos) for s in samples] if keep_all else None
-        text = texts[best] if keep_all else candidate_text(tokenizer, samples[best], eos)
+        texts = [candidate_text(tokenizer, s, eos) for s in samples] \
+            if keep_all or rule["rerank"] == "mbr" else None
+        best = pick_candidate(scores, lengths, accepted, rule, texts)
+        text = texts[best] if texts else candidate_text(tokenizer, samples[best], eos)
         result = {"text": text, "accepted": accepted[best], "num_accepted": sum(accepted),
                   "log_likelihood": scores[best] if rerank else None, "words": word_count(text)}
         if keep_all:
@@ -268,9 +270,32 @@ def candidate_text(tokenizer, ids: list[int], eos: list[int]) -> str:
     return tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
 
 
-def rerank_length_penalty(cfg) -> float:
-    """The rerank's length exponent p (``rerank_length_penalty``; 0 when absent)."""
-    return float(cfg.get("rerank_length_penalty", 0.0) or 0.0)
+RERANKS = ("lm_loglik", "mbr", "none")
+
+
+def rerank_rule(cfg) -> dict:
+    """The rule that keeps one candidate per item: ``rerank`` (lm_loglik | mbr | none), the
+    length exponent p (``rerank_length_penalty``, 0 when absent) and, for mbr, the temperature T
+    (``mbr_temperature``, 1 when absent)."""
+    rerank = str(cfg.get("rerank", "lm_loglik"))
+    if rerank not in RERANKS:
+        raise ExperimentConfigError(f"rerank must be one of {', '.join(RERANKS)}, got {rerank!r}")
+    rule = {"rerank": rerank, "length_penalty": float(cfg.get("rerank_length_penalty", 0.0) or 0.0)}
+    if rerank == "mbr":
+        rule["mbr_temperature"] = float(cfg.get("mbr_temperature", 1.0))
+        if not rule["mbr_temperature"] > 0:
+            raise ExperimentConfigError(f"mbr_temperature must be > 0, got {rule['mbr_temperature']}")
+    return rule
+
+
+def rerank_settings(cfg) -> dict:
+    """The rerank's settings beyond ``rerank`` that are not at their defaults (p ≠ 0; T for
+    mbr), so that runs from before they existed keep matching."""
+    rule = rerank_rule(cfg)
+    out = {"rerank_length_penalty": rule["length_penalty"]} if rule["length_penalty"] else {}
+    if "mbr_temperature" in rule:
+        out["mbr_temperature"] = rule["mbr_temperature"]
+    return out
 
 
 def rerank_score(log_likelihood: float, tokens: int, exponent: float) -> float:
@@ -281,11 +306,23 @@ def rerank_score(log_likelihood: float, tokens: int, exponent: float) -> float:
 
 
 def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool],
-                   exponent: float = 0.0) -> int:
-    """The index of the kept candidate: among the constraint-satisfying ones (all of them when
-    none satisfies), the highest :func:`rerank_score`; the first such on ties."""
+                   rule: dict | float = 0.0, texts: list[str] | None = None) -> int:
+    """The index of the kept candidate, among the constraint-satisfying ones (all of them when
+    none satisfies): ``lm_loglik``, the highest :func:`rerank_score` (the first on ties);
+    ``mbr``, minimum Bayes risk over those candidates (:func:`ctrlg.mbr.mbr_pick`: BLEU+1 on
+    the metrics' tokens, weights softmax(rerank_score / T)); ``none``, the first. ``rule`` is
+    :func:`rerank_rule`'s dict, or a bare length exponent for ``lm_loglik``."""
+    rule = {"rerank": "lm_loglik", "length_penalty": float(rule)} if not isinstance(rule, dict) else rule
     pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
-    return max(pool, key=lambda i: rerank_score(scores[i], lengths[i], exponent))
+    if rule["rerank"] == "none":
+        return pool[0]
+    ranked = [rerank_score(scores[i], lengths[i], rule["length_penalty"]) for i in pool]
+    if rule["rerank"] == "mbr":
+        if texts is None:
+            raise ExperimentConfigError("rerank=mbr needs the candidates' texts")
+        tokens = [metrics.tokenize_for_eval(texts[i]).split() for i in pool]
+        return pool[mbr_pick(tokens, ranked, temperature=rule["mbr_temperature"])]
+    return pool[max(range(len(pool)), key=lambda k: ranked[k])]
 
 
 def rerank_from_search(model, decoding: dict, cfg) -> bool:
@@ -300,10 +337,9 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
 # ---------------------------------------------------------------------- persistence
 def _generation_config(cfg: DictConfig) -> dict:
     """The settings that decide the generations (only the specs of the methods in use; the
-    rerank's length exponent only when it is not 0, so runs from before it existed match)."""
+    rerank's further settings only when not at their defaults: :func:`rerank_settings`)."""
     out = generation_config(cfg, GENERATION_KEYS)
-    if rerank_length_penalty(cfg):
-        out["rerank_length_penalty"] = rerank_length_penalty(cfg)
+    out.update(rerank_settings(cfg))
     specs = out.get("method_specs") or {}
     out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
     return out

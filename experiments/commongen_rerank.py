@@ -1,25 +1,26 @@
-"""Re-pick a CommonGen run's outputs from its saved candidates under another rerank length
-exponent, without decoding again.
+"""Re-pick a CommonGen run's outputs from its saved candidates under another rerank rule, without
+decoding again.
 
-    python -m experiments.commongen_rerank RUN_DIR --sweep 0 0.25 0.5 0.75 1 [--ranges 500:993]
-    python -m experiments.commongen_rerank RUN_DIR --length-penalty 0.5 --out OUT_DIR
+    python -m experiments.commongen_rerank RUN_DIR --sweep 0 0.25 0.5 --mbr 0.5 1 2 [--ranges 500:993]
+    python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --length-penalty 0.25
+    python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --mbr-temperature 1
 
 A run decoded with ``save_candidates=true`` keeps every beam (or sample) of every item with its
 log p_lm(y | prompt), its length in tokens and whether it satisfies the constraint. The search
-itself does not depend on the rerank, so choosing again with the score
-log p_lm(y | prompt) / |y|^p (:func:`experiments.commongen.rerank_score`) gives exactly the
-outputs a run with ``rerank_length_penalty=p`` would have produced.
+itself does not depend on the rerank, so choosing again
+(:func:`experiments.commongen.pick_candidate`) gives exactly the outputs a run decoded with that
+rule would have produced: ``rerank=lm_loglik rerank_length_penalty=p`` (the highest
+log p_lm / |y|^p) or ``rerank=mbr mbr_temperature=T`` (minimum Bayes risk, :mod:`ctrlg.mbr`).
 
-``--sweep P …`` prints, per range of dataset indices, BLEU-4 / ROUGE-L / CIDEr (the paper's units)
-and mean words for each p, and an ``oracle`` row: per item the candidate with the best
-sentence-level BLEU-4 against its references. The oracle is the upper bound of any rerank of
-these candidates. It separates what the search found from what the rerank chose. Choose p on a
-tuning range only (for CommonGen dev: items 500–992).
+``--sweep P …`` / ``--mbr T …`` print, per range of dataset indices, BLEU-4 / ROUGE-L / CIDEr
+(the paper's units) and mean words for each rule, and an ``oracle`` row: per item the candidate
+with the best sentence-level BLEU-4 against its references. The oracle is the upper bound of any
+rerank of these candidates: it separates what the search found from what the rerank chose.
+Choose a rule on a tuning range only (for CommonGen dev: items 500–992).
 
-``--length-penalty P --out OUT_DIR`` writes a run folder (``generations.jsonl`` without the
-candidates, ``config.yaml`` with ``rerank_length_penalty: P``). Score it with
-:mod:`experiments.commongen_report` (paired intervals) or merge it with
-:mod:`experiments.merge_runs`.
+``--out OUT_DIR`` writes a run folder (``generations.jsonl`` without the candidates,
+``config.yaml`` with the rule). Score it with :mod:`experiments.commongen_report` (paired
+intervals) or merge it with :mod:`experiments.merge_runs`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,24 @@ from experiments.common import ExperimentConfigError, format_table, read_records
 from experiments.commongen import pick_candidate, word_count
 from experiments.commongen_report import _range
 
-__all__ = ["repick_record", "repick_run", "sweep", "oracle_pick"]
+__all__ = ["lm_rule", "mbr_rule", "repick_record", "repick_run", "sweep", "oracle_pick"]
+
+
+def lm_rule(length_penalty: float = 0.0) -> dict:
+    """The rule ``rerank=lm_loglik`` with length exponent p."""
+    return {"rerank": "lm_loglik", "length_penalty": float(length_penalty)}
+
+
+def mbr_rule(temperature: float = 1.0, length_penalty: float = 0.0) -> dict:
+    """The rule ``rerank=mbr`` with temperature T (weights softmax(log p_lm / |y|^p / T))."""
+    return {"rerank": "mbr", "length_penalty": float(length_penalty), "mbr_temperature": float(temperature)}
+
+
+def rule_name(rule: dict) -> str:
+    name = f"p={rule['length_penalty']:g}" if rule["length_penalty"] or rule["rerank"] != "mbr" else ""
+    if rule["rerank"] == "mbr":
+        name = f"mbr T={rule['mbr_temperature']:g}" + (f" {name}" if name else "")
+    return name
 
 
 def _candidates(record: dict, method: str) -> list[dict]:
@@ -62,16 +80,16 @@ def _output(candidates: list[dict], best: int) -> dict:
             "log_likelihood": chosen["log_likelihood"], "words": word_count(chosen["text"])}
 
 
-def repick_record(record: dict, methods: Sequence[str], exponent: float) -> dict:
-    """``record`` with each of ``methods`` re-chosen from its candidates by
-    :func:`experiments.commongen.pick_candidate` with length exponent ``exponent`` (the
-    candidates are dropped from the copy)."""
+def repick_record(record: dict, methods: Sequence[str], rule: dict) -> dict:
+    """``record`` with each of ``methods`` re-chosen from its candidates by ``rule``
+    (:func:`experiments.commongen.pick_candidate`; the candidates are dropped from the copy)."""
     out = dict(record)
     for method in methods:
         candidates = _candidates(record, method)
         best = pick_candidate([c["log_likelihood"] for c in candidates],
                               [c["tokens"] for c in candidates],
-                              [c["accepted"] for c in candidates], exponent)
+                              [c["accepted"] for c in candidates], rule,
+                              [c["text"] for c in candidates])
         out[method] = _output(candidates, best)
     return out
 
@@ -101,10 +119,10 @@ def _scored(records: list[dict], method: str) -> dict:
             "success": row["success"], "words": sum(r[method]["words"] for r in records) / len(records)}
 
 
-def sweep(run_dir: Path, exponents: Sequence[float], ranges, methods: Sequence[str] | None = None,
+def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] | None = None,
           oracle: bool = True) -> dict:
-    """``{"start:stop": {method: {"p=…" | "oracle": metric row}}}``: every exponent (and the
-    oracle) on every range of dataset indices."""
+    """``{"start:stop": {"items": n, "methods": {method: {rule name | "oracle": metric row}}}}``:
+    every rule (:func:`lm_rule`, :func:`mbr_rule`) and the oracle on every range of indices."""
     cfg = OmegaConf.load(run_dir / "config.yaml")
     methods = list(methods or cfg.methods)
     records = [r for r in read_records(run_dir) if "skipped" not in r]
@@ -115,9 +133,8 @@ def sweep(run_dir: Path, exponents: Sequence[float], ranges, methods: Sequence[s
             raise ExperimentConfigError(f"no scored item of {run_dir} lies in [{start}, {stop})")
         per_method: dict = {}
         for method in methods:
-            rows = {}
-            for p in exponents:
-                rows[f"p={p:g}"] = _scored([repick_record(r, [method], p) for r in chosen], method)
+            rows = {rule_name(rule): _scored([repick_record(r, [method], rule) for r in chosen], method)
+                    for rule in rules}
             if oracle:
                 picked = []
                 for r in chosen:
@@ -129,9 +146,10 @@ def sweep(run_dir: Path, exponents: Sequence[float], ranges, methods: Sequence[s
     return out
 
 
-def repick_run(run_dir: Path, out: Path, exponent: float, methods: Sequence[str] | None = None) -> Path:
-    """Write the run folder ``out``: ``run_dir``'s items re-chosen with length exponent
-    ``exponent`` (:func:`repick_record`), and its config with ``rerank_length_penalty``."""
+def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[str] | None = None) -> Path:
+    """Write the run folder ``out``: ``run_dir``'s items re-chosen by ``rule`` (a bare number is
+    the length exponent of ``lm_loglik``) and its config with that rule."""
+    rule = rule if isinstance(rule, dict) else lm_rule(rule)
     cfg = OmegaConf.load(run_dir / "config.yaml")
     methods = list(methods or cfg.methods)
     unknown = sorted(set(methods) - set(cfg.methods))
@@ -139,13 +157,15 @@ def repick_run(run_dir: Path, out: Path, exponent: float, methods: Sequence[str]
         raise ExperimentConfigError(f"{run_dir} did not decode method(s) {unknown}; it has "
                                     f"{list(cfg.methods)}")
     dropped = set(cfg.methods) - set(methods)   # methods not re-picked are left out
-    rows = [r if "skipped" in r else repick_record(r, methods, exponent)
-            for r in read_records(run_dir)]
+    rows = [r if "skipped" in r else repick_record(r, methods, rule) for r in read_records(run_dir)]
     for row in rows:
         for method in dropped:
             row.pop(method, None)
             row.get("seconds", {}).pop(method, None)
-    cfg.rerank_length_penalty = float(exponent)
+    cfg.rerank = rule["rerank"]
+    cfg.rerank_length_penalty = rule["length_penalty"]
+    if "mbr_temperature" in rule:
+        cfg.mbr_temperature = rule["mbr_temperature"]
     cfg.save_candidates = False
     cfg.methods = methods
     cfg.method_specs = {m: cfg.method_specs[m] for m in methods}
@@ -154,7 +174,7 @@ def repick_run(run_dir: Path, out: Path, exponent: float, methods: Sequence[str]
     with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
-    print(f"{len(rows)} items re-picked with rerank_length_penalty={exponent:g} -> {out}")
+    print(f"{len(rows)} items re-picked with {rule_name(rule)} -> {out}")
     return out
 
 
@@ -171,25 +191,31 @@ def _print_sweep(result: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path)
-    parser.add_argument("--sweep", type=float, nargs="+", metavar="P",
-                        help="length exponents to score (and the oracle)")
+    parser.add_argument("--sweep", type=float, nargs="+", default=[], metavar="P",
+                        help="length exponents of the lm_loglik rerank to score")
+    parser.add_argument("--mbr", type=float, nargs="+", default=[], metavar="T",
+                        help="temperatures of the MBR rerank to score")
     parser.add_argument("--ranges", type=_range, nargs="+", default=[(0, 10 ** 9)],
                         metavar="START:STOP")
     parser.add_argument("--methods", nargs="+", default=None)
     parser.add_argument("--no-oracle", action="store_true")
-    parser.add_argument("--length-penalty", type=float, metavar="P",
-                        help="with --out: write the run re-picked with this exponent")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="write the run re-picked with one rule")
+    parser.add_argument("--length-penalty", type=float, default=0.0, metavar="P")
+    parser.add_argument("--mbr-temperature", type=float, default=None, metavar="T",
+                        help="with --out: rerank=mbr at this temperature")
     args = parser.parse_args(argv)
-    if (args.length_penalty is None) != (args.out is None) or \
-            (args.sweep is None) == (args.out is None):
-        parser.error("give either --sweep P … or both --length-penalty P and --out OUT_DIR")
+    sweeping = bool(args.sweep or args.mbr)
+    if sweeping == (args.out is not None):
+        parser.error("give either --sweep P … / --mbr T … or --out OUT_DIR (with "
+                     "--length-penalty P and/or --mbr-temperature T)")
     try:
-        if args.sweep is not None:
-            _print_sweep(sweep(args.run, args.sweep, args.ranges, args.methods,
-                               oracle=not args.no_oracle))
+        if sweeping:
+            rules = [lm_rule(p) for p in args.sweep] + [mbr_rule(t) for t in args.mbr]
+            _print_sweep(sweep(args.run, rules, args.ranges, args.methods, oracle=not args.no_oracle))
         else:
-            repick_run(args.run, args.out, args.length_penalty, args.methods)
+            rule = lm_rule(args.length_penalty) if args.mbr_temperature is None else \
+                mbr_rule(args.mbr_temperature, args.length_penalty)
+            repick_run(args.run, args.out, rule, args.methods)
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -28,7 +28,7 @@ from typing import Sequence
 from omegaconf import OmegaConf
 
 from experiments.common import ExperimentConfigError, read_records
-from experiments.commongen import GENERATION_KEYS, rerank_length_penalty
+from experiments.commongen import GENERATION_KEYS, rerank_settings
 
 __all__ = ["merge_runs"]
 
@@ -91,8 +91,8 @@ def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None,
     for run, cfg in zip(runs[1:], configs[1:]):
         differing = [k for k in shared
                      if _plain(cfg, k, allow_differing) != _plain(configs[0], k, allow_differing)]
-        if rerank_length_penalty(cfg) != rerank_length_penalty(configs[0]):
-            differing.append("rerank_length_penalty")
+        differing += [k for k in set(rerank_settings(cfg)) | set(rerank_settings(configs[0]))
+                      if rerank_settings(cfg).get(k) != rerank_settings(configs[0]).get(k)]
         if differing:
             raise ExperimentConfigError(f"{run} differs from {runs[0]} in {differing}")
     known: list[str] = []

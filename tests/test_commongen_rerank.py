@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from ctrlg import metrics
 from experiments.common import ExperimentConfigError
 from experiments.commongen import _generation_config, pick_candidate, rerank_score
-from experiments.commongen_rerank import oracle_pick, repick_run, sweep
+from experiments.commongen_rerank import lm_rule, mbr_rule, oracle_pick, repick_run, sweep
 from experiments.merge_runs import merge_runs
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
@@ -80,6 +80,34 @@ def test_re_picking_saved_candidates_equals_decoding_with_the_exponent(tiny_lm_d
         merge_runs(tmp_path / "refused", [summed, per_token])
 
 
+def test_re_picking_by_mbr_equals_decoding_with_mbr(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    from experiments import commongen
+
+    summed, mbr = tmp_path / "summed", tmp_path / "mbr"
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir), summed)
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir, "rerank=mbr", "mbr_temperature=2.0"), mbr)
+    repicked = read_records(repick_run(summed, tmp_path / "repicked", mbr_rule(2.0)))
+    for mine, theirs in zip(repicked, read_records(mbr), strict=True):
+        for method in ("logical", "ctrlg"):
+            assert mine[method] == {k: v for k, v in theirs[method].items() if k != "candidates"}
+    config = OmegaConf.load(tmp_path / "repicked" / "config.yaml")
+    assert config.rerank == "mbr" and config.mbr_temperature == 2.0
+    merge_runs(tmp_path / "merged", [tmp_path / "repicked", mbr], ["ctrlg"])
+    with pytest.raises(ExperimentConfigError, match="mbr_temperature"):
+        merge_runs(tmp_path / "refused", [tmp_path / "repicked",
+                                         repick_run(summed, tmp_path / "cold", mbr_rule(0.5))])
+
+
+def test_an_unknown_rerank_fails_before_the_lm_is_loaded(tmp_path):
+    from experiments import commongen
+
+    for override, named in (("rerank=best", "rerank must be one of"),
+                            ("mbr_temperature=0", "mbr_temperature must be > 0")):
+        cfg = compose("commongen", ["model.name=/nonexistent/lm", "rerank=mbr", override])
+        with pytest.raises(ExperimentConfigError, match=named):
+            commongen.run(cfg, tmp_path)
+
+
 def _candidate_run(folder, items):
     folder.mkdir()
     OmegaConf.save(OmegaConf.create({"methods": ["ctrlg"], "method_specs": {"ctrlg": {"guide": "ctrlg"}}}),
@@ -112,7 +140,7 @@ def test_sweep_scores_each_exponent_and_the_oracle(tmp_path):
     items = [(references, [_candidate("dog runs", -2.0),
                            _candidate("a dog runs across the green park", -4.0)])] * 3
     run = _candidate_run(tmp_path / "run", items)
-    result = sweep(run, [0.0, 1.0], [(0, 3)])["0:3"]["methods"]["ctrlg"]
+    result = sweep(run, [lm_rule(0.0), lm_rule(1.0), mbr_rule(1.0)], [(0, 3)])["0:3"]["methods"]["ctrlg"]
     short = metrics.evaluate_generations(["dog runs"] * 3, [references] * 3, with_meteor=False)
     long = metrics.evaluate_generations(["a dog runs across the green park"] * 3, [references] * 3,
                                         with_meteor=False)
@@ -121,6 +149,7 @@ def test_sweep_scores_each_exponent_and_the_oracle(tmp_path):
     assert result["p=1"]["bleu4"] == pytest.approx(long["bleu4"]) and result["p=1"]["words"] == 7
     assert result["p=1"]["rouge_l"] == pytest.approx(long["rouge_l"]) and long["rouge_l"] > short["rouge_l"]
     assert result["oracle"]["bleu4"] == pytest.approx(long["bleu4"])
+    assert set(result) == {"p=0", "p=1", "mbr T=1", "oracle"}
 
 
 def test_a_run_without_candidates_is_refused_by_name(tmp_path):
