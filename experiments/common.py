@@ -11,6 +11,7 @@ exits with status 1; ``HYDRA_FULL_ERROR=1`` shows the traceback as for any other
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import os
 import random
@@ -40,6 +41,7 @@ __all__ = [
     "generation_config",
     "find_resume_dir",
     "read_records",
+    "records_path",
     "RecordWriter",
     "format_table",
     "paired_intervals",
@@ -209,7 +211,7 @@ def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConf
     if resume is True:
         parent = out_dir.parent
         for candidate in sorted(parent.iterdir() if parent.is_dir() else [], reverse=True):
-            if candidate == out_dir or not (candidate / records).exists() \
+            if candidate == out_dir or not records_path(candidate, records).exists() \
                     or not (candidate / "config.yaml").exists():
                 continue
             if settings(OmegaConf.load(candidate / "config.yaml")) == wanted:
@@ -218,7 +220,7 @@ def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConf
                                     f"configuration ({', '.join(wanted)}); give "
                                     f"resume=<run folder> or start afresh")
     folder = Path(str(resume))
-    if not (folder / records).exists() or not (folder / "config.yaml").exists():
+    if not records_path(folder, records).exists() or not (folder / "config.yaml").exists():
         raise ExperimentConfigError(f"resume={folder}: no {records} and config.yaml there")
     saved = settings(OmegaConf.load(folder / "config.yaml"))
     differing = [k for k, v in wanted.items() if saved.get(k) != v]
@@ -228,11 +230,26 @@ def find_resume_dir(cfg: DictConfig, out_dir: Path, settings: Callable[[DictConf
     return folder
 
 
+def records_path(folder: Path, records_file: str = "generations.jsonl") -> Path:
+    """``folder / records_file``, or its gzip-compressed copy ``records_file + ".gz"`` when only
+    that exists (how finished runs are kept in the repository, e.g.
+    ``benchmarks/results/commongen/``); the plain name when neither exists."""
+    plain = Path(folder) / records_file
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if not plain.exists() and packed.exists() else plain
+
+
 def read_records(folder: Path, records_file: str = "generations.jsonl") -> list[dict]:
-    """The complete item records of a (possibly interrupted) run's ``records_file``; a torn last
-    line is ignored."""
+    """The complete item records of a (possibly interrupted) run's ``records_file`` (plain or
+    gzip-compressed: :func:`records_path`); a torn last line is ignored."""
+    path = records_path(folder, records_file)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+    else:
+        text = path.read_text(encoding="utf-8")
     records = []
-    for line in (folder / records_file).read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

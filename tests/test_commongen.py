@@ -71,6 +71,38 @@ def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_di
                                                         f"resume={full}"]), tmp_path / "x")
 
 
+def test_a_run_kept_gzip_compressed_is_read_and_resumed_as_it_was(tiny_lm_dir, tiny_hmm_dir,
+                                                                   tmp_path):
+    """Runs kept in the repository are ``generations.jsonl.gz``: reading, resume and merging see
+    the same records as from the plain file."""
+    import gzip
+    import shutil
+
+    from experiments import commongen
+    from experiments.common import read_records as read_run, records_path
+
+    overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
+    full = tmp_path / "full"
+    commongen.run(compose("commongen", overrides), full)
+    part = tmp_path / "part"
+    run_interrupted(commongen, "generate_batch", 3,
+                    lambda: commongen.run(compose("commongen", overrides), part))
+    plain = part / "generations.jsonl"
+    with open(plain, "rb") as src, gzip.open(part / "generations.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    expected = read_records(part)
+    plain.unlink()
+    assert records_path(part) == part / "generations.jsonl.gz"
+    assert read_run(part) == expected and [r["index"] for r in expected] == [0, 1]
+
+    commongen.run(compose("commongen", overrides + [f"resume={part}"]), tmp_path / "resumed")
+    resumed, reference = read_records(tmp_path / "resumed"), read_records(full)
+    assert [r["index"] for r in resumed] == [0, 1, 2, 3]
+    for got, want in zip(resumed, reference):
+        assert [got[m]["text"] for m in ("logical", "ctrlg")] == \
+            [want[m]["text"] for m in ("logical", "ctrlg")]
+
+
 def test_unsatisfiable_item_is_reported_and_the_others_go_on(tiny_lm_dir, tiny_hmm_dir, tmp_path,
                                                              capsys):
     from experiments import commongen
