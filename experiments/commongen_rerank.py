@@ -3,7 +3,7 @@ decoding again.
 
     python -m experiments.commongen_rerank RUN_DIR --sweep 0 0.25 0.5 --mbr 0.5 1 2 [--ranges 500:993]
     python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --length-penalty 0.25
-    python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --mbr-temperature 1
+    python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --mbr-temperature 1 [--keep-as ctrlg_sum]
 
 A run decoded with ``save_candidates=true`` keeps every beam (or sample) of every item with its
 log p_lm(y | prompt), its length in tokens and whether it satisfies the constraint. The search
@@ -20,7 +20,9 @@ Choose a rule on a tuning range only (for CommonGen dev: items 500–992).
 
 ``--out OUT_DIR`` writes a run folder (``generations.jsonl`` without the candidates,
 ``config.yaml`` with the rule). Score it with :mod:`experiments.commongen_report` (paired
-intervals) or merge it with :mod:`experiments.merge_runs`.
+intervals) or merge it with :mod:`experiments.merge_runs`. ``--keep-as NAME`` also keeps the run's
+own pick as method NAME, for paired intervals of the new rule against it on the same beams
+(``commongen_report OUT_DIR --baseline NAME``).
 """
 
 from __future__ import annotations
@@ -146,9 +148,24 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
     return out
 
 
-def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[str] | None = None) -> Path:
+def decoded_rule(cfg) -> dict:
+    """The rule a run's ``config.yaml`` kept its outputs with."""
+    rule = {"rerank": str(cfg.get("rerank", "lm_loglik")),
+            "length_penalty": float(cfg.get("rerank_length_penalty", 0.0) or 0.0)}
+    if rule["rerank"] == "mbr":
+        rule["mbr_temperature"] = float(cfg.get("mbr_temperature", 1.0))
+    return rule
+
+
+def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[str] | None = None,
+               keep_as: str | None = None) -> Path:
     """Write the run folder ``out``: ``run_dir``'s items re-chosen by ``rule`` (a bare number is
-    the length exponent of ``lm_loglik``) and its config with that rule."""
+    the length exponent of ``lm_loglik``) and its config with that rule.
+
+    ``keep_as``: also keep the run's own pick of its one re-picked method, as a method of that
+    name, so that ``experiments.commongen_report OUT --baseline NAME`` gives paired intervals of
+    the new rule against the decoded one on the same beams (``config.yaml``'s
+    ``differing_settings.rerank`` names each method's rule)."""
     rule = rule if isinstance(rule, dict) else lm_rule(rule)
     cfg = OmegaConf.load(run_dir / "config.yaml")
     methods = list(methods or cfg.methods)
@@ -156,19 +173,34 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
     if unknown:
         raise ExperimentConfigError(f"{run_dir} did not decode method(s) {unknown}; it has "
                                     f"{list(cfg.methods)}")
+    if keep_as is not None and (len(methods) != 1 or keep_as in cfg.methods):
+        raise ExperimentConfigError(
+            f"keep_as={keep_as!r} needs exactly one re-picked method (got {methods}) and a name "
+            f"that is not one of the run's methods ({list(cfg.methods)})")
     dropped = set(cfg.methods) - set(methods)   # methods not re-picked are left out
-    rows = [r if "skipped" in r else repick_record(r, methods, rule) for r in read_records(run_dir)]
-    for row in rows:
+    records = read_records(run_dir)
+    rows = [r if "skipped" in r else repick_record(r, methods, rule) for r in records]
+    for row, record in zip(rows, records):
         for method in dropped:
             row.pop(method, None)
             row.get("seconds", {}).pop(method, None)
+        if keep_as is not None and "skipped" not in record:
+            row[keep_as] = {k: v for k, v in record[methods[0]].items() if k != "candidates"}
+            if methods[0] in row.get("seconds", {}):
+                row["seconds"] = {**row["seconds"], keep_as: row["seconds"][methods[0]]}
+    if keep_as is not None:
+        cfg.differing_settings = {"rerank": {methods[0]: rule_name(rule),
+                                             keep_as: rule_name(decoded_rule(cfg))}}
     cfg.rerank = rule["rerank"]
     cfg.rerank_length_penalty = rule["length_penalty"]
     if "mbr_temperature" in rule:
         cfg.mbr_temperature = rule["mbr_temperature"]
     cfg.save_candidates = False
-    cfg.methods = methods
     cfg.method_specs = {m: cfg.method_specs[m] for m in methods}
+    if keep_as is not None:
+        cfg.method_specs[keep_as] = cfg.method_specs[methods[0]]
+        methods = [keep_as, *methods]
+    cfg.methods = methods
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out / "config.yaml")
     with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:
@@ -203,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length-penalty", type=float, default=0.0, metavar="P")
     parser.add_argument("--mbr-temperature", type=float, default=None, metavar="T",
                         help="with --out: rerank=mbr at this temperature")
+    parser.add_argument("--keep-as", default=None, metavar="NAME",
+                        help="with --out: also keep the run's own pick as method NAME (compare "
+                             "with commongen_report OUT --baseline NAME)")
     args = parser.parse_args(argv)
     sweeping = bool(args.sweep or args.mbr)
     if sweeping == (args.out is not None):
@@ -215,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             rule = lm_rule(args.length_penalty) if args.mbr_temperature is None else \
                 mbr_rule(args.mbr_temperature, args.length_penalty)
-            repick_run(args.run, args.out, rule, args.methods)
+            repick_run(args.run, args.out, rule, args.methods, keep_as=args.keep_as)
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from ctrlg import metrics
 from experiments.common import ExperimentConfigError
 from experiments.commongen import _generation_config, pick_candidate, rerank_score
-from experiments.commongen_rerank import lm_rule, mbr_rule, oracle_pick, repick_run, sweep
+from experiments.commongen_rerank import _output, lm_rule, mbr_rule, oracle_pick, repick_run, sweep
 from experiments.merge_runs import merge_runs
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
@@ -161,3 +161,43 @@ def test_a_run_without_candidates_is_refused_by_name(tmp_path):
         repick_run(run, tmp_path / "out", 0.5)
     with pytest.raises(ExperimentConfigError, match="did not decode"):
         repick_run(run, tmp_path / "out", 0.5, ["logical"])
+
+
+def test_keep_as_pairs_the_new_rule_with_the_decoded_pick_on_the_same_items(tmp_path):
+    """--keep-as NAME: the re-picked method and the run's own pick side by side, and
+    commongen_report's paired interval of the two equals the difference of their scores."""
+    from experiments.commongen_report import report_ranges
+
+    references = ["a dog runs across the green field", "the dog is running in a field"]
+    items = [(references, [_candidate("dog runs", -2.0),
+                           _candidate("a dog runs across the green field", -4.0)]),
+             (references, [_candidate("the dog runs in a field", -3.0),
+                           _candidate("dog", -1.0, accepted=False)])]
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = compose("commongen", ["bootstrap.resamples=50", "metrics.meteor=false", "methods=[ctrlg]"])
+    OmegaConf.save(cfg, run / "config.yaml")
+    with open(run / "generations.jsonl", "w") as handle:   # as decoded: the summed pick kept
+        for index, (refs, candidates) in enumerate(items):
+            best = pick_candidate([c["log_likelihood"] for c in candidates],
+                                  [c["tokens"] for c in candidates],
+                                  [c["accepted"] for c in candidates], 0.0)
+            output = {**_output(candidates, best), "candidates": candidates}
+            handle.write(json.dumps({"index": index, "concepts": ["dog"], "references": refs,
+                                     "keyword_groups": [["dog"]], "seconds": {"ctrlg": 1.0},
+                                     "ctrlg": output}) + "\n")
+    out = repick_run(run, tmp_path / "out", 1.0, keep_as="ctrlg_sum")
+    rows = read_records(out)
+    assert [r["ctrlg_sum"]["text"] for r in rows] == ["dog runs", "the dog runs in a field"]
+    assert [r["ctrlg"]["text"] for r in rows] == ["a dog runs across the green field",
+                                                  "the dog runs in a field"]
+    saved = OmegaConf.load(out / "config.yaml")
+    assert list(saved.methods) == ["ctrlg_sum", "ctrlg"]
+    assert dict(saved.differing_settings.rerank) == {"ctrlg": "p=1", "ctrlg_sum": "p=0"}
+    result = report_ranges(out, [(0, 2)], baseline="ctrlg_sum")["0:2"]
+    gap = result["methods"]["ctrlg"]["bleu4"] - result["methods"]["ctrlg_sum"]["bleu4"]
+    assert gap > 0
+    interval = result["intervals"]["ctrlg"]["bleu4"]
+    assert interval["delta"] == pytest.approx(gap) and interval["low"] <= gap <= interval["high"]
+    with pytest.raises(ExperimentConfigError, match="keep_as"):
+        repick_run(run, tmp_path / "again", 1.0, keep_as="ctrlg")
