@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 
 from ctrlg import metrics
 from experiments.common import ExperimentConfigError, format_table, read_records
-from experiments.commongen import pick_candidate, word_count
+from experiments.commongen import pick_candidate, rerank_rule, word_count
 from experiments.commongen_report import _range
 
 __all__ = ["lm_rule", "mbr_rule", "repick_record", "repick_run", "sweep", "oracle_pick"]
@@ -148,15 +148,6 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
     return out
 
 
-def decoded_rule(cfg) -> dict:
-    """The rule a run's ``config.yaml`` kept its outputs with."""
-    rule = {"rerank": str(cfg.get("rerank", "lm_loglik")),
-            "length_penalty": float(cfg.get("rerank_length_penalty", 0.0) or 0.0)}
-    if rule["rerank"] == "mbr":
-        rule["mbr_temperature"] = float(cfg.get("mbr_temperature", 1.0))
-    return rule
-
-
 def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[str] | None = None,
                keep_as: str | None = None) -> Path:
     """Write the run folder ``out``: ``run_dir``'s items re-chosen by ``rule`` (a bare number is
@@ -190,7 +181,7 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
                 row["seconds"] = {**row["seconds"], keep_as: row["seconds"][methods[0]]}
     if keep_as is not None:
         cfg.differing_settings = {"rerank": {methods[0]: rule_name(rule),
-                                             keep_as: rule_name(decoded_rule(cfg))}}
+                                             keep_as: rule_name(rerank_rule(cfg))}}
     cfg.rerank = rule["rerank"]
     cfg.rerank_length_penalty = rule["length_penalty"]
     if "mbr_temperature" in rule:

@@ -73,8 +73,8 @@ def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_di
 
 def test_a_run_kept_gzip_compressed_is_read_and_resumed_as_it_was(tiny_lm_dir, tiny_hmm_dir,
                                                                    tmp_path):
-    """Runs kept in the repository are ``generations.jsonl.gz``: reading, resume and merging see
-    the same records as from the plain file."""
+    """Runs kept in the repository are ``generations.jsonl.gz``: reading and resume see the same
+    records as from the plain file."""
     import gzip
     import shutil
 
