@@ -40,6 +40,8 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
 
 import hydra
 import torch
@@ -52,6 +54,7 @@ from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, prompt_text
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
+from ctrlg.judge import Judge
 from ctrlg.mbr import mbr_pick
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
@@ -172,6 +175,27 @@ def prompt_ids(example, tokenizer, model_cfg) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def judge_prompt_ids(concepts: list[str], tokenizer, judge_cfg) -> list[int]:
+    """The judge's prompt for one item: :func:`prompt_ids` in ``judge.prompt_style`` (default
+    ``instruct``: the instruction naming the concepts, in the chat template)."""
+    style = {"prompt_style": judge_cfg.get("prompt_style") or "instruct",
+             "chat_template": bool(judge_cfg.get("chat_template", True)),
+             "bos_token": judge_cfg.get("bos_token") or DEFAULT_BOS_TOKEN}
+    return prompt_ids(SimpleNamespace(concepts=list(concepts)), tokenizer, style)
+
+
+def load_judge(cfg: DictConfig) -> Judge | None:
+    """The judge LM of ``judge`` (None when ``judge.weight`` is 0): ``judge.model`` (null: the
+    embedded LM) with ``judge.adapter`` (null: none) in ``model.dtype``."""
+    if not rerank_rule(cfg).get("judge_weight"):
+        return None
+    judge_cfg = cfg.judge
+    model, tokenizer = load_lm(OmegaConf.create({"name": judge_cfg.get("model"),
+                                                 "adapter": judge_cfg.get("adapter"),
+                                                 "dtype": cfg.model.get("dtype", "float32")}))
+    return Judge(model, tokenizer)
+
+
 def eos_ids(model, tokenizer) -> list[int]:
     """The EOS ids (:func:`ctrlg.vocab.eos_token_ids`: the tokenizer's, then the model's)."""
     return eos_token_ids(tokenizer, model)
@@ -200,11 +224,14 @@ def decoding_options(gen, K: int, beams: int) -> dict:
 
 
 def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
-                   seed: int, processor_cache: dict | None = None) -> list[dict]:
+                   seed: int, processor_cache: dict | None = None, judge: Judge | None = None,
+                   judge_prompts: list[list[int]] | None = None) -> list[dict]:
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
     K rows; ``processor_cache`` lets the methods of one batch share a guide's tables) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
     the highest log p_lm(candidate | prompt): summed during beam search
-    (:mod:`ctrlg.beam_likelihood`), else by a second pass (:func:`ctrlg.sampler.lm_log_likelihood`)."""
+    (:mod:`ctrlg.beam_likelihood`), else by a second pass (:func:`ctrlg.sampler.lm_log_likelihood`);
+    with ``judge.weight`` > 0, plus a times the ``judge``'s log p(y | ``judge_prompts[j]``)
+    (:func:`pick_candidate`)."""
 
     gen = cfg.generation
     K, beams = int(gen.num_samples), int(gen.get("num_beams", 1))
@@ -251,15 +278,28 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
         rerank = rule["rerank"] != "none"
         scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else [0.0] * K
         lengths = [len(s) for s in samples]
+        judged = rule.get("judge_weight") and rerank
         texts = [candidate_text(tokenizer, s, eos) for s in samples] \
-            if keep_all or rule["rerank"] == "mbr" else None
-        best = pick_candidate(scores, lengths, accepted, rule, texts)
+            if keep_all or judged or rule["rerank"] == "mbr" else None
+        verdicts: dict[str, float] = {}
+
+        def verdict(chosen: list[str], j=j) -> list[float]:
+            values = judge.score(judge_prompts[j], chosen)
+            verdicts.update(zip(chosen, values))
+            return values
+
+        if judged and (judge is None or judge_prompts is None):
+            raise ExperimentConfigError("judge.weight > 0 but no judge LM was loaded")
+        best = pick_candidate(scores, lengths, accepted, rule, texts, verdict if judged else None)
         text = texts[best] if texts else candidate_text(tokenizer, samples[best], eos)
         result = {"text": text, "accepted": accepted[best], "num_accepted": sum(accepted),
                   "log_likelihood": scores[best] if rerank else None, "words": word_count(text)}
+        if judged:
+            result["judge_log_likelihood"] = verdicts[text]
         if keep_all:
             result["candidates"] = [
-                {"text": t, "log_likelihood": score if rerank else None, "tokens": n, "accepted": ok}
+                {"text": t, "log_likelihood": score if rerank else None, "tokens": n, "accepted": ok,
+                 **({"judge_log_likelihood": verdicts[t]} if t in verdicts else {})}
                 for t, score, n, ok in zip(texts, scores, lengths, accepted)]
         results.append(result)
     return results
@@ -275,12 +315,25 @@ RERANKS = ("lm_loglik", "mbr", "none")
 
 def rerank_rule(cfg) -> dict:
     """The rule that keeps one candidate per item: ``rerank`` (lm_loglik | mbr | none), the
-    length exponent p (``rerank_length_penalty``, 0 when absent) and, for mbr, the temperature T
-    (``mbr_temperature``, 1 when absent)."""
+    length exponent p (``rerank_length_penalty``, 0 when absent), for mbr the temperature T
+    (``mbr_temperature``, 1 when absent) and, when ``judge.weight`` a > 0, the judge's weight
+    and shortlist size (``judge_weight``, ``judge_top_k``: :func:`pick_candidate`)."""
     rerank = str(cfg.get("rerank", "lm_loglik"))
     if rerank not in RERANKS:
         raise ExperimentConfigError(f"rerank must be one of {', '.join(RERANKS)}, got {rerank!r}")
     rule = {"rerank": rerank, "length_penalty": float(cfg.get("rerank_length_penalty", 0.0) or 0.0)}
+    judge = cfg.get("judge") or {}
+    weight = float(judge.get("weight", 0.0) or 0.0)
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ExperimentConfigError(f"judge.weight must be a finite number ≥ 0, got {weight}")
+    if weight:
+        top_k = judge.get("top_k", 16)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ExperimentConfigError(f"judge.top_k must be a positive integer, got {top_k!r}")
+        if rerank != "lm_loglik":
+            raise ExperimentConfigError(f"judge.weight > 0 adds to the lm_loglik rerank; it does "
+                                        f"not combine with rerank={rerank}")
+        rule.update(judge_weight=weight, judge_top_k=int(top_k))
     if rerank == "mbr":
         rule["mbr_temperature"] = float(cfg.get("mbr_temperature", 1.0))
         if not rule["mbr_temperature"] > 0:
@@ -295,6 +348,8 @@ def rerank_settings(cfg) -> dict:
     out = {"rerank_length_penalty": rule["length_penalty"]} if rule["length_penalty"] else {}
     if "mbr_temperature" in rule:
         out["mbr_temperature"] = rule["mbr_temperature"]
+    if rule.get("judge_weight"):
+        out["judge"] = OmegaConf.to_container(cfg.judge, resolve=True)
     return out
 
 
@@ -305,17 +360,42 @@ def rerank_score(log_likelihood: float, tokens: int, exponent: float) -> float:
     return log_likelihood / max(tokens, 1) ** exponent if exponent else log_likelihood
 
 
+def judge_shortlist(scores: list[float], lengths: list[int], accepted: list[bool], rule: dict,
+                    texts: list[str]) -> list[int]:
+    """The candidates a judge scores: the ``judge_top_k`` best by :func:`rerank_score` among the
+    constraint-satisfying ones (all when none satisfies), one per distinct text, best first."""
+    pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
+    ranked = sorted(pool, key=lambda i: -rerank_score(scores[i], lengths[i], rule["length_penalty"]))
+    distinct: dict[str, int] = {}
+    for i in ranked:
+        distinct.setdefault(texts[i], i)
+    return list(distinct.values())[:int(rule["judge_top_k"])]
+
+
 def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool],
-                   rule: dict | float = 0.0, texts: list[str] | None = None) -> int:
+                   rule: dict | float = 0.0, texts: list[str] | None = None,
+                   judge: Callable[[list[str]], list[float]] | None = None) -> int:
     """The index of the kept candidate, among the constraint-satisfying ones (all of them when
     none satisfies): ``lm_loglik``, the highest :func:`rerank_score` (the first on ties);
     ``mbr``, minimum Bayes risk over those candidates (:func:`ctrlg.mbr.mbr_pick`: BLEU+1 on
     the metrics' tokens, weights softmax(rerank_score / T)); ``none``, the first. ``rule`` is
-    :func:`rerank_rule`'s dict, or a bare length exponent for ``lm_loglik``."""
+    :func:`rerank_rule`'s dict, or a bare length exponent for ``lm_loglik``.
+
+    With ``judge_weight`` a > 0 in the rule, ``judge(texts)`` gives log p_judge(y | judge prompt)
+    of the :func:`judge_shortlist` and the kept candidate is the shortlisted one of highest
+    rerank_score(y) + a · log p_judge(y) (a product of experts: p_lm(y)^{1/|y|^p} · p_judge(y)^a)."""
     rule = {"rerank": "lm_loglik", "length_penalty": float(rule)} if not isinstance(rule, dict) else rule
     pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
     if rule["rerank"] == "none":
         return pool[0]
+    if rule.get("judge_weight"):
+        if judge is None or texts is None:
+            raise ExperimentConfigError("judge.weight > 0 needs a judge LM and the candidates' texts")
+        shortlist = judge_shortlist(scores, lengths, accepted, rule, texts)
+        verdicts = judge([texts[i] for i in shortlist])
+        combined = [rerank_score(scores[i], lengths[i], rule["length_penalty"])
+                    + rule["judge_weight"] * v for i, v in zip(shortlist, verdicts)]
+        return shortlist[max(range(len(shortlist)), key=lambda k: combined[k])]
     ranked = [rerank_score(scores[i], lengths[i], rule["length_penalty"]) for i in pool]
     if rule["rerank"] == "mbr":
         if texts is None:
@@ -452,18 +532,21 @@ def prepare_batch(batch: list, cfg: DictConfig, tokenizer, vocab_size: int, eos:
 
 
 def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict, model, tokenizer,
-                 hmm, cfg: DictConfig) -> None:
+                 hmm, cfg: DictConfig, judge: Judge | None = None) -> None:
     """Every method on the ``ready`` items of one batch (:func:`generate_batch`, seeded by
     :func:`batch_seed`; the methods share guide tables); each record gets the method's output
     and its share of the batch's seconds."""
     if not ready:
         return
     shared: dict = {}
+    judge_prompts = None if judge is None else \
+        [judge_prompt_ids(record["concepts"], judge.tokenizer, cfg.judge) for record, _, _ in ready]
     for method in methods:
         start = time.perf_counter()
         outputs = generate_batch(specs[method], model, tokenizer, [p for _, _, p in ready],
                                  [c for _, c, _ in ready], hmm, cfg,
-                                 batch_seed(cfg.seed, first_index, method), shared)
+                                 batch_seed(cfg.seed, first_index, method), shared, judge,
+                                 judge_prompts)
         share = (time.perf_counter() - start) / len(ready)
         for (record, _, _), output in zip(ready, outputs):
             record[method] = output
@@ -474,7 +557,8 @@ def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict,
 
 
 def decode_items(items: list, previous: list[dict], methods: list[str], specs: dict, model,
-                 tokenizer, hmm, cfg: DictConfig, out_dir: Path) -> list[dict]:
+                 tokenizer, hmm, cfg: DictConfig, out_dir: Path,
+                 judge: Judge | None = None) -> list[dict]:
     """Every item not in ``previous`` (the records of a resumed run), batch by batch
     (:func:`batches`); each finished record is appended to ``generations.jsonl`` at once.
     Returns all records, the previous ones first."""
@@ -495,7 +579,7 @@ def decode_items(items: list, previous: list[dict], methods: list[str], specs: d
             if not batch:
                 continue
             ready = prepare_batch(batch, cfg, tokenizer, vocab_size, eos, keep)
-            decode_batch(ready, group[0][0], methods, specs, model, tokenizer, hmm, cfg)
+            decode_batch(ready, group[0][0], methods, specs, model, tokenizer, hmm, cfg, judge)
             for record, _, _ in ready:
                 keep(record)
             bar.update(len(batch))
@@ -552,7 +636,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     items = select_items(cfg)
     previous = read_records(resume_dir) if resume_dir is not None else []
     model, tokenizer, hmm = load_models(cfg, specs)
-    records = decode_items(items, previous, methods, specs, model, tokenizer, hmm, cfg, out_dir)
+    judge = load_judge(cfg)
+    records = decode_items(items, previous, methods, specs, model, tokenizer, hmm, cfg, out_dir,
+                           judge)
     return report(records, items[0][0], methods, specs, cfg, out_dir)
 
 

@@ -4,6 +4,8 @@ decoding again.
     python -m experiments.commongen_rerank RUN_DIR --sweep 0 0.25 0.5 --mbr 0.5 1 2 [--ranges 500:993]
     python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --length-penalty 0.25
     python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --mbr-temperature 1 [--keep-as ctrlg_sum]
+    python -m experiments.commongen_rerank RUN_DIR --sweep 0 --judge-weights 0.25 0.5 1 [--judge-top-k 16]
+    python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --judge-weight 0.5 --keep-as ctrlg_lm
 
 A run decoded with ``save_candidates=true`` keeps every beam (or sample) of every item with its
 log p_lm(y | prompt), its length in tokens and whether it satisfies the constraint. The search
@@ -11,6 +13,12 @@ itself does not depend on the rerank, so choosing again
 (:func:`experiments.commongen.pick_candidate`) gives exactly the outputs a run decoded with that
 rule would have produced: ``rerank=lm_loglik rerank_length_penalty=p`` (the highest
 log p_lm / |y|^p) or ``rerank=mbr mbr_temperature=T`` (minimum Bayes risk, :mod:`ctrlg.mbr`).
+
+``--judge-weights A …`` adds, for each length exponent P of ``--sweep``, the rules with a judge
+LM of weight A (``judge.weight``: the shortlist of the ``--judge-top-k`` best candidates by
+log p_lm / |y|^p, kept by log p_lm / |y|^p + A · log p_judge(y | the instruction naming the
+concepts); :func:`experiments.commongen.pick_candidate`); the judge (``--judge-model``, default
+the embedded LM without the adapter) scores each shortlisted candidate once.
 
 ``--sweep P …`` / ``--mbr T …`` print, per range of dataset indices, BLEU-4 / ROUGE-L / CIDEr
 (the paper's units) and mean words for each rule, and an ``oracle`` row: per item the candidate
@@ -37,15 +45,20 @@ from omegaconf import OmegaConf
 
 from ctrlg import metrics
 from experiments.common import ExperimentConfigError, format_table, read_records
-from experiments.commongen import pick_candidate, rerank_rule, word_count
+from experiments.commongen import (judge_prompt_ids, load_judge, pick_candidate, rerank_rule,
+                                  word_count)
 from experiments.commongen_report import _range
 
 __all__ = ["lm_rule", "mbr_rule", "repick_record", "repick_run", "sweep", "oracle_pick"]
 
 
-def lm_rule(length_penalty: float = 0.0) -> dict:
-    """The rule ``rerank=lm_loglik`` with length exponent p."""
-    return {"rerank": "lm_loglik", "length_penalty": float(length_penalty)}
+def lm_rule(length_penalty: float = 0.0, judge_weight: float = 0.0, judge_top_k: int = 16) -> dict:
+    """The rule ``rerank=lm_loglik`` with length exponent p (and a judge of weight a > 0 over the
+    best ``judge_top_k`` candidates)."""
+    rule = {"rerank": "lm_loglik", "length_penalty": float(length_penalty)}
+    if judge_weight:
+        rule.update(judge_weight=float(judge_weight), judge_top_k=int(judge_top_k))
+    return rule
 
 
 def mbr_rule(temperature: float = 1.0, length_penalty: float = 0.0) -> dict:
@@ -57,6 +70,8 @@ def rule_name(rule: dict) -> str:
     name = f"p={rule['length_penalty']:g}" if rule["length_penalty"] or rule["rerank"] != "mbr" else ""
     if rule["rerank"] == "mbr":
         name = f"mbr T={rule['mbr_temperature']:g}" + (f" {name}" if name else "")
+    if rule.get("judge_weight"):
+        name += f" judge a={rule['judge_weight']:g} K={rule['judge_top_k']}"
     return name
 
 
@@ -82,16 +97,29 @@ def _output(candidates: list[dict], best: int) -> dict:
             "log_likelihood": chosen["log_likelihood"], "words": word_count(chosen["text"])}
 
 
-def repick_record(record: dict, methods: Sequence[str], rule: dict) -> dict:
+def judge_for(judge, cfg, record: dict):
+    """``judge(texts)`` for one record: the judge's log p(text | its prompt for the record's
+    concepts) (:func:`experiments.commongen.judge_prompt_ids`); None without a judge."""
+    if judge is None:
+        return None
+    prompt = judge_prompt_ids(record["concepts"], judge.tokenizer, cfg.get("judge") or {})
+    return lambda texts: judge.score(prompt, texts)
+
+
+def repick_record(record: dict, methods: Sequence[str], rule: dict, judge=None, cfg=None) -> dict:
     """``record`` with each of ``methods`` re-chosen from its candidates by ``rule``
-    (:func:`experiments.commongen.pick_candidate`; the candidates are dropped from the copy)."""
+    (:func:`experiments.commongen.pick_candidate`, with ``judge`` — a :class:`ctrlg.judge.Judge`
+    prompted as ``cfg.judge`` says — when the rule has a judge weight; the candidates are dropped
+    from the copy)."""
     out = dict(record)
     for method in methods:
         candidates = _candidates(record, method)
         best = pick_candidate([c["log_likelihood"] for c in candidates],
                               [c["tokens"] for c in candidates],
                               [c["accepted"] for c in candidates], rule,
-                              [c["text"] for c in candidates])
+                              [c["text"] for c in candidates],
+                              judge_for(judge, cfg if cfg is not None else {}, record)
+                              if rule.get("judge_weight") else None)
         out[method] = _output(candidates, best)
     return out
 
@@ -122,10 +150,14 @@ def _scored(records: list[dict], method: str) -> dict:
 
 
 def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] | None = None,
-          oracle: bool = True) -> dict:
+          oracle: bool = True, judge=None, judge_cfg: dict | None = None) -> dict:
     """``{"start:stop": {"items": n, "methods": {method: {rule name | "oracle": metric row}}}}``:
-    every rule (:func:`lm_rule`, :func:`mbr_rule`) and the oracle on every range of indices."""
+    every rule (:func:`lm_rule`, :func:`mbr_rule`) and the oracle on every range of indices
+    (``judge``: the :class:`ctrlg.judge.Judge` of the rules with a judge weight, prompted as
+    ``judge_cfg`` says)."""
     cfg = OmegaConf.load(run_dir / "config.yaml")
+    if judge_cfg is not None:
+        cfg.judge = judge_cfg
     methods = list(methods or cfg.methods)
     records = [r for r in read_records(run_dir) if "skipped" not in r]
     out: dict = {}
@@ -135,7 +167,8 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
             raise ExperimentConfigError(f"no scored item of {run_dir} lies in [{start}, {stop})")
         per_method: dict = {}
         for method in methods:
-            rows = {rule_name(rule): _scored([repick_record(r, [method], rule) for r in chosen], method)
+            rows = {rule_name(rule): _scored([repick_record(r, [method], rule, judge, cfg)
+                                              for r in chosen], method)
                     for rule in rules}
             if oracle:
                 picked = []
@@ -149,7 +182,7 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
 
 
 def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[str] | None = None,
-               keep_as: str | None = None) -> Path:
+               keep_as: str | None = None, judge=None, judge_cfg: dict | None = None) -> Path:
     """Write the run folder ``out``: ``run_dir``'s items re-chosen by ``rule`` (a bare number is
     the length exponent of ``lm_loglik``) and its config with that rule.
 
@@ -170,7 +203,9 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
             f"that is not one of the run's methods ({list(cfg.methods)})")
     dropped = set(cfg.methods) - set(methods)   # methods not re-picked are left out
     records = read_records(run_dir)
-    rows = [r if "skipped" in r else repick_record(r, methods, rule) for r in records]
+    if judge_cfg is not None:
+        cfg.judge = judge_cfg
+    rows = [r if "skipped" in r else repick_record(r, methods, rule, judge, cfg) for r in records]
     for row, record in zip(rows, records):
         for method in dropped:
             row.pop(method, None)
@@ -186,6 +221,10 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
     cfg.rerank_length_penalty = rule["length_penalty"]
     if "mbr_temperature" in rule:
         cfg.mbr_temperature = rule["mbr_temperature"]
+    if rule.get("judge_weight"):
+        cfg.judge.weight, cfg.judge.top_k = rule["judge_weight"], rule["judge_top_k"]
+    elif cfg.get("judge") is not None:
+        cfg.judge.weight = 0.0
     cfg.save_candidates = False
     cfg.method_specs = {m: cfg.method_specs[m] for m in methods}
     if keep_as is not None:
@@ -226,6 +265,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length-penalty", type=float, default=0.0, metavar="P")
     parser.add_argument("--mbr-temperature", type=float, default=None, metavar="T",
                         help="with --out: rerank=mbr at this temperature")
+    parser.add_argument("--judge-weights", type=float, nargs="+", default=[], metavar="A",
+                        help="with --sweep: also each length exponent with a judge LM of weight A")
+    parser.add_argument("--judge-weight", type=float, default=0.0, metavar="A",
+                        help="with --out: a judge LM of weight A (judge.weight)")
+    parser.add_argument("--judge-top-k", type=int, default=16, metavar="K")
+    parser.add_argument("--judge-model", default=None, help="the judge LM (default: the embedded LM)")
+    parser.add_argument("--judge-adapter", default=None)
+    parser.add_argument("--judge-cache", type=Path, default=None, metavar="FILE",
+                        help="JSON lines of judge scores read before and written after (the same "
+                             "judge LM only)")
     parser.add_argument("--keep-as", default=None, metavar="NAME",
                         help="with --out: also keep the run's own pick as method NAME (compare "
                              "with commongen_report OUT --baseline NAME)")
@@ -234,14 +283,32 @@ def main(argv: list[str] | None = None) -> None:
     if sweeping == (args.out is not None):
         parser.error("give either --sweep P … / --mbr T … or --out OUT_DIR (with "
                      "--length-penalty P and/or --mbr-temperature T)")
+    weights = args.judge_weights if sweeping else [args.judge_weight] if args.judge_weight else []
+    if args.judge_top_k < 1 or any(not a > 0 for a in weights):
+        parser.error("--judge-top-k must be ≥ 1 and every judge weight > 0")
+    judge_cfg = {"weight": max(weights, default=0.0), "top_k": args.judge_top_k,
+                 "model": args.judge_model, "adapter": args.judge_adapter,
+                 "prompt_style": "instruct", "chat_template": True}
     try:
+        judge = None
+        if weights:
+            run_cfg = OmegaConf.load(args.run / "config.yaml")
+            run_cfg.judge = judge_cfg
+            judge = load_judge(run_cfg)
+            if args.judge_cache is not None and args.judge_cache.exists():
+                judge.load_memo(args.judge_cache)
         if sweeping:
             rules = [lm_rule(p) for p in args.sweep] + [mbr_rule(t) for t in args.mbr]
-            _print_sweep(sweep(args.run, rules, args.ranges, args.methods, oracle=not args.no_oracle))
+            rules += [lm_rule(p, a, args.judge_top_k) for p in args.sweep for a in weights]
+            _print_sweep(sweep(args.run, rules, args.ranges, args.methods,
+                               oracle=not args.no_oracle, judge=judge, judge_cfg=judge_cfg))
         else:
-            rule = lm_rule(args.length_penalty) if args.mbr_temperature is None else \
-                mbr_rule(args.mbr_temperature, args.length_penalty)
-            repick_run(args.run, args.out, rule, args.methods, keep_as=args.keep_as)
+            rule = lm_rule(args.length_penalty, args.judge_weight, args.judge_top_k) \
+                if args.mbr_temperature is None else mbr_rule(args.mbr_temperature, args.length_penalty)
+            repick_run(args.run, args.out, rule, args.methods, keep_as=args.keep_as, judge=judge,
+                       judge_cfg=judge_cfg)
+        if judge is not None and args.judge_cache is not None:
+            judge.save_memo(args.judge_cache)
     except ExperimentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

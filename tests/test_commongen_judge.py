@@ -1,0 +1,146 @@
+"""The CommonGen rerank with a judge LM: the pick against an explicit search over the shortlist,
+decoding with a judge equal to re-picking the saved beams offline with it, and the errors."""
+
+import json
+import math
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from ctrlg.judge import Judge, judge_log_likelihoods
+from experiments.common import ExperimentConfigError
+from experiments.commongen import _generation_config, judge_prompt_ids, pick_candidate, rerank_score
+from experiments.commongen_rerank import lm_rule, repick_run
+from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
+
+
+def read_records(folder):
+    return [json.loads(line) for line in (folder / "generations.jsonl").read_text().splitlines()]
+
+
+def explicit_pick(scores, lengths, accepted, texts, verdicts, p, a, k):
+    """Every distinct satisfying text (all texts when none satisfies) with its best-scored
+    candidate; the k best by log p / |y|^p; the one maximising that plus a · judge."""
+    pool = [i for i in range(len(scores)) if accepted[i]] or list(range(len(scores)))
+    best_of_text = {}
+    for i in pool:
+        value = scores[i] / lengths[i] ** p
+        j = best_of_text.get(texts[i])
+        if j is None or value > scores[j] / lengths[j] ** p:
+            best_of_text[texts[i]] = i
+    shortlist = sorted(best_of_text.values(), key=lambda i: (-scores[i] / lengths[i] ** p, i))[:k]
+    return max(shortlist, key=lambda i: (scores[i] / lengths[i] ** p + a * verdicts[texts[i]],
+                                         -shortlist.index(i)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_judged_pick_is_the_best_combined_score_of_the_shortlist(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 8)
+    texts = [rng.choice("abcde") for _ in range(n)]           # repeated texts: one per text is judged
+    scores = [-rng.uniform(1, 20) for _ in range(n)]
+    lengths = [rng.randint(1, 12) for _ in range(n)]
+    accepted = [rng.random() < 0.6 for _ in range(n)]
+    verdicts = {t: -rng.uniform(1, 20) for t in "abcde"}
+    p, a, k = rng.choice([0.0, 0.5]), rng.choice([0.25, 1.0, 4.0]), rng.randint(1, 5)
+    asked = []
+
+    def judge(chosen):
+        asked.append(list(chosen))
+        return [verdicts[t] for t in chosen]
+
+    rule = {**lm_rule(p, a, k)}
+    got = pick_candidate(scores, lengths, accepted, rule, texts, judge)
+    assert got == explicit_pick(scores, lengths, accepted, texts, verdicts, p, a, k)
+    assert len(asked) == 1 and len(set(asked[0])) == len(asked[0]) <= k   # each text judged once
+    # a shortlist of one is the rule without a judge
+    assert pick_candidate(scores, lengths, accepted, lm_rule(p, a, 1), texts, judge) == \
+        pick_candidate(scores, lengths, accepted, p)
+
+
+def test_a_heavy_judge_overrules_the_lm_within_the_shortlist():
+    scores, lengths, accepted = [-5.0, -6.0, -30.0], [5, 5, 5], [True, True, True]
+    texts = ["illustration of a dog", "a dog runs in the park", "dog dog dog"]
+    verdicts = {"illustration of a dog": -40.0, "a dog runs in the park": -10.0, "dog dog dog": -1.0}
+    judge = lambda chosen: [verdicts[t] for t in chosen]   # noqa: E731
+    assert pick_candidate(scores, lengths, accepted, 0.0) == 0
+    assert pick_candidate(scores, lengths, accepted, lm_rule(0.0, 1.0, 2), texts, judge) == 1
+    assert pick_candidate(scores, lengths, accepted, lm_rule(0.0, 1.0, 3), texts, judge) == 1
+    assert pick_candidate(scores, lengths, accepted, lm_rule(0.0, 4.0, 3), texts, judge) == 2
+    with pytest.raises(ExperimentConfigError, match="needs a judge"):
+        pick_candidate(scores, lengths, accepted, lm_rule(0.0, 1.0, 2), texts, None)
+
+
+def test_judge_scores_each_text_once_with_its_eos(tiny_lm_dir, tmp_path):
+    from ctrlg.models import load
+
+    model, tokenizer = load(str(tiny_lm_dir))
+    judge = Judge(model, tokenizer)
+    prompt = judge_prompt_ids(["dog", "run"], tokenizer, {"prompt_style": "instruct"})
+    assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
+    encoded = judge.encode("  a dog  runs ")
+    assert encoded[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(encoded[:-1]) == "a dog runs"
+    first = judge.score(prompt, ["a dog runs", "dogs run", "a dog runs"])
+    assert first[0] == first[2]
+    assert first == pytest.approx(judge_log_likelihoods(model, prompt, [judge.encode("a dog runs"),
+                                                                        judge.encode("dogs run"),
+                                                                        judge.encode("a dog runs")]))
+    assert len(judge.memo) == 2
+    judge.save_memo(tmp_path / "memo.jsonl")
+    again = Judge(model, tokenizer)
+    assert again.load_memo(tmp_path / "memo.jsonl") == 2 and again.memo == judge.memo
+
+
+def _adapted(lm_dir, hmm_dir, *extra):
+    return compose("commongen", ["pipeline=adapted", f"model.name={lm_dir}", "model.adapter=null",
+                                 f"hmm.path={hmm_dir}", "data.limit=4", "batch_size=2",
+                                 "generation.num_beams=4", "generation.max_new_tokens=12",
+                                 "metrics.meteor=false", "bootstrap.resamples=0",
+                                 "methods=[logical,ctrlg]", "save_candidates=true", *extra])
+
+
+def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm_dir, tiny_hmm_dir,
+                                                                        tmp_path):
+    from experiments import commongen
+
+    plain, judged = tmp_path / "plain", tmp_path / "judged"
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir), plain)
+    with_judge = ["judge.weight=2.0", "judge.top_k=3", f"judge.model={tiny_lm_dir}"]
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir, *with_judge), judged)
+    decoded = read_records(judged)
+    for record in decoded:
+        for method in ("logical", "ctrlg"):
+            out = record[method]
+            verdicts = {c["text"]: c["judge_log_likelihood"] for c in out["candidates"]
+                        if "judge_log_likelihood" in c}
+            assert 1 <= len(verdicts) <= 3 and out["judge_log_likelihood"] == verdicts[out["text"]]
+            combined = {c["text"]: c["log_likelihood"] + 2.0 * verdicts[c["text"]]
+                        for c in out["candidates"] if c["text"] in verdicts}
+            assert math.isclose(combined[out["text"]], max(combined.values()))
+    cfg = OmegaConf.load(judged / "config.yaml")
+    judge = commongen.load_judge(cfg)
+    repicked = read_records(repick_run(plain, tmp_path / "repicked", lm_rule(0.0, 2.0, 3),
+                                       judge=judge, judge_cfg=OmegaConf.to_container(cfg.judge)))
+    for mine, theirs in zip(repicked, decoded, strict=True):
+        for method in ("logical", "ctrlg"):
+            assert mine[method]["text"] == theirs[method]["text"]
+    # the judge's settings decide the generations: a resumed run must share them
+    assert "judge" not in _generation_config(_adapted(tiny_lm_dir, tiny_hmm_dir))
+    assert _generation_config(cfg)["judge"]["weight"] == 2.0
+
+
+@pytest.mark.parametrize("override, named", [("judge.weight=-1", "judge.weight must be"),
+                                             ("judge.top_k=0", "judge.top_k must be"),
+                                             ("rerank=mbr", "does not combine")])
+def test_bad_judge_settings_fail_before_the_lm_is_loaded(tmp_path, override, named):
+    from experiments import commongen
+
+    cfg = compose("commongen", ["model.name=/nonexistent/lm", "judge.weight=0.5", override])
+    with pytest.raises(ExperimentConfigError, match=named):
+        commongen.run(cfg, tmp_path)
+
+
+def test_rerank_score_is_unchanged_without_a_judge():
+    assert rerank_score(-12.0, 4, 0.0) == -12.0
