@@ -203,6 +203,7 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
             f"that is not one of the run's methods ({list(cfg.methods)})")
     dropped = set(cfg.methods) - set(methods)   # methods not re-picked are left out
     records = read_records(run_dir)
+    decoded_rule = rerank_rule(cfg)   # the run's own rule, before the judge's settings replace its own
     if judge_cfg is not None:
         cfg.judge = judge_cfg
     rows = [r if "skipped" in r else repick_record(r, methods, rule, judge, cfg) for r in records]
@@ -216,7 +217,7 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
                 row["seconds"] = {**row["seconds"], keep_as: row["seconds"][methods[0]]}
     if keep_as is not None:
         cfg.differing_settings = {"rerank": {methods[0]: rule_name(rule),
-                                             keep_as: rule_name(rerank_rule(cfg))}}
+                                             keep_as: rule_name(decoded_rule)}}
     cfg.rerank = rule["rerank"]
     cfg.rerank_length_penalty = rule["length_penalty"]
     if "mbr_temperature" in rule:

@@ -122,10 +122,13 @@ def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm
     cfg = OmegaConf.load(judged / "config.yaml")
     judge = commongen.load_judge(cfg)
     repicked = read_records(repick_run(plain, tmp_path / "repicked", lm_rule(0.0, 2.0, 3),
-                                       judge=judge, judge_cfg=OmegaConf.to_container(cfg.judge)))
-    for mine, theirs in zip(repicked, decoded, strict=True):
-        for method in ("logical", "ctrlg"):
-            assert mine[method]["text"] == theirs[method]["text"]
+                                       judge=judge, judge_cfg=OmegaConf.to_container(cfg.judge),
+                                       keep_as="ctrlg_lm", methods=["ctrlg"]))
+    names = OmegaConf.load(tmp_path / "repicked" / "config.yaml").differing_settings.rerank
+    assert names == {"ctrlg": "p=0 judge a=2 K=3", "ctrlg_lm": "p=0"}
+    for mine, theirs, own in zip(repicked, decoded, read_records(plain), strict=True):
+        assert mine["ctrlg"]["text"] == theirs["ctrlg"]["text"]
+        assert mine["ctrlg_lm"]["text"] == own["ctrlg"]["text"]
     # the judge's settings decide the generations: a resumed run must share them
     assert "judge" not in _generation_config(_adapted(tiny_lm_dir, tiny_hmm_dir))
     assert _generation_config(cfg)["judge"]["weight"] == 2.0
