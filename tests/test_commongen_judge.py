@@ -1,7 +1,6 @@
 """The CommonGen rerank with a judge LM: the pick against an explicit search over the shortlist,
 decoding with a judge equal to re-picking the saved beams offline with it, and the errors."""
 
-import json
 import math
 import random
 
@@ -12,11 +11,8 @@ from ctrlg.judge import Judge, judge_log_likelihoods
 from experiments.common import ExperimentConfigError
 from experiments.commongen import _generation_config, judge_prompt_ids, pick_candidate, rerank_score
 from experiments.commongen_rerank import lm_rule, repick_run
+from test_commongen_rerank import _adapted, read_records
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
-
-
-def read_records(folder):
-    return [json.loads(line) for line in (folder / "generations.jsonl").read_text().splitlines()]
 
 
 def explicit_pick(scores, lengths, accepted, texts, verdicts, p, a, k):
@@ -91,14 +87,6 @@ def test_judge_scores_each_text_once_with_its_eos(tiny_lm_dir, tmp_path):
     judge.save_memo(tmp_path / "memo.jsonl")
     again = Judge(model, tokenizer)
     assert again.load_memo(tmp_path / "memo.jsonl") == 2 and again.memo == judge.memo
-
-
-def _adapted(lm_dir, hmm_dir, *extra):
-    return compose("commongen", ["pipeline=adapted", f"model.name={lm_dir}", "model.adapter=null",
-                                 f"hmm.path={hmm_dir}", "data.limit=4", "batch_size=2",
-                                 "generation.num_beams=4", "generation.max_new_tokens=12",
-                                 "metrics.meteor=false", "bootstrap.resamples=0",
-                                 "methods=[logical,ctrlg]", "save_candidates=true", *extra])
 
 
 def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm_dir, tiny_hmm_dir,
