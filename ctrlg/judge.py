@@ -21,9 +21,24 @@ from typing import Sequence
 
 import torch
 
-from ctrlg.errors import ConstraintError
+from ctrlg.errors import ConstraintError, CtrlgError
 
-__all__ = ["Judge", "judge_log_likelihoods"]
+__all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]
+
+
+class JudgeCacheError(CtrlgError):
+    """A saved file of judge scores that another judge LM (or tokenizer, or precision) wrote."""
+
+
+def judge_identity(model, tokenizer) -> str:
+    """Who wrote a file of judge scores: the weights' fingerprint
+    (:func:`ctrlg.adapters.base_fingerprint` of the model as loaded, any adapter merged), the
+    tokenizer's (:func:`ctrlg.vocab.tokenizer_fingerprint`) and the weights' dtype."""
+    from ctrlg.adapters import base_fingerprint
+    from ctrlg.vocab import tokenizer_fingerprint
+
+    dtype = next(model.parameters()).dtype
+    return f"weights {base_fingerprint(model)} tokenizer {tokenizer_fingerprint(tokenizer)} {dtype}"
 
 
 def _cache_keyword(model) -> str:
@@ -92,6 +107,14 @@ class Judge:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, int(batch_size)
         self._end = [int(tokenizer.eos_token_id)]
         self.memo: dict[tuple, float] = {}   # (prompt ids, text) -> log p_judge
+        self._identity: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """:func:`judge_identity` of this judge (computed once)."""
+        if self._identity is None:
+            self._identity = judge_identity(self.model, self.tokenizer)
+        return self._identity
 
     def encode(self, text: str) -> list[int]:
         """The judge's tokens of one candidate: the stripped text, then the EOS token."""
@@ -107,16 +130,19 @@ class Judge:
         return [self.memo[(prompt, t)] for t in texts]
 
     def save_memo(self, path) -> None:
-        """Write every memoised score as JSON lines ``{"prompt": [...], "text": ..., "score": ...}``."""
+        """Write every memoised score as JSON lines ``{"prompt": [...], "text": ..., "score": ...}``
+        after a first line ``{"judge": identity}`` (:attr:`identity`)."""
         import json
 
         with open(path, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"judge": self.identity}) + "\n")
             for (prompt, text), value in self.memo.items():
                 handle.write(json.dumps({"prompt": list(prompt), "text": text, "score": value}) + "\n")
 
     def load_memo(self, path) -> int:
-        """Add the scores of a file written by :meth:`save_memo` (only valid for the same judge
-        LM and tokenizer); returns how many were read."""
+        """Add the scores of a file written by :meth:`save_memo`; returns how many were read.
+        Raises :class:`JudgeCacheError` when the file names another judge (a file without the
+        ``judge`` line, written before it existed, is read as this judge's)."""
         import json
 
         count = 0
@@ -124,6 +150,12 @@ class Judge:
             for line in handle:
                 if line.strip():
                     row = json.loads(line)
+                    if "judge" in row:
+                        if row["judge"] != self.identity:
+                            raise JudgeCacheError(
+                                f"{path}: judge scores written by another judge ({row['judge']}); "
+                                f"this judge is {self.identity}. Use another --judge-cache file.")
+                        continue
                     self.memo[(tuple(int(t) for t in row["prompt"]), row["text"])] = float(row["score"])
                     count += 1
         return count

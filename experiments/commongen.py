@@ -360,11 +360,10 @@ def rerank_score(log_likelihood: float, tokens: int, exponent: float) -> float:
     return log_likelihood / max(tokens, 1) ** exponent if exponent else log_likelihood
 
 
-def judge_shortlist(scores: list[float], lengths: list[int], accepted: list[bool], rule: dict,
+def judge_shortlist(pool: list[int], scores: list[float], lengths: list[int], rule: dict,
                     texts: list[str]) -> list[int]:
-    """The candidates a judge scores: the ``judge_top_k`` best by :func:`rerank_score` among the
-    constraint-satisfying ones (all when none satisfies), one per distinct text, best first."""
-    pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
+    """The candidates a judge scores: the ``judge_top_k`` best of ``pool`` (the candidates that
+    compete: :func:`pick_candidate`) by :func:`rerank_score`, one per distinct text, best first."""
     ranked = sorted(pool, key=lambda i: -rerank_score(scores[i], lengths[i], rule["length_penalty"]))
     distinct: dict[str, int] = {}
     for i in ranked:
@@ -391,7 +390,7 @@ def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool]
     if rule.get("judge_weight"):
         if judge is None or texts is None:
             raise ExperimentConfigError("judge.weight > 0 needs a judge LM and the candidates' texts")
-        shortlist = judge_shortlist(scores, lengths, accepted, rule, texts)
+        shortlist = judge_shortlist(pool, scores, lengths, rule, texts)
         verdicts = judge([texts[i] for i in shortlist])
         combined = [rerank_score(scores[i], lengths[i], rule["length_penalty"])
                     + rule["judge_weight"] * v for i, v in zip(shortlist, verdicts)]

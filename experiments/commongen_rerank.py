@@ -44,12 +44,21 @@ from typing import Sequence
 from omegaconf import OmegaConf
 
 from ctrlg import metrics
+from ctrlg.judge import JudgeCacheError
 from experiments.common import ExperimentConfigError, format_table, read_records
 from experiments.commongen import (judge_prompt_ids, load_judge, pick_candidate, rerank_rule,
                                   word_count)
 from experiments.commongen_report import _range
 
-__all__ = ["lm_rule", "mbr_rule", "repick_record", "repick_run", "sweep", "oracle_pick"]
+CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "commongen.yaml"
+
+__all__ = ["judge_defaults", "lm_rule", "mbr_rule", "repick_record", "repick_run", "sweep", "oracle_pick"]
+
+
+def judge_defaults() -> dict:
+    """The ``judge:`` block of configs/commongen.yaml (its prompt settings are the judge's here
+    too; the command line sets weight, top_k, model and adapter)."""
+    return OmegaConf.to_container(OmegaConf.load(CONFIG_FILE).judge)
 
 
 def lm_rule(length_penalty: float = 0.0, judge_weight: float = 0.0, judge_top_k: int = 16) -> dict:
@@ -287,9 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     weights = args.judge_weights if sweeping else [args.judge_weight] if args.judge_weight else []
     if args.judge_top_k < 1 or any(not a > 0 for a in weights):
         parser.error("--judge-top-k must be ≥ 1 and every judge weight > 0")
-    judge_cfg = {"weight": max(weights, default=0.0), "top_k": args.judge_top_k,
-                 "model": args.judge_model, "adapter": args.judge_adapter,
-                 "prompt_style": "instruct", "chat_template": True}
+    judge_cfg = {**judge_defaults(), "weight": max(weights, default=0.0), "top_k": args.judge_top_k,
+                 "model": args.judge_model, "adapter": args.judge_adapter}
     try:
         judge = None
         if weights:
@@ -310,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
                        judge_cfg=judge_cfg)
         if judge is not None and args.judge_cache is not None:
             judge.save_memo(args.judge_cache)
-    except ExperimentConfigError as error:
+    except (ExperimentConfigError, JudgeCacheError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
 

@@ -89,6 +89,32 @@ def test_judge_scores_each_text_once_with_its_eos(tiny_lm_dir, tmp_path):
     assert again.load_memo(tmp_path / "memo.jsonl") == 2 and again.memo == judge.memo
 
 
+def test_judge_cache_names_its_judge_and_refuses_another(tiny_lm_dir, tmp_path):
+    import copy
+    import json
+
+    import torch
+
+    from ctrlg.judge import JudgeCacheError
+    from ctrlg.models import load
+
+    model, tokenizer = load(str(tiny_lm_dir))
+    judge = Judge(model, tokenizer)
+    judge.score([1, 2], ["a dog runs"])
+    judge.save_memo(tmp_path / "memo.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "memo.jsonl").read_text().splitlines()]
+    assert rows[0] == {"judge": judge.identity} and len(rows) == 2
+    other_model = copy.deepcopy(model)
+    with torch.no_grad():
+        other_model.get_input_embeddings().weight.mul_(1.5)
+    other = Judge(other_model, tokenizer)
+    with pytest.raises(JudgeCacheError, match="another judge"):
+        other.load_memo(tmp_path / "memo.jsonl")
+    assert other.memo == {}
+    (tmp_path / "old.jsonl").write_text(json.dumps(rows[1]) + "\n")   # written before the line
+    assert other.load_memo(tmp_path / "old.jsonl") == 1
+
+
 def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm_dir, tiny_hmm_dir,
                                                                         tmp_path):
     from experiments import commongen
@@ -135,3 +161,29 @@ def test_bad_judge_settings_fail_before_the_lm_is_loaded(tmp_path, override, nam
 
 def test_rerank_score_is_unchanged_without_a_judge():
     assert rerank_score(-12.0, 4, 0.0) == -12.0
+
+
+def test_rerank_cli_reads_the_config_judge_prompt_and_refuses_a_foreign_cache(
+        tiny_lm_dir, tiny_hmm_dir, tmp_path, capsys):
+    import json
+
+    from experiments import commongen
+    from experiments.commongen_rerank import judge_defaults, main
+
+    plain = tmp_path / "plain"
+    commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir), plain)
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text(json.dumps({"judge": "weights 0000 tokenizer 0000 torch.float32"}) + "\n")
+    common = [str(plain), "--judge-weight", "1", "--judge-top-k", "2", "--judge-model", str(tiny_lm_dir)]
+    with pytest.raises(SystemExit) as stopped:
+        main(common + ["--out", str(tmp_path / "a"), "--judge-cache", str(foreign)])
+    assert stopped.value.code == 1 and "another judge" in capsys.readouterr().err
+    cache = tmp_path / "cache.jsonl"
+    main(common + ["--out", str(tmp_path / "b"), "--judge-cache", str(cache)])
+    rows = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert set(rows[0]) == {"judge"} and len(rows) > 1
+    cfg = OmegaConf.load(tmp_path / "b" / "config.yaml")
+    judge = commongen.load_judge(cfg)
+    first = read_records(plain)[0]
+    expected = judge_prompt_ids(first["concepts"], judge.tokenizer, judge_defaults())
+    assert any(row.get("prompt") == list(expected) for row in rows[1:])
