@@ -21,7 +21,9 @@ from typing import Sequence
 
 import torch
 
+from ctrlg.adapters import base_fingerprint
 from ctrlg.errors import ConstraintError, CtrlgError
+from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]
 
@@ -34,9 +36,6 @@ def judge_identity(model, tokenizer) -> str:
     """Who wrote a file of judge scores: the weights' fingerprint
     (:func:`ctrlg.adapters.base_fingerprint` of the model as loaded, any adapter merged), the
     tokenizer's (:func:`ctrlg.vocab.tokenizer_fingerprint`) and the weights' dtype."""
-    from ctrlg.adapters import base_fingerprint
-    from ctrlg.vocab import tokenizer_fingerprint
-
     dtype = next(model.parameters()).dtype
     return f"weights {base_fingerprint(model)} tokenizer {tokenizer_fingerprint(tokenizer)} {dtype}"
 
