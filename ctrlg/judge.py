@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 from typing import Sequence
 
 import torch
@@ -131,8 +132,6 @@ class Judge:
     def save_memo(self, path) -> None:
         """Write every memoised score as JSON lines ``{"prompt": [...], "text": ..., "score": ...}``
         after a first line ``{"judge": identity}`` (:attr:`identity`)."""
-        import json
-
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(json.dumps({"judge": self.identity}) + "\n")
             for (prompt, text), value in self.memo.items():
@@ -142,8 +141,6 @@ class Judge:
         """Add the scores of a file written by :meth:`save_memo`; returns how many were read.
         Raises :class:`JudgeCacheError` when the file names another judge (a file without the
         ``judge`` line, written before it existed, is read as this judge's)."""
-        import json
-
         count = 0
         with open(path, encoding="utf-8") as handle:
             for line in handle:

@@ -68,6 +68,7 @@ def write_tuning_split(path: Path | None = None, size: int | None = None, seed: 
     total = sum(dev_mix.values())
     size = total if size is None else size
     mix = {s: round(size * n / total) for s, n in dev_mix.items()}
+    # the lines as they are (not ctrlg.hmm.sampling.read_prompts, which strips and drops blanks)
     sources = bundled_path("commongen.train.src_alpha.txt").read_text(encoding="utf-8").splitlines()
     targets = bundled_path("commongen.train.tgt.txt").read_text(encoding="utf-8").splitlines()
     rows = stratified_tuning_split(group_train_pairs(sources, targets), mix, seed)
