@@ -33,12 +33,14 @@ class JudgeCacheError(CtrlgError):
     """A saved file of judge scores that another judge LM (or tokenizer, or precision) wrote."""
 
 
-def judge_identity(model, tokenizer) -> str:
+def judge_identity(model, tokenizer, text_prefix: str = "") -> str:
     """Who wrote a file of judge scores: the weights' fingerprint
     (:func:`ctrlg.adapters.base_fingerprint` of the model as loaded, any adapter merged), the
-    tokenizer's (:func:`ctrlg.vocab.tokenizer_fingerprint`) and the weights' dtype."""
+    tokenizer's (:func:`ctrlg.vocab.tokenizer_fingerprint`), the weights' dtype and, when not
+    empty, the text put before each candidate (it changes every score)."""
     dtype = next(model.parameters()).dtype
-    return f"weights {base_fingerprint(model)} tokenizer {tokenizer_fingerprint(tokenizer)} {dtype}"
+    identity = f"weights {base_fingerprint(model)} tokenizer {tokenizer_fingerprint(tokenizer)} {dtype}"
+    return identity + (f" prefix {json.dumps(text_prefix)}" if text_prefix else "")
 
 
 def _cache_keyword(model) -> str:
@@ -96,15 +98,18 @@ def judge_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence
 class Judge:
     """A judge LM over candidate *texts*: ``score(prompt_ids, texts)`` is
     log p_judge(text ⊕ end | prompt) for each text (:func:`judge_log_likelihoods`), where each
-    text is encoded by the judge's own tokenizer without special tokens and ``end`` is the
-    tokenizer's EOS (for a chat model: its end-of-turn token). Scores are memoised per
+    text is encoded by the judge's own tokenizer without special tokens, after ``text_prefix``
+    (" " for a judge trained on prompt + " " + sentence, as the CommonGen adapters are:
+    :func:`ctrlg.data.commongen_prompts.target_prefix`), and ``end`` is the tokenizer's EOS (for
+    a chat model: its end-of-turn token). Scores are memoised per
     (prompt, text), so re-ranking the same candidates under several rules scores each once;
     :meth:`save_memo` / :meth:`load_memo` keep them across processes (a JSON-lines file)."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 32):
+    def __init__(self, model, tokenizer, *, batch_size: int = 32, text_prefix: str = ""):
         if tokenizer.eos_token_id is None:
             raise ConstraintError("the judge's tokenizer has no EOS token to end a candidate")
         self.model, self.tokenizer, self.batch_size = model, tokenizer, int(batch_size)
+        self.text_prefix = str(text_prefix)
         self._end = [int(tokenizer.eos_token_id)]
         self.memo: dict[tuple, float] = {}   # (prompt ids, text) -> log p_judge
         self._identity: str | None = None
@@ -113,12 +118,14 @@ class Judge:
     def identity(self) -> str:
         """:func:`judge_identity` of this judge (computed once)."""
         if self._identity is None:
-            self._identity = judge_identity(self.model, self.tokenizer)
+            self._identity = judge_identity(self.model, self.tokenizer, self.text_prefix)
         return self._identity
 
     def encode(self, text: str) -> list[int]:
-        """The judge's tokens of one candidate: the stripped text, then the EOS token."""
-        return self.tokenizer(" ".join(text.split()), add_special_tokens=False)["input_ids"] + self._end
+        """The judge's tokens of one candidate: the text prefix and the stripped text, then the
+        EOS token."""
+        return self.tokenizer(self.text_prefix + " ".join(text.split()),
+                              add_special_tokens=False)["input_ids"] + self._end
 
     def score(self, prompt_ids: Sequence[int], texts: Sequence[str]) -> list[float]:
         prompt = tuple(int(t) for t in prompt_ids)

@@ -50,7 +50,9 @@ from omegaconf import DictConfig, OmegaConf
 from ctrlg import dfa, metrics
 from ctrlg.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.data import load_commongen
-from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, prompt_text
+from ctrlg.adapters import adapter_info
+from ctrlg.data.commongen_prompts import (DEFAULT_BOS_TOKEN, check_style, prompt_text,
+                                         target_prefix)
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
@@ -175,25 +177,35 @@ def prompt_ids(example, tokenizer, model_cfg) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def judge_style(judge_cfg) -> dict:
+    """The judge's text format: ``judge.prompt_style`` / ``judge.bos_token`` when set, else the
+    format ``judge.adapter`` was trained on (its ``ctrlg_adapter.json``: the supervised CommonGen
+    adapter reads ``keywords``), else ``instruct`` (the embedded LM's chat instruction)."""
+    trained = adapter_info(judge_cfg["adapter"]) if judge_cfg.get("adapter") else {}
+    style = judge_cfg.get("prompt_style") or trained.get("prompt_style") or "instruct"
+    check_style(style)
+    return {"prompt_style": style, "chat_template": bool(judge_cfg.get("chat_template", True)),
+            "bos_token": judge_cfg.get("bos_token") or trained.get("bos_token") or DEFAULT_BOS_TOKEN}
+
+
 def judge_prompt_ids(concepts: list[str], tokenizer, judge_cfg) -> list[int]:
-    """The judge's prompt for one item: :func:`prompt_ids` in ``judge.prompt_style`` (default
+    """The judge's prompt for one item: :func:`prompt_ids` in :func:`judge_style` (default
     ``instruct``: the instruction naming the concepts, in the chat template)."""
-    style = {"prompt_style": judge_cfg.get("prompt_style") or "instruct",
-             "chat_template": bool(judge_cfg.get("chat_template", True)),
-             "bos_token": judge_cfg.get("bos_token") or DEFAULT_BOS_TOKEN}
-    return prompt_ids(SimpleNamespace(concepts=list(concepts)), tokenizer, style)
+    return prompt_ids(SimpleNamespace(concepts=list(concepts)), tokenizer, judge_style(judge_cfg))
 
 
 def load_judge(cfg: DictConfig) -> Judge | None:
     """The judge LM of ``judge`` (None when ``judge.weight`` is 0): ``judge.model`` (null: the
-    embedded LM) with ``judge.adapter`` (null: none) in ``model.dtype``."""
+    embedded LM) with ``judge.adapter`` (null: none) in ``model.dtype``, reading each candidate
+    as its prompt style continues (:func:`ctrlg.data.commongen_prompts.target_prefix`)."""
     if not rerank_rule(cfg).get("judge_weight"):
         return None
     judge_cfg = cfg.judge
+    style = judge_style(judge_cfg)
     model, tokenizer = load_lm(OmegaConf.create({"name": judge_cfg.get("model"),
                                                  "adapter": judge_cfg.get("adapter"),
                                                  "dtype": cfg.model.get("dtype", "float32")}))
-    return Judge(model, tokenizer)
+    return Judge(model, tokenizer, text_prefix=target_prefix(style["prompt_style"]))
 
 
 def eos_ids(model, tokenizer) -> list[int]:

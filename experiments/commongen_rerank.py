@@ -18,7 +18,8 @@ log p_lm / |y|^p) or ``rerank=mbr mbr_temperature=T`` (minimum Bayes risk, :mod:
 LM of weight A (``judge.weight``: the shortlist of the ``--judge-top-k`` best candidates by
 log p_lm / |y|^p, kept by log p_lm / |y|^p + A · log p_judge(y | the instruction naming the
 concepts); :func:`experiments.commongen.pick_candidate`); the judge (``--judge-model``, default
-the embedded LM without the adapter) scores each shortlisted candidate once.
+the embedded LM without the adapter; ``--judge-adapter commongen-supervised`` merges the supervised
+CommonGen adapter and reads its "Concepts: …" prompt) scores each shortlisted candidate once.
 
 ``--sweep P …`` / ``--mbr T …`` print, per range of dataset indices, BLEU-4 / ROUGE-L / CIDEr
 (the paper's units) and mean words for each rule, and an ``oracle`` row: per item the candidate
@@ -281,7 +282,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --out: a judge LM of weight A (judge.weight)")
     parser.add_argument("--judge-top-k", type=int, default=16, metavar="K")
     parser.add_argument("--judge-model", default=None, help="the judge LM (default: the embedded LM)")
-    parser.add_argument("--judge-adapter", default=None)
+    parser.add_argument("--judge-adapter", default=None,
+                        help="a LoRA adapter merged into the judge LM (e.g. commongen-supervised)")
+    parser.add_argument("--judge-prompt-style", default=None,
+                        choices=["instruct", "bos", "keywords"],
+                        help="the judge's prompt (default: the config's judge.prompt_style, else "
+                             "the format the judge's adapter was trained on, else instruct)")
     parser.add_argument("--judge-cache", type=Path, default=None, metavar="FILE",
                         help="JSON lines of judge scores read before and written after (the same "
                              "judge LM only)")
@@ -298,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--judge-top-k must be ≥ 1 and every judge weight > 0")
     judge_cfg = {**judge_defaults(), "weight": max(weights, default=0.0), "top_k": args.judge_top_k,
                  "model": args.judge_model, "adapter": args.judge_adapter}
+    if args.judge_prompt_style is not None:
+        judge_cfg["prompt_style"] = args.judge_prompt_style
     try:
         judge = None
         if weights:

@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from ctrlg.judge import Judge, judge_log_likelihoods
 from experiments.common import ExperimentConfigError
-from experiments.commongen import _generation_config, judge_prompt_ids, pick_candidate, rerank_score
+from experiments.commongen import (_generation_config, judge_prompt_ids, judge_style, pick_candidate,
+                                  rerank_score)
 from experiments.commongen_rerank import lm_rule, repick_run
 from test_commongen_rerank import _adapted, read_records
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
@@ -87,6 +88,40 @@ def test_judge_scores_each_text_once_with_its_eos(tiny_lm_dir, tmp_path):
     judge.save_memo(tmp_path / "memo.jsonl")
     again = Judge(model, tokenizer)
     assert again.load_memo(tmp_path / "memo.jsonl") == 2 and again.memo == judge.memo
+
+
+def test_judge_style_is_the_adapters_training_format_unless_set():
+    from ctrlg.errors import CtrlgError
+
+    assert judge_style({})["prompt_style"] == "instruct"
+    supervised = judge_style({"adapter": "commongen-supervised"})
+    assert supervised["prompt_style"] == "keywords" and supervised["bos_token"] == "<|endoftext|>"
+    assert judge_style({"adapter": "commongen"})["prompt_style"] == "bos"
+    assert judge_style({"adapter": "commongen-supervised",
+                        "prompt_style": "instruct"})["prompt_style"] == "instruct"
+    with pytest.raises(CtrlgError, match="prompt style must be one of"):
+        judge_style({"prompt_style": "chat"})
+
+
+@pytest.mark.parametrize("style", ["keywords", "bos"])
+def test_an_adapted_judge_scores_exactly_the_text_its_adapter_was_trained_on(tiny_lm_dir, style):
+    """prompt ⊕ the judge's candidate tokens = the tokens of the training text
+    prompt_text + target_text (prompt, " " + sentence, EOS), and the score is its chain rule."""
+    from ctrlg.data.commongen_prompts import prompt_text, target_prefix, target_text
+    from ctrlg.models import load
+    from ctrlg.sampler import lm_log_likelihood
+
+    model, tokenizer = load(str(tiny_lm_dir))
+    judge = Judge(model, tokenizer, text_prefix=target_prefix(style))
+    concepts, sentence = ["dog", "frisbee", "catch"], "  The dog  catches a frisbee. "
+    prompt = judge_prompt_ids(concepts, tokenizer, {"prompt_style": style})
+    trained = tokenizer(prompt_text(concepts, style, tokenizer) + target_text(sentence, tokenizer),
+                        add_special_tokens=False)["input_ids"]
+    candidate = judge.encode(sentence)
+    assert prompt + candidate == trained
+    assert judge.score(prompt, [sentence]) == pytest.approx(
+        lm_log_likelihood(model, prompt, [candidate]), rel=1e-5, abs=1e-5)
+    assert judge.identity != Judge(model, tokenizer).identity   # the prefix changes every score
 
 
 def test_judge_cache_names_its_judge_and_refuses_another(tiny_lm_dir, tmp_path):
@@ -187,3 +222,11 @@ def test_rerank_cli_reads_the_config_judge_prompt_and_refuses_a_foreign_cache(
     first = read_records(plain)[0]
     expected = judge_prompt_ids(first["concepts"], judge.tokenizer, judge_defaults())
     assert any(row.get("prompt") == list(expected) for row in rows[1:])
+    keywords = tmp_path / "keywords.jsonl"
+    main(common + ["--out", str(tmp_path / "c"), "--judge-cache", str(keywords),
+                   "--judge-prompt-style", "keywords"])
+    rows = [json.loads(line) for line in keywords.read_text().splitlines()]
+    assert rows[0]["judge"].endswith('prefix " "')
+    expected = judge_prompt_ids(first["concepts"], judge.tokenizer, {"prompt_style": "keywords"})
+    assert any(row.get("prompt") == list(expected) for row in rows[1:])
+    assert all(row["text"] == " ".join(row["text"].split()) for row in rows[1:])

@@ -24,7 +24,8 @@ from typing import Sequence
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.sampling import commongen_prompts
 
-__all__ = ["PROMPT_STYLES", "DEFAULT_BOS_TOKEN", "bos_text", "prompt_text", "target_text"]
+__all__ = ["PROMPT_STYLES", "DEFAULT_BOS_TOKEN", "bos_text", "prompt_text", "target_prefix",
+           "target_text"]
 
 PROMPT_STYLES = ("instruct", "bos", "keywords")
 DEFAULT_BOS_TOKEN = "<|endoftext|>"
@@ -62,8 +63,15 @@ def prompt_text(concepts: Sequence[str], style: str, tokenizer,
     return f"{start}Concepts: {', '.join(concepts)}.\nSentence:"
 
 
+def target_prefix(style: str) -> str:
+    """What separates the prompt from the sentence: " " after the ``bos`` and ``keywords``
+    prompts (the adapters were trained on prompt + " " + sentence + EOS, :func:`target_text`);
+    nothing after the ``instruct`` prompt, whose chat template ends with a newline."""
+    return "" if check_style(style) == "instruct" else " "
+
+
 def target_text(sentence: str, tokenizer) -> str:
     """What follows the prompt in training: " " + the sentence + the tokenizer's EOS token."""
     if tokenizer.eos_token is None:
         raise CtrlgError("the tokenizer has no EOS token to end a training target")
-    return " " + " ".join(sentence.split()) + tokenizer.eos_token
+    return target_prefix("bos") + " ".join(sentence.split()) + tokenizer.eos_token
