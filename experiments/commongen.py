@@ -235,15 +235,14 @@ def decoding_options(gen, K: int, beams: int) -> dict:
                 length_penalty=float(gen.get("length_penalty", 1.0)), **extra)
 
 
-def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
-                   seed: int, processor_cache: dict | None = None, judge: Judge | None = None,
-                   judge_prompts: list[list[int]] | None = None) -> list[dict]:
+def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
+                      seed: int, processor_cache: dict | None = None
+                      ) -> list[tuple[list[list[int]], list[float] | None]]:
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
-    K rows; ``processor_cache`` lets the methods of one batch share a guide's tables) and keep, per item, the best of its K samples/beams: constraint-satisfying first, then
-    the highest log p_lm(candidate | prompt): summed during beam search
-    (:mod:`ctrlg.beam_likelihood`), else by a second pass (:func:`ctrlg.sampler.lm_log_likelihood`);
-    with ``judge.weight`` > 0, plus a times the ``judge``'s log p(y | ``judge_prompts[j]``)
-    (:func:`pick_candidate`)."""
+    K rows; ``processor_cache`` lets the methods of one batch share a guide's tables): per item,
+    its K samples/beams (cut at EOS) and their log p_lm(candidate | prompt) — summed during beam
+    search (:mod:`ctrlg.beam_likelihood`), else by a second pass
+    (:func:`ctrlg.sampler.lm_log_likelihood`); None when ``rerank: none``."""
 
     gen = cfg.generation
     K, beams = int(gen.num_samples), int(gen.get("num_beams", 1))
@@ -281,14 +280,55 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                              pad_token_id=pad, eos_token_id=eos, logits_processor=processors,
                              **decoding, **extra)
     rows = out[:, width:].tolist()
+    rerank = rerank_rule(cfg)["rerank"] != "none"
+    decoded = []
+    for j, prompt in enumerate(prompts):
+        samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
+        scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else None
+        decoded.append((samples, scores))
+    return decoded
+
+
+def prompt_determines_output(spec: dict, cfg) -> bool:
+    """Whether a method's candidates depend on the prompt alone: no guide (the constraint only
+    judges them afterwards) and beam search (no sampling, so no seed)."""
+    return spec["guide"] == "none" and int(cfg.generation.get("num_beams", 1)) > 1
+
+
+def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
+                   seed: int, processor_cache: dict | None = None, judge: Judge | None = None,
+                   judge_prompts: list[list[int]] | None = None,
+                   prompt_memo: dict | None = None) -> list[dict]:
+    """Decode all ``prompts`` together (:func:`decode_candidates`) and keep, per item, the best of
+    its K samples/beams: constraint-satisfying first, then the highest log p_lm(candidate |
+    prompt); with ``judge.weight`` > 0, plus a times the ``judge``'s log p(y | ``judge_prompts[j]``)
+    (:func:`pick_candidate`).
+
+    ``prompt_memo`` (a dict kept across batches): when :func:`prompt_determines_output` (an
+    unguided method with beam search), each distinct prompt is decoded once and its candidates
+    reused — with the BOS-only prompt of the adapted pipeline the unconstrained LM writes the same
+    beams for every item, so a full split costs one search instead of one per item."""
+
+    eos = eos_ids(model, tokenizer)
+    if prompt_memo is not None and prompt_determines_output(spec, cfg):
+        missing = list(dict.fromkeys(tuple(p) for p in prompts if tuple(p) not in prompt_memo))
+        if missing:
+            index = {p: j for j, p in enumerate(map(tuple, prompts))}
+            found = decode_candidates(spec, model, tokenizer, [list(p) for p in missing],
+                                      [constraints[index[p]] for p in missing], hmm, cfg, seed,
+                                      processor_cache)
+            prompt_memo.update(zip(missing, found))
+        decoded = [prompt_memo[tuple(p)] for p in prompts]
+    else:
+        decoded = decode_candidates(spec, model, tokenizer, prompts, constraints, hmm, cfg, seed,
+                                    processor_cache)
     rule = rerank_rule(cfg)
     keep_all = bool(cfg.get("save_candidates", False))
     results = []
-    for j, (prompt, constraint) in enumerate(zip(prompts, constraints)):
-        samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
+    for j, ((samples, scores), constraint) in enumerate(zip(decoded, constraints)):
         accepted = [constraint.accepts(s) for s in samples]
         rerank = rule["rerank"] != "none"
-        scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else [0.0] * K
+        scores = list(scores) if rerank else [0.0] * len(samples)
         lengths = [len(s) for s in samples]
         judged = rule.get("judge_weight") and rerank
         texts = [candidate_text(tokenizer, s, eos) for s in samples] \
@@ -543,10 +583,12 @@ def prepare_batch(batch: list, cfg: DictConfig, tokenizer, vocab_size: int, eos:
 
 
 def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict, model, tokenizer,
-                 hmm, cfg: DictConfig, judge: Judge | None = None) -> None:
+                 hmm, cfg: DictConfig, judge: Judge | None = None,
+                 prompt_memo: dict | None = None) -> None:
     """Every method on the ``ready`` items of one batch (:func:`generate_batch`, seeded by
-    :func:`batch_seed`; the methods share guide tables); each record gets the method's output
-    and its share of the batch's seconds."""
+    :func:`batch_seed`; the methods share guide tables; ``prompt_memo[method]`` keeps the
+    candidates of prompt-determined methods across batches); each record gets the method's
+    output and its share of the batch's seconds."""
     if not ready:
         return
     shared: dict = {}
@@ -557,7 +599,8 @@ def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict,
         outputs = generate_batch(specs[method], model, tokenizer, [p for _, _, p in ready],
                                  [c for _, c, _ in ready], hmm, cfg,
                                  batch_seed(cfg.seed, first_index, method), shared, judge,
-                                 judge_prompts)
+                                 judge_prompts,
+                                 None if prompt_memo is None else prompt_memo.setdefault(method, {}))
         share = (time.perf_counter() - start) / len(ready)
         for (record, _, _), output in zip(ready, outputs):
             record[method] = output
@@ -578,6 +621,7 @@ def decode_items(items: list, previous: list[dict], methods: list[str], specs: d
     vocab_size = hmm.vocab_size if hmm is not None else len(tokenizer)
     writer = RecordWriter(out_dir / "generations.jsonl", previous)
     records = list(previous)
+    prompt_memo: dict = {}   # method -> prompt -> candidates (generate_batch)
 
     def keep(record: dict) -> None:
         writer.write(record)
@@ -590,7 +634,8 @@ def decode_items(items: list, previous: list[dict], methods: list[str], specs: d
             if not batch:
                 continue
             ready = prepare_batch(batch, cfg, tokenizer, vocab_size, eos, keep)
-            decode_batch(ready, group[0][0], methods, specs, model, tokenizer, hmm, cfg, judge)
+            decode_batch(ready, group[0][0], methods, specs, model, tokenizer, hmm, cfg, judge,
+                         prompt_memo)
             for record, _, _ in ready:
                 keep(record)
             bar.update(len(batch))

@@ -201,3 +201,37 @@ def test_keep_as_pairs_the_new_rule_with_the_decoded_pick_on_the_same_items(tmp_
     assert interval["delta"] == pytest.approx(gap) and interval["low"] <= gap <= interval["high"]
     with pytest.raises(ExperimentConfigError, match="keep_as"):
         repick_run(run, tmp_path / "again", 1.0, keep_as="ctrlg")
+
+
+def test_an_unguided_beam_search_decodes_each_distinct_prompt_once(tiny_lm_dir, tiny_hmm_dir,
+                                                                    tmp_path, monkeypatch):
+    """With the BOS-only prompt the unconstrained LM's beams do not depend on the item: the run
+    decodes them once and each item judges the same beams by its own constraint."""
+    from experiments import commongen
+
+    calls = []
+    decode = commongen.decode_candidates
+
+    def counted(spec, model, tokenizer, prompts, constraints, *rest, **kw):
+        found = decode(spec, model, tokenizer, prompts, constraints, *rest, **kw)
+        calls.append((spec["guide"], [list(p) for p in prompts], list(constraints), found))
+        return found
+
+    monkeypatch.setattr(commongen, "decode_candidates", counted)
+    cfg = _adapted(tiny_lm_dir, tiny_hmm_dir, "methods=[unconstrained,logical]", "batch_size=1")
+    commongen.run(cfg, tmp_path / "run")
+    unguided = [c for c in calls if c[0] == "none"]
+    masked = [c for c in calls if c[0] == "logical"]
+    assert len(unguided) == 1 and len(masked) == 4
+    ((samples, scores),) = unguided[0][3]
+    records = read_records(tmp_path / "run")
+    assert len(records) == 4
+    for record, (_, prompts, (constraint,), _) in zip(records, masked, strict=True):
+        assert prompts == unguided[0][1]          # every item has the same (BOS) prompt
+        candidates = record["unconstrained"]["candidates"]
+        assert [c["tokens"] for c in candidates] == [len(s) for s in samples]
+        assert [c["log_likelihood"] for c in candidates] == scores
+        assert [c["accepted"] for c in candidates] == [constraint.accepts(s) for s in samples]
+    # sampling is seeded per batch, so a sampled method is never memoised
+    assert not commongen.prompt_determines_output({"guide": "none"},
+                                                  compose("commongen", ["generation.num_beams=1"]))
