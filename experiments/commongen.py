@@ -180,8 +180,10 @@ def prompt_ids(example, tokenizer, model_cfg) -> list[int]:
 def judge_style(judge_cfg) -> dict:
     """The judge's text format: ``judge.prompt_style`` / ``judge.bos_token`` when set, else the
     format ``judge.adapter`` was trained on (its ``ctrlg_adapter.json``: the supervised CommonGen
-    adapter reads ``keywords``), else ``instruct`` (the embedded LM's chat instruction)."""
-    trained = adapter_info(judge_cfg["adapter"]) if judge_cfg.get("adapter") else {}
+    adapter reads ``keywords``), else ``instruct`` (the embedded LM's chat instruction). The
+    adapter's file is read only when a setting is left open, so a resolved style costs no I/O."""
+    settled = judge_cfg.get("prompt_style") and judge_cfg.get("bos_token")
+    trained = adapter_info(judge_cfg["adapter"]) if judge_cfg.get("adapter") and not settled else {}
     style = judge_cfg.get("prompt_style") or trained.get("prompt_style") or "instruct"
     check_style(style)
     return {"prompt_style": style, "chat_template": bool(judge_cfg.get("chat_template", True)),
@@ -592,8 +594,9 @@ def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict,
     if not ready:
         return
     shared: dict = {}
+    style = None if judge is None else judge_style(cfg.judge)   # resolved once per batch
     judge_prompts = None if judge is None else \
-        [judge_prompt_ids(record["concepts"], judge.tokenizer, cfg.judge) for record, _, _ in ready]
+        [judge_prompt_ids(record["concepts"], judge.tokenizer, style) for record, _, _ in ready]
     for method in methods:
         start = time.perf_counter()
         outputs = generate_batch(specs[method], model, tokenizer, [p for _, _, p in ready],

@@ -45,10 +45,11 @@ from typing import Sequence
 from omegaconf import OmegaConf
 
 from ctrlg import metrics
+from ctrlg.data.commongen_prompts import PROMPT_STYLES
 from ctrlg.judge import JudgeCacheError
 from experiments.common import ExperimentConfigError, format_table, read_records
-from experiments.commongen import (judge_prompt_ids, load_judge, pick_candidate, rerank_rule,
-                                  word_count)
+from experiments.commongen import (judge_prompt_ids, judge_style, load_judge, pick_candidate,
+                                  rerank_rule, word_count)
 from experiments.commongen_report import _range
 
 CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "commongen.yaml"
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--judge-adapter", default=None,
                         help="a LoRA adapter merged into the judge LM (e.g. commongen-supervised)")
     parser.add_argument("--judge-prompt-style", default=None,
-                        choices=["instruct", "bos", "keywords"],
+                        choices=PROMPT_STYLES,
                         help="the judge's prompt (default: the config's judge.prompt_style, else "
                              "the format the judge's adapter was trained on, else instruct)")
     parser.add_argument("--judge-cache", type=Path, default=None, metavar="FILE",
@@ -307,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.judge_prompt_style is not None:
         judge_cfg["prompt_style"] = args.judge_prompt_style
     try:
+        if weights:   # the judge's prompt format, resolved once (not once per item)
+            judge_cfg.update(judge_style(judge_cfg))
         judge = None
         if weights:
             run_cfg = OmegaConf.load(args.run / "config.yaml")
