@@ -43,6 +43,8 @@ __all__ = [
     "EMBEDDED_NAME",
     "cache_dir",
     "embedded_gguf_path",
+    "gguf_special_tokens",
+    "pin_special_tokens",
     "load_model",
     "load_tokenizer",
     "resolve_model_dir",
@@ -81,9 +83,78 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def _convert_gguf(gguf: Path, target: Path) -> Path:
+_PINNED_MARK = "special tokens pinned from the GGUF metadata:"
+_GGUF_SPECIAL_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",
+                      "eos_token_id": "tokenizer.ggml.eos_token_id",
+                      "pad_token_id": "tokenizer.ggml.padding_token_id"}
+
+
+def gguf_special_tokens(gguf: str | os.PathLike) -> dict[str, int]:
+    """The special-token ids a GGUF file declares in its metadata
+    (``tokenizer.ggml.{bos,eos,padding}_token_id``), as ``{"bos_token_id": .., "eos_token_id": ..,
+    "pad_token_id": ..}`` (keys the file does not declare are left out). Reads the header only."""
+    from gguf import GGUFReader  # optional heavy import: only when a GGUF file is converted or checked
+
+    fields = GGUFReader(str(gguf)).fields
+    out = {}
+    for name, key in _GGUF_SPECIAL_KEYS.items():
+        field = fields.get(key)
+        if field is not None and len(field.data):
+            out[name] = int(field.parts[field.data[0]][0])
+    return out
+
+
+def pin_special_tokens(tokenizer, model, ids: dict[str, int]) -> None:
+    """Set the tokenizer's and the model's BOS/EOS/PAD to the GGUF's own ids (``ids`` from
+    :func:`gguf_special_tokens`). transformers' GGUF conversion has not always read them right
+    (version 5.17 made SmolLM2's ``<|im_start|>`` its EOS; the file says ``<|im_end|>``), and the
+    EOS decides where generations and the HMM's training samples end."""
+    for name, token_id in ids.items():
+        setattr(tokenizer, name[:-3], tokenizer.convert_ids_to_tokens(token_id))
+        for config in (model.config, getattr(model, "generation_config", None)):
+            if config is not None:
+                setattr(config, name, token_id)
+
+
+def _cached_special_tokens(target: Path) -> dict[str, int]:
+    """The BOS/EOS/PAD ids a converted folder gives its tokenizer and model (read from its JSON
+    files: tokenizer_config.json's token strings through tokenizer.json's vocabulary, and
+    config.json / generation_config.json's ids); an id the files disagree on maps to -1."""
+    def read(name: str) -> dict:
+        path = target / name
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    tokenizer_config, vocab = read("tokenizer_config.json"), read("tokenizer.json")
+    token_ids = {**(vocab.get("model") or {}).get("vocab", {}),
+                 **{t["content"]: t["id"] for t in vocab.get("added_tokens", [])}}
+    found = {}
+    for name in _GGUF_SPECIAL_KEYS:
+        seen = {token_ids.get(tokenizer_config.get(name[:-3])) if name[:-3] in tokenizer_config else None,
+                read("config.json").get(name), read("generation_config.json").get(name)} - {None}
+        if seen:
+            found[name] = seen.pop() if len(seen) == 1 else -1
+    return found
+
+
+def _special_tokens_match(gguf: Path, target: Path) -> bool:
+    """Whether the converted folder's BOS/EOS/PAD are the GGUF's (checked once: the result is
+    recorded in its SOURCE file)."""
+    source = target / "SOURCE"
+    text = source.read_text() if source.is_file() else ""
+    if _PINNED_MARK in text:
+        return True
+    declared = gguf_special_tokens(gguf)
+    cached = _cached_special_tokens(target)
+    if any(cached.get(name, value) != value for name, value in declared.items()):
+        return False
+    source.write_text(text + f"{_PINNED_MARK} {json.dumps(declared, sort_keys=True)}\n")
+    return True
+
+
+def _convert_gguf(gguf: Path, target: Path, replace: bool = False) -> Path:
     """Convert a GGUF checkpoint into a transformers folder at ``target`` (atomic rename, so
-    concurrent processes never see a half-written folder)."""
+    concurrent processes never see a half-written folder), with the GGUF's own special tokens
+    (:func:`pin_special_tokens`). ``replace``: swap out an existing (stale) folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy import (seconds): only when an LM is loaded
 
     _remove_legacy_staging(target)
@@ -92,6 +163,8 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                      dtype=torch.float32)
+        special = gguf_special_tokens(gguf)
+        pin_special_tokens(tokenizer, model, special)
         # The weights are de-quantised to float32 on load; drop the GGUF quantizer so the model
         # saves as an ordinary checkpoint.
         model.hf_quantizer = None
@@ -99,7 +172,12 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
             del model.config.quantization_config
         tokenizer.save_pretrained(staging)
         model.save_pretrained(staging)
-        (staging / "SOURCE").write_text(f"converted from {gguf}\n")
+        (staging / "SOURCE").write_text(f"converted from {gguf}\n"
+                                        f"{_PINNED_MARK} {json.dumps(special, sort_keys=True)}\n")
+        if replace and target.is_dir():
+            stale = target.with_name(f".{target.name}.stale-{os.getpid()}")
+            target.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             staging.rename(target)
         except OSError:
@@ -219,6 +297,8 @@ def resolve_model_dir(name: str | os.PathLike | None = None) -> str:
     else:
         remove_stale_staging(target.parent, target.name)
         _remove_legacy_staging(target)
+        if not _special_tokens_match(gguf, target):   # converted before the tokens were pinned
+            _convert_gguf(gguf, target, replace=True)
     return str(target)
 
 

@@ -66,3 +66,78 @@ def test_embedded_model_generates():
     assert out.shape[1] == ids.shape[1] + 3
     assert out[0, ids.shape[1]:].tolist() == [7042, 30, 198]
     assert tokenizer.decode(out[0, ids.shape[1]:]) == " Paris.\n"
+
+
+# ---------------------------------------------------------------------- GGUF special tokens
+def test_the_embedded_gguf_declares_smollm2s_special_tokens():
+    from ctrlg.models import gguf_special_tokens
+
+    assert gguf_special_tokens(embedded_gguf_path()) == {"bos_token_id": 1, "eos_token_id": 2,
+                                                         "pad_token_id": 2}
+
+
+def _tiny_llama():
+    config = LlamaConfig(vocab_size=49152, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+    return LlamaForCausalLM(config)
+
+
+def test_pin_special_tokens_overrides_a_misread_conversion(tmp_path):
+    from ctrlg.models import pin_special_tokens, resolve_model_dir
+
+    tokenizer = load_tokenizer(resolve_model_dir(None))
+    model = _tiny_llama()
+    tokenizer.eos_token = "<|im_start|>"            # what transformers 5.17's GGUF reader made of it
+    model.config.eos_token_id = model.generation_config.eos_token_id = [1, 2]
+    pin_special_tokens(tokenizer, model, {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert tokenizer.bos_token_id == 1 and tokenizer.pad_token_id == 2
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == 2
+
+
+def _cached_folder(target, eos_token: str, eos_id: int):
+    from ctrlg.models import resolve_model_dir
+
+    tokenizer = load_tokenizer(resolve_model_dir(None))
+    tokenizer.eos_token = eos_token
+    tokenizer.save_pretrained(target)
+    model = _tiny_llama()
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos_id
+    model.config.save_pretrained(target)
+    model.generation_config.save_pretrained(target)
+    (target / "SOURCE").write_text("converted from somewhere\n")
+
+
+DECLARED = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+
+
+def test_a_cache_converted_with_the_wrong_eos_is_converted_again(tmp_path, monkeypatch):
+    import ctrlg.models as models
+
+    monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
+    target = tmp_path / models.EMBEDDED_NAME
+    _cached_folder(target, "<|im_start|>", 1)
+    monkeypatch.setattr(models, "gguf_special_tokens", lambda gguf: dict(DECLARED))
+    calls = []
+    monkeypatch.setattr(models, "_convert_gguf",
+                        lambda gguf, folder, replace=False: calls.append((folder, replace)))
+    assert models.resolve_model_dir(None) == str(target)
+    assert calls == [(target, True)]
+
+
+def test_a_cache_with_the_right_tokens_is_checked_once_and_kept(tmp_path, monkeypatch):
+    import ctrlg.models as models
+
+    monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
+    target = tmp_path / models.EMBEDDED_NAME
+    _cached_folder(target, "<|im_end|>", 2)
+    monkeypatch.setattr(models, "gguf_special_tokens", lambda gguf: dict(DECLARED))
+    monkeypatch.setattr(models, "_convert_gguf", lambda *a, **k: pytest.fail("converted again"))
+    assert models.resolve_model_dir(None) == str(target)
+    assert "pinned from the GGUF" in (target / "SOURCE").read_text()
+
+    def unread(gguf):
+        raise AssertionError("the GGUF was read again although SOURCE records the check")
+
+    monkeypatch.setattr(models, "gguf_special_tokens", unread)
+    assert models.resolve_model_dir(None) == str(target)
