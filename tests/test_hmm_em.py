@@ -200,3 +200,16 @@ def test_keep_best_returns_the_best_heldout_parameters():
     assert history.heldout_ll[step] == max(history.heldout_ll)
     assert float(forward_loglik(best, heldout)) / heldout.numel() == pytest.approx(max(history.heldout_ll))
     assert history.best_step == 6
+
+
+def test_lvd_on_an_explicit_device_gives_the_default_result_and_cpu_centroids():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 6, 4, generator=g)
+    tokens = torch.randint(1, 9, (40, 6), generator=g)
+    tokens[::3, 4:] = 0                                  # some EOS padding
+    default = lvd_init(tokens, x, 5, 9, eos_token_id=0, seed=1)
+    explicit = lvd_init(tokens, x, 5, 9, eos_token_id=0, seed=1, device="cpu")
+    for name in ("initial", "transition", "emission"):
+        assert torch.equal(getattr(default, name), getattr(explicit, name))
+    centroids = kmeans(x.reshape(-1, 4), 3, iters=2, seed=0)
+    assert centroids.device == torch.device("cpu") and centroids.shape == (3, 4)

@@ -267,12 +267,13 @@ def _hmm_config(cfg: Mapping, model_name, tokenizer) -> dict:
     }
 
 
-def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: int, config: dict):
+def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: int, config: dict,
+                 device="cpu"):
     """Step 2: the LVD initialisation (:func:`ctrlg.hmm.lvd.lvd_init`: k-means of the LM's hidden
     states into ``hidden_size`` − 1 clusters + the EOS-padding state, counts from the cluster
-    sequence). Cost: O(kmeans_iters · N·L · d · h)."""
+    sequence; the k-means iterations on ``device``). Cost: O(kmeans_iters · N·L · d · h)."""
     return lvd_init(train["tokens"], train["hidden"], int(_get(cfg, "hidden_size", 128)), vocab_size,
-                    eos_token_id=eos_id,
+                    eos_token_id=eos_id, device=device,
                     pseudocount=float(_get(cfg, "lvd.pseudocount", _get(cfg, "em.pseudocount", 1.0))),
                     kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=config,
                     emission_prior=_get(cfg, "em.emission_prior", "uniform"))
@@ -440,7 +441,7 @@ def distill(cfg: Mapping) -> dict:
     train, valid, test = _load_samples(cfg, samples)
     hmm_config = _hmm_config(cfg, model_name, tokenizer)
     with _timed(timings, "lvd_s"):
-        hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config)
+        hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config, device)
     lvd_ll = heldout_ll_per_token(hmm, test["tokens"])
     if not _get(cfg, "head.enabled", True):
         del train["hidden"]

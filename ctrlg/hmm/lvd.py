@@ -35,24 +35,29 @@ def _sq_dist(x: torch.Tensor, centroids: torch.Tensor, c_norm: torch.Tensor) -> 
 
 
 def assign_clusters(x: torch.Tensor, centroids: torch.Tensor, *, block: int = 16384) -> torch.Tensor:
-    """Index of the nearest centroid (squared Euclidean) for each row of ``x`` [N, d]."""
+    """Index of the nearest centroid (squared Euclidean) for each row of ``x`` [N, d], on
+    ``x``'s device. Cost: O(N·k·d), in blocks of ``block`` rows."""
+    centroids = centroids.to(x.device)
     c_norm = (centroids * centroids).sum(-1)
-    out = torch.empty(x.shape[0], dtype=torch.long)
+    out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
     for s in range(0, x.shape[0], block):
         xb = x[s:s + block].float()
-        out[s:s + block] = _sq_dist(xb, centroids, c_norm).argmin(-1).cpu()
+        out[s:s + block] = _sq_dist(xb, centroids, c_norm).argmin(-1)
     return out
 
 
 def kmeans(x: torch.Tensor, k: int, *, iters: int = 20, seed: int = 0, init_sample: int = 20000,
            progress: bool = False) -> torch.Tensor:
-    """k-means (k-means++ seeding on ≤ ``init_sample`` points, then Lloyd) → centroids [k, d]."""
+    """k-means (k-means++ seeding on ≤ ``init_sample`` points, then Lloyd) → centroids [k, d] on
+    the CPU. The seeding runs on the CPU (one generator, the same centroids whatever the device);
+    the Lloyd iterations run on ``x``'s device (a GPU makes LVD on millions of positions take
+    seconds). Cost: O(iters · N·k·d)."""
     x = x.float()
     n = x.shape[0]
     if k <= 0 or k > n:
         raise CtrlgError(f"k-means needs 1 ≤ k ≤ number of points ({n}); got k={k}")
     g = torch.Generator().manual_seed(int(seed))
-    sub = x[torch.randperm(n, generator=g)[:max(k, min(n, init_sample))]]
+    sub = x[torch.randperm(n, generator=g)[:max(k, min(n, init_sample))].to(x.device)].cpu()
     centroids = torch.empty(k, x.shape[1])
     centroids[0] = sub[torch.randint(len(sub), (1,), generator=g)]
     closest = ((sub - centroids[0]) ** 2).sum(-1)
@@ -62,6 +67,7 @@ def kmeans(x: torch.Tensor, k: int, *, iters: int = 20, seed: int = 0, init_samp
                else torch.randint(len(sub), (1,), generator=g))
         centroids[i] = sub[idx]
         closest = torch.minimum(closest, ((sub - centroids[i]) ** 2).sum(-1))
+    centroids = centroids.to(x.device)
     for _ in tqdm(range(iters), desc="k-means", disable=not progress):
         labels = assign_clusters(x, centroids)
         sums = torch.zeros_like(centroids).index_add_(0, labels, x)
@@ -69,8 +75,8 @@ def kmeans(x: torch.Tensor, k: int, *, iters: int = 20, seed: int = 0, init_samp
         empty = counts == 0
         centroids = torch.where(empty[:, None], centroids, sums / counts.clamp_min(1)[:, None])
         if empty.any():  # re-seed empty clusters at random points
-            centroids[empty] = x[torch.randint(n, (int(empty.sum()),), generator=g)]
-    return centroids
+            centroids[empty] = x[torch.randint(n, (int(empty.sum()),), generator=g).to(x.device)]
+    return centroids.cpu()
 
 
 def padding_mask(tokens: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -116,10 +122,11 @@ def count_hmm(states: torch.Tensor, tokens: torch.Tensor, hidden_size: int, voca
 def lvd_init(tokens: torch.Tensor, hidden: torch.Tensor, hidden_size: int, vocab_size: int, *,
              eos_token_id: int | None, pseudocount: float = 1.0, kmeans_iters: int = 20,
              seed: int = 0, config: dict | None = None, progress: bool = False,
-             emission_prior: str = "uniform") -> HMM:
+             emission_prior: str = "uniform", device: str | torch.device = "cpu") -> HMM:
     """LVD initialisation (module docstring). ``tokens`` [N, L] EOS-padded samples, ``hidden``
     [N, L, d] the LM states they were sampled from. With ``eos_token_id``, state ``hidden_size-1``
-    is the EOS-padding state and ``hidden_size-1`` clusters are fitted; without, all are clusters."""
+    is the EOS-padding state and ``hidden_size-1`` clusters are fitted; without, all are clusters.
+    ``device``: where the k-means iterations run (the counting stays on the CPU)."""
     if tokens.shape != hidden.shape[:2]:
         raise CtrlgError(f"tokens {tuple(tokens.shape)} and hidden {tuple(hidden.shape)} disagree")
     tokens = tokens.long()
@@ -129,12 +136,13 @@ def lvd_init(tokens: torch.Tensor, hidden: torch.Tensor, hidden_size: int, vocab
     else:
         pad = padding_mask(tokens, eos_token_id)
         clusters = hidden_size - 1
-    features = hidden[~pad].float()
+    features = hidden[~pad].to(device).float()
     if features.shape[0] < clusters:
         raise CtrlgError(f"{features.shape[0]} non-padding tokens cannot seed {clusters} clusters")
     centroids = kmeans(features, clusters, iters=kmeans_iters, seed=seed, progress=progress)
     states = torch.full(tokens.shape, hidden_size - 1, dtype=torch.long)
-    states[~pad] = assign_clusters(features, centroids)
+    states[~pad] = assign_clusters(features, centroids).cpu()
+    del features
     prior = emission_prior_mean(emission_prior, tokens, vocab_size, "cpu")
     return count_hmm(states, tokens, hidden_size, vocab_size, pseudocount=pseudocount,
                      emission_prior=prior,
