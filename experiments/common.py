@@ -32,6 +32,7 @@ __all__ = [
     "ExperimentConfigError",
     "seed_everything",
     "load_lm",
+    "resolve_device",
     "lm_dtype",
     "load_hmm",
     "hydra_output_dir",
@@ -98,16 +99,35 @@ def lm_dtype(name: str) -> torch.dtype:
     return getattr(torch, resolve_precision("auto") if name == "auto" else name)
 
 
-def load_lm(model_cfg: DictConfig):
+def resolve_device(name: str | None) -> torch.device:
+    """The torch device of the top-level ``device`` setting: ``cpu``, ``cuda`` / ``cuda:N``, or
+    ``auto`` (the first CUDA GPU when there is one, else the CPU). A CUDA device on a machine
+    without one is an :class:`ExperimentConfigError` that says so."""
+    name = "cpu" if name is None else str(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ExperimentConfigError(f"device={name!r}: expected cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ExperimentConfigError(f"device={name!r} but this machine has no CUDA GPU that torch "
+                                    f"can use; run with device=cpu (or auto)")
+    if device.type not in ("cpu", "cuda"):
+        raise ExperimentConfigError(f"device={name!r}: expected cpu, cuda, cuda:N or auto")
+    return device
+
+
+def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
-    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.adapters`) merged when set and
-    the weights in ``model.dtype`` (:func:`lm_dtype`)."""
+    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.adapters`) merged when set, the
+    weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``."""
     from ctrlg.models import load_model, load_tokenizer
 
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
-    model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"))
+    model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device)
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

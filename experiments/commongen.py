@@ -67,7 +67,7 @@ from experiments.common import (METRIC_NAMES, ExperimentConfigError, RecordWrite
                                 find_resume_dir, format_table, generation_config,
                                 hydra_output_dir, interval_cell, interval_header, load_hmm,
                                 load_lm, paired_intervals, progress, read_records,
-                                report_errors, start_run, write_json)
+                                report_errors, resolve_device, start_run, write_json)
 
 GUIDES = ("none", "logical", "ctrlg")
 PRIORS = ("filter", "head")
@@ -252,8 +252,9 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(p) for p in prompts)
     check_context_length(model, width, gen.max_new_tokens, what="the longest prompt of the batch")
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                             device=model.device)
     decoding = decoding_options(gen, K, beams)
     min_new = int(cfg.constraint.min_new_tokens)
     processors, extra = [], (dict(min_new_tokens=min_new) if min_new else {})
@@ -266,6 +267,7 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
                 hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
                 max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
                 mode=spec["guide"], precision=str(gen.get("precision", "float32")),
+                use_kernel=guide_kernel(gen),
                 prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
         proc = cache[key]
         proc.reset()
@@ -289,6 +291,18 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
         scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else None
         decoded.append((samples, scores))
     return decoded
+
+
+def guide_kernel(gen) -> bool | None:
+    """``generation.guide_kernel``: auto (None: the Triton backward-table kernel on CUDA, the
+    torch recurrence on the CPU), true or false (:class:`ctrlg.sampler.ConstraintLogitsProcessor`'s
+    ``use_kernel``); the two agree up to float32 rounding (tests/test_kernel_backward.py)."""
+    value = gen.get("guide_kernel", "auto")
+    if value in (None, "auto"):
+        return None
+    if isinstance(value, bool):
+        return value
+    raise ExperimentConfigError(f"generation.guide_kernel must be auto, true or false; got {value!r}")
 
 
 def prompt_determines_output(spec: dict, cfg) -> bool:
@@ -472,6 +486,8 @@ def _generation_config(cfg: DictConfig) -> dict:
     """The settings that decide the generations (only the specs of the methods in use; the
     rerank's further settings only when not at their defaults: :func:`rerank_settings`)."""
     out = generation_config(cfg, GENERATION_KEYS)
+    if isinstance(out.get("generation"), dict):   # how the tables are computed, not what they hold
+        out["generation"].pop("guide_kernel", None)
     out.update(rerank_settings(cfg))
     specs = out.get("method_specs") or {}
     out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
@@ -544,10 +560,12 @@ def format_intervals(intervals: dict, baseline: str, confidence: float) -> str:
 
 def load_models(cfg: DictConfig, specs: dict):
     """(model, tokenizer, hmm): the LM and, when a method guides with it, the HMM (None
-    otherwise), checked to carry a prior head when a method uses ``prior=head``."""
-    model, tokenizer = load_lm(cfg.model)
+    otherwise), both on ``device``, checked to carry a prior head when a method uses
+    ``prior=head``."""
+    device = resolve_device(cfg.get("device", "cpu"))
+    model, tokenizer = load_lm(cfg.model, device)
     needs_hmm = any(s["guide"] == "ctrlg" for s in specs.values())
-    hmm = load_hmm(cfg.hmm, tokenizer) if needs_hmm else None
+    hmm = load_hmm(cfg.hmm, tokenizer).to(device) if needs_hmm else None
     heads = [m for m in cfg.methods if specs[m]["guide"] == "ctrlg" and specs[m]["prior"] == "head"]
     if heads and getattr(hmm, "prior_head", None) is None:
         raise ExperimentConfigError(f"method(s) {heads} use prior=head but the HMM "

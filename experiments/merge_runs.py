@@ -48,6 +48,8 @@ def _plain(cfg, key: str, allowed: Sequence[str] = ()):
             value = {k: v for k, v in value.items() if k != sub}
     if key == "data" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in ("offset", "limit")}
+    if key == "generation" and isinstance(value, dict):   # how the guide computes, not what
+        value = {k: v for k, v in value.items() if k != "guide_kernel"}
     if key == "hmm" and isinstance(value, dict):   # the prior head: see _merged_prior_head
         value = {k: v for k, v in value.items() if k != "prior_head"}
     return value
