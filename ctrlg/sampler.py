@@ -161,6 +161,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             raise ConstraintError(f"min_new_tokens={self.min_new_tokens} exceeds "
                                   f"max_new_tokens={self.max_new_tokens}")
         self.eos_ids = eos_list(eos_token_id)
+        _check_hmm_eos(self.hmm, self.eos_ids)
         self.suffix_ids = None if suffix_ids is None else [int(t) for t in suffix_ids]
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
         self.prompt_length = self._fixed_prompt_length
@@ -323,6 +324,20 @@ def check_strength(strength) -> float:
         raise ConstraintError(f"strength must be finite and ≥ 0 (0 = logical masking, 1 = Ctrl-G), "
                               f"got {strength!r}")
     return value
+
+
+def _check_hmm_eos(hmm, eos_ids: list[int]) -> None:
+    """VocabularyMismatchError when the HMM's EOS-padding state emits a token that is not one of
+    the generation's EOS ids: the HMM learnt where sentences end from samples padded with another
+    token (e.g. an LM whose tokenizer conversion named another EOS), so its lookahead would
+    score the end of every sentence wrongly."""
+    config = getattr(hmm, "config", None) or {}
+    pad_eos = config.get("eos_token_id") if config.get("eos_pad_state") is not None else None
+    if pad_eos is not None and eos_ids and int(pad_eos) not in eos_ids:
+        raise VocabularyMismatchError(
+            f"the HMM's EOS-padding state emits token {pad_eos} (the EOS of the samples it was "
+            f"distilled from) but this generation ends on EOS ids {eos_ids}; use an HMM distilled "
+            f"with this tokenizer's EOS, or pass its EOS id as eos_token_id")
 
 
 def _check_dfas(dfa, hmm) -> list:

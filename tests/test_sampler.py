@@ -277,6 +277,18 @@ def test_bad_inputs_raise_clear_errors():
         ConstraintLogitsProcessor(hmm, dfa.phrase([1], 4), max_new_tokens=2, mode="fast")
 
 
+def test_an_hmm_padded_with_another_eos_is_refused_by_name():
+    hmm = random_hmm(3, 5, 0)
+    hmm.config.update(eos_pad_state=2, eos_token_id=1)      # distilled from samples padded with 1
+    constraint = dfa.phrase([3], 5)
+    with pytest.raises(VocabularyMismatchError, match=r"emits token 1 .* EOS ids \[4\]"):
+        ConstraintLogitsProcessor(hmm, constraint, max_new_tokens=3, eos_token_id=4)
+    ConstraintLogitsProcessor(hmm, constraint, max_new_tokens=3, eos_token_id=[4, 1])
+    ConstraintLogitsProcessor(None, constraint, max_new_tokens=3, eos_token_id=4, mode="logical")
+    hmm.config.pop("eos_pad_state")                         # no padding state: nothing to check
+    ConstraintLogitsProcessor(hmm, constraint, max_new_tokens=3, eos_token_id=4)
+
+
 def test_rerank_orders_by_lm_likelihood():
     hmm = random_hmm(3, 4, 2)
     lm = HMMForCausalLM.from_hmm(hmm, prompt_length=1)
