@@ -28,8 +28,10 @@ def test_adapted_hmm_models_commongen_sentences_better_than_the_instruct_one(smo
     ids = torch.tensor([r + [tok.eos_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[i < len(r) for i in range(width)] for r in rows])
     per_token = {name: float(load_embedded_hmm(name).log_prob(ids, mask=mask).sum() / mask.sum())
-                 for name in ("instruct", "commongen-adapted")}
+                 for name in ("instruct", "commongen-adapted", "commongen-adapted-h512")}
     assert per_token["commongen-adapted"] > per_token["instruct"] + 0.5, per_token
+    # five times the samples at h = 512: closer still to CommonGen's own sentences
+    assert per_token["commongen-adapted-h512"] > per_token["commongen-adapted"], per_token
 
 
 def test_every_embedded_adapter_names_the_embedded_base_and_improved_held_out_nll():

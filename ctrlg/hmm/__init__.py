@@ -16,6 +16,8 @@ DEFAULT_HMM_NAME = "hmm_smollm2_commongen"
 EMBEDDED_HMMS = {
     "instruct": DEFAULT_HMM_NAME,                         # SmolLM2-135M-Instruct, instruction prompts
     "commongen-adapted": "hmm_smollm2_commongen_adapted",  # the CommonGen-adapted LM, BOS prompt
+    # the same LM, 5x the samples, h = 512 (distilled on a GPU; docs/hmm.md, docs/experiments.md)
+    "commongen-adapted-h512": "hmm_smollm2_commongen_adapted_h512",
 }
 # name -> folder under ctrlg/assets: prior heads saved apart from their HMM (HMM.attach_prior_head)
 EMBEDDED_PRIOR_HEADS = {
