@@ -111,12 +111,14 @@ def _cached_folder(target, eos_token: str, eos_id: int):
 DECLARED = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 
 
-def test_a_cache_converted_with_the_wrong_eos_is_converted_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("eos_token, eos_id", [("<|im_start|>", 1), ("<|im_end|>", [1, 2])])
+def test_a_cache_converted_with_the_wrong_eos_is_converted_again(tmp_path, monkeypatch, eos_token,
+                                                                   eos_id):
     import ctrlg.models as models
 
     monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
     target = tmp_path / models.EMBEDDED_NAME
-    _cached_folder(target, "<|im_start|>", 1)
+    _cached_folder(target, eos_token, eos_id)
     monkeypatch.setattr(models, "gguf_special_tokens", lambda gguf: dict(DECLARED))
     calls = []
     monkeypatch.setattr(models, "_convert_gguf",
