@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 N=${N:-163840}; H=${H:-512}; SHARDS=${SHARDS:-8}; BEAMS=${BEAMS:-128}; ITEMS=${ITEMS:-993}; BATCH=${BATCH:-8}
 DEVICE=${DEVICE:-cuda}; HELDOUT=${HELDOUT:-1024}; CHUNK=${CHUNK:-8192}; SAMPLE_BATCH=${SAMPLE_BATCH:-2048}
-OUT=${OUT:-outputs/commongen_gpu}
-SAMPLES=$OUT/samples; HMM_DIR=$OUT/hmm_h${H}_N${N}
+OUT_DIR=${OUT_DIR:-outputs/commongen_gpu}
+SAMPLES=$OUT_DIR/samples; HMM_DIR=$OUT_DIR/hmm_h${H}_N${N}
 "$PY" -m experiments.distill --config-name distill_adapted device="$DEVICE" threads=4 hidden_size="$H" \
   sampling.num_sequences="$N" sampling.heldout_sequences="$HELDOUT" sampling.batch_size="$SAMPLE_BATCH" \
   sampling.chunk_size="$CHUNK" sampling.dir="$SAMPLES" em.batch_size=4096 output.dir="$HMM_DIR"
@@ -25,7 +25,7 @@ for ((i = 0; i < SHARDS; i++)); do
   offset=$((i * per)); limit=$per
   (( offset >= ITEMS )) && break
   (( offset + limit > ITEMS )) && limit=$((ITEMS - offset))
-  run=$OUT/decode/ctrlg_${offset}; runs+=("$run")
+  run=$OUT_DIR/decode/ctrlg_${offset}; runs+=("$run")
   resume=null; [[ -f $run/generations.jsonl ]] && resume=$run
   OMP_NUM_THREADS=1 "$PY" -m experiments.commongen device="$DEVICE" "methods=[ctrlg]" \
     generation.num_beams="$BEAMS" model.dtype=float32 save_candidates=true \
@@ -33,4 +33,4 @@ for ((i = 0; i < SHARDS; i++)); do
     bootstrap.resamples=0 metrics.meteor=false resume="$resume" hydra.run.dir="$run" &
 done
 wait
-if (( ${#runs[@]} > 1 )); then "$PY" -m experiments.merge_runs "$OUT/ctrlg_merged" "${runs[@]}"; fi
+if (( ${#runs[@]} > 1 )); then "$PY" -m experiments.merge_runs "$OUT_DIR/ctrlg_merged" "${runs[@]}"; fi
