@@ -126,12 +126,16 @@ def _cached_special_tokens(target: Path) -> dict[str, int]:
         return json.loads(path.read_text()) if path.is_file() else {}
 
     tokenizer_config, vocab = read("tokenizer_config.json"), read("tokenizer.json")
+    configs = read("config.json"), read("generation_config.json")
     token_ids = {**(vocab.get("model") or {}).get("vocab", {}),
                  **{t["content"]: t["id"] for t in vocab.get("added_tokens", [])}}
     found = {}
     for name in _GGUF_SPECIAL_KEYS:
-        values = [token_ids.get(tokenizer_config.get(name[:-3])) if name[:-3] in tokenizer_config else None,
-                  read("config.json").get(name), read("generation_config.json").get(name)]
+        token = name[:-3]
+        text = tokenizer_config.get(token)
+        text = text.get("content") if isinstance(text, dict) else text   # an AddedToken's form
+        values = [token_ids.get(text) if text is not None else None,
+                  *(config.get(name) for config in configs)]
         seen = {tuple(v) if isinstance(v, list) else v for v in values} - {None}
         if seen:
             found[name] = seen.pop() if len(seen) == 1 else -1

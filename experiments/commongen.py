@@ -78,6 +78,17 @@ TABLE_HEADERS = ["method", "BLEU-4", "ROUGE-L", "CIDEr", "METEOR", "success %", 
 # the configuration keys that decide the generations: a resumed run must agree on all of them
 GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hmm", "data",
                    "constraint", "rerank", "batch_size")
+# sub-keys of those that say how the generations are computed, not what they are (left out of a
+# run's identity: a GPU run resumes and merges with a CPU one)
+COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel",)}
+
+
+def without_compute_settings(key: str, value):
+    """``value`` of the setting ``key`` without its :data:`COMPUTE_ONLY_KEYS` sub-keys."""
+    dropped = COMPUTE_ONLY_KEYS.get(key, ())
+    if dropped and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in dropped}
+    return value
 
 
 # ---------------------------------------------------------------------- configuration
@@ -485,9 +496,8 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
 def _generation_config(cfg: DictConfig) -> dict:
     """The settings that decide the generations (only the specs of the methods in use; the
     rerank's further settings only when not at their defaults: :func:`rerank_settings`)."""
-    out = generation_config(cfg, GENERATION_KEYS)
-    if isinstance(out.get("generation"), dict):   # how the tables are computed, not what they hold
-        out["generation"].pop("guide_kernel", None)
+    out = {key: without_compute_settings(key, value)
+           for key, value in generation_config(cfg, GENERATION_KEYS).items()}
     out.update(rerank_settings(cfg))
     specs = out.get("method_specs") or {}
     out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}

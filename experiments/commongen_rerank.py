@@ -308,10 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.judge_prompt_style is not None:
         judge_cfg["prompt_style"] = args.judge_prompt_style
     try:
-        if weights:   # the judge's prompt format, resolved once (not once per item)
-            judge_cfg.update(judge_style(judge_cfg))
         judge = None
         if weights:
+            judge_cfg.update(judge_style(judge_cfg))   # resolved once, not once per item
             run_cfg = OmegaConf.load(args.run / "config.yaml")
             run_cfg.judge = judge_cfg
             judge = load_judge(run_cfg)

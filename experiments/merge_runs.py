@@ -28,7 +28,7 @@ from typing import Sequence
 from omegaconf import OmegaConf
 
 from experiments.common import ExperimentConfigError, read_records
-from experiments.commongen import GENERATION_KEYS, rerank_settings
+from experiments.commongen import GENERATION_KEYS, rerank_settings, without_compute_settings
 
 __all__ = ["merge_runs"]
 
@@ -48,8 +48,7 @@ def _plain(cfg, key: str, allowed: Sequence[str] = ()):
             value = {k: v for k, v in value.items() if k != sub}
     if key == "data" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in ("offset", "limit")}
-    if key == "generation" and isinstance(value, dict):   # how the guide computes, not what
-        value = {k: v for k, v in value.items() if k != "guide_kernel"}
+    value = without_compute_settings(key, value)
     if key == "hmm" and isinstance(value, dict):   # the prior head: see _merged_prior_head
         value = {k: v for k, v in value.items() if k != "prior_head"}
     return value
