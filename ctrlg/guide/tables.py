@@ -60,6 +60,7 @@ from tqdm.auto import tqdm
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.guide.feasibility import Feasibility, as_token_list, renamed_budget
+from ctrlg.guide.emission_operands import emission_operands
 from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.reference import backward_step_reference
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP, TokenWeights
@@ -181,11 +182,15 @@ class GuideTables(TokenWeights, Feasibility):
     def _prepare_products(self, B: torch.Tensor) -> None:
         """Layouts of B for the per-token queries. Bᵀ [V, h]: per-token columns are contiguous rows
         (gathers; p B = linear(p, Bᵀ) gives a contiguous [R, V]); a copy in the product
-        precision; and one with its rows grouped by letter (letters evaluated as blocks)."""
-        self._emission_t = B.T.contiguous()
-        emission = self._emission_t.to(PRECISIONS[self.precision])
-        self._emission_min = emission.float().amin(0)                   # min_v B[z, v], [h]
-        self._emission_product = PackedLinear(emission)
+        precision, packed — these two shared by every table of the HMM
+        (:mod:`ctrlg.guide.emission_operands`) — and, per table, one packed block of Bᵀ's rows per
+        block letter (letters evaluated as blocks)."""
+        shared = emission_operands(self.hmm, PRECISIONS[self.precision])   # built once per HMM
+        self._emission_t = shared.emission_t
+        emission = shared.emission_low
+        self._emission_min = shared.emission_min                          # min_v B[z, v], [h]
+        self._emission_product = shared.product
+        self._row_sum = shared.row_sum                                    # Σ_v B[z, v], float64
         self.block_letter = np.diff(self.members_ptr) >= BLOCK_LETTER
         self._members_t = torch.as_tensor(self.members, device=B.device)
         self._letter_products = {}      # block letter a → p · B[:, members of a], packed
@@ -211,7 +216,7 @@ class GuideTables(TokenWeights, Feasibility):
         else:
             self._emission_rows = self._emission_t                              # [V, h]
         # M_s = rowsum(B) - Σ_{exc(s) ∪ EOS} B[:, v], in float64, clamped at 0.
-        mass = B.double().sum(1).expand(S, h).clone()
+        mass = self._row_sum.expand(S, h).clone()
         for lo in range(0, len(exc.src), _CHUNK):
             rows = self._emission_rows[self._exc_tok_t[lo:lo + _CHUNK]]
             mass.index_add_(0, self._exc_src_t[lo:lo + _CHUNK], -rows.double())
