@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ctrlg.guide.feasibility import Feasibility
+from ctrlg.guide.token_weights import log_ratios
 
 __all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs"]
 
@@ -41,7 +42,7 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = len(states), tables[0].vocab_size
-    out = None
+    queries, where = [], []
     for k in np.unique(table_of_row):
         table = tables[k]
         rows = np.flatnonzero(table_of_row == k)
@@ -49,14 +50,15 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
         if not len(rows):
             continue
         rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
-        ratio = table.log_ratio(states[rows], None if priors is None else priors[rows_t],
-                                remaining, shifted=shifted).to(device)
-        if len(rows) == R:
-            return ratio
-        if out is None:
-            out = torch.full((R, V), -math.inf, device=device)
-        out[torch.as_tensor(rows, device=device)] = ratio
-    return torch.full((R, V), -math.inf, device=device) if out is None else out
+        queries.append((table, states[rows], None if priors is None else priors[rows_t], remaining))
+        where.append(rows)
+    ratios = log_ratios(queries, shifted=shifted)   # one product with B per HMM, not per table
+    if len(where) == 1 and len(where[0]) == R:
+        return ratios[0].to(device)
+    out = torch.full((R, V), -math.inf, device=device)
+    for rows, ratio in zip(where, ratios):
+        out[torch.as_tensor(rows, device=device)] = ratio.to(device)
+    return out
 
 
 def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor,

@@ -46,7 +46,7 @@ import torch
 from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import ConstraintError
 
-__all__ = ["TokenWeights", "RATIO_FLOOR_GAP", "INLINE_ROWS", "UNDERFLOW_BOUND", "FOLD_MAX_GAIN"]
+__all__ = ["TokenWeights", "log_ratios", "RATIO_FLOOR_GAP", "INLINE_ROWS", "UNDERFLOW_BOUND", "FOLD_MAX_GAIN"]
 
 #: A feasible token whose float weight underflowed gets a log-ratio this much below the smallest
 #: finite log-ratio of its row (or 0 when none is finite), so it stays possible but negligible.
@@ -81,16 +81,18 @@ class TokenWeights:
         (:meth:`_weight_floor`), so the result needs no per-entry check. With ``shifted`` each
         row is returned minus a constant of its own (one pass over [R, V] less).
 
-        One [2R, h]·[h, V] product gives P(v | x≤t) and the default-successor joint for every v;
-        exception tokens are then overwritten: tokens of block letters by one
-        [rows, h]·[h, |letter|] product per distinct letter (or, for few rows, by extra rows of
-        the dense product), the others token by token, EOS last.
+        One [2R, h]·[h, V] product gives P(v | x≤t) and the default-successor joint for every v
+        (:meth:`_dense_plan` stacks its left operand; :func:`log_ratios` runs the products of
+        several tables of one HMM as one); exception tokens are then overwritten
+        (:meth:`_from_dense`)."""
+        plan = self._dense_plan(states, priors, remaining, ratio, shifted)
+        return self._from_dense(plan, self._emission_product(plan.operand))
 
-        Folding (ratio mode, per-letter block products): a row's block-letter joints are brought
-        to the default's scale c_default by scaling their q vectors by e^{c(t) − c_default}
-        (O(h) per exception) and written into the joint rows *before* the quotient and log,
-        so those run once over [R, V]. Exceptions whose scaled weights could underflow (or
-        overflow) keep their own scale and are written after the log instead."""
+    def _dense_plan(self, states, priors: torch.Tensor, remaining, ratio: bool,
+                    shifted: bool = False) -> "_DensePlan":
+        """Everything before the dense product: the rows' default-successor q vectors and their
+        scales, the exception rows, and the stacked left operand [p; p ⊙ Ŵ(default); inline
+        block-letter q's] of the product with B."""
         if self.hmm is None:
             raise ConstraintError("token weights need an HMM; these tables are logical-only")
         states, remaining = self._check_remaining(states, remaining)
@@ -102,36 +104,52 @@ class TokenWeights:
         rows, k = self._row_exceptions(states)
         block = self.block_letter[self.exc.tok[k]]
         inline = 2 * R + int(block.sum()) <= INLINE_ROWS
-        fold = ratio and not inline and bool(block.any())
         live = torch.isfinite(c_default)
         base = torch.where(live, c_default, 0.0)  # each row's values are relative to this scale
         exc = _RowExceptions(priors, None, rr, ratio, base if shifted else torch.zeros_like(base))
         q_default = priors * self.w_hat[rr, d] * live.float()[:, None]
         stacked = [priors, q_default]
+        block_terms = None
         if inline:  # few rows: B is read once, block letters as extra rows of the same product
             block_terms = self._successor_terms(exc, rows[block], k[block])
             stacked.append(block_terms[1])
-        both = self._emission_product(torch.cat(stacked))                # one pass over B
+        return _DensePlan(states, remaining, exc, rows, k, block, inline, live, base, q_default,
+                          block_terms, torch.cat(stacked), shifted)
+
+    def _from_dense(self, plan: "_DensePlan", both: torch.Tensor):
+        """The rest of :meth:`_weights`, from the dense product ``both`` = plan.operand · B:
+        exception tokens of block letters by one [rows, h]·[h, |letter|] product per distinct
+        letter (or, for few rows, from extra rows of the dense product), the others token by
+        token, EOS last.
+
+        Folding (ratio mode, per-letter block products): a row's block-letter joints are brought
+        to the default's scale c_default by scaling their q vectors by e^{c(t) − c_default}
+        (O(h) per exception) and written into the joint rows *before* the quotient and log,
+        so those run once over [R, V]. Exceptions whose scaled weights could underflow (or
+        overflow) keep their own scale and are written after the log instead."""
+        exc, states, rows, k, block = plan.exc, plan.states, plan.rows, plan.k, plan.block
+        R, ratio = len(states), exc.ratio
+        fold = ratio and not plan.inline and bool(block.any())
         exc.marginal = both[:R]                                          # product dtype
         if ratio:
-            exc.floors += [self._weight_floor(priors), self._weight_floor(q_default, live)]
-        late = np.zeros_like(block) if inline else block.copy()   # block letters written after the log
+            exc.floors += [self._weight_floor(exc.priors), self._weight_floor(plan.q_default, plan.live)]
+        late = np.zeros_like(block) if plan.inline else block.copy()   # block letters written after the log
         if fold:
-            late[late] = ~self._fold_block_letters(both[R:2 * R], exc, base, rows[late], k[late])
+            late[late] = ~self._fold_block_letters(both[R:2 * R], exc, plan.base, rows[late], k[late])
         if ratio:  # the quotient in the product dtype (bfloat16: ≤ 0.4 % relative), log in float32
-            out = torch.empty(R, both.shape[1], device=dev)
+            out = torch.empty(R, both.shape[1], device=exc.priors.device)
             torch.div(both[R:2 * R], exc.marginal, out=out).log_()
             log_marginal = None
         else:
             log_marginal = torch.log(exc.marginal.float())
             out = torch.log(both[R:2 * R].float())
-        if not shifted:
-            out.add_(base.float()[:, None])
-        if inline:
-            self._inline_block_values(out, exc, both[2 * R:], block_terms, rows[block], k[block])
+        if not plan.shifted:
+            out.add_(plan.base.float()[:, None])
+        if plan.inline:
+            self._inline_block_values(out, exc, both[2 * R:], plan.block_terms, rows[block], k[block])
         self._block_letter_values(out, exc, rows[late], k[late])
         self._token_values(out, exc, rows[~block], k[~block])
-        self._eos_values(out, exc, states, remaining, log_marginal)
+        self._eos_values(out, exc, states, plan.remaining, log_marginal)
         if ratio:
             return out, bool(torch.cat(exc.floors).min() >= UNDERFLOW_BOUND)
         return out, log_marginal
@@ -265,6 +283,11 @@ class TokenWeights:
         if self.hmm is None or priors is None:
             return super().log_ratio(states, priors, remaining)
         ratio, safe = self._weights(states, priors, remaining, ratio=True, shifted=shifted)
+        return self._exact_ratio(ratio, safe, states, remaining)
+
+    def _exact_ratio(self, ratio: torch.Tensor, safe: bool, states, remaining) -> torch.Tensor:
+        """The ratio of :meth:`_weights` with −inf exactly on the infeasible tokens and a floor
+        on the feasible ones whose weight underflowed (:meth:`log_ratio`)."""
         if safe:  # no feasible weight can have underflowed: −inf exactly on infeasible tokens
             return ratio
         finite = torch.isfinite(ratio)
@@ -281,6 +304,54 @@ class TokenWeights:
             floor = torch.where(torch.isfinite(lowest), lowest - RATIO_FLOOR_GAP, 0.0)
             ratio = torch.where(lost, floor, ratio)
         return ratio.masked_fill_(~mask, -math.inf)
+
+
+def log_ratios(queries, *, shifted: bool = False) -> list[torch.Tensor]:
+    """:meth:`TokenWeights.log_ratio` of several queries ``(tables, states, priors, remaining)``,
+    equal to asking each table alone, with one dense product per HMM: the left operands of
+    the queries whose tables share the HMM's packed emission
+    (:mod:`ctrlg.guide.emission_operands`) are stacked and multiplied by B together. The product
+    reads all h·V entries of B whatever the number of rows, so with few rows per table (a batch
+    of items at a few beams each) it is memory-bound, and one product per table read B once per
+    item and step."""
+    results: list = [None] * len(queries)
+    groups: dict[int, list] = {}
+    for i, (tables, states, priors, remaining) in enumerate(queries):
+        if getattr(tables, "hmm", None) is None or priors is None:
+            results[i] = tables.log_ratio(states, priors, remaining, shifted=shifted)
+            continue
+        plan = tables._dense_plan(states, priors, remaining, True, shifted)
+        groups.setdefault(id(tables._emission_product), []).append((i, tables, plan, states, remaining))
+    for members in groups.values():
+        product = members[0][1]._emission_product
+        both = product(torch.cat([m[2].operand for m in members])) if len(members) > 1 \
+            else product(members[0][2].operand)
+        start = 0
+        for i, tables, plan, states, remaining in members:
+            rows = plan.operand.shape[0]
+            ratio, safe = tables._from_dense(plan, both[start:start + rows])
+            results[i] = tables._exact_ratio(ratio, safe, states, remaining)
+            start += rows
+    return results
+
+
+@dataclass
+class _DensePlan:
+    """What :meth:`TokenWeights._dense_plan` hands to :meth:`TokenWeights._from_dense`."""
+
+    states: np.ndarray
+    remaining: np.ndarray
+    exc: "_RowExceptions"
+    rows: np.ndarray            # the rows' exceptions: row of each
+    k: np.ndarray               # ... and its index into the DFA's exception list
+    block: np.ndarray           # bool per exception: a block letter
+    inline: bool                # block letters ride along as extra rows of the dense product
+    live: torch.Tensor          # [R] rows whose default successor can still accept
+    base: torch.Tensor          # [R] float64, each row's scale
+    q_default: torch.Tensor     # [R, h]
+    block_terms: tuple | None   # (rows, q, scale) of the inline block letters
+    operand: torch.Tensor       # [2R (+ inline), h], the product's left operand
+    shifted: bool
 
 
 @dataclass
