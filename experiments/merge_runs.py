@@ -12,7 +12,8 @@ runs that decode ``prior: head`` methods), and OUT's ``config.yaml`` is RUN_A's 
 and ``method_specs`` the union of the runs' (and their prior head).
 
 ``--allow-differing generation.num_beams ...`` merges runs that differ in the named settings on
-purpose (e.g. a method at 128 beams against the baseline at 32): each method's records then come
+purpose (e.g. a method at 128 beams against the baseline at 32, or ``batch_size`` between a
+beam-search run batched on a GPU and one decoded item by item on a CPU): each method's records then come
 from a different decoding, so OUT's ``config.yaml`` says which — ``differing_settings`` maps every
 such key to ``{method: value}`` — and the tables built from OUT must say it too.
 """
@@ -34,12 +35,17 @@ __all__ = ["merge_runs"]
 
 # per-run keys of a record; everything else must agree between the runs
 _PER_RUN = ("seconds",)
+# generation settings that are one value, not a section: --allow-differing names them whole
+# (batch_size decides nothing for beam search, whose beams are per item and draw no seed)
+_SCALAR_KEYS = ("seed", "batch_size")
 
 
 def _plain(cfg, key: str, allowed: Sequence[str] = ()):
     """The setting ``key`` as plain data; for ``data``, without ``offset``/``limit`` (which items a
     run covered does not change any item's generations); without the dotted sub-keys of ``key`` in
     ``allowed`` (settings the runs may differ in on purpose)."""
+    if key in allowed:                             # a scalar setting the runs may differ in
+        return None
     value = cfg.get(key)
     value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     for dotted in allowed:
@@ -84,9 +90,11 @@ def merge_runs(out: Path, runs: list[Path], methods: list[str] | None = None,
         raise ExperimentConfigError("give at least two run folders to merge")
     for dotted in allow_differing:
         top, _, sub = dotted.partition(".")
-        if top not in GENERATION_KEYS or not sub:
-            raise ExperimentConfigError(f"--allow-differing takes section.key of a generation "
-                                        f"setting ({', '.join(GENERATION_KEYS)}), got {dotted!r}")
+        if top not in GENERATION_KEYS or (not sub and top not in _SCALAR_KEYS):
+            raise ExperimentConfigError(
+                f"--allow-differing takes section.key of a generation setting "
+                f"({', '.join(k for k in GENERATION_KEYS if k not in _SCALAR_KEYS)}) or one of "
+                f"{', '.join(_SCALAR_KEYS)}, got {dotted!r}")
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
     shared = [k for k in GENERATION_KEYS if k not in ("methods", "method_specs")]
     for run, cfg in zip(runs[1:], configs[1:]):

@@ -161,3 +161,21 @@ def test_runs_may_differ_in_named_settings_recorded_per_method(tmp_path):
     c = _run(tmp_path / "c", ["ctrlg"], [2])                     # ctrlg at 8 beams elsewhere
     with pytest.raises(ExperimentConfigError, match="different generation.num_beams"):
         merge_runs(tmp_path / "out3", [a, b, c], allow_differing=["generation.num_beams"])
+
+
+def test_runs_may_differ_in_batch_size_named_whole(tmp_path):
+    a = _run(tmp_path / "a", ["logical"], [0, 1])
+    b = _run(tmp_path / "b", ["ctrlg"], [0, 1])
+    config = OmegaConf.load(b / "config.yaml")
+    config.batch_size = config.batch_size + 7
+    OmegaConf.save(config, b / "config.yaml")
+    with pytest.raises(ExperimentConfigError, match="batch_size"):
+        merge_runs(tmp_path / "out", [a, b])
+    out = merge_runs(tmp_path / "out", [a, b], allow_differing=["batch_size"])
+    merged = OmegaConf.load(out / "config.yaml")
+    want = OmegaConf.load(a / "config.yaml").batch_size
+    assert OmegaConf.to_container(merged.differing_settings) == {
+        "batch_size": {"logical": want, "ctrlg": want + 7}}
+    assert [json.loads(line)["index"] for line in open(out / "generations.jsonl")] == [0, 1]
+    with pytest.raises(ExperimentConfigError, match="batch_size"):    # a section is not a scalar
+        merge_runs(tmp_path / "out2", [a, b], allow_differing=["data"])
