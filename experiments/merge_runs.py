@@ -13,9 +13,9 @@ and ``method_specs`` the union of the runs' (and their prior head).
 
 ``--allow-differing generation.num_beams ...`` merges runs that differ in the named settings on
 purpose (e.g. a method at 128 beams against the baseline at 32, or ``batch_size`` between a
-beam-search run batched on a GPU and one decoded item by item on a CPU): each method's records then come
-from a different decoding, so OUT's ``config.yaml`` says which — ``differing_settings`` maps every
-such key to ``{method: value}`` — and the tables built from OUT must say it too.
+beam-search run batched on a GPU and one decoded item by item on a CPU): each method's records
+then come from a different decoding, so OUT's ``config.yaml`` says which — ``differing_settings``
+maps every such key to ``{method: value}`` — and the tables built from OUT must say it too.
 """
 
 from __future__ import annotations
