@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the methods to keep (default: every method of every run)")
     parser.add_argument("--allow-differing", nargs="+", default=[], metavar="SECTION.KEY",
                         help="settings the runs may differ in on purpose (e.g. "
-                             "generation.num_beams), recorded per method in OUT's config")
+                             "generation.num_beams, or batch_size between beam-search runs), "
+                             "recorded per method in OUT's config")
     args = parser.parse_args(argv)
     try:
         merge_runs(args.out, args.runs, args.methods, args.allow_differing)
