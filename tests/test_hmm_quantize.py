@@ -78,3 +78,56 @@ def test_unknown_scheme_and_missing_tensors_are_clear_errors(tmp_path):
     with pytest.raises(CheckpointError):
         ctrlg.HMM.load(tmp_path / "q")
     assert math.isfinite(LOG_RANGE)
+
+
+def test_topk8_keeps_the_top_entries_and_spreads_the_tail_over_the_background():
+    B = skewed_emission(h=5, V=300, seed=4)
+    q = quantize_emission(B, "topk8-40")
+    assert q["emission_topk_index"].shape == (5, 40) and q["emission_codes"].dtype == torch.uint8
+    decoded = dequantize_emission(q, "topk8-40")
+    assert torch.allclose(decoded.sum(1), torch.ones(5, dtype=torch.float64)) and (decoded > 0).all()
+    background = B.mean(0)
+    for row in range(5):
+        top = torch.topk(B[row], 40).indices
+        tail = torch.ones(300, dtype=torch.bool)
+        tail[top] = False
+        # the tail keeps its total mass and is proportional to the background
+        assert math.isclose(float(decoded[row, tail].sum()), float(B[row, tail].sum()), rel_tol=1e-5)
+        ratio = decoded[row, tail] / background[tail]
+        assert torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-6)
+        # the kept entries keep their order of magnitude (log8 codes, rescaled by a common factor)
+        diff = decoded[row, top].log() - B[row, top].log()
+        assert float(diff.max() - diff.min()) <= float(q["emission_step"][row]) * (1 + 1e-6)
+
+
+def test_topk8_indices_survive_vocabularies_past_int16():
+    V = 40000
+    B = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 5, -1)
+    q = quantize_emission(B, "topk8-100")
+    assert q["emission_topk_index"].dtype == torch.int16
+    decoded = dequantize_emission(q, "topk8-100")
+    for row in range(3):
+        top = torch.topk(B[row], 100).indices
+        assert q["emission_topk_index"][row].long().__and__(0xFFFF).sort().values.equal(top.sort().values)
+        diff = decoded[row, top].log() - B[row, top].log()   # the codes land on the right tokens
+        assert float(diff.max() - diff.min()) <= float(q["emission_step"][row]) * (1 + 1e-6)
+
+
+def test_topk8_checkpoint_round_trip_and_size(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    h, V, K = 6, 500, 50
+    emission = skewed_emission(h, V, seed=5).float()
+    hmm = ctrlg.HMM.from_params(torch.full((h,), 1 / h), torch.softmax(torch.randn(h, h, generator=g), -1),
+                                emission)
+    hmm.save(tmp_path / "q", emission_quantization=f"topk8-{K}")
+    loaded = ctrlg.HMM.load(tmp_path / "q")
+    ids = hmm.sample(64, 12, seed=0)
+    assert float((loaded.log_prob(ids) - hmm.log_prob(ids)).abs().mean() / 12) < 0.1
+    size = (tmp_path / "q" / "model.safetensors").stat().st_size
+    assert size < h * K * 3 + 4 * V + 4 * h * h + 4096
+
+
+@pytest.mark.parametrize("name", ["topk8-0", "topk8-x", "topk8", "topk4-8"])
+def test_bad_topk_names_are_clear_errors(name):
+    with pytest.raises(CheckpointError, match="topk8-K"):
+        quantize_emission(skewed_emission(), name)

@@ -12,8 +12,18 @@ every decoded row is a distribution):
   Entries below max/510 all decode to the same floor (Norm-Q would drop them to 0; the floor
   keeps every token possible, which the guide's ratios P(v, α)/P(v) need).
 
-Cost: O(h·V) to encode or decode; 1 byte per entry + 8 bytes per row (h = 512, V = 49,152:
-25.2 MB against 50.3 MB in bfloat16). ``docs/hmm.md`` compares their held-out log-likelihood.
+* ``topk8-K`` (e.g. ``topk8-4096``) — sparse rows for a large h: each row keeps its K largest
+  entries, stored as token indices and ``log8`` codes of their log-probabilities, plus the row's
+  remaining mass r_i = 1 − Σ_kept B̂; the other tokens share r_i in proportion to one background
+  distribution u (the mean emission row, stored once): B̂[i, v] = r_i · u_v / Σ_{w ∉ K_i} u_w.
+  Emission rows of a distilled HMM are peaked (a state emits a few hundred tokens), so the mass
+  outside the top K is small and the background keeps every token possible. The kept entries
+  are rescaled so the row sums to 1 exactly.
+
+Cost: O(h·V) to encode or decode; ``log8``/``normq8``: 1 byte per entry + 8 bytes per row (h = 512,
+V = 49,152: 25.2 MB against 50.3 MB in bfloat16); ``topk8-K``: 3 bytes per kept entry (2 for the
+index when V ≤ 65,536) + 12 bytes per row + 4·V bytes (h = 2,048, K = 4,096: 25.2 MB against 403 MB
+in float32). ``docs/hmm.md`` compares their held-out log-likelihood.
 """
 
 from __future__ import annotations
@@ -22,27 +32,82 @@ import torch
 
 from ctrlg.errors import CheckpointError
 
-__all__ = ["SCHEMES", "LOG_RANGE", "quantize_emission", "dequantize_emission"]
+__all__ = ["SCHEMES", "LOG_RANGE", "quantize_emission", "dequantize_emission", "topk_size"]
 
-SCHEMES = ("log8", "normq8")
+SCHEMES = ("log8", "normq8", "topk8-K")
 LOG_RANGE = 30.0
 _LEVELS = 255
 
 
+def topk_size(scheme: str) -> int | None:
+    """K of a ``topk8-K`` scheme name; None for the dense schemes; CheckpointError otherwise."""
+    if scheme in ("log8", "normq8"):
+        return None
+    prefix, _, k = scheme.partition("-")
+    if prefix == "topk8" and k.isdigit() and int(k) > 0:
+        return int(k)
+    raise CheckpointError(f"emission quantization must be one of log8, normq8 or topk8-K (K a "
+                          f"positive integer, e.g. topk8-4096), got {scheme!r}")
+
+
+def _log8(logs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row-wise linear 8-bit codes of log-probabilities ``logs`` [h, n] (module docstring)."""
+    hi = logs.max(1).values
+    lo = torch.maximum(logs.min(1).values, hi - LOG_RANGE)
+    step = ((hi - lo) / _LEVELS).clamp_min(1e-12)
+    codes = ((logs - lo[:, None]) / step[:, None]).round().clamp(0, _LEVELS)
+    return codes.to(torch.uint8), lo.float(), step.float()
+
+
+def _quantize_topk(B: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """``topk8-K`` tensors of the float64 emission ``B`` [h, V] (module docstring)."""
+    h, V = B.shape
+    k = min(k, V)
+    values, index = torch.topk(B, k, dim=1)
+    codes, lo, step = _log8(values.clamp_min(torch.finfo(torch.float64).tiny).log())
+    index_dtype = torch.int16 if V <= 65536 else torch.int32
+    # int16 holds 0..65535 as two's complement; decoded with `& 0xFFFF`
+    index = (index - 65536 * (index >= 32768)).to(index_dtype) if index_dtype == torch.int16 else index.to(index_dtype)
+    remainder = (1.0 - values.sum(1)).clamp_min(0.0)
+    return {"emission_topk_index": index.contiguous(), "emission_codes": codes.contiguous(),
+            "emission_lo": lo, "emission_step": step, "emission_rest": remainder.float(),
+            "emission_background": B.mean(0).float()}
+
+
+def _dequantize_topk(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    missing = {"emission_topk_index", "emission_codes", "emission_lo", "emission_step", "emission_rest",
+               "emission_background"} - tensors.keys()
+    if missing:
+        raise CheckpointError(f"a topk8 checkpoint lacks tensors {sorted(missing)}")
+    index = tensors["emission_topk_index"].long()
+    if tensors["emission_topk_index"].dtype == torch.int16:
+        index = index & 0xFFFF
+    background = tensors["emission_background"].to(torch.float64).clamp_min(1e-300)
+    h, V = index.shape[0], background.shape[0]
+    logs = tensors["emission_lo"].to(torch.float64)[:, None] + tensors["emission_codes"].to(torch.float64) \
+        * tensors["emission_step"].to(torch.float64)[:, None]
+    kept = logs.exp()
+    rest = tensors["emission_rest"].to(torch.float64).clamp(0.0, 1.0)
+    kept = kept * ((1.0 - rest) / kept.sum(1)).clamp_min(0)[:, None]
+    out = background.expand(h, V).clone()
+    out.scatter_(1, index, 0.0)
+    out = out * (rest / out.sum(1).clamp_min(1e-300))[:, None]
+    out.scatter_(1, index, kept)
+    return out / out.sum(1, keepdim=True)
+
+
 def quantize_emission(emission: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
     """Codes (uint8 [h, V]) and per-row parameters (float32 [h]) of ``emission`` under
-    ``scheme``; :func:`dequantize_emission` inverts it up to the rounding error."""
-    if scheme not in SCHEMES:
-        raise CheckpointError(f"emission quantization must be one of {SCHEMES}, got {scheme!r}")
+    ``scheme`` (``topk8-K``: the kept entries' indices and codes [h, K], the remaining mass and
+    the background); :func:`dequantize_emission` inverts it up to the rounding error (and, for
+    ``topk8-K``, the flattening of each row's tail onto the background)."""
+    k = topk_size(scheme)
     B = emission.detach().to("cpu", torch.float64)
+    if k is not None:
+        return _quantize_topk(B, k)
     if scheme == "log8":
-        logs = B.clamp_min(torch.finfo(torch.float64).tiny).log()
-        hi = logs.max(1).values
-        lo = torch.maximum(logs.min(1).values, hi - LOG_RANGE)
-        step = ((hi - lo) / _LEVELS).clamp_min(1e-12)
-        codes = ((logs - lo[:, None]) / step[:, None]).round().clamp(0, _LEVELS)
-        return {"emission_codes": codes.to(torch.uint8), "emission_lo": lo.float(),
-                "emission_step": step.float()}
+        codes, lo, step = _log8(B.clamp_min(torch.finfo(torch.float64).tiny).log())
+        return {"emission_codes": codes, "emission_lo": lo, "emission_step": step}
     top = B.max(1).values.clamp_min(torch.finfo(torch.float64).tiny)
     codes = (_LEVELS * B / top[:, None]).round().clamp(0, _LEVELS)
     return {"emission_codes": codes.to(torch.uint8), "emission_lo": torch.zeros_like(top).float(),
@@ -52,8 +117,8 @@ def quantize_emission(emission: torch.Tensor, scheme: str) -> dict[str, torch.Te
 def dequantize_emission(tensors: dict[str, torch.Tensor], scheme: str) -> torch.Tensor:
     """The float64 emission matrix [h, V] (rows sum to 1) decoded from :func:`quantize_emission`'s
     tensors."""
-    if scheme not in SCHEMES:
-        raise CheckpointError(f"unknown emission quantization {scheme!r} (known: {SCHEMES})")
+    if topk_size(scheme) is not None:
+        return _dequantize_topk(tensors)
     missing = {"emission_codes", "emission_lo", "emission_step"} - tensors.keys()
     if missing:
         raise CheckpointError(f"a {scheme} checkpoint lacks tensors {sorted(missing)}")
