@@ -213,3 +213,17 @@ def test_lvd_on_an_explicit_device_gives_the_default_result_and_cpu_centroids():
         assert torch.equal(getattr(default, name), getattr(explicit, name))
     centroids = kmeans(x.reshape(-1, 4), 3, iters=2, seed=0)
     assert centroids.device == torch.device("cpu") and centroids.shape == (3, 4)
+
+
+def test_time_limit_ends_the_schedule_after_the_step_past_it():
+    from ctrlg.hmm.model import HMM
+
+    torch.manual_seed(0)
+    h, V = 3, 5
+    hmm = HMM.from_params(torch.full((h,), 1 / h), torch.softmax(torch.randn(h, h), -1),
+                                torch.softmax(torch.randn(h, V), -1))
+    tokens = hmm.sample(40, 6, seed=1)
+    _, full = baum_welch(hmm, tokens, schedule=[(5, 1)])
+    assert len(full.step) == 6 and not full.stopped_early
+    _, cut = baum_welch(hmm, tokens, schedule=[(5, 1)], time_limit=0.0)
+    assert len(cut.step) == 2 and cut.stopped_early  # the initial record and one step

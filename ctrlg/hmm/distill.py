@@ -44,6 +44,7 @@ from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.model import HMM
 from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
+from ctrlg.hmm.stream_sampling import stream_sample_to_disk
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["distill", "train_head_for", "build_prompts", "unigram_loglik", "plot_curve", "extra_training_tokens"]
@@ -127,7 +128,7 @@ def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, 
     """Fit the LM-conditioned prior head to the training samples (HMM frozen) and measure the
     held-out prefix log-likelihood table on the test samples (:mod:`ctrlg.hmm.head_training`)."""
     head, history = train_prior_head(
-        hmm, train["hidden"], train["tokens"], eos_token_ids=eos_ids,
+        hmm, train["hidden"], train.get("lvd_tokens", train["tokens"]), eos_token_ids=eos_ids,
         inner_size=int(_get(cfg, "head.inner_size", 256)),
         valid_fraction=float(_get(cfg, "head.valid_fraction", 0.05)),
         epochs=int(_get(cfg, "head.epochs", 30)), patience=int(_get(cfg, "head.patience", 3)),
@@ -191,14 +192,44 @@ def _sampling_options(cfg: Mapping) -> dict:
                 shard=tuple(shard) if shard else None)
 
 
-def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> None:
+SAMPLING_ENGINES = ("batched", "stream")
+
+
+def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> dict:
     """Step 1: sample the held-out set (with the LM's hidden states, seed + 1, from the held-out
     prompts) into ``samples/heldout`` and the training set (seed) into ``samples/train``.
     Cost: one LM forward step per sampled token, (N_train + N_heldout)·L steps in batches of
     ``sampling.batch_size``, ``sampling.workers`` chunks at once (the samples do not depend on
-    it: chunks are seeded by their number); chunks already on disk are kept (resumable)."""
+    it: chunks are seeded by their number); chunks already on disk are kept (resumable).
+
+    ``sampling.engine: stream`` (one prompt only, e.g. ``prompts.format: bos``) draws them with
+    the continuously batched sampler (:mod:`ctrlg.hmm.stream_sampling`, ``sampling.rows`` slots);
+    the training chunks then carry hidden states only for the first ``lvd.sequences`` sequences
+    (the LVD initialisation's data; all when null). Returns the sampler's throughput figures."""
     train_prompts, heldout_prompts = _split_prompts(cfg, build_prompts(cfg, tokenizer))
+    engine = _get(cfg, "sampling.engine", "batched") or "batched"
+    if engine not in SAMPLING_ENGINES:
+        raise CtrlgError(f"sampling.engine must be one of {SAMPLING_ENGINES}, got {engine!r}")
     options = _sampling_options(cfg)
+    if engine == "stream":
+        if len(train_prompts) != 1 or len(heldout_prompts) != 1:
+            raise CtrlgError(f"sampling.engine=stream samples one shared prompt (prompts.format=bos); "
+                             f"this config has {len(train_prompts)} training prompts: use "
+                             f"sampling.engine=batched")
+        chunk = int(_get(cfg, "sampling.chunk_size", 65536))
+        n_train = int(_get(cfg, "sampling.num_sequences", 4096))
+        n_heldout = int(_get(cfg, "sampling.heldout_sequences", 256))
+        lvd_sequences = _get(cfg, "lvd.sequences")
+        lvd_sequences = n_train if lvd_sequences is None else min(int(lvd_sequences), n_train)
+        common = dict(length=options["length"], chunk_size=chunk, shard=options["shard"],
+                      rows=int(_get(cfg, "sampling.rows", 4096)))
+        heldout = stream_sample_to_disk(model, tokenizer, heldout_prompts[0], samples / "heldout",
+                                        num_sequences=n_heldout, seed=seed + 1,
+                                        hidden_chunks=-(-n_heldout // chunk), **common)
+        train = stream_sample_to_disk(model, tokenizer, train_prompts[0], samples / "train",
+                                      num_sequences=n_train, seed=seed,
+                                      hidden_chunks=-(-lvd_sequences // chunk), **common)
+        return {"engine": "stream", "heldout": heldout, "train": train}
     options["workers"] = _sampling_workers(_get(cfg, "sampling.workers", "auto"),
                                            next(model.parameters()).device.type)
     sample_to_disk(model, tokenizer, heldout_prompts, samples / "heldout",
@@ -206,19 +237,32 @@ def _draw_samples(cfg: Mapping, model, tokenizer, samples: Path, seed: int) -> N
                    return_hidden=True, **options)
     sample_to_disk(model, tokenizer, train_prompts, samples / "train",
                    num_sequences=int(_get(cfg, "sampling.num_sequences", 4096)), seed=seed, **options)
+    return {"engine": "batched"}
 
 
 def _load_samples(cfg: Mapping, samples: Path) -> tuple[dict, torch.Tensor, dict]:
     """(train, valid, test): the training chunks (tokens, LM hidden states) and the held-out
     chunks split in halves: "valid" (tokens) drives the EM curve and early stopping with
     ``em.keep_best``, "test" (tokens, LM log-probs, hidden states, prompt indices) gives the
-    reported figures. Cost: reading the chunks, O(N·L·d) for the hidden states."""
-    chunk_size = _sampling_options(cfg)["chunk_size"]
+    reported figures. When the training chunks carry hidden states only in the first chunks
+    (``sampling.engine: stream`` with ``lvd.sequences``), ``train["hidden"]`` covers those and
+    ``train["lvd_tokens"]`` are their tokens. Cost: reading the chunks, O(N·L·d) for the hidden
+    states."""
+    meta_file = samples / "train" / "meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    chunk_size = int(meta.get("chunk_size", _sampling_options(cfg)["chunk_size"]))
 
     def chunk_ids(key: str) -> list[int]:
         return list(range(-(-int(_get(cfg, key)) // chunk_size)))
 
-    train = load_chunks(samples / "train", ("tokens", "hidden"), chunks=chunk_ids("sampling.num_sequences"))
+    train_chunks = chunk_ids("sampling.num_sequences")
+    hidden_chunks = int(meta.get("hidden_chunks", len(train_chunks)))
+    if hidden_chunks >= len(train_chunks):
+        train = load_chunks(samples / "train", ("tokens", "hidden"), chunks=train_chunks)
+    else:
+        train = load_chunks(samples / "train", ("tokens",), chunks=train_chunks)
+        train.update(load_chunks(samples / "train", ("hidden",), chunks=train_chunks[:hidden_chunks]))
+    train["lvd_tokens"] = train["tokens"][:train["hidden"].shape[0]]
     heldout = load_chunks(samples / "heldout", ("tokens", "logprob", "hidden", "prompt_index"),
                           chunks=chunk_ids("sampling.heldout_sequences"))
     half = heldout["tokens"].shape[0] // 2
@@ -272,7 +316,8 @@ def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: 
     """Step 2: the LVD initialisation (:func:`ctrlg.hmm.lvd.lvd_init`: k-means of the LM's hidden
     states into ``hidden_size`` − 1 clusters + the EOS-padding state, counts from the cluster
     sequence; the k-means iterations on ``device``). Cost: O(kmeans_iters · N·L · d · h)."""
-    return lvd_init(train["tokens"], train["hidden"], int(_get(cfg, "hidden_size", 128)), vocab_size,
+    return lvd_init(train.get("lvd_tokens", train["tokens"]), train["hidden"],
+                    int(_get(cfg, "hidden_size", 128)), vocab_size,
                     eos_token_id=eos_id, device=device,
                     pseudocount=float(_get(cfg, "lvd.pseudocount", _get(cfg, "em.pseudocount", 1.0))),
                     kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=config,
@@ -282,15 +327,32 @@ def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: 
 def _train_em(cfg: Mapping, hmm, train_tokens: torch.Tensor, valid: torch.Tensor, device, seed: int):
     """Step 3: the mini-batch EM schedule ``em.schedule`` (:func:`ctrlg.hmm.em.baum_welch`), the
     validation log-likelihood recorded after every step; returns (HMM on the CPU, history).
-    Cost per step: O(chunk tokens · h²) for the E-step, plus O(N_valid·L·h²) for the curve."""
+    Cost per step: O(chunk tokens · h²) for the E-step, plus O(N_valid·L·h²) for the curve.
+    ``em.matmul_precision: high`` lets float32 matmuls use TensorFloat-32 (CUDA) during EM only
+    (about 4× the fp32 rate on an H100, ~1e-3 relative error per product); ``highest`` (the
+    default) keeps full float32."""
+    precision = str(_get(cfg, "em.matmul_precision", "highest") or "highest")
+    if precision not in ("highest", "high", "medium"):
+        raise CtrlgError(f"em.matmul_precision must be highest, high or medium, got {precision!r}")
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        hmm, history = _baum_welch(cfg, hmm, train_tokens, valid, device, seed)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return hmm.cpu(), history
+
+
+def _baum_welch(cfg: Mapping, hmm, train_tokens: torch.Tensor, valid: torch.Tensor, device, seed: int):
     hmm, history = baum_welch(
         hmm, train_tokens, schedule=_get(cfg, "em.schedule", "10:1"),
         num_chunks=int(_get(cfg, "em.num_chunks", 1)), pseudocount=float(_get(cfg, "em.pseudocount", 1.0)),
         heldout_tokens=valid, batch_size=int(_get(cfg, "em.batch_size", 256)),
         backend=_get(cfg, "em.backend", "torch"), device=device, seed=seed,
         emission_prior=_get(cfg, "em.emission_prior", "uniform"),
-        keep_best=bool(_get(cfg, "em.keep_best", False)))
-    return hmm.cpu(), history
+        keep_best=bool(_get(cfg, "em.keep_best", False)),
+        time_limit=_get(cfg, "em.time_limit_s"))
+    return hmm, history
 
 
 def _heldout_metrics(hmm, lvd_ll: float, train: dict, valid: torch.Tensor, test: dict,
@@ -311,6 +373,8 @@ def _heldout_metrics(hmm, lvd_ll: float, train: dict, valid: torch.Tensor, test:
             "lm": float(test["logprob"].double().sum() / n_tokens),
         },
         "em_best_step": history.best_step,
+        "em_steps": len(history.step) - 1,
+        "em_stopped_early": bool(getattr(history, "stopped_early", False)),
         "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
     }
 
@@ -426,7 +490,7 @@ def distill(cfg: Mapping) -> dict:
     model = _sampling_model(cfg, model_name, device)
     samples = Path(_get(cfg, "sampling.dir", out_dir / "samples"))
     with _timed(timings, "sampling_s"):
-        _draw_samples(cfg, model, tokenizer, samples, seed)
+        sampling_stats = _draw_samples(cfg, model, tokenizer, samples, seed)
     shard = _get(cfg, "sampling.shard")
     if shard or _get(cfg, "sampling.only", False):
         return {"samples": str(samples), "shard": shard, "timings": timings}
@@ -444,7 +508,7 @@ def distill(cfg: Mapping) -> dict:
         hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config, device)
     lvd_ll = heldout_ll_per_token(hmm, test["tokens"])
     if not _get(cfg, "head.enabled", True):
-        del train["hidden"]
+        del train["hidden"], train["lvd_tokens"]
     em_tokens = train["tokens"]
     extra = extra_training_tokens(cfg, tokenizer, int(em_tokens.shape[1]), eos_id)
     if extra is not None:
@@ -455,6 +519,7 @@ def distill(cfg: Mapping) -> dict:
     metrics = _heldout_metrics(hmm, lvd_ll, train, valid, test, V, eos_id,
                                _sampling_options(cfg)["length"], history)
     metrics["timings"] = timings
+    metrics["sampling"] = sampling_stats
     metrics["extra_sequences"] = 0 if extra is None else int(extra.shape[0])
     hmm = _save_checkpoint(cfg, hmm, train, test, metrics, eos_ids=eos_ids, hmm_config=hmm_config,
                            out_dir=out_dir)

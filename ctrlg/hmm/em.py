@@ -179,6 +179,7 @@ class EMHistory:
     seconds: list[float] = field(default_factory=list)
     tokens_per_second: list[float] = field(default_factory=list)
     best_step: int = 0  # the step whose parameters were returned
+    stopped_early: bool = False  # the schedule was cut by baum_welch's time_limit
 
     def record(self, step: int, chunks: int, train_ll: float, heldout_ll: float, seconds: float,
                tokens_per_second: float) -> None:
@@ -254,7 +255,7 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
                batch_size: int = 256, backend: str = "torch", device: str | torch.device | None = None,
                seed: int = 0, reduce: Callable[[ExpectedCounts], None] | None = None,
                shard: tuple[int, int] | None = None, emission_prior: str = "uniform",
-               keep_best: bool = False,
+               keep_best: bool = False, time_limit: float | None = None,
                progress: bool | None = None,
                callback: Callable[[int, HMM, EMHistory], None] | None = None) -> tuple[HMM, EMHistory]:
     """Run the mini-batch EM schedule (module docstring) from ``hmm``; returns the trained HMM and
@@ -262,7 +263,8 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
     ``emission_prior`` is "uniform" or "unigram" (of all of ``train_tokens``; module docstring).
     ``keep_best`` returns the parameters with the best held-out log-likelihood seen (early
     stopping; the initial model included) instead of the last ones; ``history.best_step`` says
-    which.
+    which. ``time_limit`` (seconds) ends the schedule after the first step that finishes past it
+    (a time box for a lease; ``history.stopped_early`` says whether it did).
 
     ``shard=(rank, world_size)`` keeps only rows ``rank::world_size`` of every chunk (the chunks
     themselves are formed from all of ``train_tokens``, identically in every process); with
@@ -285,7 +287,11 @@ def baum_welch(hmm: HMM, train_tokens: torch.Tensor, *, schedule=((10, 1),), num
         progress = sys.stderr.isatty()
     bar = tqdm(total=sum(s for s, _ in schedule), desc="EM", unit="step", disable=not progress)
     step = 0
+    started = time.perf_counter()
     for window in _chunk_windows(schedule, num_chunks):
+        if time_limit is not None and step > 0 and time.perf_counter() - started > float(time_limit):
+            history.stopped_early = True
+            break
         counts, elapsed = _step_counts(hmm, [chunks[j] for j in window], batch_size=batch_size,
                                        backend=backend, reduce=reduce)
         hmm = m_step(hmm, counts, pseudocount=pseudocount, emission_prior=prior)
