@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
                       "real_tokens_per_sequence": real[name] / N}
     ratio = statistics.median(b / s for b, s in zip(times["batched"], times["stream"]))
     device_name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
-                   else open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "))
+                   else open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t"))
     result = {"device": device_name, "dtype": str(dtype), "sequences": N, "length": L,
               "batch": args.batch, "rows": args.rows, "threads": args.threads, "variants": rows,
               "stream_over_batched": ratio}
