@@ -28,10 +28,13 @@ def test_adapted_hmm_models_commongen_sentences_better_than_the_instruct_one(smo
     ids = torch.tensor([r + [tok.eos_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[i < len(r) for i in range(width)] for r in rows])
     per_token = {name: float(load_embedded_hmm(name).log_prob(ids, mask=mask).sum() / mask.sum())
-                 for name in ("instruct", "commongen-adapted", "commongen-adapted-h512")}
+                 for name in ("instruct", "commongen-adapted", "commongen-adapted-h512",
+                              "commongen-adapted-h2048")}
     assert per_token["commongen-adapted"] > per_token["instruct"] + 0.5, per_token
     # five times the samples at h = 512: closer still to CommonGen's own sentences
     assert per_token["commongen-adapted-h512"] > per_token["commongen-adapted"], per_token
+    # h = 2,048 from 1M samples (stored as each state's top 4,096 tokens): closer still
+    assert per_token["commongen-adapted-h2048"] > per_token["commongen-adapted-h512"] + 0.1, per_token
 
 
 def test_every_embedded_adapter_names_the_embedded_base_and_improved_held_out_nll():

@@ -18,6 +18,8 @@ EMBEDDED_HMMS = {
     "commongen-adapted": "hmm_smollm2_commongen_adapted",  # the CommonGen-adapted LM, BOS prompt
     # the same LM, 5x the samples, h = 512 (distilled on a GPU; docs/hmm.md, docs/experiments.md)
     "commongen-adapted-h512": "hmm_smollm2_commongen_adapted_h512",
+    # h = 2,048 from 1M samples, distilled on one GPU (configs/distill_adapted_gpu.yaml); topk8-4096 storage
+    "commongen-adapted-h2048": "hmm_smollm2_commongen_adapted_h2048",
 }
 # name -> folder under ctrlg/assets: prior heads saved apart from their HMM (HMM.attach_prior_head)
 EMBEDDED_PRIOR_HEADS = {
