@@ -120,9 +120,9 @@ def resolve_device(name: str | None) -> torch.device:
 
 def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
-    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.adapters`) merged when set, the
+    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
     weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``."""
-    from ctrlg.models import load_model, load_tokenizer
+    from ctrlg.lm.models import load_model, load_tokenizer
 
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))

@@ -48,16 +48,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ctrlg import dfa, metrics
-from ctrlg.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
+from ctrlg.lm.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.data import load_commongen
-from ctrlg.adapters import adapter_info
+from ctrlg.lm.adapters import adapter_info
 from ctrlg.data.commongen_prompts import (DEFAULT_BOS_TOKEN, check_style, prompt_text,
                                          target_prefix)
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
-from ctrlg.judge import Judge
-from ctrlg.mbr import mbr_pick
+from ctrlg.lm.judge import Judge
+from ctrlg.lm.mbr import mbr_pick
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.validation import check_context_length
@@ -254,7 +254,7 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
     K rows; ``processor_cache`` lets the methods of one batch share a guide's tables): per item,
     its K samples/beams (cut at EOS) and their log p_lm(candidate | prompt) — summed during beam
-    search (:mod:`ctrlg.beam_likelihood`), else by a second pass
+    search (:mod:`ctrlg.lm.beam_likelihood`), else by a second pass
     (:func:`ctrlg.sampler.lm_log_likelihood`); None when ``rerank: none``."""
 
     gen = cfg.generation
@@ -455,7 +455,7 @@ def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool]
                    judge: Callable[[list[str]], list[float]] | None = None) -> int:
     """The index of the kept candidate, among the constraint-satisfying ones (all of them when
     none satisfies): ``lm_loglik``, the highest :func:`rerank_score` (the first on ties);
-    ``mbr``, minimum Bayes risk over those candidates (:func:`ctrlg.mbr.mbr_pick`: BLEU+1 on
+    ``mbr``, minimum Bayes risk over those candidates (:func:`ctrlg.lm.mbr.mbr_pick`: BLEU+1 on
     the metrics' tokens, weights softmax(rerank_score / T)); ``none``, the first. ``rule`` is
     :func:`rerank_rule`'s dict, or a bare length exponent for ``lm_loglik``.
 
@@ -485,7 +485,7 @@ def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool]
 
 def rerank_from_search(model, decoding: dict, cfg) -> bool:
     """Rerank with the log-likelihoods recorded during beam search
-    (:mod:`ctrlg.beam_likelihood`) instead of a second LM pass: beam search whose options leave
+    (:mod:`ctrlg.lm.beam_likelihood`) instead of a second LM pass: beam search whose options leave
     the LM's log-probabilities unscaled, unless ``rerank_pass: full`` asks for the second pass."""
     if cfg.rerank == "none" or str(cfg.get("rerank_pass", "recorded")) == "full":
         return False

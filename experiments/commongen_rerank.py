@@ -12,7 +12,7 @@ log p_lm(y | prompt), its length in tokens and whether it satisfies the constrai
 itself does not depend on the rerank, so choosing again
 (:func:`experiments.commongen.pick_candidate`) gives exactly the outputs a run decoded with that
 rule would have produced: ``rerank=lm_loglik rerank_length_penalty=p`` (the highest
-log p_lm / |y|^p) or ``rerank=mbr mbr_temperature=T`` (minimum Bayes risk, :mod:`ctrlg.mbr`).
+log p_lm / |y|^p) or ``rerank=mbr mbr_temperature=T`` (minimum Bayes risk, :mod:`ctrlg.lm.mbr`).
 
 ``--judge-weights A …`` adds, for each length exponent P of ``--sweep``, the rules with a judge
 LM of weight A (``judge.weight``: the shortlist of the ``--judge-top-k`` best candidates by
@@ -46,7 +46,7 @@ from omegaconf import OmegaConf
 
 from ctrlg import metrics
 from ctrlg.data.commongen_prompts import PROMPT_STYLES
-from ctrlg.judge import JudgeCacheError
+from ctrlg.lm.judge import JudgeCacheError
 from experiments.common import ExperimentConfigError, format_table, read_records
 from experiments.commongen import (judge_prompt_ids, judge_style, load_judge, pick_candidate,
                                   rerank_rule, word_count)
@@ -119,7 +119,7 @@ def judge_for(judge, cfg, record: dict):
 
 def repick_record(record: dict, methods: Sequence[str], rule: dict, judge=None, cfg=None) -> dict:
     """``record`` with each of ``methods`` re-chosen from its candidates by ``rule``
-    (:func:`experiments.commongen.pick_candidate`, with ``judge`` — a :class:`ctrlg.judge.Judge`
+    (:func:`experiments.commongen.pick_candidate`, with ``judge`` — a :class:`ctrlg.lm.judge.Judge`
     prompted as ``cfg.judge`` says — when the rule has a judge weight; the candidates are dropped
     from the copy)."""
     out = dict(record)
@@ -164,7 +164,7 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
           oracle: bool = True, judge=None, judge_cfg: dict | None = None) -> dict:
     """``{"start:stop": {"items": n, "methods": {method: {rule name | "oracle": metric row}}}}``:
     every rule (:func:`lm_rule`, :func:`mbr_rule`) and the oracle on every range of indices
-    (``judge``: the :class:`ctrlg.judge.Judge` of the rules with a judge weight, prompted as
+    (``judge``: the :class:`ctrlg.lm.judge.Judge` of the rules with a judge weight, prompted as
     ``judge_cfg`` says)."""
     cfg = OmegaConf.load(run_dir / "config.yaml")
     if judge_cfg is not None:

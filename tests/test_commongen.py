@@ -184,7 +184,7 @@ def test_prompt_styles_bos_alone_keywords_and_instruction(smollm2_tokenizer):
     instruction the instruct HMM was distilled on."""
     from ctrlg.data.commongen import CommonGenExample
     from ctrlg.data.commongen_prompts import prompt_text
-    from ctrlg.hmm.sampling import commongen_prompts
+    from ctrlg.data.commongen_prompts import commongen_prompts
     from experiments import commongen
 
     tok = smollm2_tokenizer

@@ -7,7 +7,7 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from ctrlg.judge import Judge, judge_log_likelihoods
+from ctrlg.lm.judge import Judge, judge_log_likelihoods
 from experiments.common import ExperimentConfigError
 from experiments.commongen import (_generation_config, judge_prompt_ids, judge_style, pick_candidate,
                                   rerank_score)
@@ -70,7 +70,7 @@ def test_a_heavy_judge_overrules_the_lm_within_the_shortlist():
 
 
 def test_judge_scores_each_text_once_with_its_eos(tiny_lm_dir, tmp_path):
-    from ctrlg.models import load
+    from ctrlg.lm.models import load
 
     model, tokenizer = load(str(tiny_lm_dir))
     judge = Judge(model, tokenizer)
@@ -108,7 +108,7 @@ def test_an_adapted_judge_scores_exactly_the_text_its_adapter_was_trained_on(tin
     """prompt ⊕ the judge's candidate tokens = the tokens of the training text
     prompt_text + target_text (prompt, " " + sentence, EOS), and the score is its chain rule."""
     from ctrlg.data.commongen_prompts import prompt_text, target_prefix, target_text
-    from ctrlg.models import load
+    from ctrlg.lm.models import load
     from ctrlg.sampler import lm_log_likelihood
 
     model, tokenizer = load(str(tiny_lm_dir))
@@ -130,8 +130,8 @@ def test_judge_cache_names_its_judge_and_refuses_another(tiny_lm_dir, tmp_path):
 
     import torch
 
-    from ctrlg.judge import JudgeCacheError
-    from ctrlg.models import load
+    from ctrlg.lm.judge import JudgeCacheError
+    from ctrlg.lm.models import load
 
     model, tokenizer = load(str(tiny_lm_dir))
     judge = Judge(model, tokenizer)

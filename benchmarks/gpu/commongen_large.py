@@ -55,7 +55,7 @@ def _tiny_fixtures(out_dir: Path, seed: int) -> tuple[dict, list[str]]:
     """(HMM name → checkpoint folder, extra overrides): a tiny LM over SmolLM2's vocabulary, two
     random HMMs, and the hand-made items."""
     from ctrlg import HMM
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     lm_dir = out_dir / "tiny_lm_smollm2_vocab"

@@ -101,7 +101,7 @@ def resolve_adapter(name: str | Path) -> Path:
     missing = sorted(f for f in OWNED_FILES if not (folder / f).is_file())
     if missing:
         raise CheckpointError(f"the adapter folder {folder} lacks {', '.join(missing)}; save "
-                              "adapters with ctrlg.adapters.save_adapter")
+                              "adapters with ctrlg.lm.adapters.save_adapter")
     return folder
 
 
