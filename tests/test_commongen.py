@@ -42,6 +42,7 @@ def test_bad_sizes_and_methods_fail_before_the_lm_is_loaded(tmp_path, override, 
 
 def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_dir, tiny_hmm_dir,
                                                                       tmp_path):
+    from ctrlg.tasks.commongen import pipeline
     from experiments import commongen
 
     overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
@@ -49,7 +50,7 @@ def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_di
     commongen.run(compose("commongen", overrides), full)
 
     runs = tmp_path / "runs"
-    run_interrupted(commongen, "generate_batch", 3,  # the second batch's first method
+    run_interrupted(pipeline, "generate_batch", 3,  # the second batch's first method
                     lambda: commongen.run(compose("commongen", overrides),
                                           runs / "2026-01-01_00-00-00"))
     kept = read_records(runs / "2026-01-01_00-00-00")
@@ -78,14 +79,15 @@ def test_a_run_kept_gzip_compressed_is_read_and_resumed_as_it_was(tiny_lm_dir, t
     import gzip
     import shutil
 
-    from experiments import commongen
+    from ctrlg.tasks.commongen import pipeline
     from ctrlg.tasks.records import read_records as read_run, records_path
+    from experiments import commongen
 
     overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
     full = tmp_path / "full"
     commongen.run(compose("commongen", overrides), full)
     part = tmp_path / "part"
-    run_interrupted(commongen, "generate_batch", 3,
+    run_interrupted(pipeline, "generate_batch", 3,
                     lambda: commongen.run(compose("commongen", overrides), part))
     plain = part / "generations.jsonl"
     with open(plain, "rb") as src, gzip.open(part / "generations.jsonl.gz", "wb") as dst:
