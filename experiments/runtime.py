@@ -109,8 +109,8 @@ def plot(dfa_rows, length_rows, path: Path, title: str) -> None:
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
-    from ctrlg.tasks.commongen.items import prompt_ids as commongen_prompt
     from ctrlg.data import CommonGenExample, parse_concept_set
+    from ctrlg.tasks.commongen.items import prompt_ids as commongen_prompt
 
     seed_everything(cfg.seed)
     save_resolved_config(cfg, out_dir)

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import torch
 
-from ctrlg.lm.adapters import base_fingerprint
 from ctrlg.errors import ConstraintError, CtrlgError
+from ctrlg.lm.adapters import base_fingerprint
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]

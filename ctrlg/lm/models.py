@@ -35,9 +35,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from ctrlg.lm.adapters import merge_adapter
 from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
+from ctrlg.lm.adapters import merge_adapter
 
 __all__ = [
     "EMBEDDED_NAME",

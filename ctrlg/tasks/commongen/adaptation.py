@@ -30,14 +30,14 @@ from typing import Any, Mapping
 
 import torch
 
-from ctrlg.lm import models
-from ctrlg.lm.adaptation import LoraSettings, encode_examples, mean_target_nll, train_lora
-from ctrlg.lm.adapters import base_fingerprint, save_adapter
 from ctrlg.data import load_commongen
 from ctrlg.data._files import bundled_path
 from ctrlg.data.commongen_prompts import prompt_text, target_text
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.sampling import read_prompts
+from ctrlg.lm import models
+from ctrlg.lm.adaptation import LoraSettings, encode_examples, mean_target_nll, train_lora
+from ctrlg.lm.adapters import base_fingerprint, save_adapter
 
 __all__ = ["FORMS", "adapt", "training_texts", "heldout_texts"]
 
