@@ -102,7 +102,7 @@ def main() -> None:
     from ctrlg.app.examples import load_examples
     from ctrlg.app.server import background_server
     from ctrlg.hmm import load_default_hmm
-    from ctrlg.models import load_model, load_tokenizer
+    from ctrlg.lm.models import load_model, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Benchmark: Ctrl-G guidance ÷ LM step at batch 1 / 8 / 32, in one process.
 
-SmolLM2-135M (the embedded model, :func:`ctrlg.models.load_model`), a random Dirichlet HMM with
+SmolLM2-135M (the embedded model, :func:`ctrlg.lm.models.load_model`), a random Dirichlet HMM with
 h = 256 over its V = 49152 tokens, and the CommonGen 4-concept constraint
 (:func:`ctrlg.dfa.commongen_constraint`: the concepts in some inflection ∧ 5–20 words ∧ EOS).
 For each batch size B the prompt is repeated B times and decoded with a KV cache by hand, so the
@@ -38,7 +38,7 @@ import torch
 
 from benchmarks.bench_guide import dirichlet_hmm
 from ctrlg import dfa
-from ctrlg.models import load_model, load_tokenizer
+from ctrlg.lm.models import load_model, load_tokenizer
 from ctrlg.sampler import ConstraintLogitsProcessor
 from ctrlg.vocab import Vocabulary
 

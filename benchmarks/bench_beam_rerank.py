@@ -1,5 +1,5 @@
 """Cost of reranking every beam by the LM (the paper's CommonGen decoding): the log-likelihoods
-summed during beam search (:mod:`ctrlg.beam_likelihood`) against a second LM pass over every
+summed during beam search (:mod:`ctrlg.lm.beam_likelihood`) against a second LM pass over every
 finished beam (:func:`ctrlg.sampler.rerank`), measured in one process.
 
     python -m benchmarks.bench_beam_rerank                 # 32 and 128 beams, 2 rounds
@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
     import ctrlg
     from ctrlg import dfa
     from ctrlg.hmm import load_embedded_hmm
-    from ctrlg.models import load_model, load_tokenizer
+    from ctrlg.lm.models import load_model, load_tokenizer
     from ctrlg.sampler import rerank
     from ctrlg.vocab import eos_token_ids
 

@@ -107,7 +107,7 @@ def main(argv=None) -> dict:
     from ctrlg import dfa
     from ctrlg.data import load_commongen
     from ctrlg.data.commongen_plus import BUNDLED_NAME
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     items = load_commongen(f"bundled:{BUNDLED_NAME}")

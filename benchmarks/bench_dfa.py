@@ -105,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ctrlg import dfa
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
     from ctrlg.vocab import token_bytes
 
     tokenizer = load_tokenizer()

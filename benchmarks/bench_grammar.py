@@ -1,6 +1,6 @@
 """Benchmark: grammar constraints — compile time and per-token mask time, ctrlg vs llguidance.
 
-The example grammars (:mod:`ctrlg.cfg.examples`: arithmetic, SQL subset, recursive lists, JSON)
+The example grammars (:mod:`ctrlg.dfa.cfg.examples`: arithmetic, SQL subset, recursive lists, JSON)
 over SmolLM2's vocabulary (V = 49,152). Both libraries walk the *same* token sequences: each
 sample sentence tokenised by the tokenizer, then EOS. Per step:
 
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from ctrlg import dfa
-from ctrlg.cfg.examples import EXAMPLES, SAMPLES
+from ctrlg.dfa.cfg.examples import EXAMPLES, SAMPLES
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.masks import token_mask
-from ctrlg.models import load_tokenizer
+from ctrlg.lm.models import load_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 UNDECIDED: list = []          # the mask providers of a grammar's runs: their abandoned searches

@@ -257,7 +257,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from ctrlg.data import load_commongen
-    from ctrlg.models import load_model, load_tokenizer
+    from ctrlg.lm.models import load_model, load_tokenizer
 
     tokenizer, model = load_tokenizer(), load_model()
     example = next(e for e in load_commongen() if len(e.concepts) == 5)

@@ -39,7 +39,7 @@ from ctrlg.dfa import commongen_constraint
 from ctrlg.guide import build_tables
 from ctrlg.guide import emission_operands as operands_module
 from ctrlg.guide.token_weights import log_ratios
-from ctrlg.models import load_tokenizer
+from ctrlg.lm.models import load_tokenizer
 from ctrlg.vocab import eos_token_ids
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
-    from ctrlg import models
+    from ctrlg.lm import models
     from ctrlg.hmm.sampling import load_chunks
 
     folder = embedded_hmm_path(args.hmm) if args.hmm in EMBEDDED_HMMS else Path(args.hmm)

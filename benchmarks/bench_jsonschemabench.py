@@ -157,7 +157,7 @@ def _report_unbudgeted_walks(emit, ctx, walks, times, check):
 # ---------------------------------------------------------------------- engines
 def run_ctrlg(schema, ctx, args, seed, emit):
     from ctrlg import dfa
-    from ctrlg.cfg.constraint import GrammarConstraint
+    from ctrlg.dfa.cfg.constraint import GrammarConstraint
     from ctrlg.guide.feasibility import Feasibility
     from ctrlg.guide.masks import regular_automaton, token_mask
 
@@ -280,7 +280,7 @@ def sample_schemas(data: Path, per_category: int | None, seed: int):
 def _setup_context():
     from benchmarks.bench_regex import _setup
     from ctrlg.dfa.vocab_trie import vocab_trie
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     tok = load_tokenizer()
     ctx, setup, notes = _setup(tok)

@@ -49,7 +49,7 @@ def _logprob_gap(models: dict) -> float:
 
 def main(argv=None) -> dict:
     from ctrlg.kernels.packed_linear import native_bfloat16
-    from ctrlg.models import load_model
+    from ctrlg.lm.models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 32, 128])

@@ -32,7 +32,7 @@ def _median_time(fn, repeats: int) -> float:
 
 @torch.no_grad()
 def main(argv=None) -> dict:
-    from ctrlg import models
+    from ctrlg.lm import models
     from ctrlg.hmm import load_default_hmm
     from ctrlg.hmm.prior_head import PriorHead
 

@@ -333,7 +333,7 @@ def main(argv=None):
     parser.add_argument("--out", default="benchmarks/results/bench_regex.json")
     args = parser.parse_args(argv)
 
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     ctx, setup, notes = _setup(load_tokenizer())
     rows, all_dfas = [], {}

@@ -56,7 +56,7 @@ VARIANTS = {
 
 
 def main(argv=None) -> dict:
-    from ctrlg import models
+    from ctrlg.lm import models
     from ctrlg.hmm.distill import build_prompts
     from ctrlg.hmm.grouped_attention import register
     from ctrlg.hmm.sampling import load_chunks, sample_to_disk

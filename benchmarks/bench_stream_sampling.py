@@ -47,7 +47,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from ctrlg import models
+    from ctrlg.lm import models
     from ctrlg.data.commongen_prompts import bos_text
     from ctrlg.hmm.sampling import sample_to_disk
     from ctrlg.hmm.stream_sampling import stream_sample_to_disk

@@ -1,8 +1,8 @@
 """Grammar constraints with the embedded LM: Ctrl-G guidance vs logical masking.
 
-The example grammars (:mod:`ctrlg.cfg.examples`: arithmetic with nested parentheses, a SQL
+The example grammars (:mod:`ctrlg.dfa.cfg.examples`: arithmetic with nested parentheses, a SQL
 SELECT subset, recursive lists, JSON) compiled with ``dfa.grammar`` for SmolLM2-135M-Instruct
-(:func:`ctrlg.models.load_model`) and the embedded HMM (:func:`ctrlg.hmm.load_default_hmm`).
+(:func:`ctrlg.lm.models.load_model`) and the embedded HMM (:func:`ctrlg.hmm.load_default_hmm`).
 Both modes use the same chat prompts, seed and token budget; Ctrl-G's tables are built over the
 grammar's regular superset and the exact grammar mask is applied after (docs/grammar.md).
 Reported per grammar and mode: the share of outputs that the ``lark`` library parses (its default
@@ -107,9 +107,9 @@ def main(argv=None):
     import torch
 
     from ctrlg import dfa
-    from ctrlg.cfg.examples import EXAMPLES
+    from ctrlg.dfa.cfg.examples import EXAMPLES
     from ctrlg.hmm import load_default_hmm
-    from ctrlg.models import load_model, load_tokenizer
+    from ctrlg.lm.models import load_model, load_tokenizer
 
     tok = load_tokenizer()
     ctx = SimpleNamespace(tok=tok, model=load_model().eval(), hmm=load_default_hmm(tokenizer=tok),

@@ -34,7 +34,7 @@ def main(argv=None):
     import ctrlg
     from ctrlg import dfa
     from ctrlg.hmm import load_default_hmm
-    from ctrlg.models import load_model, load_tokenizer
+    from ctrlg.lm.models import load_model, load_tokenizer
 
     tok = load_tokenizer()
     model = load_model().eval()

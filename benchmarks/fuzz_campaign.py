@@ -14,7 +14,7 @@ Each case draws, from its own seed:
 * a **random HMM** (1–4 hidden states, Dirichlet rows of random concentration, so some are
   peaked) and a mode, ``"ctrlg"`` or ``"logical"``;
 * a **decoder**: (a) transformers sampling from another random HMM dressed as an LM
-  (:class:`ctrlg.hmm_lm.HMMForCausalLM`) with random temperature / top-k / top-p;
+  (:class:`ctrlg.lm.hmm_lm.HMMForCausalLM`) with random temperature / top-k / top-p;
   (b) transformers beam search (2–4 beams) from such an LM; (c) a hand-written sampling loop fed
   raw random logits (Gaussian, some columns −inf, sometimes padded wider than V).
 
@@ -494,7 +494,7 @@ def random_hmm(rng, h, V) -> HMM:
 
 
 def decode_hmm_lm(case, constraint, hmm, rng, beams: int):
-    from ctrlg.hmm_lm import HMMForCausalLM
+    from ctrlg.lm.hmm_lm import HMMForCausalLM
     from ctrlg.sampler import ConstraintLogitsProcessor
 
     V, n, m, eos = case["V"], case["n"], case["m"], case["eos"]

@@ -5,6 +5,10 @@ Constraints are token-level DFAs (:mod:`ctrlg.dfa`); an HMM distilled from the L
 (:mod:`ctrlg.guide`), and :mod:`ctrlg.sampler` plugs that into ``transformers.generate``.
 Heavy dependencies (transformers) are imported lazily: ``ctrlg.ConstraintLogitsProcessor``,
 ``ctrlg.Generation`` and ``ctrlg.generate`` load :mod:`ctrlg.sampler` on first access.
+
+The packages, the data flow between them and what each may import: docs/architecture.md. This
+module may import :mod:`ctrlg.errors`, :mod:`ctrlg.vocab`, :mod:`ctrlg.dfa`, :mod:`ctrlg.hmm` and
+:mod:`ctrlg.sampler`.
 """
 
 from ctrlg import dfa

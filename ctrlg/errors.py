@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedSchemaError",
     "GrammarError",
     "UnsupportedGrammarError",
+    "ExperimentConfigError",
 ]
 
 
@@ -76,3 +77,8 @@ class GrammarError(ConstraintError):
 
 class UnsupportedGrammarError(GrammarError):
     """A grammar construct outside the supported subset (the message names it and its line)."""
+
+
+class ExperimentConfigError(CtrlgError):
+    """An experiment or task configuration that cannot run (a size of 0, an unknown method, a
+    resume folder that does not match); raised before the LM or HMM is loaded where possible."""

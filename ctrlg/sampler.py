@@ -45,7 +45,7 @@ Insertion (Ctrl-G §5): ``suffix_ids`` must follow the generation; the guide's t
 HMM to emit them right after the generated middle (see :mod:`ctrlg.guide`), while the LM sees only
 the prompt and the middle. :func:`generate` reranks candidates by log p_lm(middle ⊕ suffix | prompt);
 without a suffix, beam search reads each beam's log p_lm as summed during the search
-(:mod:`ctrlg.beam_likelihood`) instead of running the LM over every beam a second time.
+(:mod:`ctrlg.lm.beam_likelihood`) instead of running the LM over every beam a second time.
 
 If the LM gives every feasible token probability 0 (e.g. −inf logits), the row falls back to the
 guidance term alone (a uniform LM), so a feasible token is still chosen.
@@ -66,7 +66,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from ctrlg.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
+from ctrlg.lm.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError

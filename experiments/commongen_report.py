@@ -7,7 +7,7 @@
 Reads ``RUN_DIR/generations.jsonl`` and ``config.yaml`` (e.g. the folder written by
 ``experiments.merge_runs``) and prints, for each range [start, stop) of dataset indices, the
 metric table and the paired-bootstrap intervals of every Ctrl-G-guided method − ``--baseline``
-(:func:`experiments.commongen.score_methods`, the same code as the main job), so a tuning range
+(:func:`ctrlg.tasks.commongen.scoring.score_methods`, the same code as the main job), so a tuning range
 and a reported range are scored apart; ``--examples N`` prints N side-by-side outputs of the
 first range as a Markdown table. ``--openings N`` diagnoses mode collapse on the first range: the
 N most common first words of each method's outputs and of the references (share of each), and
@@ -19,29 +19,21 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from ctrlg import metrics
-from experiments.common import ExperimentConfigError, read_records, write_json
-from experiments.commongen import method_spec, print_tables, reference_words, score_methods
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.commongen.methods import method_spec
+from ctrlg.tasks.commongen.scoring import print_tables, reference_words, score_methods
+from ctrlg.tasks.records import read_records, write_json
+from experiments.common import index_range
 
 __all__ = ["report_ranges", "side_by_side", "opening_words"]
 
 RARE_OPENING_SHARE = 0.01   # an opening word is "rare" when it opens under 1 % of the references
-
-
-def _range(text: str) -> tuple[int, int]:
-    try:
-        start, stop = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a range is START:STOP, got {text!r}") from None
-    if not 0 <= start < stop:
-        raise argparse.ArgumentTypeError(f"a range needs 0 <= START < STOP, got {text!r}")
-    return start, stop
 
 
 def _scored_records(run_dir: Path) -> list[dict]:
@@ -153,7 +145,7 @@ def _print_openings(result: dict, methods) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--ranges", type=_range, nargs="+", default=[(0, 10**9)])
+    parser.add_argument("--ranges", type=index_range, nargs="+", default=[(0, 10**9)])
     parser.add_argument("--baseline", default=None)
     parser.add_argument("--resamples", type=int, default=None)
     parser.add_argument("--meteor", action="store_true", help="METEOR (needs java) even when the run skipped it")

@@ -35,13 +35,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ctrlg.errors import CtrlgError
-from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
-                                format_table, generation_config, hydra_output_dir,
-                                interval_cell, interval_header, load_hmm, load_lm,
-                                paired_intervals, progress, read_records, report_errors,
-                                start_run, write_json)
-from experiments.commongen import eos_ids
+from ctrlg.errors import CtrlgError, ExperimentConfigError
+from ctrlg.tasks.config import generation_config, load_hmm, load_lm
+from ctrlg.tasks.records import (RecordWriter, format_table, interval_cell, interval_header,
+                                 paired_intervals, progress, read_records, write_json)
+from ctrlg.vocab import eos_token_ids
+from experiments.common import find_resume_dir, hydra_output_dir, report_errors, start_run
 
 METHODS = ("logical", "ctrlg")
 METRICS = ("bleu4", "rouge_l")   # the corpus metrics scored against the original story
@@ -241,7 +240,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     stories = passages[data.offset:data.offset + data.limit]
     model, tokenizer = load_lm(cfg.model)
     hmm = load_hmm(cfg.hmm, tokenizer) if "ctrlg" in methods else None
-    eos = eos_ids(model, tokenizer)
+    eos = eos_token_ids(tokenizer, model)
     newlines = newline_tokens(tokenizer)
 
     records = list(previous)

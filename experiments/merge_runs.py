@@ -4,7 +4,7 @@
     python -m experiments.commongen <RUN_A's overrides> "methods=[a,b]" resume=OUT   # scores all
 
 A method's generations depend only on its own spec, the item batches and the seeds derived from
-(seed, first item of the batch, method name) (:func:`experiments.commongen.batch_seed`), so
+(seed, first item of the batch, method name) (:func:`ctrlg.tasks.commongen.decoding.batch_seed`), so
 methods decoded in separate processes — e.g. one per core — equal those of one run over all of
 them. Each item's record in OUT carries every run's method outputs and timings; the runs must
 agree on everything else that decides the generations (checked; ``hmm.prior_head`` only between
@@ -28,8 +28,10 @@ from typing import Sequence
 
 from omegaconf import OmegaConf
 
-from experiments.common import ExperimentConfigError, read_records
-from experiments.commongen import GENERATION_KEYS, rerank_settings, without_compute_settings
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.commongen.methods import GENERATION_KEYS, without_compute_settings
+from ctrlg.tasks.commongen.rerank import rerank_settings
+from ctrlg.tasks.records import read_records
 
 __all__ = ["merge_runs"]
 

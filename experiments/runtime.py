@@ -22,11 +22,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from ctrlg.tasks.config import load_hmm, load_lm
+from ctrlg.tasks.records import format_table, progress, write_json
 from ctrlg.validation import check_context_length
-
-from experiments.common import (format_table, hydra_output_dir, load_hmm, load_lm, progress,
-                                report_errors, save_resolved_config, seed_everything,
-                                write_json)
+from experiments.common import (hydra_output_dir, report_errors, save_resolved_config,
+                                seed_everything)
 
 
 def random_hmm(hidden_size: int, vocab_size: int, seed: int):
@@ -109,8 +109,8 @@ def plot(dfa_rows, length_rows, path: Path, title: str) -> None:
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
-    from experiments.commongen import prompt_ids as commongen_prompt
     from ctrlg.data import CommonGenExample, parse_concept_set
+    from ctrlg.tasks.commongen.items import prompt_ids as commongen_prompt
 
     seed_everything(cfg.seed)
     save_resolved_config(cfg, out_dir)

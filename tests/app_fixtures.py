@@ -1,7 +1,7 @@
 """A tiny LM + HMM on the real SmolLM2 tokenizer for the editor's tests (and the live server).
 
 The HMM (h = 6) emits almost only a few dozen word tokens, so generations read like words; the LM
-is the HMM itself (:class:`ctrlg.hmm_lm.HMMForCausalLM`). Both are built in memory in well under a
+is the HMM itself (:class:`ctrlg.lm.hmm_lm.HMMForCausalLM`). Both are built in memory in well under a
 second; nothing is downloaded."""
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def tiny_model(tokenizer, hidden: int = 6, seed: int = 0):
 
 @functools.lru_cache(maxsize=1)
 def overlap_counting_lm():
-    """The LM class, made on first use: importing ctrlg.hmm_lm imports Triton (through
+    """The LM class, made on first use: importing ctrlg.lm.hmm_lm imports Triton (through
     transformers), which must not happen at collection time, before the kernel tests set
     TRITON_INTERPRET=1."""
-    from ctrlg.hmm_lm import HMMForCausalLM
+    from ctrlg.lm.hmm_lm import HMMForCausalLM
 
     class _LM(HMMForCausalLM):
         """HMMForCausalLM that records the largest number of concurrent forward passes."""

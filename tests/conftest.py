@@ -25,6 +25,6 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     return load_tokenizer()

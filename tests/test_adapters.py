@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from ctrlg.adaptation import Example, LoraSettings, collate, epoch_batches, mean_target_nll, train_lora
-from ctrlg.adapters import (AdapterMismatchError, adapter_info, base_fingerprint, merge_adapter,
+from ctrlg.lm.adaptation import Example, LoraSettings, collate, epoch_batches, mean_target_nll, train_lora
+from ctrlg.lm.adapters import (AdapterMismatchError, adapter_info, base_fingerprint, merge_adapter,
                             save_adapter)
 from ctrlg.errors import CheckpointError, CtrlgError
 
@@ -112,7 +112,7 @@ def test_saved_adapter_merges_to_the_trained_function(tmp_path):
 
 
 def test_load_model_merges_an_adapter_and_checks_its_base(tmp_path):
-    from ctrlg.models import load_model
+    from ctrlg.lm.models import load_model
 
     base = tiny_llama()
     base.save_pretrained(tmp_path / "base")

@@ -1,4 +1,4 @@
-"""The log-likelihoods recorded during beam search (:mod:`ctrlg.beam_likelihood`) against a
+"""The log-likelihoods recorded during beam search (:mod:`ctrlg.lm.beam_likelihood`) against a
 second LM pass over every returned beam: guided beams, left-padded prompts of two lengths in one
 batch, no repeated n-grams, a minimum length, hypotheses ended by EOS and by the token budget."""
 
@@ -7,7 +7,7 @@ import torch
 
 import ctrlg
 from ctrlg import dfa
-from ctrlg.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
+from ctrlg.lm.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.sampler import ConstraintLogitsProcessor, lm_log_likelihood, trim_at_eos
 from helpers import tiny_llama
 

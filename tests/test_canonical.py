@@ -16,7 +16,7 @@ from ctrlg.errors import ConstraintError, VocabularyMismatchError
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     return load_tokenizer()
 

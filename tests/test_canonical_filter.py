@@ -40,7 +40,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def smol():
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     return load_tokenizer()
 

@@ -172,7 +172,7 @@ def test_merge_rank_pair_test_on_every_pair(tok):
 def test_merge_rank_pair_test_on_smollm2_pairs():
     """The same equivalence on 3,000 random pairs of SmolLM2 letter tokens (~14 % of which BPE
     merges across), and the class count quoted in docs/regex.md."""
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     tok = load_tokenizer()
     checker = pair_checker(tok)
@@ -193,7 +193,7 @@ def test_pair_shortcuts_agree_with_encode_on_smollm2():
     one multi-byte character) get the verdict ``encode`` (or BPE, for partial characters)
     gives."""
     from ctrlg.dfa.canonical import FREE
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     tok = load_tokenizer()
     checker = pair_checker(tok)

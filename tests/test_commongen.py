@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from experiments.common import ExperimentConfigError
+from ctrlg.errors import ExperimentConfigError
 from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
 
@@ -42,6 +42,7 @@ def test_bad_sizes_and_methods_fail_before_the_lm_is_loaded(tmp_path, override, 
 
 def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_dir, tiny_hmm_dir,
                                                                       tmp_path):
+    from ctrlg.tasks.commongen import pipeline
     from experiments import commongen
 
     overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
@@ -49,7 +50,7 @@ def test_interrupted_run_keeps_finished_items_and_resume_completes_it(tiny_lm_di
     commongen.run(compose("commongen", overrides), full)
 
     runs = tmp_path / "runs"
-    run_interrupted(commongen, "generate_batch", 3,  # the second batch's first method
+    run_interrupted(pipeline, "generate_batch", 3,  # the second batch's first method
                     lambda: commongen.run(compose("commongen", overrides),
                                           runs / "2026-01-01_00-00-00"))
     kept = read_records(runs / "2026-01-01_00-00-00")
@@ -78,14 +79,15 @@ def test_a_run_kept_gzip_compressed_is_read_and_resumed_as_it_was(tiny_lm_dir, t
     import gzip
     import shutil
 
+    from ctrlg.tasks.commongen import pipeline
+    from ctrlg.tasks.records import read_records as read_run, records_path
     from experiments import commongen
-    from experiments.common import read_records as read_run, records_path
 
     overrides = small_overrides(tiny_lm_dir, tiny_hmm_dir, "data.limit=4", "batch_size=2")
     full = tmp_path / "full"
     commongen.run(compose("commongen", overrides), full)
     part = tmp_path / "part"
-    run_interrupted(commongen, "generate_batch", 3,
+    run_interrupted(pipeline, "generate_batch", 3,
                     lambda: commongen.run(compose("commongen", overrides), part))
     plain = part / "generations.jsonl"
     with open(plain, "rb") as src, gzip.open(part / "generations.jsonl.gz", "wb") as dst:
@@ -152,7 +154,7 @@ def test_prepare_batch_keeps_satisfiable_items_and_reports_the_others(smollm2_to
     """One item's record, constraint and prompt, checked against a hand-written sentence; the
     same item under a 3-token budget is passed to ``keep`` as skipped."""
     from ctrlg.data.commongen import CommonGenExample
-    from experiments import commongen
+    from ctrlg.tasks.commongen import items, pipeline
 
     tok = smollm2_tokenizer
     eos = [tok.eos_token_id]
@@ -160,18 +162,18 @@ def test_prepare_batch_keeps_satisfiable_items_and_reports_the_others(smollm2_to
     cfg = compose("commongen", ["pipeline=instruct", "constraint.min_words=3",
                                 "constraint.max_words=8"])
     kept = []
-    (ready,) = commongen.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append)
+    (ready,) = pipeline.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append)
     record, constraint, prompt = ready
     assert kept == [] and record["index"] == 7 and record["seconds"] == {}
-    assert record["keyword_groups"] == commongen.keyword_groups(example, cfg.constraint)
+    assert record["keyword_groups"] == items.keyword_groups(example, cfg.constraint)
     assert record["dfa_states"] == constraint.num_states
-    assert prompt == commongen.prompt_ids(example, tok, cfg.model)
+    assert prompt == items.prompt_ids(example, tok, cfg.model)
     ids = lambda text: tok.encode(text, add_special_tokens=False) + eos  # noqa: E731
     assert constraint.accepts(ids("The dog caught the ball."))
     assert not constraint.accepts(ids("The dog ran."))                      # no form of "catch"
     assert not constraint.accepts(ids("The dog caught the ball on a sunny day."))  # 9 words
     cfg.generation.max_new_tokens = 3
-    assert commongen.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append) == []
+    assert pipeline.prepare_batch([(7, example)], cfg, tok, len(tok), eos, kept.append) == []
     assert len(kept) == 1 and "max_new_tokens=3" in kept[0]["skipped"]
     assert {k: v for k, v in kept[0].items() if k not in ("skipped", "dfa_seconds")} == {
         k: v for k, v in record.items() if k not in ("seconds", "dfa_seconds")}
@@ -183,23 +185,22 @@ def test_prompt_styles_bos_alone_keywords_and_instruction(smollm2_tokenizer):
     concepts), the supervised one with BOS + the concepts, the instruct one with the chat-template
     instruction the instruct HMM was distilled on."""
     from ctrlg.data.commongen import CommonGenExample
-    from ctrlg.data.commongen_prompts import prompt_text
-    from ctrlg.hmm.sampling import commongen_prompts
-    from experiments import commongen
+    from ctrlg.data.commongen_prompts import commongen_prompts, prompt_text
+    from ctrlg.tasks.commongen import items
 
     tok = smollm2_tokenizer
     example = CommonGenExample(("dog", "catch"), ("NOUN", "VERB"), (), "k")
     adapted = compose("commongen", ["pipeline=adapted"])
     assert adapted.model.prompt_style == "bos" and adapted.model.adapter == "commongen"
     assert adapted.model.dtype == "auto"           # bfloat16 where the hardware multiplies it natively
-    assert commongen.prompt_ids(example, tok, adapted.model) == [tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert items.prompt_ids(example, tok, adapted.model) == [tok.convert_tokens_to_ids("<|endoftext|>")]
     supervised = compose("commongen", ["pipeline=supervised"]).model
-    assert commongen.prompt_ids(example, tok, supervised) == tok(
+    assert items.prompt_ids(example, tok, supervised) == tok(
         "<|endoftext|>Concepts: dog, catch.\nSentence:", add_special_tokens=False)["input_ids"]
     assert prompt_text(example.concepts, "keywords", tok).endswith("Concepts: dog, catch.\nSentence:")
     instruct = compose("commongen", ["pipeline=instruct"]).model
     (chat,) = commongen_prompts(["dog catch"], tok)
-    assert commongen.prompt_ids(example, tok, instruct) == tok(chat, add_special_tokens=False)["input_ids"]
+    assert items.prompt_ids(example, tok, instruct) == tok(chat, add_special_tokens=False)["input_ids"]
 
 
 def test_adapted_pipeline_runs_beams_from_bos_and_reranks_every_beam(tiny_lm_dir, tiny_hmm_dir, tmp_path):

@@ -7,11 +7,13 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from ctrlg.judge import Judge, judge_log_likelihoods
-from experiments.common import ExperimentConfigError
-from experiments.commongen import (_generation_config, judge_prompt_ids, judge_style, pick_candidate,
-                                  rerank_score)
-from experiments.commongen_rerank import lm_rule, repick_run
+from ctrlg.lm.judge import Judge, judge_log_likelihoods
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.commongen.items import judge_prompt_ids, judge_style
+from ctrlg.tasks.commongen.methods import generation_settings
+from ctrlg.tasks.commongen.pipeline import load_judge
+from ctrlg.tasks.commongen.repick import repick_run
+from ctrlg.tasks.commongen.rerank import lm_rule, pick_candidate, rerank_score
 from test_commongen_rerank import _adapted, read_records
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
@@ -70,7 +72,7 @@ def test_a_heavy_judge_overrules_the_lm_within_the_shortlist():
 
 
 def test_judge_scores_each_text_once_with_its_eos(tiny_lm_dir, tmp_path):
-    from ctrlg.models import load
+    from ctrlg.lm.models import load
 
     model, tokenizer = load(str(tiny_lm_dir))
     judge = Judge(model, tokenizer)
@@ -108,7 +110,7 @@ def test_an_adapted_judge_scores_exactly_the_text_its_adapter_was_trained_on(tin
     """prompt ⊕ the judge's candidate tokens = the tokens of the training text
     prompt_text + target_text (prompt, " " + sentence, EOS), and the score is its chain rule."""
     from ctrlg.data.commongen_prompts import prompt_text, target_prefix, target_text
-    from ctrlg.models import load
+    from ctrlg.lm.models import load
     from ctrlg.sampler import lm_log_likelihood
 
     model, tokenizer = load(str(tiny_lm_dir))
@@ -130,8 +132,8 @@ def test_judge_cache_names_its_judge_and_refuses_another(tiny_lm_dir, tmp_path):
 
     import torch
 
-    from ctrlg.judge import JudgeCacheError
-    from ctrlg.models import load
+    from ctrlg.lm.judge import JudgeCacheError
+    from ctrlg.lm.models import load
 
     model, tokenizer = load(str(tiny_lm_dir))
     judge = Judge(model, tokenizer)
@@ -169,7 +171,7 @@ def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm
                         for c in out["candidates"] if c["text"] in verdicts}
             assert math.isclose(combined[out["text"]], max(combined.values()))
     cfg = OmegaConf.load(judged / "config.yaml")
-    judge = commongen.load_judge(cfg)
+    judge = load_judge(cfg)
     repicked = read_records(repick_run(plain, tmp_path / "repicked", lm_rule(0.0, 2.0, 3),
                                        judge=judge, judge_cfg=OmegaConf.to_container(cfg.judge),
                                        keep_as="ctrlg_lm", methods=["ctrlg"]))
@@ -179,8 +181,8 @@ def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm
         assert mine["ctrlg"]["text"] == theirs["ctrlg"]["text"]
         assert mine["ctrlg_lm"]["text"] == own["ctrlg"]["text"]
     # the judge's settings decide the generations: a resumed run must share them
-    assert "judge" not in _generation_config(_adapted(tiny_lm_dir, tiny_hmm_dir))
-    assert _generation_config(cfg)["judge"]["weight"] == 2.0
+    assert "judge" not in generation_settings(_adapted(tiny_lm_dir, tiny_hmm_dir))
+    assert generation_settings(cfg)["judge"]["weight"] == 2.0
 
 
 @pytest.mark.parametrize("override, named", [("judge.weight=-1", "judge.weight must be"),
@@ -218,7 +220,7 @@ def test_rerank_cli_reads_the_config_judge_prompt_and_refuses_a_foreign_cache(
     rows = [json.loads(line) for line in cache.read_text().splitlines()]
     assert set(rows[0]) == {"judge"} and len(rows) > 1
     cfg = OmegaConf.load(tmp_path / "b" / "config.yaml")
-    judge = commongen.load_judge(cfg)
+    judge = load_judge(cfg)
     first = read_records(plain)[0]
     expected = judge_prompt_ids(first["concepts"], judge.tokenizer, judge_defaults())
     assert any(row.get("prompt") == list(expected) for row in rows[1:])

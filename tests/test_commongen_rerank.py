@@ -8,9 +8,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from ctrlg import metrics
-from experiments.common import ExperimentConfigError
-from experiments.commongen import _generation_config, pick_candidate, rerank_score
-from experiments.commongen_rerank import _output, lm_rule, mbr_rule, oracle_pick, repick_run, sweep
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.commongen.methods import generation_settings
+from ctrlg.tasks.commongen.repick import repick_run, sweep
+from ctrlg.tasks.commongen.rerank import (_output, lm_rule, mbr_rule, oracle_pick, pick_candidate,
+                                          rerank_score)
 from experiments.merge_runs import merge_runs
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
@@ -40,9 +42,9 @@ def test_the_exponent_decides_between_a_short_and_a_long_candidate():
 def test_a_zero_exponent_keeps_the_settings_of_runs_from_before_it():
     """resume=true compares settings: a run saved without the key equals p = 0, not p = 0.5."""
     base = compose("commongen", [])
-    assert _generation_config(base) == _generation_config(compose("commongen", ["rerank_length_penalty=0"]))
-    assert "rerank_length_penalty" not in _generation_config(base)
-    assert _generation_config(compose("commongen", ["rerank_length_penalty=0.5"]))["rerank_length_penalty"] == 0.5
+    assert generation_settings(base) == generation_settings(compose("commongen", ["rerank_length_penalty=0"]))
+    assert "rerank_length_penalty" not in generation_settings(base)
+    assert generation_settings(compose("commongen", ["rerank_length_penalty=0.5"]))["rerank_length_penalty"] == 0.5
 
 
 def _adapted(lm_dir, hmm_dir, *extra):
@@ -207,17 +209,18 @@ def test_an_unguided_beam_search_decodes_each_distinct_prompt_once(tiny_lm_dir, 
                                                                     tmp_path, monkeypatch):
     """With the BOS-only prompt the unconstrained LM's beams do not depend on the item: the run
     decodes them once and each item judges the same beams by its own constraint."""
+    from ctrlg.tasks.commongen import decoding
     from experiments import commongen
 
     calls = []
-    decode = commongen.decode_candidates
+    decode = decoding.decode_candidates
 
     def counted(spec, model, tokenizer, prompts, constraints, *rest, **kw):
         found = decode(spec, model, tokenizer, prompts, constraints, *rest, **kw)
         calls.append((spec["guide"], [list(p) for p in prompts], list(constraints), found))
         return found
 
-    monkeypatch.setattr(commongen, "decode_candidates", counted)
+    monkeypatch.setattr(decoding, "decode_candidates", counted)
     cfg = _adapted(tiny_lm_dir, tiny_hmm_dir, "methods=[unconstrained,logical]", "batch_size=1")
     commongen.run(cfg, tmp_path / "run")
     unguided = [c for c in calls if c[0] == "none"]
@@ -233,5 +236,5 @@ def test_an_unguided_beam_search_decodes_each_distinct_prompt_once(tiny_lm_dir, 
         assert [c["log_likelihood"] for c in candidates] == scores
         assert [c["accepted"] for c in candidates] == [constraint.accepts(s) for s in samples]
     # sampling is seeded per batch, so a sampled method is never memoised
-    assert not commongen.prompt_determines_output({"guide": "none"},
+    assert not decoding.prompt_determines_output({"guide": "none"},
                                                   compose("commongen", ["generation.num_beams=1"]))

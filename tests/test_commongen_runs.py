@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.common import ExperimentConfigError
+from ctrlg.errors import ExperimentConfigError
 from experiments.merge_runs import merge_runs
 
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments.common import ExperimentConfigError, resolve_device
-from experiments.commongen import _generation_config, guide_kernel, load_models, method_spec
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.commongen.methods import generation_settings, guide_kernel, method_spec
+from ctrlg.tasks.commongen.pipeline import load_models
+from ctrlg.tasks.config import resolve_device
 from experiments.merge_runs import merge_runs
 from test_commongen_runs import _run
 from test_experiments import compose, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
@@ -39,12 +41,12 @@ def test_guide_kernel_rejects_other_values():
 
 def test_device_and_guide_kernel_are_not_part_of_a_runs_identity(tiny_lm_dir, tiny_hmm_dir):
     base = [f"model.name={tiny_lm_dir}", f"hmm.path={tiny_hmm_dir}"]
-    plain = _generation_config(compose("commongen", base))
-    other = _generation_config(compose("commongen", base + ["device=auto",
+    plain = generation_settings(compose("commongen", base))
+    other = generation_settings(compose("commongen", base + ["device=auto",
                                                             "generation.guide_kernel=false"]))
     assert plain == other
     assert "guide_kernel" not in plain["generation"] and "device" not in plain
-    changed = _generation_config(compose("commongen", base + ["generation.num_beams=3"]))
+    changed = generation_settings(compose("commongen", base + ["generation.num_beams=3"]))
     assert changed != plain                       # a setting that decides the outputs still counts
 
 

@@ -41,7 +41,7 @@ def test_every_embedded_adapter_names_the_embedded_base_and_improved_held_out_nl
     """Both CommonGen adapters ship with their metadata: the embedded base LM and its
     fingerprint (checked again when the adapter is merged), the text format they were trained
     on, and a lower held-out NLL of dev references than the base LM's."""
-    from ctrlg.adapters import EMBEDDED_ADAPTERS, adapter_info
+    from ctrlg.lm.adapters import EMBEDDED_ADAPTERS, adapter_info
 
     fingerprints = set()
     for name in EMBEDDED_ADAPTERS:

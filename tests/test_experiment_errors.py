@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.common import ExperimentConfigError, report_errors
+from ctrlg.errors import ExperimentConfigError
+from experiments.common import report_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = ["commongen", "infill", "relm", "runtime", "adapt", "distill"]
@@ -66,7 +67,7 @@ def test_lm_dtype_names_and_auto():
     import torch
 
     from ctrlg.kernels.packed_linear import native_bfloat16
-    from experiments.common import lm_dtype
+    from ctrlg.tasks.config import lm_dtype
 
     assert lm_dtype("float32") is torch.float32
     assert lm_dtype("bfloat16") is torch.bfloat16

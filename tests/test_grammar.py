@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from ctrlg import dfa
-from ctrlg.cfg.approximation import regular_superset
-from ctrlg.cfg.grammar_ir import reduce, with_ignored
-from ctrlg.cfg.lark_syntax import from_lark
+from ctrlg.dfa.cfg.approximation import regular_superset
+from ctrlg.dfa.cfg.grammar_ir import reduce, with_ignored
+from ctrlg.dfa.cfg.lark_syntax import from_lark
 from ctrlg.dfa.vocab_trie import VocabTrie
 from ctrlg.errors import (ConstraintError, GrammarError, UnsatisfiableConstraintError,
                           UnsupportedGrammarError)
-from ctrlg.hmm_lm import HMMForCausalLM
+from ctrlg.lm.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor, generate
-from ctrlg.cfg.examples import EXAMPLES as ALL
+from ctrlg.dfa.cfg.examples import EXAMPLES as ALL
 from helpers import random_hmm, trim_at_eos
 from test_guide import generations, seq_prob
 from test_sampler import chi_square_against, sample_with_hmm_lm
@@ -126,7 +126,7 @@ def test_superset_contains_the_language_and_is_exact_within_its_depth(name):
     g = with_ignored(reduce(from_lark(ALL[name])))
     alphabet = {"arithmetic": "(1+) ", "sql": "SELCT*FROMa ,", "lists": "[a], ",
                 "json": '[]{}"a:,1 '}[name]
-    from ctrlg.cfg.earley import Recogniser
+    from ctrlg.dfa.cfg.earley import Recogniser
     rec = Recogniser(g)
     shallow, _, exact = regular_superset(g, 1)
     deep, _, _ = regular_superset(g, 4)

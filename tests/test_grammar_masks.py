@@ -16,7 +16,7 @@ from ctrlg.dfa.vocab_trie import VocabTrie
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.masks import GrammarMask, token_mask
-from ctrlg.cfg.examples import ARITHMETIC, LISTS
+from ctrlg.dfa.cfg.examples import ARITHMETIC, LISTS
 
 JSON_REGULAR_STRINGS = r"""
 start: value

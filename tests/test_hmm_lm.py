@@ -5,7 +5,7 @@ import torch
 
 from ctrlg import HMM
 from ctrlg.errors import VocabularyMismatchError
-from ctrlg.hmm_lm import HMMForCausalLM
+from ctrlg.lm.hmm_lm import HMMForCausalLM
 
 
 def small_hmm(h=3, V=5, seed=0):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ctrlg import HMM
+from ctrlg.data.commongen_prompts import commongen_prompts
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.sampling import (commongen_prompts, load_chunks, read_prompts, sample_sequences,
-                                sample_to_disk, shared_prefix)
+from ctrlg.hmm.sampling import load_chunks, read_prompts, sample_sequences, sample_to_disk, shared_prefix
 
 
 EOS = 2

@@ -1,5 +1,6 @@
 """Every project module imports on its own in a fresh interpreter (an import cycle between project
-modules fails here), and imports of project modules sit at module top."""
+modules fails here), imports of project modules sit at module top, and the imports between ctrlg's
+packages follow the layering table :data:`LAYERS` (no arrow up, no circle; docs/architecture.md)."""
 
 import ast
 import os
@@ -139,3 +140,127 @@ def test_module_top_imports_have_no_cycle():
         if start not in state:
             cycle = visit(start)
             assert cycle is None, "import cycle: " + " → ".join(cycle)
+
+
+# ---------------------------------------------------------------------- the layering rules
+# What each part of ctrlg may import (its package `__init__` docstring says the same in words).
+# A part is a top-level package or module of ctrlg ("ctrlg" itself is the package's __init__).
+# The table is a one-way order: no part may reach itself through it, so no arrow runs upward.
+LAYERS: dict[str, set[str]] = {
+    "errors": set(),
+    "vocab": {"errors"},
+    "validation": {"errors", "vocab"},
+    "checkpoint": {"errors"},
+    "metrics": {"errors"},
+    "kernels": set(),
+    "dfa": {"errors", "vocab", "validation"},
+    "lm": {"errors", "vocab", "validation", "checkpoint"},
+    "data": {"errors", "dfa"},
+    "hmm": {"errors", "vocab", "validation", "checkpoint", "kernels", "data", "lm"},
+    "guide": {"errors", "vocab", "validation", "dfa", "kernels"},
+    "sampler": {"errors", "vocab", "validation", "dfa", "guide", "lm", "hmm"},
+    "relm": {"errors", "vocab", "validation", "dfa"},
+    "app": {"errors", "vocab", "validation", "checkpoint", "metrics", "dfa", "lm", "data", "hmm",
+            "guide", "sampler", "relm"},
+    "tasks": {"errors", "vocab", "validation", "checkpoint", "metrics", "kernels", "dfa", "lm",
+              "data", "hmm", "guide", "sampler", "relm"},
+    "ctrlg": {"errors", "vocab", "dfa", "hmm", "sampler"},
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "ctrlg"
+
+
+def _all_project_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) of every import of ctrlg in ``path``, at module top or inside a
+    function (a function-level import is an arrow too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ctrlg":
+            found += [(node.lineno, f"ctrlg.{a.name}" if node.module == "ctrlg" else node.module)
+                      for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "ctrlg"]
+    return found
+
+
+def _library_files() -> dict[str, Path]:
+    """ctrlg's module name → file, the kernels folder included as ctrlg.kernels."""
+    files = {}
+    for path in sorted((ROOT / "ctrlg").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(p for p in parts if p != "__init__")] = path
+    for path in sorted((ROOT / "kernels").glob("*.py")):
+        files["ctrlg.kernels" + ("" if path.stem == "__init__" else "." + path.stem)] = path
+    return files
+
+
+def test_layer_table_is_one_way():
+    """The allowed-import table has no circle (so 'below' is well defined)."""
+    order: list[str] = []
+    remaining = {part: set(deps) for part, deps in LAYERS.items()}
+    while remaining:
+        ready = sorted(p for p, deps in remaining.items() if deps <= set(order))
+        assert ready, f"the layer table has a circle among {sorted(remaining)}"
+        order += ready
+        for p in ready:
+            del remaining[p]
+
+
+def test_imports_follow_the_layers():
+    """Every import between parts of ctrlg is allowed by :data:`LAYERS`: no arrow runs upward
+    (e.g. dfa → its grammar readers live inside dfa; data → hmm is gone)."""
+    files = _library_files()
+    assert {_part(name) for name in files} == set(LAYERS), "a part of ctrlg is missing from LAYERS"
+    wrong = []
+    for name, path in files.items():
+        source = _part(name)
+        for line, target in _all_project_imports(path):
+            if _part(target) != source and _part(target) not in LAYERS[source]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} "
+                             f"({source} may import {sorted(LAYERS[source]) or 'nothing of ctrlg'})")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_library_never_imports_experiments_or_benchmarks():
+    wrong = []
+    for path in _library_files().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            wrong += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] in ("experiments", "benchmarks", "tests")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_experiments_import_no_other_experiment():
+    """Entry points share code through experiments/common.py or the library, never each other;
+    common.py imports no entry point."""
+    wrong = []
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "experiments":
+                names = [f"experiments.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("experiments.") and (name != "experiments.common"
+                                                        or path.name == "common.py"):
+                    wrong.append(f"experiments/{path.name}:{node.lineno} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_each_package_says_what_it_may_import():
+    packages = [p for p in sorted((ROOT / "ctrlg").glob("*/__init__.py"))]
+    packages += [ROOT / "ctrlg/tasks/commongen/__init__.py", ROOT / "ctrlg/dfa/cfg/__init__.py",
+                 ROOT / "kernels/__init__.py"]
+    silent = [str(p.relative_to(ROOT)) for p in packages
+              if "May import" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert not silent, "package docstrings without a 'May import' rule: " + ", ".join(silent)
+

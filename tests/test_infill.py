@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.common import ExperimentConfigError
+from ctrlg.errors import ExperimentConfigError
 from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
 STORIES = ["Tom had a red kite. It flew over the hill.\n\nThen the wind stopped and it fell.",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ctrlg import dfa
-from ctrlg.cfg.earley import DEAD
+from ctrlg.dfa.cfg.earley import DEAD
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
 from ctrlg.dfa.json_schema import schema_to_grammar, schema_to_regex
 from ctrlg.dfa.vocab_trie import VocabTrie

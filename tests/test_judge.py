@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ctrlg.errors import ConstraintError
-from ctrlg.judge import judge_log_likelihoods
+from ctrlg.lm.judge import judge_log_likelihoods
 from ctrlg.sampler import lm_log_likelihood
 from helpers import tiny_llama
 

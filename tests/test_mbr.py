@@ -1,4 +1,4 @@
-"""ctrlg.mbr: BLEU+1 against sacrebleu's sentence BLEU, the MBR pick against an explicit
+"""ctrlg.lm.mbr: BLEU+1 against sacrebleu's sentence BLEU, the MBR pick against an explicit
 expected-utility search, the limits in T, and the errors."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from sacrebleu.metrics.bleu import BLEU
 
-from ctrlg.mbr import MBRInputError, NgramStatistics, expected_utilities, mbr_pick, sentence_bleu_plus_one
+from ctrlg.lm.mbr import MBRInputError, NgramStatistics, expected_utilities, mbr_pick, sentence_bleu_plus_one
 
 WORDS = st.lists(st.sampled_from(["a", "dog", "runs", "the", "field", "in", "green"]), min_size=1, max_size=9)
 SACREBLEU = BLEU(smooth_method="add-k", smooth_value=1, effective_order=True, tokenize="none")

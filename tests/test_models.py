@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ctrlg.models import ModelLoadError, embedded_gguf_path, load_model, load_tokenizer, resolve_model_dir
+from ctrlg.lm.models import ModelLoadError, embedded_gguf_path, load_model, load_tokenizer, resolve_model_dir
 
 
 def test_embedded_gguf_is_found_without_importing_the_package():
@@ -70,7 +70,7 @@ def test_embedded_model_generates():
 
 # ---------------------------------------------------------------------- GGUF special tokens
 def test_the_embedded_gguf_declares_smollm2s_special_tokens():
-    from ctrlg.models import gguf_special_tokens
+    from ctrlg.lm.models import gguf_special_tokens
 
     assert gguf_special_tokens(embedded_gguf_path()) == {"bos_token_id": 1, "eos_token_id": 2,
                                                          "pad_token_id": 2}
@@ -83,7 +83,7 @@ def _tiny_llama():
 
 
 def test_pin_special_tokens_overrides_a_misread_conversion(tmp_path):
-    from ctrlg.models import pin_special_tokens, resolve_model_dir
+    from ctrlg.lm.models import pin_special_tokens, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(None))
     model = _tiny_llama()
@@ -96,7 +96,7 @@ def test_pin_special_tokens_overrides_a_misread_conversion(tmp_path):
 
 
 def _cached_folder(target, eos_token: str, eos_id: int):
-    from ctrlg.models import resolve_model_dir
+    from ctrlg.lm.models import resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(None))
     tokenizer.eos_token = eos_token
@@ -114,7 +114,7 @@ DECLARED = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 @pytest.mark.parametrize("eos_token, eos_id", [("<|im_start|>", 1), ("<|im_end|>", [1, 2])])
 def test_a_cache_converted_with_the_wrong_eos_is_converted_again(tmp_path, monkeypatch, eos_token,
                                                                    eos_id):
-    import ctrlg.models as models
+    import ctrlg.lm.models as models
 
     monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
     target = tmp_path / models.EMBEDDED_NAME
@@ -128,7 +128,7 @@ def test_a_cache_converted_with_the_wrong_eos_is_converted_again(tmp_path, monke
 
 
 def test_a_cache_with_the_right_tokens_is_checked_once_and_kept(tmp_path, monkeypatch):
-    import ctrlg.models as models
+    import ctrlg.lm.models as models
 
     monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
     target = tmp_path / models.EMBEDDED_NAME

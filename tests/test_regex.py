@@ -160,7 +160,7 @@ def test_vocab_size_padding_keeps_language():
 # ------------------------------------------------------------------ real tokenizer
 @pytest.fixture(scope="module")
 def smollm2():
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     return load_tokenizer()
 

@@ -11,12 +11,12 @@ import torch
 from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
 from ctrlg.errors import ConstraintError
 from ctrlg.relm import Query, exclude_words, sample, search
-from ctrlg.relm_edits import within_edit_distance
+from ctrlg.relm.edits import within_edit_distance
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     return load_tokenizer()
 
@@ -84,7 +84,7 @@ def test_shortest_path_matches_brute_force(lm, tok, batch_size):
 
 
 def test_long_context_is_encoded_once_and_matches_brute_force(lm, tok):
-    from ctrlg.relm import _ContextScorer
+    from ctrlg.relm.query import _ContextScorer
 
     context = tok.encode("Once upon a time there was a small town by the sea, and",
                          add_special_tokens=False)
@@ -107,7 +107,7 @@ def test_long_context_is_encoded_once_and_matches_brute_force(lm, tok):
 
 
 def test_models_without_a_reusable_cache_fall_back_to_full_sequences(lm):
-    from ctrlg.relm import _ContextScorer
+    from ctrlg.relm.query import _ContextScorer
 
     class NoCache(torch.nn.Module):
         def __init__(self, inner):

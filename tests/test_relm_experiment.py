@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.common import ExperimentConfigError
+from ctrlg.errors import ExperimentConfigError
 from test_experiments import compose, run_interrupted, tiny_lm_dir  # noqa: F401 (fixture)
 
 

@@ -128,7 +128,7 @@ def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path):
 def test_unknown_hub_id_fails_fast_when_the_hub_cannot_be_reached(monkeypatch):
     from huggingface_hub import constants
 
-    from ctrlg.models import ModelLoadError, load_model, load_tokenizer
+    from ctrlg.lm.models import ModelLoadError, load_model, load_tokenizer
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -141,7 +141,7 @@ def test_unknown_hub_id_fails_fast_when_the_hub_cannot_be_reached(monkeypatch):
 
 
 def test_unknown_hub_id_offline_names_the_fix(monkeypatch):
-    from ctrlg.models import ModelLoadError, load_tokenizer
+    from ctrlg.lm.models import ModelLoadError, load_tokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError, match="HF_HUB_OFFLINE"):
@@ -149,14 +149,14 @@ def test_unknown_hub_id_offline_names_the_fix(monkeypatch):
 
 
 def test_folder_without_a_tokenizer_is_a_clear_error(tmp_path):
-    from ctrlg.models import ModelLoadError, load_tokenizer
+    from ctrlg.lm.models import ModelLoadError, load_tokenizer
 
     with pytest.raises(ModelLoadError, match="has no tokenizer"):
         load_tokenizer(tmp_path)
 
 
 def test_model_config_that_is_a_json_list_is_a_clear_error(tmp_path):
-    from ctrlg.models import ModelLoadError, load_model, load_tokenizer
+    from ctrlg.lm.models import ModelLoadError, load_model, load_tokenizer
 
     (tmp_path / "config.json").write_text("[1, 2]")
     (tmp_path / "tokenizer.json").write_text("{}")
@@ -166,7 +166,7 @@ def test_model_config_that_is_a_json_list_is_a_clear_error(tmp_path):
 
 
 def test_stale_conversion_staging_folders_are_removed_by_later_runs(tmp_path, monkeypatch):
-    from ctrlg.models import EMBEDDED_NAME, resolve_model_dir
+    from ctrlg.lm.models import EMBEDDED_NAME, resolve_model_dir
 
     monkeypatch.setenv("CTRLG_CACHE", str(tmp_path))
     target = tmp_path / EMBEDDED_NAME

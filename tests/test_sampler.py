@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 
 from ctrlg import dfa
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.hmm_lm import HMMForCausalLM
+from ctrlg.lm.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor, generate, lm_log_likelihood, rerank
 from dfa_strategies import token_dfas
 from helpers import random_hmm, trim_at_eos

@@ -99,7 +99,7 @@ def test_json_schema_of_a_30_deep_nested_array_answers_at_once():
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
         from ctrlg import dfa
         from ctrlg.errors import CtrlgError
-        from ctrlg.models import load_tokenizer
+        from ctrlg.lm.models import load_tokenizer
         tokenizer = load_tokenizer()
         schema = '{"type":"array","items":' * 30 + '{"type":"integer"}' + '}' * 30
         start = time.perf_counter()
@@ -210,7 +210,7 @@ def test_edit_distance_beyond_the_estimate_is_refused_at_once():
     """Edit distance 8 on "hello world" ran for more than 100 s (the subset construction grows
     about 3^k); k = 2 still builds."""
     from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
-    from ctrlg.relm_edits import within_edit_distance
+    from ctrlg.relm.edits import within_edit_distance
 
     base = compile_bytes_dfa("hello world")
     start = time.perf_counter()

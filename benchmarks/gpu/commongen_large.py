@@ -2,7 +2,7 @@
 the same items with the same seeds and the same LM, once per HMM, so the rows differ only by the
 HMM (its size and training data). Does a large HMM fix short, telegraphic Ctrl-G outputs? The
 table answers with BLEU-4, ROUGE-L, CIDEr, METEOR, success and mean output words per method
-(``experiments.commongen.report``), for logical masking (which uses no HMM: the two runs must
+(``ctrlg.tasks.commongen.pipeline.report``), for logical masking (which uses no HMM: the two runs must
 agree on it exactly, a check that the comparison is paired) and the Ctrl-G methods.
 
 At ``--size full``: the embedded SmolLM2-135M-Instruct, dev items 0–199, K = 2, methods logical,
@@ -55,7 +55,7 @@ def _tiny_fixtures(out_dir: Path, seed: int) -> tuple[dict, list[str]]:
     """(HMM name → checkpoint folder, extra overrides): a tiny LM over SmolLM2's vocabulary, two
     random HMMs, and the hand-made items."""
     from ctrlg import HMM
-    from ctrlg.models import load_tokenizer
+    from ctrlg.lm.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     lm_dir = out_dir / "tiny_lm_smollm2_vocab"

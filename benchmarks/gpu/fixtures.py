@@ -83,7 +83,7 @@ def _word_level_tokenizer(vocab_size: int):
 
 def tiny_lm_folder(directory: str | Path | None = None, *, vocab_size: int = 64, seed: int = 0) -> Path:
     """Save a tiny random Llama and a matching word-level tokenizer into ``directory`` (a new
-    temporary folder by default) so that ``ctrlg.models.load_model(folder)`` loads them."""
+    temporary folder by default) so that ``ctrlg.lm.models.load_model(folder)`` loads them."""
     folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="tiny-llama-"))
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _word_level_tokenizer(vocab_size)

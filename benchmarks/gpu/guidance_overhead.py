@@ -68,7 +68,7 @@ def _load_lm(name: str, params: dict, device: torch.device, seed: int):
         return random_llama(llama_config(params["vocab_size"]), seed=seed, device=device, dtype=dtype)
     if name == "random-llama-1b":
         return random_llama(llama_config(**LLAMA_1B), seed=seed, device=device, dtype=dtype)
-    from ctrlg.models import load_model
+    from ctrlg.lm.models import load_model
 
     return load_model(None if name == "smollm2-135m" else name, device=device, dtype=dtype)
 
@@ -117,7 +117,7 @@ def run(size: str, device: torch.device, *, seed: int = 0, peak=None, hidden_siz
     hs = list(hidden_sizes) if hidden_sizes else [params["hidden_size"]]
     tokenizer = None
     if size != "tiny":
-        from ctrlg.models import load_tokenizer
+        from ctrlg.lm.models import load_tokenizer
         tokenizer = load_tokenizer()
     dfa_watch = Stopwatch("cpu", wall=True)
     with dfa_watch:

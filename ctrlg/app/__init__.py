@@ -6,6 +6,9 @@
 Modules: :mod:`~ctrlg.app.constraints` (request → token DFA), :mod:`~ctrlg.app.service`
 (queueing, time budget, cancellation, text ↔ tokens), :mod:`~ctrlg.app.schemas` (the JSON API),
 :mod:`~ctrlg.app.server` (routes), :mod:`~ctrlg.app.examples` (CoAuthor example documents).
+
+May import every library package it serves (dfa, hmm, lm, sampler, data, vocab, validation,
+errors); not :mod:`ctrlg.tasks`, and nothing imports it.
 """
 
 from ctrlg.app.service import EditorService, Limits

@@ -1,7 +1,7 @@
 """``python -m ctrlg.app [--host 127.0.0.1] [--port 8000] [--model NAME] [--hmm PATH]``
 
 Serves the editor on the embedded SmolLM2-135M-Instruct and the embedded HMM (offline, CPU) by
-default. ``--model`` takes what :func:`ctrlg.models.load` takes (a local folder, a ``.gguf`` file,
+default. ``--model`` takes what :func:`ctrlg.lm.models.load` takes (a local folder, a ``.gguf`` file,
 a hub id); ``--hmm`` a checkpoint folder written by ``HMM.save`` (checked against the tokenizer),
 or ``none`` for logical masking only. Binds to 127.0.0.1 unless ``--host`` says otherwise.
 """
@@ -17,7 +17,7 @@ import uvicorn
 
 from ctrlg.app import Limits, create_app
 from ctrlg.hmm import HMM, load_default_hmm
-from ctrlg.models import load_model, load_tokenizer
+from ctrlg.lm.models import load_model, load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:

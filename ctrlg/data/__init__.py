@@ -1,5 +1,10 @@
 """Dataset readers (bundled offline copies, with the Hugging Face hub path kept for users) and the
-ILM-style hierarchical masking used by the infilling experiment."""
+ILM-style hierarchical masking used by the infilling experiment; the CommonGen prompt formats
+(:mod:`ctrlg.data.commongen_prompts`) shared by distillation, adaptation and decoding.
+
+May import: :mod:`ctrlg.dfa` (keyword matching for CommonGen+), :mod:`ctrlg.errors`. Nothing that
+models text (lm, hmm, guide, sampler).
+"""
 
 from ctrlg.data._files import BUNDLED_DIR, DatasetError, bundled_path, read_jsonl
 from ctrlg.data.commongen import (CommonGenExample, load_commongen, load_commongen_hub,

@@ -4,7 +4,7 @@ Three prompt styles (``PROMPT_STYLES``):
 
 * ``instruct`` — an instruction in the model's chat template, "Write a sentence using the words:
   dog, frisbee, catch." (the zero-shot pipeline; the prompts the instruct HMM was distilled on,
-  :func:`ctrlg.hmm.sampling.commongen_prompts`);
+  :func:`commongen_prompts`);
 * ``bos`` — the BOS token alone (GeLaTo / Ctrl-G's *unsupervised* setting): the LM is adapted on
   target sentences only, text = BOS + " " + sentence + EOS, and at decoding the constraint alone
   carries the concepts;
@@ -19,16 +19,32 @@ model). ``None`` means the tokenizer's own ``bos_token``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.sampling import commongen_prompts
 
-__all__ = ["PROMPT_STYLES", "DEFAULT_BOS_TOKEN", "bos_text", "prompt_text", "target_prefix",
-           "target_text"]
+__all__ = ["PROMPT_STYLES", "DEFAULT_BOS_TOKEN", "commongen_prompts", "bos_text", "prompt_text",
+           "target_prefix", "target_text"]
 
 PROMPT_STYLES = ("instruct", "bos", "keywords")
 DEFAULT_BOS_TOKEN = "<|endoftext|>"
+
+
+def commongen_prompts(concept_lines: Iterable[str], tokenizer=None) -> list[str]:
+    """CommonGen-style instructions, one per concept line ("dog frisbee catch" →
+    "Write a sentence using the words: dog, frisbee, catch."), deduplicated in order. With a
+    ``tokenizer`` that has a chat template, each instruction is wrapped as a user turn with the
+    assistant turn opened (``add_generation_prompt=True``)."""
+    seen: dict[str, None] = {}
+    for line in concept_lines:
+        words = line.split()
+        if words:
+            seen.setdefault(" ".join(words), None)
+    prompts = [f"Write a sentence using the words: {', '.join(c.split())}." for c in seen]
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                 add_generation_prompt=True) for p in prompts]
+    return prompts
 
 
 def check_style(style: str) -> str:

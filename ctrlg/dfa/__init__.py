@@ -1,6 +1,11 @@
 """Token-level deterministic finite automata: the core type, builders, boolean operations,
 minimisation, the regex compiler and the context-free grammar constraint (:func:`grammar`).
-See :class:`ctrlg.dfa.core.TokenDFA` for the representation.
+See :class:`ctrlg.dfa.core.TokenDFA` for the representation. Sub-packages: :mod:`ctrlg.dfa.cfg`
+(context-free grammars: IR, Lark / GBNF readers, Earley, the regular superset) and
+:mod:`ctrlg.dfa.json_schema` (JSON Schema → regex, or → grammar when recursive).
+
+May import: :mod:`ctrlg.vocab`, :mod:`ctrlg.validation`, :mod:`ctrlg.errors` (and, inside the
+package, :mod:`ctrlg.dfa.cfg` for grammars). Nothing about HMMs, LMs, guides or tasks.
 """
 
 from ctrlg.dfa.builders import (any_phrase, banned_phrases, banned_tokens, eos, exact, length, phrase,

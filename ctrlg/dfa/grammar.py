@@ -1,22 +1,22 @@
 """Context-free grammar → constraint over a tokenizer's vocabulary (``dfa.grammar``).
 
-``grammar(text, tokenizer, syntax="lark")`` reads a Lark (:mod:`ctrlg.cfg.lark_syntax`) or GBNF
-(:mod:`ctrlg.cfg.gbnf_syntax`) grammar, or takes a :class:`~ctrlg.cfg.grammar_ir.Grammar` built
+``grammar(text, tokenizer, syntax="lark")`` reads a Lark (:mod:`ctrlg.dfa.cfg.lark_syntax`) or GBNF
+(:mod:`ctrlg.dfa.cfg.gbnf_syntax`) grammar, or takes a :class:`~ctrlg.dfa.cfg.grammar_ir.Grammar` built
 by another compiler (e.g. one emitted from a JSON Schema), and returns a
-:class:`~ctrlg.cfg.constraint.GrammarConstraint`: every token sequence whose bytes form a
+:class:`~ctrlg.dfa.cfg.constraint.GrammarConstraint`: every token sequence whose bytes form a
 sentence, optionally followed by EOS. The processor, ``ctrlg.generate``, beam search, insertion
 and per-row batching accept it wherever they accept a :class:`~ctrlg.dfa.core.TokenDFA`: Ctrl-G's
 tables are built over the regular superset ``R_d`` (the grammar unrolled to nesting depth d,
-:mod:`ctrlg.cfg.approximation`) and the grammar's exact masks under the remaining budget
+:mod:`ctrlg.dfa.cfg.approximation`) and the grammar's exact masks under the remaining budget
 (:mod:`ctrlg.guide.grammar_masks`) are applied after, renormalised. See docs/grammar.md.
 """
 
 from __future__ import annotations
 
-from ctrlg.cfg.constraint import GrammarConstraint
-from ctrlg.cfg.gbnf_syntax import from_gbnf
-from ctrlg.cfg.grammar_ir import Grammar
-from ctrlg.cfg.lark_syntax import from_lark
+from ctrlg.dfa.cfg.constraint import GrammarConstraint
+from ctrlg.dfa.cfg.gbnf_syntax import from_gbnf
+from ctrlg.dfa.cfg.grammar_ir import Grammar
+from ctrlg.dfa.cfg.lark_syntax import from_lark
 from ctrlg.dfa.regex_index import AUTO
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError
@@ -32,7 +32,7 @@ def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str 
     """Compile a context-free grammar into a constraint over the vocabulary.
 
     Args:
-        text: Lark or GBNF grammar text, or a :class:`~ctrlg.cfg.grammar_ir.Grammar`.
+        text: Lark or GBNF grammar text, or a :class:`~ctrlg.dfa.cfg.grammar_ir.Grammar`.
         tokenizer: a ``transformers`` tokenizer, a :class:`ctrlg.Vocabulary`, a
             :class:`~ctrlg.dfa.vocab_trie.VocabTrie` or a list of token bytes.
         syntax: ``"lark"`` (rules, terminals as strings and regexes, ``?rule``, ``|``, ``*``,

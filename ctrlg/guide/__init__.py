@@ -17,9 +17,12 @@ Read it top down (the processor, :class:`ctrlg.sampler.ConstraintLogitsProcessor
   reorderings;
 * :mod:`~ctrlg.guide.priors` — where each row's prior over the HMM's hidden state comes from.
 
-This package also exports what the former module ``ctrlg.guide`` exported; the former top-level
-modules (``ctrlg.feasibility``, ``ctrlg.token_weights``, ``ctrlg.canonical_masks``,
-``ctrlg.guidance``, ``ctrlg.row_state``, ``ctrlg.priors``) re-export their new homes.
+The package itself exports the backward tables' API (:mod:`ctrlg.guide.tables`).
+
+May import: :mod:`ctrlg.dfa` (automata, the canonical filter, grammar constraints),
+:mod:`ctrlg.kernels`, :mod:`ctrlg.vocab`, :mod:`ctrlg.validation`, :mod:`ctrlg.errors`. The HMM
+reaches it as an argument (parameters as tensors), never as an import; nothing above it (sampler,
+lm, tasks) is imported.
 """
 
 from ctrlg.guide import tables

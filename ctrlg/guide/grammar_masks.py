@@ -1,7 +1,7 @@
 """Exact token masks of a context-free grammar under a length budget.
 
-A row's cursor is its Earley set ``c`` (:mod:`ctrlg.cfg.earley`; the whole parse hangs off it)
-and its state ``q`` in the regular superset's token DFA A (:mod:`ctrlg.cfg.approximation`).
+A row's cursor is its Earley set ``c`` (:mod:`ctrlg.dfa.cfg.earley`; the whole parse hangs off it)
+and its state ``q`` in the regular superset's token DFA A (:mod:`ctrlg.dfa.cfg.approximation`).
 With EOS terminal (allowed once ``min_new_tokens`` tokens exist), the grammar's feasibility
 mirrors :class:`~ctrlg.guide.feasibility.Feasibility`'s ``F_r`` on the parse::
 
@@ -12,7 +12,7 @@ and the mask of ``(c, q)`` with r tokens left keeps exactly the v with ``G_{r-1}
 the bracket). Since ``L(G) ⊆ L(A)``, ``G_r(c) ⇒ F_r(q)``: A's table prunes every query.
 
 Per mask, for every candidate v that A allows, one pass computes from ``c`` at once (vectorised
-over tokens, :class:`~ctrlg.cfg.token_index.TokenIndex`):
+over tokens, :class:`~ctrlg.dfa.cfg.token_index.TokenIndex`):
 
 * *viability* — some path of the recogniser consumes all of v's bytes: a terminal thread
   ``(t, s, o)`` of ``c`` either stays alive to the end of v (``final ≠ 0``) or ends after k of its
@@ -43,9 +43,9 @@ import warnings
 
 import numpy as np
 
-from ctrlg.cfg.constraint import GrammarConstraint
-from ctrlg.cfg.earley import DEAD, EarleySet, completion_effect
-from ctrlg.cfg.token_index import INF
+from ctrlg.dfa.cfg.constraint import GrammarConstraint
+from ctrlg.dfa.cfg.earley import DEAD, EarleySet, completion_effect
+from ctrlg.dfa.cfg.token_index import INF
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 

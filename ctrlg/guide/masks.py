@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ctrlg.cfg.constraint import GrammarConstraint
+from ctrlg.dfa.cfg.constraint import GrammarConstraint
 from ctrlg.dfa.canonical import FREE, START, token_verdicts
 from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.core import TokenDFA
@@ -122,7 +122,7 @@ class CanonicalMask(DFAMask):
 
 
 class GrammarMask(DFAMask):
-    """A :class:`~ctrlg.cfg.constraint.GrammarConstraint`: the grammar's exact budgeted masks
+    """A :class:`~ctrlg.dfa.cfg.constraint.GrammarConstraint`: the grammar's exact budgeted masks
     (:class:`~ctrlg.guide.grammar_masks.GrammarFeasibility`); the cursor is the recogniser's chart."""
 
     refines = True

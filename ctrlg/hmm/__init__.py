@@ -1,5 +1,10 @@
 """Hidden Markov models: the model, EM (Baum-Welch), latent-variable-distillation init, LM
-sampling for distillation, and the embedded default HMM."""
+sampling for distillation, and the embedded default HMM.
+
+May import: :mod:`ctrlg.lm` (loading the LM to distil), :mod:`ctrlg.data` (prompts and corpora to
+sample from), :mod:`ctrlg.kernels`, :mod:`ctrlg.checkpoint`, :mod:`ctrlg.vocab`,
+:mod:`ctrlg.validation`, :mod:`ctrlg.errors`. Not the guide, the sampler or a task.
+"""
 
 from pathlib import Path
 

@@ -33,9 +33,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ctrlg import models
 from ctrlg.data._files import bundled_path, data_path
-from ctrlg.data.commongen_prompts import DEFAULT_BOS_TOKEN, bos_text, prompt_text, target_text
+from ctrlg.data.commongen_prompts import (DEFAULT_BOS_TOKEN, bos_text, commongen_prompts, prompt_text,
+                                          target_text)
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
@@ -43,8 +43,9 @@ from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
 from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.model import HMM
-from ctrlg.hmm.sampling import commongen_prompts, load_chunks, read_prompts, sample_to_disk
+from ctrlg.hmm.sampling import load_chunks, read_prompts, sample_to_disk
 from ctrlg.hmm.stream_sampling import stream_sample_to_disk
+from ctrlg.lm import models
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["distill", "train_head_for", "build_prompts", "unigram_loglik", "plot_curve", "extra_training_tokens"]

@@ -28,7 +28,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -41,7 +41,6 @@ from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
 __all__ = [
-    "commongen_prompts",
     "read_prompts",
     "sample_sequences",
     "sample_to_disk",
@@ -61,23 +60,6 @@ def read_prompts(path: str | Path) -> list[str]:
     prompts = [line for line in lines if line]
     if not prompts:
         raise CtrlgError(f"prompt file {path} has no non-empty lines")
-    return prompts
-
-
-def commongen_prompts(concept_lines: Iterable[str], tokenizer=None) -> list[str]:
-    """CommonGen-style instructions, one per concept line ("dog frisbee catch" →
-    "Write a sentence using the words: dog, frisbee, catch."), deduplicated in order. With a
-    ``tokenizer`` that has a chat template, each instruction is wrapped as a user turn with the
-    assistant turn opened (``add_generation_prompt=True``)."""
-    seen: dict[str, None] = {}
-    for line in concept_lines:
-        words = line.split()
-        if words:
-            seen.setdefault(" ".join(words), None)
-    prompts = [f"Write a sentence using the words: {', '.join(c.split())}." for c in seen]
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                 add_generation_prompt=True) for p in prompts]
     return prompts
 
 

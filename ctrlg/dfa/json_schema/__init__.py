@@ -58,7 +58,7 @@ object), which keeps Kubernetes-size schemas linear; ``{}`` is any value nested 
 Recursion: a ``$ref`` that refers to a schema being compiled makes the result a context-free
 grammar: each recursive target becomes a nonterminal, every regex piece a terminal
 (:mod:`~ctrlg.dfa.json_schema.frag`), and ``json_schema`` returns
-:func:`ctrlg.dfa.grammar`'s :class:`~ctrlg.cfg.constraint.GrammarConstraint` (accepted wherever a
+:func:`ctrlg.dfa.grammar`'s :class:`~ctrlg.dfa.cfg.constraint.GrammarConstraint` (accepted wherever a
 DFA is; ``schema_to_regex`` refuses such schemas, ``schema_to_grammar`` gives the grammar).
 
 Cost: the regex is linear in the schema except for optional members without a required one
@@ -94,7 +94,7 @@ AUTO_MINIMIZE_STATES = 1500
 def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = WHITESPACE,
                 max_nesting: int = 2, warn: bool = True, **regex_kwargs):
     """Compile a JSON Schema into a :class:`~ctrlg.dfa.core.TokenDFA` (module docstring), or a
-    :class:`~ctrlg.cfg.constraint.GrammarConstraint` when a ``$ref`` recurses.
+    :class:`~ctrlg.dfa.cfg.constraint.GrammarConstraint` when a ``$ref`` recurses.
 
     Args:
         schema: a dict, a JSON string, ``True``, or a pydantic model class
@@ -168,7 +168,7 @@ def schema_to_regex(schema, *, whitespace: str = WHITESPACE, max_nesting: int = 
 
 def schema_to_grammar(schema, *, whitespace: str = WHITESPACE, max_nesting: int = 2,
                       warn: bool = True):
-    """The :class:`~ctrlg.cfg.grammar_ir.Grammar` of the documents generated for ``schema``
+    """The :class:`~ctrlg.dfa.cfg.grammar_ir.Grammar` of the documents generated for ``schema``
     (its terminals are regexes; a single terminal when the schema is not recursive)."""
     frag, defs = _compile(schema, whitespace, max_nesting, warn)
     return to_grammar(frag, defs)

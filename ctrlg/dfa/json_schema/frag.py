@@ -6,7 +6,7 @@ mentions a recursive reference, a fragment is plain regex text (``ctrlg.dfa.rege
 syntax) and the result is a regex. A recursive ``$ref`` yields a :class:`Ref`; the combinators
 then build :class:`Seq` / :class:`Alt` / :class:`Rep` nodes around it, and :func:`to_grammar`
 turns the fragment, with the definitions of the referenced schemas, into a BNF
-:class:`~ctrlg.cfg.grammar_ir.Grammar` whose terminals are the regex leaves (each leaf that may
+:class:`~ctrlg.dfa.cfg.grammar_ir.Grammar` whose terminals are the regex leaves (each leaf that may
 match the empty string becomes ``N → ε | T`` with ``T`` its non-empty part). Cost: linear in the
 fragment's size.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ctrlg.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
+from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
 from ctrlg.dfa.regex_syntax import (Alternation, Concat, Node, Repeat, matches_empty,
                                     parse)
 

@@ -1,4 +1,4 @@
-"""GBNF (llama.cpp's grammar format) → :class:`~ctrlg.cfg.grammar_ir.Grammar`.
+"""GBNF (llama.cpp's grammar format) → :class:`~ctrlg.dfa.cfg.grammar_ir.Grammar`.
 
 Supported: rules ``name ::= …`` (names of letters, digits and ``-``; a rule ends where the next
 ``name ::=`` begins), alternatives ``|``, grouping ``( )``, string literals ``"…"``, character
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ctrlg.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
+from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
 from ctrlg.dfa.regex_syntax import MAX_CODE_POINT, CharSet, Concat, complement_ranges, normalize_ranges
 from ctrlg.errors import GrammarError, UnsupportedGrammarError
 

@@ -1,6 +1,6 @@
 """Byte-level Earley recogniser for a grammar whose terminals are byte DFAs (no separate lexer).
 
-Items (Earley 1970) over the BNF of :func:`ctrlg.cfg.grammar_ir.with_ignored`:
+Items (Earley 1970) over the BNF of :func:`ctrlg.dfa.cfg.grammar_ir.with_ignored`:
 
 * rule items ``(r, d, o)``: rule r with its dot before ``rhs[d]``, started in set o;
 * terminal threads ``(t, q, o)``: terminal t's byte DFA in state q, started in set o.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ctrlg.cfg.grammar_ir import Grammar, derives, terminal_of
+from ctrlg.dfa.cfg.grammar_ir import Grammar, derives, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
 
 __all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect"]

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import torch
 
-from ctrlg.adapters import base_fingerprint
 from ctrlg.errors import ConstraintError, CtrlgError
+from ctrlg.lm.adapters import base_fingerprint
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]
@@ -35,7 +35,7 @@ class JudgeCacheError(CtrlgError):
 
 def judge_identity(model, tokenizer, text_prefix: str = "") -> str:
     """Who wrote a file of judge scores: the weights' fingerprint
-    (:func:`ctrlg.adapters.base_fingerprint` of the model as loaded, any adapter merged), the
+    (:func:`ctrlg.lm.adapters.base_fingerprint` of the model as loaded, any adapter merged), the
     tokenizer's (:func:`ctrlg.vocab.tokenizer_fingerprint`), the weights' dtype and, when not
     empty, the text put before each candidate (it changes every score)."""
     dtype = next(model.parameters()).dtype

@@ -1,4 +1,4 @@
-"""Lark grammar text → :class:`~ctrlg.cfg.grammar_ir.Grammar`, read by the ``lark`` library itself.
+"""Lark grammar text → :class:`~ctrlg.dfa.cfg.grammar_ir.Grammar`, read by the ``lark`` library itself.
 
 Lark (``lark.Lark(text, parser="earley")``) parses the grammar, resolves ``%import`` (e.g.
 ``common.WS``, ``common.NUMBER``), templates, ``%override`` / ``%extend``, and expands EBNF —
@@ -22,7 +22,7 @@ import re
 
 import lark
 
-from ctrlg.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
+from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
 from ctrlg.dfa.regex_syntax import (CharSet, Concat, Node, map_charsets,
                                     matches_empty, normalize_ranges, parse)
 from ctrlg.errors import GrammarError, RegexError, UnsupportedGrammarError

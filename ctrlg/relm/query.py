@@ -5,7 +5,7 @@ regex that the results start with, a decision rule (``top_k``: every query token
 the LM's k most likely next tokens; prefix tokens are exempt), the token encodings that count
 (``"canonical"`` or ``"all"``, see :func:`ctrlg.dfa.regex`), a token budget, and whether the
 result must end with EOS. Optional preprocessing widens the language to strings within edit
-distance ``k`` (:mod:`ctrlg.relm_edits`) and filters drop results (e.g. containing stop words).
+distance ``k`` (:mod:`ctrlg.relm.edits`) and filters drop results (e.g. containing stop words).
 
 The token sequences x = u·w considered are those with ``decode(u) ∈ L(prefix)`` (tokenised on
 its own) and ``decode(w) ∈ L(pattern)``; their score is
@@ -44,7 +44,7 @@ from ctrlg.dfa.ops import bfs_distances, min_tokens_to_accept
 from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.relm_edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
+from ctrlg.relm.edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
 from ctrlg.validation import check_context_length, check_count
 from ctrlg.vocab import as_vocabulary, lm_vocab_size
 

@@ -13,7 +13,7 @@ Names accepted by :func:`load_model` / :func:`load_tokenizer`:
 * a local folder written by ``save_pretrained`` (or a ``.gguf`` file path);
 * any Hugging Face hub id (e.g. ``"gpt2-large"``) — needs a network or a populated HF cache.
 
-``load_model(name, adapter=...)`` merges a LoRA adapter (:mod:`ctrlg.adapters`: the embedded
+``load_model(name, adapter=...)`` merges a LoRA adapter (:mod:`ctrlg.lm.adapters`: the embedded
 CommonGen adapters by name, or a folder) into the weights once at load.
   A hub id that is not cached fails at once when offline (``HF_HUB_OFFLINE=1``) or when the hub
   does not answer within :data:`HUB_PROBE_TIMEOUT` seconds, instead of after transformers' retries.
@@ -35,9 +35,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from ctrlg.adapters import merge_adapter
 from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
+from ctrlg.lm.adapters import merge_adapter
 
 __all__ = [
     "EMBEDDED_NAME",
@@ -329,8 +329,8 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
                **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring). ``adapter``:
     a LoRA adapter (an embedded name such as ``"commongen"`` or a folder,
-    :mod:`ctrlg.adapters`) merged into the weights once here; an adapter trained on another
-    base raises :class:`ctrlg.adapters.AdapterMismatchError`."""
+    :mod:`ctrlg.lm.adapters`) merged into the weights once here; an adapter trained on another
+    base raises :class:`ctrlg.lm.adapters.AdapterMismatchError`."""
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)

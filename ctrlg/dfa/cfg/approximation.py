@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ctrlg.cfg.grammar_ir import Grammar, terminal_of
+from ctrlg.dfa.cfg.grammar_ir import Grammar, terminal_of
 from ctrlg.dfa.bytes_dfa import MAX_DFA_STATES, ByteDFA, ByteNFA, determinize, minimize
 from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat
 from ctrlg.errors import ConstraintError, RegexError
@@ -240,7 +240,7 @@ class Unroller:
 
 def regular_superset(g: Grammar, depth: int | str = "auto") -> tuple[ByteDFA, int, bool]:
     """``(byte DFA of R_d ⊇ L(g), d, exact)`` (module docstring) for ``g`` as given to the
-    recogniser (:func:`~ctrlg.cfg.grammar_ir.with_ignored`); ``exact``: ``R_d = L(g)``.
+    recogniser (:func:`~ctrlg.dfa.cfg.grammar_ir.with_ignored`); ``exact``: ``R_d = L(g)``.
     ``depth="auto"``: the deepest d ≤ :data:`MAX_AUTO_DEPTH` whose byte DFA has at most
     :data:`AUTO_STATES` states (depth 1 at least), stopping early once exact, or when the growth
     from the last level predicts the next one would exceed the bound."""

@@ -2,7 +2,7 @@
 nested parentheses and ignored spaces, a SQL SELECT subset, recursive lists with ignored
 whitespace, and JSON (Lark's ``common`` terminals, ignored whitespace).
 
-    from ctrlg.cfg.examples import EXAMPLES
+    from ctrlg.dfa.cfg.examples import EXAMPLES
     constraint = ctrlg.dfa.grammar(EXAMPLES["json"], tokenizer)
 """
 

@@ -37,7 +37,7 @@ from ctrlg.errors import CheckpointError, CtrlgError
 __all__ = ["AdapterMismatchError", "EMBEDDED_ADAPTERS", "adapter_info", "base_fingerprint",
            "merge_adapter", "resolve_adapter", "save_adapter"]
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 # name -> folder under ctrlg/assets (made by `python -m experiments.adapt`, see docs/hmm.md)
 EMBEDDED_ADAPTERS = {
     "commongen": "adapter_smollm2_commongen",
@@ -101,7 +101,7 @@ def resolve_adapter(name: str | Path) -> Path:
     missing = sorted(f for f in OWNED_FILES if not (folder / f).is_file())
     if missing:
         raise CheckpointError(f"the adapter folder {folder} lacks {', '.join(missing)}; save "
-                              "adapters with ctrlg.adapters.save_adapter")
+                              "adapters with ctrlg.lm.adapters.save_adapter")
     return folder
 
 

@@ -10,9 +10,9 @@
    ``supervised`` — BOS + "Concepts: a, b, c.\\nSentence:" + " " + sentence + EOS (style
    ``keywords``, loss on the sentence only);
 3. measures the held-out NLL per target token of the base, trains LoRA factors
-   (:func:`ctrlg.adaptation.train_lora`; resumable from ``output.dir/state``), measures the
+   (:func:`ctrlg.lm.adaptation.train_lora`; resumable from ``output.dir/state``), measures the
    held-out NLL again;
-4. saves the adapter (:func:`ctrlg.adapters.save_adapter`: bfloat16 LoRA weights, the base's
+4. saves the adapter (:func:`ctrlg.lm.adapters.save_adapter`: bfloat16 LoRA weights, the base's
    name and fingerprint, the text format and these figures) to ``output.dir/adapter`` and to
    ``output.copy_to`` (e.g. ``ctrlg/assets/adapter_smollm2_commongen``), and ``metrics.json``.
 
@@ -30,14 +30,14 @@ from typing import Any, Mapping
 
 import torch
 
-from ctrlg import models
-from ctrlg.adaptation import LoraSettings, encode_examples, mean_target_nll, train_lora
-from ctrlg.adapters import base_fingerprint, save_adapter
 from ctrlg.data import load_commongen
 from ctrlg.data._files import bundled_path
 from ctrlg.data.commongen_prompts import prompt_text, target_text
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.sampling import read_prompts
+from ctrlg.lm import models
+from ctrlg.lm.adaptation import LoraSettings, encode_examples, mean_target_nll, train_lora
+from ctrlg.lm.adapters import base_fingerprint, save_adapter
 
 __all__ = ["FORMS", "adapt", "training_texts", "heldout_texts"]
 

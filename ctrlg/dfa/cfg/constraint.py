@@ -1,7 +1,7 @@
 """A context-free grammar over a tokenizer's vocabulary, in the form the guide accepts.
 
 A :class:`GrammarConstraint` accepts exactly the token sequences whose bytes, up to the first
-EOS, form a sentence of the grammar (:mod:`ctrlg.cfg.grammar_ir`), optionally followed by EOS —
+EOS, form a sentence of the grammar (:mod:`ctrlg.dfa.cfg.grammar_ir`), optionally followed by EOS —
 every encoding of a sentence, as ``dfa.regex(encodings="all")``:
 
     L_tok = { t_1..t_n (EOS)* : bytes(t_1)···bytes(t_n) ∈ L(G) }.
@@ -9,7 +9,7 @@ every encoding of a sentence, as ``dfa.regex(encodings="all")``:
 It carries the two halves every constraint has for the processor (:mod:`ctrlg.guide.masks`):
 
 * ``dfa`` — the token DFA A of the regular superset ``R_d ⊇ L(G)``
-  (:mod:`ctrlg.cfg.approximation`), over which Ctrl-G's HMM tables are built;
+  (:mod:`ctrlg.dfa.cfg.approximation`), over which Ctrl-G's HMM tables are built;
 * ``recogniser`` and ``index`` — the Earley recogniser and the token tables from which
   :class:`ctrlg.guide.grammar_masks.GrammarFeasibility` computes the exact masks at decode time.
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ctrlg.cfg.approximation import regular_superset
-from ctrlg.cfg.earley import DEAD, Recogniser
-from ctrlg.cfg.grammar_ir import Grammar, reduce, with_ignored
-from ctrlg.cfg.token_index import TokenIndex
+from ctrlg.dfa.cfg.approximation import regular_superset
+from ctrlg.dfa.cfg.earley import DEAD, Recogniser
+from ctrlg.dfa.cfg.grammar_ir import Grammar, reduce, with_ignored
+from ctrlg.dfa.cfg.token_index import TokenIndex
 from ctrlg.dfa.core import TokenDFA, WrapsTokenDFA
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.regex_index import resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
@@ -39,12 +39,12 @@ class GrammarConstraint(WrapsTokenDFA):
     """The token sequences that spell a sentence of ``grammar`` (module docstring).
 
     Args:
-        grammar: the BNF grammar (:class:`~ctrlg.cfg.grammar_ir.Grammar`).
+        grammar: the BNF grammar (:class:`~ctrlg.dfa.cfg.grammar_ir.Grammar`).
         trie: the vocabulary (:class:`~ctrlg.dfa.vocab_trie.VocabTrie`).
         eos_token_id: EOS allowed after a sentence (``ctrlg.dfa.regex``'s rules).
         vocab_size: V (default the vocabulary's size).
         depth: nesting depth of the regular superset, or ``"auto"``
-            (:func:`~ctrlg.cfg.approximation.regular_superset`).
+            (:func:`~ctrlg.dfa.cfg.approximation.regular_superset`).
         what: a description for messages.
 
     Attributes:

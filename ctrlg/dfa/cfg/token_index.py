@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ctrlg.cfg.earley import Recogniser, single_byte_weights
+from ctrlg.dfa.cfg.earley import Recogniser, single_byte_weights
 from ctrlg.dfa.core import ragged_indices
 
 __all__ = ["TokenIndex", "Run", "INF"]

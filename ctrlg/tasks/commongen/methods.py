@@ -1,0 +1,111 @@
+"""The configured CommonGen methods and the checks of a run's configuration.
+
+A method is a named entry of ``method_specs``: ``guide`` (none | logical | ctrlg), ``prior``
+(filter: the HMM's forward posterior over the generated tokens; head: the LM-conditioned prior
+saved with the HMM, :class:`ctrlg.guide.priors.HeadPrior`) and ``strength`` w (p_lm ·
+p_hmm(α | x≤t, v)^w; w = 0 is logical masking). :func:`generation_settings` is a run's identity:
+the settings a resumed or merged run must agree on.
+
+May import: the library below :mod:`ctrlg.tasks` and :mod:`ctrlg.tasks.records` / :mod:`ctrlg.tasks.config`; within
+this package, :mod:`~ctrlg.tasks.commongen.rerank` (the rerank rule is part of the config).
+"""
+
+from __future__ import annotations
+
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.commongen.rerank import rerank_rule, rerank_settings
+from ctrlg.tasks.config import generation_config
+
+__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings"]
+
+GUIDES = ("none", "logical", "ctrlg")
+
+PRIORS = ("filter", "head")
+
+
+# the configuration keys that decide the generations: a resumed run must agree on all of them
+GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hmm", "data",
+                   "constraint", "rerank", "batch_size")
+
+
+# sub-keys of those that say how the generations are computed, not what they are (left out of a
+# run's identity: a GPU run resumes and merges with a CPU one)
+COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel",)}
+
+
+def without_compute_settings(key: str, value):
+    """``value`` of the setting ``key`` without its :data:`COMPUTE_ONLY_KEYS` sub-keys."""
+    dropped = COMPUTE_ONLY_KEYS.get(key, ())
+    if dropped and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in dropped}
+    return value
+
+
+def method_spec(cfg: DictConfig, name: str) -> dict:
+    """The spec of method ``name`` (``method_specs.<name>``), checked."""
+    specs = cfg.get("method_specs") or {}
+    if name not in specs:
+        raise ExperimentConfigError(f"unknown method {name!r}; define it under method_specs or "
+                                    f"choose from {sorted(specs)}")
+    spec = {"guide": "ctrlg", "prior": "filter", "strength": 1.0,
+            **OmegaConf.to_container(specs[name], resolve=True)}
+    if spec["guide"] not in GUIDES:
+        raise ExperimentConfigError(f"method_specs.{name}.guide must be one of {GUIDES}, got "
+                                    f"{spec['guide']!r}")
+    if spec["guide"] == "ctrlg":
+        if spec["prior"] not in PRIORS:
+            raise ExperimentConfigError(f"method_specs.{name}.prior must be one of {PRIORS}, "
+                                        f"got {spec['prior']!r}")
+        strength = spec["strength"]
+        if not isinstance(strength, (int, float)) or not math.isfinite(strength) or strength < 0:
+            raise ExperimentConfigError(f"method_specs.{name}.strength must be a finite number "
+                                        f"≥ 0, got {strength!r}")
+    return spec
+
+
+def check_config(cfg: DictConfig) -> dict[str, dict]:
+    """Validate the sizes and methods before anything is loaded; returns ``{method: spec}``."""
+    gen = cfg.generation
+    for key, value in (("generation.num_samples", gen.num_samples),
+                       ("generation.num_beams", gen.get("num_beams", 1)),
+                       ("generation.max_new_tokens", gen.max_new_tokens),
+                       ("batch_size", cfg.batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ExperimentConfigError(f"{key} must be a positive integer, got {value!r}")
+    limit, offset = cfg.data.get("limit"), cfg.data.get("offset", 0)
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ExperimentConfigError(f"data.limit must be a positive integer or null (all items), "
+                                    f"got {limit!r}")
+    if not isinstance(offset, int) or offset < 0:
+        raise ExperimentConfigError(f"data.offset must be an integer ≥ 0, got {offset!r}")
+    if not cfg.methods:
+        raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
+    rerank_rule(cfg)
+    return {name: method_spec(cfg, name) for name in cfg.methods}
+
+
+def guide_kernel(gen) -> bool | None:
+    """``generation.guide_kernel``: auto (None: the Triton backward-table kernel on CUDA, the
+    torch recurrence on the CPU), true or false (:class:`ctrlg.sampler.ConstraintLogitsProcessor`'s
+    ``use_kernel``); the two agree up to float32 rounding (tests/test_kernel_backward.py)."""
+    value = gen.get("guide_kernel", "auto")
+    if value in (None, "auto"):
+        return None
+    if isinstance(value, bool):
+        return value
+    raise ExperimentConfigError(f"generation.guide_kernel must be auto, true or false; got {value!r}")
+
+
+def generation_settings(cfg: DictConfig) -> dict:
+    """The settings that decide the generations (only the specs of the methods in use; the
+    rerank's further settings only when not at their defaults: :func:`rerank_settings`)."""
+    out = {key: without_compute_settings(key, value)
+           for key, value in generation_config(cfg, GENERATION_KEYS).items()}
+    out.update(rerank_settings(cfg))
+    specs = out.get("method_specs") or {}
+    out["method_specs"] = {m: specs.get(m) for m in out.get("methods") or []}
+    return out

@@ -1,0 +1,98 @@
+"""The settings the task pipelines share, read from a Hydra / OmegaConf config: the LM
+(``model.name``, ``model.adapter``, ``model.dtype``), the HMM (``hmm.path`` / ``hmm.name`` /
+``hmm.prior_head``), the ``device``, and the settings that decide a run's generations (what a
+resumed run must agree on).
+
+A bad value raises :class:`ctrlg.errors.ExperimentConfigError` naming the key, before anything
+heavy is loaded where possible.
+
+May import: :mod:`ctrlg.lm`, :mod:`ctrlg.hmm`, :mod:`ctrlg.guide` (the precision rule),
+:mod:`ctrlg.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.guide import resolve_precision
+from ctrlg.hmm import load_default_hmm, load_embedded_hmm, prior_head_path
+from ctrlg.hmm.model import HMM
+from ctrlg.lm.models import load_model, load_tokenizer
+
+__all__ = ["LM_DTYPES", "lm_dtype", "resolve_device", "load_lm", "load_hmm", "generation_config"]
+
+LM_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def lm_dtype(name: str) -> torch.dtype:
+    """The torch dtype of the LM's weights for ``model.dtype``: float32, bfloat16, float16, or
+    auto = bfloat16 where the hardware multiplies it natively (a CUDA GPU that supports it, a CPU
+    with AVX512-BF16 / AMX; :func:`ctrlg.guide.resolve_precision`), else float32. bfloat16 makes an
+    LM step about 1.5× cheaper on such CPUs (``benchmarks/bench_lm_dtype.py``) but its rounding
+    depends on the machine; float32 reproduces everywhere."""
+    if name not in LM_DTYPES:
+        raise ExperimentConfigError(f"model.dtype must be one of {LM_DTYPES}, got {name!r}")
+    return getattr(torch, resolve_precision("auto") if name == "auto" else name)
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """The torch device of the top-level ``device`` setting: ``cpu``, ``cuda`` / ``cuda:N``, or
+    ``auto`` (the first CUDA GPU when there is one, else the CPU). A CUDA device on a machine
+    without one is an :class:`~ctrlg.errors.ExperimentConfigError` that says so."""
+    name = "cpu" if name is None else str(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ExperimentConfigError(f"device={name!r}: expected cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ExperimentConfigError(f"device={name!r} but this machine has no CUDA GPU that torch "
+                                    f"can use; run with device=cpu (or auto)")
+    if device.type not in ("cpu", "cuda"):
+        raise ExperimentConfigError(f"device={name!r}: expected cpu, cuda, cuda:N or auto")
+    return device
+
+
+def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
+    """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
+    ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
+    weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``."""
+    name = model_cfg.get("name")
+    dtype = lm_dtype(model_cfg.get("dtype", "float32"))
+    tokenizer = load_tokenizer(name)
+    model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def load_hmm(hmm_cfg: DictConfig | None, tokenizer=None):
+    """The HMM named by the config: ``hmm.path`` (a checkpoint folder), else ``hmm.name`` (an
+    embedded HMM, :data:`ctrlg.hmm.EMBEDDED_HMMS`), else the embedded default
+    :func:`ctrlg.hmm.load_default_hmm`. The checkpoint is checked against the tokenizer's
+    vocabulary when the loader supports it. ``hmm.prior_head`` (an embedded head's name or a
+    folder) attaches a prior head saved apart from the HMM (:meth:`ctrlg.HMM.attach_prior_head`)."""
+    path = None if hmm_cfg is None else hmm_cfg.get("path")
+    name = None if hmm_cfg is None else hmm_cfg.get("name")
+    if path:
+        hmm = HMM.load(path, tokenizer=tokenizer)
+    elif name:
+        hmm = load_embedded_hmm(name, tokenizer=tokenizer)
+    else:
+        hmm = load_default_hmm(tokenizer=tokenizer)
+    head = None if hmm_cfg is None else hmm_cfg.get("prior_head")
+    if head:
+        hmm.attach_prior_head(prior_head_path(str(head)), tokenizer=tokenizer)
+    return hmm
+
+
+def generation_config(cfg: DictConfig, keys: Sequence[str]) -> dict:
+    """The resolved values of the configuration ``keys`` that decide a run's generations."""
+    full = OmegaConf.to_container(cfg, resolve=True)
+    return {key: full.get(key) for key in keys}
