@@ -58,10 +58,11 @@ from ctrlg.guide.feasibility import Feasibility
 from ctrlg.hmm.sampling import commongen_prompts
 from ctrlg.judge import Judge
 from ctrlg.mbr import mbr_pick
+from ctrlg.memory import check_lm_fits
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.validation import check_context_length
-from ctrlg.vocab import eos_token_ids
+from ctrlg.vocab import eos_token_ids, lm_vocab_size
 
 from experiments.common import (METRIC_NAMES, ExperimentConfigError, RecordWriter,
                                 find_resume_dir, format_table, generation_config,
@@ -117,8 +118,9 @@ def method_spec(cfg: DictConfig, name: str) -> dict:
 def check_config(cfg: DictConfig) -> dict[str, dict]:
     """Validate the sizes and methods before anything is loaded; returns ``{method: spec}``."""
     gen = cfg.generation
-    for key, value in (("generation.num_samples", gen.num_samples),
-                       ("generation.num_beams", gen.get("num_beams", 1)),
+    # num_beams first: a pipeline may set num_samples to ${generation.num_beams}
+    for key, value in (("generation.num_beams", gen.get("num_beams", 1)),
+                       ("generation.num_samples", gen.num_samples),
                        ("generation.max_new_tokens", gen.max_new_tokens),
                        ("batch_size", cfg.batch_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -131,8 +133,27 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
         raise ExperimentConfigError(f"data.offset must be an integer ≥ 0, got {offset!r}")
     if not cfg.methods:
         raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
+    check_sampling(gen)
     rerank_rule(cfg)
     return {name: method_spec(cfg, name) for name in cfg.methods}
+
+
+def check_sampling(gen: DictConfig) -> None:
+    """Ancestral sampling (``generation.num_beams=1``) needs temperature > 0 and top_p in
+    (0, 1]; transformers would refuse them only after the LM is loaded. Beam search ignores both."""
+    if int(gen.get("num_beams", 1)) != 1:
+        return
+    temperature, top_p = gen.get("temperature", 1.0), gen.get("top_p", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0 < temperature < float("inf"):
+        raise ExperimentConfigError(
+            f"generation.temperature must be a number > 0 when sampling (generation.num_beams=1), "
+            f"got {temperature!r}; for deterministic decoding use beam search instead "
+            f"(generation.num_beams=B > 1, e.g. generation.num_beams=4 generation.num_samples=4), "
+            f"or a small temperature such as 0.1")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ExperimentConfigError(f"generation.top_p must be in (0, 1] when sampling, got "
+                                    f"{top_p!r}; 1.0 turns nucleus sampling off")
 
 
 # ---------------------------------------------------------------------- one item's pieces
@@ -263,6 +284,11 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(p) for p in prompts)
     check_context_length(model, width, gen.max_new_tokens, what="the longest prompt of the batch")
+    check_lm_fits(model, rows=len(prompts) * max(beams, K), prompt_length=width,
+                  max_new_tokens=int(gen.max_new_tokens), vocab_size=lm_vocab_size(model),
+                  scored_rows=K, what=f"a batch of {len(prompts)} items × {max(beams, K)} rows",
+                  advice="lower batch_size, generation.num_samples / generation.num_beams or "
+                         "generation.max_new_tokens")
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
                              device=model.device)
