@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedSchemaError",
     "GrammarError",
     "UnsupportedGrammarError",
+    "InsufficientMemoryError",
 ]
 
 
@@ -76,3 +77,10 @@ class GrammarError(ConstraintError):
 
 class UnsupportedGrammarError(GrammarError):
     """A grammar construct outside the supported subset (the message names it and its line)."""
+
+
+class InsufficientMemoryError(CtrlgError, MemoryError):
+    """A request whose estimated working set (LM decoding, rescoring, guide tables: see
+    :mod:`ctrlg.memory`) exceeds the memory available, refused before any of that work; the
+    message gives the estimate, its parts, the memory available and what to lower. Also a
+    ``MemoryError``, so ``except MemoryError`` keeps working."""

@@ -35,7 +35,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ctrlg.errors import CtrlgError
+from ctrlg.errors import CtrlgError, InsufficientMemoryError
 from experiments.common import (ExperimentConfigError, RecordWriter, find_resume_dir,
                                 format_table, generation_config, hydra_output_dir,
                                 interval_cell, interval_header, load_hmm, load_lm,
@@ -255,6 +255,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                 try:
                     record = infill_item(story, index, p, target, methods, model, tokenizer,
                                          hmm, eos, newlines, cfg)
+                except InsufficientMemoryError:
+                    raise                      # the run's settings, not this passage: stop
                 except CtrlgError as error:
                     print(f"ratio {target} item {index}: skipped, {error}", file=sys.stderr)
                     record = {"target_ratio": float(target), "p": p, "index": index,
