@@ -183,12 +183,16 @@ class RecordWriter:
 
     def _replace_with(self, records: list[dict]) -> None:
         staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(staging, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(_dump(record, self._default) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staging, self.path)
+        try:
+            with open(staging, "w", encoding="utf-8") as handle:
+                for record in records:
+                    handle.write(_dump(record, self._default) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(staging, self.path)
+        except BaseException:
+            staging.unlink(missing_ok=True)     # the old file is untouched
+            raise
 
     def write(self, record: dict) -> None:
         self._handle.write(_dump(record, self._default) + "\n")
