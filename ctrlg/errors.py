@@ -17,6 +17,7 @@ __all__ = [
     "GrammarError",
     "UnsupportedGrammarError",
     "ExperimentConfigError",
+    "InsufficientMemoryError",
 ]
 
 
@@ -82,3 +83,10 @@ class UnsupportedGrammarError(GrammarError):
 class ExperimentConfigError(CtrlgError):
     """An experiment or task configuration that cannot run (a size of 0, an unknown method, a
     resume folder that does not match); raised before the LM or HMM is loaded where possible."""
+
+
+class InsufficientMemoryError(CtrlgError, MemoryError):
+    """A request whose estimated working set (LM decoding, rescoring, guide tables: see
+    :mod:`ctrlg.memory`) exceeds the memory available, refused before any of that work; the
+    message gives the estimate, its parts, the memory available and what to lower. Also a
+    ``MemoryError``, so ``except MemoryError`` keeps working."""

@@ -77,6 +77,7 @@ from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
 from ctrlg.guide.tables import GuideTables, resolve_precision
+from ctrlg.memory import check_lm_fits
 from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, check_generation,
                               check_vocab_width)
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
@@ -480,6 +481,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     check_generation(model, prompt_ids, suffix_ids, max_new_tokens, generate_kwargs,
                      do_sample=num_beams == 1 if do_sample is None else do_sample,
                      num_beams=num_beams, num_samples=num_samples)
+    _check_memory(model, len(prompt_ids), len(suffix_ids or []), max_new_tokens, num_samples,
+                  num_beams, rank_by_lm)
     if isinstance(prior_head, str) and prior_head == "auto":
         prior_head = getattr(hmm, "prior_head", None)
     head_prior = (HeadPrior(prior_head, model, hidden_size=hmm.hidden_size)
@@ -506,6 +509,19 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     if rank_by_lm and results:
         _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids, recorder)
     return results
+
+
+def _check_memory(model, prompt_length: int, suffix_length: int, max_new_tokens: int,
+                  num_samples: int, num_beams: int, rank_by_lm: bool) -> None:
+    """Refuse a request whose LM working set would not fit in memory (:mod:`ctrlg.memory`); the
+    guide tables are checked when they are built."""
+    rows = max(num_beams, num_samples)     # sequences decoded together (_generate)
+    check_lm_fits(model, rows=rows, prompt_length=prompt_length, max_new_tokens=max_new_tokens,
+                  vocab_size=lm_vocab_size(model), scored_rows=num_samples if rank_by_lm else 0,
+                  suffix_length=suffix_length,
+                  what=f"generate(num_samples={num_samples}, num_beams={num_beams}, "
+                       f"max_new_tokens={max_new_tokens}) with a {prompt_length}-token prompt",
+                  advice="ask for fewer samples or beams, fewer new tokens or a shorter prompt")
 
 
 def _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, num_samples,

@@ -35,7 +35,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ctrlg.errors import CtrlgError, ExperimentConfigError
+from ctrlg.errors import CtrlgError, ExperimentConfigError, InsufficientMemoryError
 from ctrlg.tasks.config import generation_config, load_hmm, load_lm
 from ctrlg.tasks.records import (RecordWriter, format_table, interval_cell, interval_header,
                                  paired_intervals, progress, read_records, write_json)
@@ -254,6 +254,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                 try:
                     record = infill_item(story, index, p, target, methods, model, tokenizer,
                                          hmm, eos, newlines, cfg)
+                except InsufficientMemoryError:
+                    raise                      # the run's settings, not this passage: stop
                 except CtrlgError as error:
                     print(f"ratio {target} item {index}: skipped, {error}", file=sys.stderr)
                     record = {"target_ratio": float(target), "p": p, "index": index,

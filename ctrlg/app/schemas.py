@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["GenerateRequest", "Candidate", "GenerateResponse", "ErrorResponse", "Progress",
            "MAX_TEXT_CHARS", "MAX_PHRASES", "MAX_BANNED", "MAX_PHRASE_CHARS", "MAX_WORDS",
@@ -37,7 +37,9 @@ class GenerateRequest(BaseModel):
     banned: list[Phrase] = Field(default_factory=list, max_length=MAX_BANNED,
                                  description="words or phrases that must not appear as whole words (first letter in either case)")
     min_words: int | None = Field(None, ge=0, le=MAX_WORDS, description="at least this many words")
-    max_words: int | None = Field(None, ge=0, le=MAX_WORDS, description="at most this many words")
+    max_words: int | None = Field(None, ge=1, le=MAX_WORDS,
+                                  description="at most this many words (≥ 1: a text of no words "
+                                              "is no candidate)")
     allow_newlines: bool = Field(True, description="false: the text may not contain a line break")
     num_candidates: int = Field(4, ge=1, le=MAX_CANDIDATES, description="samples drawn; distinct ones are returned")
     max_new_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="token budget of the generated text")
@@ -46,6 +48,16 @@ class GenerateRequest(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="sampling seed (same seed, same candidates)")
     request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$",
                                    description="client-chosen id for /api/progress and /api/cancel")
+
+    @field_validator("keyphrases", "banned")
+    @classmethod
+    def _not_blank(cls, phrases: list[str], info):
+        """A blank entry would be dropped and the request served without it: refuse it."""
+        for i, phrase in enumerate(phrases):
+            if not phrase.strip():
+                raise ValueError(f"{info.field_name}[{i}] is blank ({phrase!r}); give a word or "
+                                 "phrase, or leave the entry out")
+        return phrases
 
     @model_validator(mode="after")
     def _word_range(self):

@@ -12,8 +12,10 @@ Routes (OpenAPI schema at ``/openapi.json``):
   decoding step; a client that disconnects is cancelled the same way).
 
 Every error is JSON ``{"error": message}`` with a 4xx status (422 invalid body or constraint,
-404 unknown request, 408 time budget, 409 cancelled, 429 queue full); an unexpected failure is a
-500 with the same shape, and the server keeps serving.
+404 unknown request, 408 time budget, 409 cancelled, 429 queue full), or 503 for a request whose
+estimated memory exceeds what the server has available (refused before any work,
+:mod:`ctrlg.memory`); an unexpected failure is a 500 with the same shape, and the server keeps
+serving.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ctrlg.app.examples import load_examples
 from ctrlg.app.schemas import ErrorResponse, GenerateRequest, GenerateResponse, Progress
 from ctrlg.app.service import EditorError, EditorService, Limits
-from ctrlg.errors import CtrlgError
+from ctrlg.errors import CtrlgError, InsufficientMemoryError
 
 __all__ = ["create_app", "background_server", "STATIC_DIR"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-_ERRORS = {code: {"model": ErrorResponse} for code in (404, 408, 409, 422, 429)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (404, 408, 409, 422, 429, 503)}
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -75,6 +77,11 @@ def create_app(model, tokenizer, hmm=None, *, limits: Limits | None = None,
     @app.exception_handler(CtrlgError)
     async def _ctrlg_error(request: Request, exc: CtrlgError):
         return JSONResponse({"error": str(exc)}, status_code=422)
+
+    @app.exception_handler(InsufficientMemoryError)
+    async def _no_memory(request: Request, exc: InsufficientMemoryError):
+        """Refused before any work (ctrlg.memory): the server stays up for everyone else."""
+        return JSONResponse({"error": str(exc)}, status_code=503)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):

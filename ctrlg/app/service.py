@@ -44,6 +44,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ctrlg.app.constraints import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
+from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import generate as guided_generate
 from ctrlg.sampler import lm_log_likelihood
 from ctrlg.validation import check_context_length
@@ -313,6 +314,15 @@ class EditorService:
                                                                          request.suffix)
             check_context_length(self.model, len(prompt_ids), request.max_new_tokens,
                                  suffix_tokens=len(suffix_ids or []), what="the prefix")
+            check_lm_fits(self.model, rows=request.num_candidates, prompt_length=len(prompt_ids),
+                          max_new_tokens=request.max_new_tokens,
+                          vocab_size=self.vocab_size,
+                          scored_rows=request.num_candidates,
+                          suffix_length=len(suffix_ids or []),
+                          what=f"this request (num_candidates={request.num_candidates}, "
+                               f"max_new_tokens={request.max_new_tokens}, a "
+                               f"{len(prompt_ids)}-token prompt)",
+                          advice="ask for fewer candidates or tokens, or try again later")
             self._acquire(job)
             try:
                 job.state = "building"

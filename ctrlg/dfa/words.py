@@ -302,17 +302,44 @@ def inflections(word: str, pos: str | None = None) -> list[str]:
 
 def parse_concepts(concepts: str | Sequence[str]) -> list[tuple[str, str | None]]:
     """``"field_N#look_V"`` or ``["field_N", "look_V"]`` → ``[("field", "N"), ("look", "V")]``
-    (a concept without ``_POS`` gets None)."""
-    items = concepts.split("#") if isinstance(concepts, str) else list(concepts)
-    out = []
-    for item in items:
-        if not isinstance(item, str) or not item.strip():
-            raise ConstraintError(f"empty concept in {concepts!r}")
-        word, _, pos = item.strip().rpartition("_")
-        out.append((word, pos) if word else (pos, None))
+    (a concept without ``_POS`` gets None). A concept is ``word`` or ``word_POS`` with a
+    non-empty word and POS one of N, V, A/J, R or a universal tag (NOUN, VERB, ADJ, ADV); any
+    other shape (``" _N"``, ``"dog_"``, ``None``, a number) is a :class:`ConstraintError`
+    naming that concept."""
+    if isinstance(concepts, str):
+        items = concepts.split("#")
+    elif isinstance(concepts, Sequence) and not isinstance(concepts, (bytes, bytearray)):
+        items = list(concepts)
+    else:
+        raise ConstraintError(f"concepts must be a string such as 'dog_N#run_V' or a list of "
+                              f"'word_POS' strings, got {concepts!r}")
+    out = [_parse_concept(item, concepts) for item in items]
     if not out:
         raise ConstraintError(f"no concepts in {concepts!r}")
     return out
+
+
+def _parse_concept(item, concepts) -> tuple[str, str | None]:
+    """One ``word`` or ``word_POS`` concept of ``concepts`` (named in every error)."""
+    if not isinstance(item, str):
+        raise ConstraintError(f"concept {item!r} in {concepts!r} is not a string; write it as "
+                              "'word_POS' or 'word'")
+    if not item.strip():
+        raise ConstraintError(f"empty concept in {concepts!r}")
+    if "_" not in item:
+        return item.strip(), None
+    word, _, pos = item.rpartition("_")
+    word, pos = word.strip(), pos.strip()
+    if not word:
+        raise ConstraintError(f"concept {item!r} in {concepts!r} has no word before '_{pos}'; "
+                              "write it as 'word_POS', e.g. 'dog_N'")
+    if not pos:
+        raise ConstraintError(f"concept {item!r} in {concepts!r} ends with '_' but names no part "
+                              "of speech; write 'word_POS' (POS one of N, V, A, R) or 'word'")
+    if pos.upper() not in _POS and pos.upper() not in _POS.values():
+        raise ConstraintError(f"concept {item!r} in {concepts!r}: unknown part of speech "
+                              f"{pos!r}; use one of N, V, A, R")
+    return word, pos
 
 
 def commongen_constraint(concepts: str | Sequence[str], tokenizer, min_words: int = 1,

@@ -20,7 +20,7 @@ Read it top down (the processor, :class:`ctrlg.sampler.ConstraintLogitsProcessor
 The package itself exports the backward tables' API (:mod:`ctrlg.guide.tables`).
 
 May import: :mod:`ctrlg.dfa` (automata, the canonical filter, grammar constraints),
-:mod:`ctrlg.kernels`, :mod:`ctrlg.vocab`, :mod:`ctrlg.validation`, :mod:`ctrlg.errors`. The HMM
+:mod:`ctrlg.kernels`, :mod:`ctrlg.vocab`, :mod:`ctrlg.validation`, :mod:`ctrlg.memory`, :mod:`ctrlg.errors`. The HMM
 reaches it as an argument (parameters as tensors), never as an import; nothing above it (sampler,
 lm, tasks) is imported.
 """

@@ -63,6 +63,7 @@ from ctrlg.guide.feasibility import Feasibility, as_token_list, renamed_budget
 from ctrlg.guide.emission_operands import emission_operands
 from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.reference import backward_step_reference
+from ctrlg.memory import check_tables_fit
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP, TokenWeights
 
 __all__ = [
@@ -150,7 +151,10 @@ class GuideTables(TokenWeights, Feasibility):
 
     # ------------------------------------------------------------------ backward tables
     def _build_tables(self, use_kernel: bool | None, progress: bool | None) -> None:
-        """Ŵ_r and c_r for r = 0..n (module docstring): operands, W_0, then n recurrence steps."""
+        """Ŵ_r and c_r for r = 0..n (module docstring): operands, W_0, then n recurrence steps.
+        Tables that would not fit in the memory available are refused first (ctrlg.memory)."""
+        check_tables_fit(self.dfa.num_states, self.hmm.hidden_size, self.max_new_tokens,
+                         self.hmm.emission.device)
         A, B = self.hmm.transition.float(), self.hmm.emission.float()
         self._transition = A
         self._prepare_products(B)

@@ -1,21 +1,22 @@
 """Run records and their tables, shared by the task pipelines and the experiments.
 
 * a run's item records: ``generations.jsonl``, one JSON object per finished item, appended and
-  flushed at once (:class:`RecordWriter`), read back whole or from a gzip-compressed copy with a
-  torn last line ignored (:func:`read_records`), so an interrupted run keeps what it finished;
+  flushed at once (:class:`RecordWriter`), read back whole or from a gzip-compressed copy
+  (:func:`read_records`); a torn or corrupt line is skipped with a warning and set aside when the
+  file is resumed, never deleted (:mod:`ctrlg.tasks.record_files`);
 * result files (:func:`write_json`, :func:`write_jsonl`; numpy / torch scalars and paths as JSON);
 * printed tables: a GitHub-markdown table (:func:`format_table`), paired-bootstrap intervals of
   one method against a baseline on corpus metrics (:func:`paired_intervals`,
   :func:`ctrlg.metrics.paired_bootstrap`) and their cells;
 * :func:`progress`: tqdm that stays silent when stderr is not a terminal.
 
-May import: :mod:`ctrlg.metrics` and third-party packages.
+May import: :mod:`ctrlg.metrics`, :mod:`ctrlg.tasks.record_files` and third-party packages.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -25,6 +26,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ctrlg import metrics
+from ctrlg.tasks import record_files
+
+log = logging.getLogger(__name__)
 
 __all__ = ["write_json", "write_jsonl", "records_path", "read_records", "RecordWriter", "format_table", "METRIC_NAMES", "paired_intervals", "interval_cell", "interval_header", "progress"]
 
@@ -63,46 +67,29 @@ def records_path(folder: Path, records_file: str = "generations.jsonl") -> Path:
 
 
 def read_records(folder: Path, records_file: str = "generations.jsonl") -> list[dict]:
-    """The complete item records of a (possibly interrupted) run's ``records_file`` (plain or
-    gzip-compressed: :func:`records_path`); a torn last line is ignored."""
+    """The complete item records of a (possibly interrupted or damaged) run's ``records_file``
+    (plain or gzip-compressed: :func:`records_path`): every good line, also after a bad one
+    (:func:`ctrlg.tasks.record_files.read_records`). Each bad line (a torn last line, a corrupt
+    line) is skipped with a warning naming the file and its line numbers; :class:`RecordWriter`
+    sets such lines aside when it rewrites the file."""
     path = records_path(folder, records_file)
-    if path.suffix == ".gz":
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            text = handle.read()
-    else:
-        text = path.read_text(encoding="utf-8")
-    records = []
-    for line in text.splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
+    found = record_files.read_records(path, required=("index",))
+    if found.bad:
+        log.warning("%s: %d line(s) are not complete records and were skipped (%d good records "
+                    "kept): %s; resuming in place sets them aside in %s", path, len(found.bad),
+                    len(found.records), record_files.describe_bad_lines(found.bad),
+                    record_files.set_aside_path(path))
+    return found.records
 
 
-class RecordWriter:
+class RecordWriter(record_files.RecordWriter):
     """Appends each finished item to ``path`` (``generations.jsonl``) at once, flushed, so an
     interrupted or failing run keeps everything finished before it; ``previous`` records (of
-    the run being resumed) are written first."""
+    the run being resumed) are written first, and any other line already in ``path`` is set
+    aside, never deleted (:class:`ctrlg.tasks.record_files.RecordWriter`)."""
 
     def __init__(self, path: Path, previous: Iterable[dict] = ()):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = path.open("w", encoding="utf-8")
-        for record in previous:
-            self.write(record)
-
-    def write(self, record: dict) -> None:
-        self._handle.write(json.dumps(record, default=_jsonable, ensure_ascii=False) + "\n")
-        self._handle.flush()
-
-    def close(self) -> None:
-        self._handle.close()
-
-    def __enter__(self) -> "RecordWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().__init__(path, previous, default=_jsonable)
 
 
 def _cell(value) -> str:

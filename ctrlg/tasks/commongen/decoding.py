@@ -22,12 +22,13 @@ from ctrlg.errors import ExperimentConfigError
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.lm.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
 from ctrlg.lm.judge import Judge
+from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.tasks.commongen.items import word_count
 from ctrlg.tasks.commongen.methods import guide_kernel
 from ctrlg.tasks.commongen.rerank import pick_candidate, rerank_rule
 from ctrlg.validation import check_context_length
-from ctrlg.vocab import eos_token_ids
+from ctrlg.vocab import eos_token_ids, lm_vocab_size
 
 __all__ = ["eos_ids", "batch_seed", "decoding_options", "decode_candidates", "rerank_from_search", "prompt_determines_output", "generate_batch", "candidate_text"]
 
@@ -69,6 +70,11 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     width = max(len(p) for p in prompts)
     check_context_length(model, width, gen.max_new_tokens, what="the longest prompt of the batch")
+    check_lm_fits(model, rows=len(prompts) * max(beams, K), prompt_length=width,
+                  max_new_tokens=int(gen.max_new_tokens), vocab_size=lm_vocab_size(model),
+                  scored_rows=K, what=f"a batch of {len(prompts)} items × {max(beams, K)} rows",
+                  advice="lower batch_size, generation.num_samples / generation.num_beams or "
+                         "generation.max_new_tokens")
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
                              device=model.device)

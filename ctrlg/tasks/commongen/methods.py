@@ -70,8 +70,9 @@ def method_spec(cfg: DictConfig, name: str) -> dict:
 def check_config(cfg: DictConfig) -> dict[str, dict]:
     """Validate the sizes and methods before anything is loaded; returns ``{method: spec}``."""
     gen = cfg.generation
-    for key, value in (("generation.num_samples", gen.num_samples),
-                       ("generation.num_beams", gen.get("num_beams", 1)),
+    # num_beams first: a pipeline may set num_samples to ${generation.num_beams}
+    for key, value in (("generation.num_beams", gen.get("num_beams", 1)),
+                       ("generation.num_samples", gen.num_samples),
                        ("generation.max_new_tokens", gen.max_new_tokens),
                        ("batch_size", cfg.batch_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -84,8 +85,27 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
         raise ExperimentConfigError(f"data.offset must be an integer ≥ 0, got {offset!r}")
     if not cfg.methods:
         raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
+    check_sampling(gen)
     rerank_rule(cfg)
     return {name: method_spec(cfg, name) for name in cfg.methods}
+
+
+def check_sampling(gen: DictConfig) -> None:
+    """Ancestral sampling (``generation.num_beams=1``) needs temperature > 0 and top_p in
+    (0, 1]; transformers would refuse them only after the LM is loaded. Beam search ignores both."""
+    if int(gen.get("num_beams", 1)) != 1:
+        return
+    temperature, top_p = gen.get("temperature", 1.0), gen.get("top_p", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0 < temperature < float("inf"):
+        raise ExperimentConfigError(
+            f"generation.temperature must be a number > 0 when sampling (generation.num_beams=1), "
+            f"got {temperature!r}; for deterministic decoding use beam search instead "
+            f"(generation.num_beams=B > 1, e.g. generation.num_beams=4 generation.num_samples=4), "
+            f"or a small temperature such as 0.1")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ExperimentConfigError(f"generation.top_p must be in (0, 1] when sampling, got "
+                                    f"{top_p!r}; 1.0 turns nucleus sampling off")
 
 
 def guide_kernel(gen) -> bool | None:
