@@ -18,7 +18,8 @@ after :data:`MOORE_ROUNDS` vectorised rounds an unfinished refinement continues 
 algorithm** (1971) from Moore's current partition: a worklist of splitters (block, class); each
 one splits every block by "successor under the class lies in the splitter", and only the smaller
 half of a split block is queued again, so each state enters O(log S) splitters per class:
-O(C·S·log S) in all. Starting from any partition that refines {accepting, rejecting} and is
+O(C·S·log S) in all. Pairs whose preimage is empty are never queued, so a split costs the
+in-edges of its smaller half, not a pass over all C classes (see :func:`hopcroft_refine`). Starting from any partition that refines {accepting, rejecting} and is
 refined by Myhill–Nerode (every Moore round is one), with every (block, class) pair queued, it
 ends at the coarsest stable refinement: the same Myhill–Nerode partition.
 """
@@ -65,26 +66,54 @@ def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
     """The coarsest refinement of the partition ``block`` [S] that is stable under the successor
     table ``[S, C]`` (Hopcroft's algorithm, module docstring). Blocks are contiguous segments of
     one state array; marking a state swaps it to the front of its segment, so a split costs the
-    size of its marked part. Returns dense block ids."""
+    size of its marked part. Returns dense block ids.
+
+    Splitters (block B, class c) are queued only where some state of B has a predecessor under c
+    (an empty preimage splits nothing). Initially, for each class, every block but the one with
+    the most predecessors under it is queued (stability under all blocks but one implies it under
+    the last: their union's preimage is everything). A split keeps the larger half under the old
+    id and gives the smaller one a new id, queued under every class entering it: if (B, c) was
+    queued, both halves now are; if not, the smaller one suffices. Each state therefore moves
+    O(log S) times and each move costs its entering classes: O(E log S) for the E distinct
+    (class, target) pairs, never a pass over all C classes per split (which made a chain — a
+    long literal, whose class count grows with its length — quadratic)."""
     table = np.asarray(table, dtype=np.int64)
     S, C = table.shape
     block = np.unique(np.asarray(block, dtype=np.int64), return_inverse=True)[1].ravel()
     keys = (np.arange(C, dtype=np.int64)[None, :] * S + table).ravel()    # (class, target)
     order = np.argsort(keys, kind="stable")
-    pred_ptr = np.searchsorted(keys[order], np.arange(C * S + 1)).tolist()
+    sorted_keys = keys[order]
+    pred_ptr = np.searchsorted(sorted_keys, np.arange(C * S + 1)).tolist()
     preds = (order // C).tolist()                        # predecessors grouped by (class, target)
+    present, counts = np.unique(sorted_keys, return_counts=True)
+    by_target = np.lexsort((present // S, present % S))
+    in_targets, in_cls = present[by_target] % S, present[by_target] // S
+    in_ptr = np.searchsorted(in_targets, np.arange(S + 1)).tolist()
+    in_cls_list = in_cls.tolist()                        # classes entering each state, by state
     elems = np.argsort(block, kind="stable")
     loc = np.empty(S, dtype=np.int64)
     loc[elems] = np.arange(S)
     sizes = np.bincount(block)
     ends = np.cumsum(sizes).tolist()
     starts = [0] + ends[:-1]
+    # initial splitters: per class, every block with predecessors under it but the largest
+    nb = len(starts)
+    pair = (present // S) * nb + block[present % S]               # class·nb + block
+    pair_ids, pair_index = np.unique(pair, return_inverse=True)
+    weight = np.bincount(pair_index.ravel(), weights=counts)
+    cls_of, blk_of = pair_ids // nb, pair_ids % nb
+    top = np.lexsort((-weight, cls_of))                   # per class, heaviest block first
+    first = np.ones(len(top), dtype=bool)
+    first[1:] = cls_of[top][1:] != cls_of[top][:-1]
+    keep = top[~first]
+    queued: list[set[int]] = [set() for _ in range(nb)]
+    for b, c in zip(blk_of[keep].tolist(), cls_of[keep].tolist()):
+        queued[b].add(c)
+    waiting = [(b, c) for b in range(nb) for c in queued[b]]
     elems, loc, block_of = elems.tolist(), loc.tolist(), block.tolist()
-    waiting = [(b, c) for b in range(len(starts)) for c in range(C)]
-    queued = set(waiting)
     while waiting:
         splitter, c = waiting.pop()
-        queued.discard((splitter, c))
+        queued[splitter].discard(c)
         base = c * S
         marked: dict[int, int] = {}
         for target in elems[starts[splitter]:ends[splitter]]:
@@ -98,20 +127,25 @@ def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
                 loc[other], loc[s] = pos, j
                 marked[b] = m + 1
         for b, m in marked.items():
-            if m == ends[b] - starts[b]:
+            size = ends[b] - starts[b]
+            if m == size:
                 continue                                 # every state of b is marked: no split
             new = len(starts)
-            starts.append(starts[b])
-            ends.append(starts[b] + m)
-            starts[b] += m
+            if 2 * m <= size:                            # the marked front part is smaller
+                starts.append(starts[b])
+                ends.append(starts[b] + m)
+                starts[b] += m
+            else:                                        # the unmarked back part is smaller
+                starts.append(starts[b] + m)
+                ends.append(ends[b])
+                ends[b] = starts[b] + m
+            entering: set[int] = set()
             for i in range(starts[new], ends[new]):
-                block_of[elems[i]] = new
-            smaller = new if m <= ends[b] - starts[b] else b
-            for a in range(C):
-                pick = new if (b, a) in queued else smaller
-                if (pick, a) not in queued:
-                    queued.add((pick, a))
-                    waiting.append((pick, a))
+                s = elems[i]
+                block_of[s] = new
+                entering.update(in_cls_list[in_ptr[s]:in_ptr[s + 1]])
+            queued.append(entering)
+            waiting.extend((new, a) for a in entering)
     return np.asarray(block_of, dtype=np.int64)
 
 
