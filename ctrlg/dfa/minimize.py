@@ -34,6 +34,9 @@ __all__ = ["minimize", "minimize_table", "moore_partition", "hopcroft_refine"]
 
 # Vectorised Moore rounds before switching to Hopcroft (shallow automata finish within them).
 MOORE_ROUNDS = 24
+#: ... and at most this many table entries over all rounds (a round costs S·C; a long literal's
+#: class count grows with its length, so S·C does too)
+MOORE_BUDGET = 20_000_000
 
 
 def _row_ids(rows: np.ndarray) -> np.ndarray:
@@ -62,7 +65,7 @@ def moore_partition(table: np.ndarray, accepting: np.ndarray,
         block, count = new_block, new_count
 
 
-def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
+def hopcroft_refine(table: np.ndarray, block: np.ndarray, sink: int | None = None) -> np.ndarray:
     """The coarsest refinement of the partition ``block`` [S] that is stable under the successor
     table ``[S, C]`` (Hopcroft's algorithm, module docstring). Blocks are contiguous segments of
     one state array; marking a state swaps it to the front of its segment, so a split costs the
@@ -76,16 +79,26 @@ def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
     queued, both halves now are; if not, the smaller one suffices. Each state therefore moves
     O(log S) times and each move costs its entering classes: O(E log S) for the E distinct
     (class, target) pairs, never a pass over all C classes per split (which made a chain — a
-    long literal, whose class count grows with its length — quadratic)."""
+    long literal, whose class count grows with its length — quadratic).
+
+    ``sink``: a block whose states are all equivalent and whose successors all lie in it (the
+    states that cannot reach acceptance). It never splits, so it can be the block left out for
+    every class; edges into it are then never followed and not even indexed, so the work and
+    memory are those of the edges into the other states (a literal's token DFA sends almost
+    every (state, class) to the dead state)."""
     table = np.asarray(table, dtype=np.int64)
     S, C = table.shape
-    block = np.unique(np.asarray(block, dtype=np.int64), return_inverse=True)[1].ravel()
-    keys = (np.arange(C, dtype=np.int64)[None, :] * S + table).ravel()    # (class, target)
+    block = np.asarray(block, dtype=np.int64)
+    indexed = np.ones(S, dtype=bool) if sink is None else block != sink   # targets indexed
+    block = np.unique(block, return_inverse=True)[1].ravel()
+    src, cls = np.nonzero(indexed[table])
+    keys = cls.astype(np.int64) * S + table[src, cls]    # (class, target), targets not in sink
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
-    pred_ptr = np.searchsorted(sorted_keys, np.arange(C * S + 1)).tolist()
-    preds = (order // C).tolist()                        # predecessors grouped by (class, target)
     present, counts = np.unique(sorted_keys, return_counts=True)
+    starts_of = np.searchsorted(sorted_keys, present)
+    pred_ptr = dict(zip(present.tolist(), zip(starts_of.tolist(), (starts_of + counts).tolist())))
+    preds = src[order].tolist()                          # predecessors grouped by (class, target)
     by_target = np.lexsort((present // S, present % S))
     in_targets, in_cls = present[by_target] % S, present[by_target] // S
     in_ptr = np.searchsorted(in_targets, np.arange(S + 1)).tolist()
@@ -97,15 +110,19 @@ def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
     ends = np.cumsum(sizes).tolist()
     starts = [0] + ends[:-1]
     # initial splitters: per class, every block with predecessors under it but the largest
+    # (or but the sink, whose edges are not indexed)
     nb = len(starts)
     pair = (present // S) * nb + block[present % S]               # class·nb + block
     pair_ids, pair_index = np.unique(pair, return_inverse=True)
     weight = np.bincount(pair_index.ravel(), weights=counts)
     cls_of, blk_of = pair_ids // nb, pair_ids % nb
-    top = np.lexsort((-weight, cls_of))                   # per class, heaviest block first
-    first = np.ones(len(top), dtype=bool)
-    first[1:] = cls_of[top][1:] != cls_of[top][:-1]
-    keep = top[~first]
+    if sink is not None:
+        keep = np.arange(len(pair_ids))
+    else:
+        top = np.lexsort((-weight, cls_of))               # per class, heaviest block first
+        first = np.ones(len(top), dtype=bool)
+        first[1:] = cls_of[top][1:] != cls_of[top][:-1]
+        keep = top[~first]
     queued: list[set[int]] = [set() for _ in range(nb)]
     for b, c in zip(blk_of[keep].tolist(), cls_of[keep].tolist()):
         queued[b].add(c)
@@ -117,7 +134,10 @@ def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
         base = c * S
         marked: dict[int, int] = {}
         for target in elems[starts[splitter]:ends[splitter]]:
-            for k in range(pred_ptr[base + target], pred_ptr[base + target + 1]):
+            lo_hi = pred_ptr.get(base + target)
+            if lo_hi is None:
+                continue
+            for k in range(*lo_hi):
                 s = preds[k]
                 b = block_of[s]
                 m = marked.get(b, 0)
@@ -149,6 +169,49 @@ def hopcroft_refine(table: np.ndarray, block: np.ndarray) -> np.ndarray:
     return np.asarray(block_of, dtype=np.int64)
 
 
+def _coreachable(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """bool [S]: the states from which an accepting state is reachable (a breadth-first search
+    over the reversed distinct edges, in scipy's C code, from a virtual node before them)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    S = table.shape[0]
+    src, dst = distinct_edges(table)
+    acc = np.flatnonzero(accepting)
+    rows = np.concatenate([dst, np.full(len(acc), S)])          # reversed: dst → src
+    cols = np.concatenate([src, acc])
+    graph = csr_matrix((np.ones(len(rows), dtype=np.int8), (rows, cols)), shape=(S + 1, S + 1))
+    order = breadth_first_order(graph, S, directed=True, return_predecessors=False)
+    live = np.zeros(S + 1, dtype=bool)
+    live[order] = True
+    return live[:S]
+
+
+def _partition(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """Myhill–Nerode blocks of a reachable class-level automaton: the states that cannot reach
+    acceptance form one closed block (the sink), the others start as {accepting, rejecting};
+    Moore rounds refine while they are cheap (at most :data:`MOORE_ROUNDS`, and at most
+    :data:`MOORE_BUDGET` table entries in all), then :func:`hopcroft_refine` finishes with the
+    sink left out of its index."""
+    S, C = table.shape
+    live = _coreachable(table, accepting)
+    block = np.where(live, np.where(accepting, 1, 2), 0).astype(np.int64)
+    block = np.unique(block, return_inverse=True)[1].ravel()
+    sink = int(block[np.flatnonzero(~live)[0]]) if (~live).any() else None
+    count = int(block.max()) + 1
+    rounds = 0
+    while rounds < MOORE_ROUNDS and (rounds + 1) * S * C <= MOORE_BUDGET:
+        new_block = _row_ids(np.concatenate([block[:, None], block[table]], axis=1))
+        rounds += 1
+        new_count = int(new_block.max()) + 1
+        if new_count == count:
+            return block
+        block, count = new_block, new_count
+        if sink is not None:
+            sink = int(block[np.flatnonzero(~live)[0]])
+    return hopcroft_refine(table, block, sink=sink)
+
+
 def minimize_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     """Minimise a class-level automaton ``[S, C]``: returns ``(table, accepting)`` of the minimal
     complete DFA with initial state 0 and states in BFS order."""
@@ -159,7 +222,7 @@ def minimize_table(table: np.ndarray, accepting: np.ndarray, initial: int):
     old_to_sub = np.full(S, -1, dtype=np.int64)
     old_to_sub[reach] = np.arange(len(reach))
     sub = old_to_sub[table[reach]]
-    block = moore_partition(sub, accepting[reach])
+    block = _partition(sub, accepting[reach])
     nblocks = int(block.max()) + 1
     representative = np.zeros(nblocks, dtype=np.int64)
     representative[block[::-1]] = np.arange(len(block))[::-1]      # first state of each block

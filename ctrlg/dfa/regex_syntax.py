@@ -381,8 +381,12 @@ class _Parser:
                     self.error("missing ), unterminated comment")
                 self.i = end + 1
                 return None
-            elif rest.startswith("?P<") or rest.startswith("?<"):
-                m = re.match(r"\?P?<([A-Za-z_]\w*)>", rest)
+            elif rest.startswith("?<"):   # ECMAScript's named group; Python's re refuses it
+                self.i = start
+                self.error("unknown extension '(?<' (a named group is written '(?P<name>...)' "
+                           "in Python's re)")
+            elif rest.startswith("?P<"):
+                m = re.match(r"\?P<([A-Za-z_]\w*)>", rest)
                 if m is None:
                     self.error("bad group name")
                 self.i += m.end()

@@ -100,8 +100,15 @@ def number_range(b: Bounds, path: str) -> str:
 
 def multiples(m, b: Bounds, integer: bool, path: str) -> str:
     """A finite subset of the multiples of ``m`` within ``b`` (module docstring)."""
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
-        raise SchemaError(f"'multipleOf' at {path}/multipleOf must be a positive number, got {m!r}")
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
+        raise SchemaError(f"'multipleOf' at {path}/multipleOf must be a positive number, got {m!r}"
+                          + (" (a JSON number below about 1e-324 underflows to 0)"
+                             if m == 0 and isinstance(m, float) else ""))
+    if isinstance(m, float) and math.isinf(m):
+        raise SchemaError(f"'multipleOf' at {path}/multipleOf is {m} (a JSON number beyond "
+                          f"±1.8e308 overflows to infinity): no finite number but 0 is a "
+                          f"multiple of it, and jsonschema's check accepts every number; give "
+                          f"a finite multipleOf")
     whole = isinstance(m, int) or m.is_integer()
     if whole:
         step = int(m)
