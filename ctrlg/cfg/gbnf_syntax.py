@@ -104,6 +104,11 @@ def _char_class(text: str, line: int) -> CharSet:
     return CharSet(result)
 
 
+#: the largest repetition count ``{m,n}`` read (the grammar's size is bounded again as a whole,
+#: :func:`ctrlg.cfg.approximation.check_grammar_size`)
+MAX_COUNT = 10_000
+
+
 class _Reader:
     """Recursive descent over the tokens, emitting BNF rules (module docstring)."""
 
@@ -179,12 +184,26 @@ class _Reader:
         return [self.repeat(sym, lo, hi, line)]
 
     def repeat(self, sym: int, lo: int, hi: int | None, line: int) -> int:
+        """N deriving x^lo..x^hi in O(hi) rule symbols (as llama.cpp expands it): N → x^lo T_k
+        with T_j → ε | x T_(j-1), T_0 → ε, k = hi − lo; N → x^lo | N x when unbounded. Counts
+        beyond :data:`MAX_COUNT` are refused before any rule is built."""
+        for count in (lo, hi):
+            if count is not None and count > MAX_COUNT:
+                raise GrammarError(f"GBNF line {line}: repetition count {count:,} exceeds the "
+                                   f"bound of {MAX_COUNT:,} (its automata would take minutes "
+                                   f"to build); use '*' or '+' for an unbounded repetition")
         n = self.fresh(line)
         if hi is None:               # N → x^lo | N x
             self.rules.append((n, (sym,) * lo))
             self.rules.append((n, (n, sym)))
-        else:
-            self.rules += [(n, (sym,) * k) for k in range(lo, hi + 1)]
+            return n
+        tail = None
+        for _ in range(hi - lo):     # T_j → ε | x T_(j-1)
+            t = self.fresh(line)
+            self.rules.append((t, ()))
+            self.rules.append((t, (sym,) if tail is None else (sym, tail)))
+            tail = t
+        self.rules.append((n, (sym,) * lo + (() if tail is None else (tail,))))
         return n
 
     def atom(self) -> tuple[int, int]:

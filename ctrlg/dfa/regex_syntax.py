@@ -96,8 +96,10 @@ EMPTY = Concat(())  # the empty string
 @dataclass(frozen=True)
 class Anchor(Node):
     """A zero-width anchor kept by ``parse(..., anchors=True)``: ``start`` (``^``, ``\\A``) or
-    ``end`` (``$``, ``\\Z``); :func:`search_language` removes them."""
+    ``end`` (``$``, ``\\Z``); :func:`search_language` removes them. ``symbol``: how it was
+    written (``$`` also matches before a final newline, ``\\Z`` only at the very end)."""
     at: str
+    symbol: str = ""
 
 
 def map_charsets(node: Node, fn) -> Node:
@@ -322,10 +324,10 @@ class _Parser:
             return CharSet(DOT_RANGES)
         if c in "^$" and self.anchors:
             self.i += 1
-            return Anchor("start" if c == "^" else "end")
+            return Anchor("start" if c == "^" else "end", c)
         if self.anchors and (self.startswith("\\A") or self.startswith("\\Z")):
             self.i += 2
-            return Anchor("start" if self.p[self.i - 1] == "A" else "end")
+            return Anchor("start" if self.p[self.i - 1] == "A" else "end", self.p[self.i - 2:self.i])
         if c == "^":
             if not (top and self.i == 0):
                 self.error("anchor '^' is only supported at the start of the pattern",
