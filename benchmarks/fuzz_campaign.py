@@ -10,6 +10,15 @@ Each case draws, from its own seed:
   grammars (``dfa.grammar``, arithmetic / list templates and random rules with ``?rule``,
   ``* + ? [ ]``, alternatives, recursion, ``%ignore``; the whole constraint) and random JSON
   Schemas of common keywords (``dfa.json_schema``, a TokenDFA, so also under ∧ ∨ ¬ ·);
+* **soundness edges** over a byte vocabulary of their own (each the whole constraint, checked
+  by its reference): regexes of escapes, octal escapes, brace quantifiers (well-formed,
+  malformed, huge) and anchors against ``re.fullmatch``; Lark grammars with anchored terminals,
+  flags, ``%ignore /x$/``, repetition counts and a missing ``%import`` against lark; GBNF
+  literals and classes with surrogates, escapes beyond U+10FFFF and counts against the
+  equivalent ``re`` pattern; number schemas at the extremes of floating point (``1e400``,
+  ``NaN``, ``5e-324`` as JSON text, bounds, ``multipleOf``, ``const``/``enum``, ``{"$ref":
+  "#"}``) against jsonschema. A clear refusal (a ``CtrlgError``) is counted per kind
+  (``edge_refusals``) and redrawn; any other exception is a violation;
 * a budget n ∈ [1, 5], ``min_new_tokens`` m ∈ [0, 2] and an EOS token (or none);
 * a **random HMM** (1–4 hidden states, Dirichlet rows of random concentration, so some are
   peaked) and a mode, ``"ctrlg"`` or ``"logical"``;

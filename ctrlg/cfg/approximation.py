@@ -230,10 +230,12 @@ class Unroller:
         nonterminal is compiled first in the order of its component (Tarjan's order: the
         components a rule refers to come first), so that ``lang`` finds what it refers to in
         the memo and never recurses along a chain of rules (a chain of 1,000 rules overflowed
-        Python's stack)."""
+        Python's stack); the non-recursive ones only (a recursive one is compiled per depth
+        left, as the unrolling reaches it)."""
         self.levels = int(depth)
         for a in sorted(range(len(self.g.nonterminals)), key=lambda x: self.comp[x]):
-            self.lang(a, self.levels)
+            if not self.recursive[a]:
+                self.lang(a, self.levels)
         top = self.lang(self.g.start, self.levels)
         if not (top.table[:, CUT] != 0).any():
             return top, True

@@ -127,7 +127,8 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
             if not is_text(frag):
                 break
             try:
-                d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
+                d = regex(frag, tokenizer, encodings, minimize=minimize is True,
+                          max_positions=None, **regex_kwargs)
             except RegexError as exc:     # the automaton of the whole document is too large
                 raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
                                 f"characters whose automaton is too large: {exc}") from None

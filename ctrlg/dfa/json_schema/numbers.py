@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from fractions import Fraction
 
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
 
@@ -134,14 +135,24 @@ def multiples(m, b: Bounds, integer: bool, path: str) -> str:
             if text in ("-0", "0") or "." not in text:
                 text = str(int(Decimal(text)))
             value = float(text) if "." in text else int(text)
-            q = value / m
-            if b.contains(value) and int(q) == q and (not integer or "." not in text):
+            if b.contains(value) and _float_multiple(value, m) and (not integer or "." not in text):
                 texts.append(text)
     texts = list(dict.fromkeys(texts))[:MAX_MULTIPLES]
     if not texts:
         raise SchemaError(f"no {'integer' if integer else 'number'} multiple of {m!r} lies "
                           f"within the bounds at {path}/multipleOf")
     return _literals(texts)
+
+
+def _float_multiple(value, m: float) -> bool:
+    """Whether ``value`` is a multiple of the float ``m`` as ``jsonschema`` decides it:
+    ``int(q) == q`` for ``q = value / m``, and exact fractions when ``q`` overflows to
+    infinity (``-1e308`` with ``multipleOf: 0.5``; ``int(inf)`` raised OverflowError)."""
+    q = value / m
+    try:
+        return int(q) == q
+    except OverflowError:
+        return Fraction(value) % Fraction(m) == 0
 
 
 def _signed(lo: int | None, hi: int | None, fraction: bool) -> str:
