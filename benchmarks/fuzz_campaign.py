@@ -10,6 +10,15 @@ Each case draws, from its own seed:
   grammars (``dfa.grammar``, arithmetic / list templates and random rules with ``?rule``,
   ``* + ? [ ]``, alternatives, recursion, ``%ignore``; the whole constraint) and random JSON
   Schemas of common keywords (``dfa.json_schema``, a TokenDFA, so also under ∧ ∨ ¬ ·);
+* **soundness edges** over a byte vocabulary of their own (each the whole constraint, checked
+  by its reference): regexes of escapes, octal escapes, brace quantifiers (well-formed,
+  malformed, huge) and anchors against ``re.fullmatch``; Lark grammars with anchored terminals,
+  flags, ``%ignore /x$/``, repetition counts and a missing ``%import`` against lark; GBNF
+  literals and classes with surrogates, escapes beyond U+10FFFF and counts against the
+  equivalent ``re`` pattern; number schemas at the extremes of floating point (``1e400``,
+  ``NaN``, ``5e-324`` as JSON text, bounds, ``multipleOf``, ``const``/``enum``, ``{"$ref":
+  "#"}``) against jsonschema. A clear refusal (a ``CtrlgError``) is counted per kind
+  (``edge_refusals``) and redrawn; any other exception is a violation;
 * a budget n ∈ [1, 5], ``min_new_tokens`` m ∈ [0, 2] and an EOS token (or none);
 * a **random HMM** (1–4 hidden states, Dirichlet rows of random concentration, so some are
   peaked) and a mode, ``"ctrlg"`` or ``"logical"``;
@@ -384,6 +393,167 @@ register_leaf("json_schema", lambda rng, V, eos: _json_schema_leaf(rng), vocabul
               weight=40)
 
 
+# ---------------------------------------------------------------------- soundness edges
+# Generators of the inputs at the edges of each reference (issue "Bad input, round 4"): regex
+# escapes, octal escapes, brace quantifiers (well-formed, malformed: literal text, huge counts)
+# and anchors against Python's ``re``; Lark anchors, flags and repetition counts against
+# ``lark``; GBNF escapes, surrogates and counts against the equivalent ``re`` pattern; JSON
+# Schema numbers at the extremes of floating point against ``jsonschema``. A draw that ctrlg
+# refuses with a clear error (a ``CtrlgError``, a ValueError) is counted in
+# ``EDGE_REFUSALS[kind]`` and redrawn; any other exception is a violation.
+EDGE_REFUSALS: Counter = Counter()
+EDGE_TOKENS = [b"a", b"b", b"A", b"1", b"2", b"\n", b"\x00", b"\x01", b"{", b"}", b",", b"a{",
+               b",}", b"ab", b"\xc3\xa9", b"\xc3", b"\xa9", b"x", b""]
+EDGE_ATOMS = ["a", "b", "A", "1", ".", "[ab]", "[^a]", r"\d", r"\w", r"\s", r"\101", r"\0",
+              r"\01", r"\001", r"\x41", r"\u00e9", r"\n", r"[\1]", r"[\101b]", r"\{", "{", "}",
+              ",", "é", "(a|b)", "(?:ab)", r"\1", r"\8", r"\400", "(?<n>a)", "(?P<n>a)"]
+EDGE_QUANTS = ["", "", "*", "+", "?", "{,}", "{,2}", "{2,}", "{1,2}", "{}", "{,", "{2}", "*?",
+               "{,}?", "{a}", "{0,300}", "{250,}", "{1001}", "*+", "{2,1}"]
+
+
+def _edge_regex(rng) -> str:
+    parts = [str(rng.choice(EDGE_ATOMS)) + str(rng.choice(EDGE_QUANTS))
+             for _ in range(int(rng.integers(1, 4)))]
+    body = "".join(parts)
+    if rng.random() < 0.2:
+        body = f"{body}|{rng.choice(EDGE_ATOMS)}"
+    return str(rng.choice(["", "", "^", r"\A"])) + body + str(rng.choice(["", "", "$", r"\Z"]))
+
+
+def _refusing(kind: str, draw):
+    """Call ``draw()`` until it builds; count the clear refusals (CtrlgError) of ``kind``."""
+    from ctrlg.errors import CtrlgError
+
+    while True:
+        try:
+            return draw()
+        except CtrlgError:
+            EDGE_REFUSALS[kind] += 1
+
+
+def _regex_edge_leaf(rng):
+    import re
+
+    def draw():
+        pattern = _edge_regex(rng)
+        constraint = dfa.regex(pattern, EDGE_TOKENS, eos_token_id=len(EDGE_TOKENS) - 1)
+        compiled = re.compile(pattern)        # ctrlg accepted it: re must too
+        return f"regex_edge:{pattern}", constraint, _accepts_if_no_error(
+            lambda text: None if compiled.fullmatch(text) else (_ for _ in ()).throw(
+                ValueError(text)), (ValueError,))
+    return _refusing("regex_edge", draw)
+
+
+EDGE_LARK_TERMINALS = ["/a$/", "/^a/", r"/a\Z/", r"/\Aa/", "/^b$/", "/a|b$/", "/^a|b/", "/a+$/",
+                       "/[ab]$/", "/b/", '"a"', '"b"', '"\\n"', "/a/i", "/a/l", "/a$b/",
+                       "/(a$)*/", "/1/"]
+
+
+def _edge_lark(rng) -> str:
+    items = [str(rng.choice(EDGE_LARK_TERMINALS)) for _ in range(int(rng.integers(1, 4)))]
+    items = [f"{x}{rng.choice(['', '', '*', '+', '?', ' ~ 2', ' ~ 0..3', ' ~ 50000'])}"
+             for x in items]
+    text = "start: " + " ".join(items)
+    if rng.random() < 0.3:
+        text += " | " + str(rng.choice(EDGE_LARK_TERMINALS))
+    if rng.random() < 0.3:
+        text += "\n%ignore " + str(rng.choice(['"x"', "/x$/", "/^x/", r"/x\Z/"]))
+    if rng.random() < 0.05:
+        text += "\n%import nosuchmod.X"
+    return text + "\n"
+
+
+def _grammar_edge_leaf(rng):
+    from lark import Lark
+    from lark.exceptions import LarkError
+
+    def draw():
+        text = _edge_lark(rng)
+        constraint = dfa.grammar(text, EDGE_TOKENS, eos_token_id=len(EDGE_TOKENS) - 1)
+        parser = Lark(text, parser="earley", lexer="dynamic_complete")
+        return f"grammar_edge:{text!r}", constraint, _accepts_if_no_error(
+            parser.parse, (LarkError, UnicodeDecodeError))
+    return _refusing("grammar_edge", draw)
+
+
+# GBNF items with their Python re equivalents
+EDGE_GBNF = [('"a"', "a"), ('"\\x41"', "A"), ('"\\u00e9"', "é"), ('"\\U0001F600"', "\U0001F600"),
+             ('"\\ud800"', None), ('"\\U00110000"', None), ("[ab]", "[ab]"),
+             ("[^a]", "[^a]"), ("[\\ud800-\\udfff]", None), ("[\\x00-\\x01]", "[\\x00-\\x01]"),
+             ('"\\n"', "\\n"), ('"{"', "\\{"), (".", "(?s:.)")]
+EDGE_GBNF_COUNTS = [("", ""), ("*", "*"), ("?", "?"), ("{2}", "{2}"), ("{0,3}", "{0,3}"),
+                    ("{1,}", "{1,}"), ("{,2}", "{0,2}"), ("{20000}", None)]
+
+
+def _gbnf_edge_leaf(rng):
+    import re
+
+    def draw():
+        items, regex = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            g, r = EDGE_GBNF[int(rng.integers(0, len(EDGE_GBNF)))]
+            cg, cr = EDGE_GBNF_COUNTS[int(rng.integers(0, len(EDGE_GBNF_COUNTS)))]
+            items.append(g + cg)
+            regex.append(None if r is None or cr is None else f"(?:{r}){cr}")
+        text = "root ::= " + " ".join(items)
+        constraint = dfa.grammar(text, EDGE_TOKENS, syntax="gbnf",
+                                 eos_token_id=len(EDGE_TOKENS) - 1)
+        if any(r is None for r in regex):
+            raise AssertionError(f"ctrlg accepted the GBNF {text!r}, which it must refuse")
+        compiled = re.compile("".join(regex))
+        return f"gbnf_edge:{text!r}", constraint, _accepts_if_no_error(
+            lambda t: None if compiled.fullmatch(t) else (_ for _ in ()).throw(ValueError(t)),
+            (ValueError,))
+    return _refusing("gbnf_edge", draw)
+
+
+EDGE_NUMBERS = ["1e400", "-1e400", "1e308", "-1e308", "1.7976931348623157e308", "5e-324",
+                "1e-400", "0.5", "-0.0", "2", "0", "-3", "1.5", "NaN", "Infinity"]
+
+
+def _edge_schema(rng) -> str:
+    """JSON text of a number schema with keywords at the extremes (parsed by json.loads, so
+    1e400 overflows to inf and NaN / Infinity parse as Python does)."""
+    keys = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"]
+    parts = [f'"type": "{rng.choice(["integer", "number"])}"']
+    for key in keys:
+        if rng.random() < 0.35:
+            parts.append(f'"{key}": {rng.choice(EDGE_NUMBERS)}')
+    if rng.random() < 0.15:
+        parts = [f'"const": {rng.choice(EDGE_NUMBERS)}']
+    if rng.random() < 0.1:
+        parts = [f'"enum": [{rng.choice(EDGE_NUMBERS)}, {rng.choice(EDGE_NUMBERS)}]']
+    if rng.random() < 0.05:
+        parts = ['"$ref": "#"']
+    return "{" + ", ".join(parts) + "}"
+
+
+def _json_edge_leaf(rng):
+    import jsonschema
+
+    def draw():
+        text = _edge_schema(rng)
+        schema = json.loads(text)
+        constraint = dfa.json_schema(schema, JSON_TOKENS, encodings="all",
+                                     eos_token_id=len(JSON_TOKENS) - 1)
+        check = _accepts_if_no_error(lambda t: jsonschema.validate(json.loads(t), schema),
+                                     (ValueError, jsonschema.ValidationError))
+        return f"json_edge:{text}", constraint, check
+    return _refusing("json_edge", draw)
+
+
+VOCABULARIES["edge"] = EDGE_TOKENS
+VOCABULARY_OPTIONS["edge"] = dict(share=0.04, max_new_tokens=5, top_leaf=1.0)
+register_leaf("regex_edge", lambda rng, V, eos: _regex_edge_leaf(rng), vocabulary="edge",
+              weight=4, needs_eos=True, combinable=False)
+register_leaf("grammar_edge", lambda rng, V, eos: _grammar_edge_leaf(rng), vocabulary="edge",
+              weight=4, needs_eos=True, combinable=False)
+register_leaf("gbnf_edge", lambda rng, V, eos: _gbnf_edge_leaf(rng), vocabulary="edge",
+              weight=2, needs_eos=True, combinable=False)
+register_leaf("json_edge", lambda rng, V, eos: _json_edge_leaf(rng), vocabulary="json",
+              weight=8, combinable=False)
+
+
 def _leaf(rng, V, eos, vocabulary: str | None, top: bool, drawn: list | None):
     kinds = [name for name, kind in LEAF_KINDS.items() for _ in range(kind.weight)
              if kind.vocabulary in (None, vocabulary) and (eos is not None or not kind.needs_eos)
@@ -644,6 +814,7 @@ def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
                 by_decoder=dict(by_decoder), by_top_operation=dict(by_op),
                 by_kind={k: dict(cases=by_kind[k], whole_constraint=whole[k],
                                  outputs_checked=kind_outputs[k]) for k in LEAF_KINDS},
+                edge_refusals=dict(EDGE_REFUSALS),
                 seconds=round(time.perf_counter() - start, 1), first_violations=violations[:20])
 
 

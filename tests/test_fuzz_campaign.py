@@ -101,3 +101,16 @@ def test_summary_counts_cases_per_kind():
     summary = run_campaign(cases=12, seed=2024)
     assert set(summary["by_kind"]) >= {"grammar", "json_schema", "regex", "phrase"}
     assert sum(k["cases"] for k in summary["by_kind"].values()) >= 12
+
+
+def test_edge_kinds_are_drawn_and_checked():
+    """Cases over the edge vocabulary draw the regex / Lark / GBNF edge generators as the whole
+    constraint (outputs checked by re, lark and the equivalent re pattern); JSON edge schemas
+    join the JSON cases; every generator's oracle rejects bytes outside its language."""
+    from benchmarks import fuzz_campaign as fc
+
+    results = [fc.run_case(s) for s in _seeds_over("edge", 6)]
+    assert all(r["violation"] is None for r in results), [r for r in results if r["violation"]]
+    for kind in ("regex_edge", "grammar_edge", "gbnf_edge", "json_edge"):
+        *_, check = fc.LEAF_KINDS[kind].build(np.random.default_rng(7), None, None)
+        assert not check(b"\xff")                      # not UTF-8: outside every language

@@ -28,6 +28,9 @@ __all__ = ["ByteDFA", "ByteNFA", "compile_bytes_dfa", "utf8_sequences", "DEAD"]
 DEAD = 0
 MAX_NFA_STATES = 500_000
 MAX_DFA_STATES = 200_000
+#: rounds of the worklist refinement before Hopcroft's algorithm finishes it: a chain (a long
+#: literal, a counter) splits one state per round, and each round costs a few numpy calls
+WORKLIST_ROUNDS = 64
 
 _UTF8_LIMITS = ((0x0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF))
 
@@ -343,7 +346,9 @@ def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
     A hash collision can only merge states that differ; the final partition is checked to be
     stable (every state's successor blocks and initial block equal its block representative's)
     and on a collision the exact row comparison is used instead. ``block`` must give the dead
-    states block 0."""
+    states block 0. After :data:`WORKLIST_ROUNDS` rounds (a chain splits one state per round,
+    and a changed majority of a block moves while its untouched minority keeps the id, so a
+    round may cost a whole block) the partition so far is finished by :func:`_hopcroft`."""
     initial_block = block
     Q = len(block)
     weights = _hash_weights(compact.shape[1], seed=0x5EED)
@@ -371,11 +376,16 @@ def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
     _, block = np.unique(pairs, axis=0, return_inverse=True)   # dead (0, 0) sorts first: 0
     block = block.reshape(-1).astype(np.int64)
     num_blocks = int(block.max()) + 1
-    block_key = np.zeros(num_blocks, dtype=np.uint64)
+    block_key = np.zeros(Q + 1, dtype=np.uint64)       # capacity for every block there can be
     block_key[block] = keys
-    block_size = np.bincount(block, minlength=num_blocks)
+    block_size = np.zeros(Q + 1, dtype=np.int64)
+    block_size[:num_blocks] = np.bincount(block, minlength=num_blocks)
     moved = np.arange(Q)
+    rounds = 0
     while len(moved):
+        rounds += 1
+        if rounds > WORKLIST_ROUNDS:       # a long chain: finish with Hopcroft (exact)
+            return _hopcroft(compact, block)
         counts = pred_ptr[moved + 1] - pred_ptr[moved]
         touched = np.unique(pred[ragged_indices(pred_ptr[moved], counts)])
         if not len(touched):
@@ -396,8 +406,11 @@ def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
         group_size = np.diff(np.append(group_start, len(differ)))
         group_block = b[group_start]
         # a block left with no untouched members keeps its id for its largest group
-        moved_total = np.bincount(group_block, weights=group_size, minlength=num_blocks)
-        emptied = moved_total[group_block] == block_size[group_block]
+        # per round only the blocks touched are visited (a pass over all blocks per round made
+        # a chain — one split per round — quadratic)
+        split_blocks, group_of_block = np.unique(group_block, return_inverse=True)
+        moved_total = np.bincount(group_of_block.ravel(), weights=group_size)
+        emptied = moved_total[group_of_block.ravel()] == block_size[group_block]
         largest = np.zeros(len(group_start), dtype=bool)
         if emptied.any():
             cand = np.flatnonzero(emptied)
@@ -412,11 +425,11 @@ def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
         go = ~largest
         new_ids = np.full(len(group_start), -1, dtype=np.int64)
         new_ids[go] = num_blocks + np.arange(int(go.sum()))
+        block_key[new_ids[go]] = k[group_start[go]]
+        block_size[new_ids[go]] = group_size[go]
         num_blocks += int(go.sum())
-        block_key = np.concatenate([block_key, k[group_start[go]]])
         moving = go[group]
         moved = differ[moving]
-        block_size = np.concatenate([block_size, group_size[go]])
         np.subtract.at(block_size, group_block[go], group_size[go])
         block[moved] = new_ids[group[moving]]
     _, block = np.unique(block, return_inverse=True)     # dense ids; the dead block stays 0
@@ -426,6 +439,19 @@ def _refine(block: np.ndarray, compact: np.ndarray) -> np.ndarray:
     if stable and np.array_equal(initial_block, initial_block[rep[block]]):
         return block
     return _refine_exact(initial_block, compact)
+
+
+def _hopcroft(compact: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """Finish the refinement of ``block`` (a partition every round of :func:`_refine` keeps
+    between the initial one and Myhill–Nerode) with Hopcroft's algorithm
+    (:func:`ctrlg.dfa.minimize.hopcroft_refine`, O(E log Q)); dense ids, the dead block 0."""
+    from ctrlg.dfa.minimize import hopcroft_refine
+
+    out = hopcroft_refine(compact.astype(np.int64), block)
+    dead = int(out[DEAD])
+    swapped = out.copy()
+    swapped[out == dead], swapped[out == 0] = 0, dead
+    return swapped
 
 
 def _refine_exact(block: np.ndarray, compact: np.ndarray) -> np.ndarray:

@@ -38,7 +38,8 @@ from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.minimize import minimize as minimize_dfa
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
-from ctrlg.errors import ConstraintError
+from ctrlg.dfa.regex_syntax import parse, positions
+from ctrlg.errors import ConstraintError, RegexError
 
 __all__ = ["regex", "token_dfa_from_bytes_dfa", "resolve_eos", "resolve_vocab_size", "ENCODINGS"]
 
@@ -49,11 +50,16 @@ _AUTO = AUTO
 # a CanonicalDFA otherwise. The benchmark's fixed-format patterns have ≤ 2,500, its patterns
 # with large-class loops ≥ 93,000.
 PRODUCT_MAX_EXCEPTIONS = 20_000
+#: the default bound on a pattern's character positions (repetitions counted out): a literal of
+#: 20,000 characters compiles in 5–20 s (linear in its length), ``(a{1000}){1000}`` (10^6) is
+#: refused at once
+MAX_POSITIONS = 20_000
 
 
 def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO,
           vocab_size: int | None = None, max_pair_checks: int = 5_000_000,
-          minimize: bool = True, canonical_form: str = "auto") -> TokenDFA | CanonicalDFA:
+          minimize: bool = True, canonical_form: str = "auto",
+          max_positions: int | None = MAX_POSITIONS) -> TokenDFA | CanonicalDFA:
     """Compile ``pattern`` (full-match semantics) into a :class:`TokenDFA` over the vocabulary.
 
     Args:
@@ -73,6 +79,10 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
             the product needs at most ``max_pair_checks`` pair checks, else a
             :class:`CanonicalDFA`), ``"product"`` (always the product; ConstraintError beyond
             ``max_pair_checks``) or ``"filter"`` (always a :class:`CanonicalDFA`).
+        max_positions: the most character positions the pattern may expand to, counted
+            repetitions written out (:func:`~ctrlg.dfa.regex_syntax.positions`; a literal of n
+            characters has n, ``(a{100}){100}`` 10,000), checked before any automaton is built
+            (RegexError naming the bound); ``None``: no bound.
         minimize: return the minimal DFA (:func:`ctrlg.dfa.minimize`), whose default successors
             are the most common ones: far fewer stored exceptions for permissive regexes such as
             ``[^\n]*`` (what the Ctrl-G guide pays for); ``False`` keeps the raw index, whose
@@ -89,6 +99,14 @@ def regex(pattern: str, tokenizer, encodings: str = "all", *, eos_token_id=_AUTO
     if canonical_form not in CANONICAL_FORMS:
         raise ConstraintError(f"canonical_form must be one of {CANONICAL_FORMS}, got "
                               f"{canonical_form!r}")
+    if max_positions is not None:
+        size = positions(parse(pattern))
+        if size > max_positions:
+            raise RegexError(f"regex {pattern[:80]!r}{'...' if len(pattern) > 80 else ''} expands "
+                             f"to {size:,} character positions (repetitions counted out), more "
+                             f"than max_positions={max_positions:,}: its automaton would take "
+                             f"minutes to build; use smaller counts, an unbounded repetition, "
+                             f"or raise max_positions")
     bdfa = compile_bytes_dfa(pattern)
     what = f"regex {pattern!r}"
     trie = vocab_trie(tokenizer)

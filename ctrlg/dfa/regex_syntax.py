@@ -17,12 +17,15 @@ Supported syntax (the language is what Python's ``re.fullmatch`` matches, with f
 
 * literals (any code point), ``.`` (any code point except ``\\n``);
 * escapes ``\\d \\D \\w \\W \\s \\S`` (Unicode semantics, as Python's ``re`` on ``str``),
-  ``\\t \\n \\r \\f \\v \\a \\0``, ``\\xhh``, ``\\uhhhh``, ``\\Uhhhhhhhh``, ``\\N{NAME}``,
-  and any escaped punctuation (``\\. \\* \\[`` ...);
+  ``\\t \\n \\r \\f \\v \\a``, octal escapes as ``re`` reads them (``\\0``, ``\\01``,
+  ``\\012``, ``\\101``; in a class also ``[\\1]``), ``\\xhh``, ``\\uhhhh``, ``\\Uhhhhhhhh``,
+  ``\\N{NAME}``, and any escaped punctuation (``\\. \\* \\[`` ...);
 * classes ``[...]`` with ranges, negation ``[^...]`` and the escapes above inside;
 * groups ``(...)``, ``(?:...)``, ``(?P<name>...)`` and comments ``(?#...)``;
 * alternation ``|`` (a true union: ``a|ab`` matches both ``a`` and ``ab``);
-* quantifiers ``* + ? {m} {m,} {,n} {m,n}``; lazy variants (``*?`` ...) denote the same language;
+* quantifiers ``* + ? {m} {m,} {,n} {m,n} {,}`` (``{,}`` is ``{0,}``, as in ``re``; a brace that
+  is not a quantifier, such as ``{}``, ``{,`` or ``{1,x}``, is literal text); lazy variants
+  (``*?`` ...) denote the same language;
 * anchors ``^``/``\\A`` at the very start and ``$``/``\\Z`` at the very end (no-ops under the
   full-match semantics); with ``parse(..., anchors=True)`` anchors anywhere (``^a$|^b$``,
   ``^(x$|y)``) are kept as :class:`Anchor` nodes and :func:`search_language` gives the strings
@@ -93,8 +96,10 @@ EMPTY = Concat(())  # the empty string
 @dataclass(frozen=True)
 class Anchor(Node):
     """A zero-width anchor kept by ``parse(..., anchors=True)``: ``start`` (``^``, ``\\A``) or
-    ``end`` (``$``, ``\\Z``); :func:`search_language` removes them."""
+    ``end`` (``$``, ``\\Z``); :func:`search_language` removes them. ``symbol``: how it was
+    written (``$`` also matches before a final newline, ``\\Z`` only at the very end)."""
     at: str
+    symbol: str = ""
 
 
 def map_charsets(node: Node, fn) -> Node:
@@ -208,6 +213,9 @@ def _class_escape(letter: str) -> tuple[tuple[int, int], ...] | None:
 
 
 DOT_RANGES = complement_ranges([(ord("\n"), ord("\n"))])
+_BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")   # a brace quantifier, as Python's re reads one
+_DIGITS = "0123456789"                         # re's DIGITS (ASCII only)
+_OCTAL = "01234567"
 SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
 
 
@@ -285,11 +293,13 @@ class _Parser:
             atom = Repeat(atom, lo, hi)
 
     def _quantifier_ahead(self) -> bool:
-        return re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:]) is not None and \
-            re.match(r"\{\}|\{,\}", self.p[self.i:]) is None
+        """Whether a brace quantifier starts here, by Python's rule: ``{`` digits* (``,``
+        digits*)? ``}`` except ``{}`` (so ``{,}`` is ``{0,}``, ``{,n}`` is ``{0,n}``, and a
+        malformed brace such as ``{}``, ``{,`` or ``{1,x}`` is literal text)."""
+        return _BRACES.match(self.p, self.i) is not None and not self.startswith("{}")
 
     def _braces(self) -> tuple[int, int | None]:
-        m = re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:])
+        m = _BRACES.match(self.p, self.i)
         assert m is not None
         lo = int(m.group(1)) if m.group(1) else 0
         if m.group(2) is None:
@@ -300,7 +310,7 @@ class _Parser:
             self.error(f"min repeat greater than max repeat in {m.group(0)!r}")
         if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
             self.error(f"repetition bound {m.group(0)!r} exceeds {MAX_REPEAT}")
-        self.i += m.end()
+        self.i = m.end()
         return lo, hi
 
     def atom(self, top: bool) -> Node | None:
@@ -314,10 +324,10 @@ class _Parser:
             return CharSet(DOT_RANGES)
         if c in "^$" and self.anchors:
             self.i += 1
-            return Anchor("start" if c == "^" else "end")
+            return Anchor("start" if c == "^" else "end", c)
         if self.anchors and (self.startswith("\\A") or self.startswith("\\Z")):
             self.i += 2
-            return Anchor("start" if self.p[self.i - 1] == "A" else "end")
+            return Anchor("start" if self.p[self.i - 1] == "A" else "end", self.p[self.i - 2:self.i])
         if c == "^":
             if not (top and self.i == 0):
                 self.error("anchor '^' is only supported at the start of the pattern",
@@ -373,8 +383,12 @@ class _Parser:
                     self.error("missing ), unterminated comment")
                 self.i = end + 1
                 return None
-            elif rest.startswith("?P<") or rest.startswith("?<"):
-                m = re.match(r"\?P?<([A-Za-z_]\w*)>", rest)
+            elif rest.startswith("?<"):   # ECMAScript's named group; Python's re refuses it
+                self.i = start
+                self.error("unknown extension '(?<' (a named group is written '(?P<name>...)' "
+                           "in Python's re)")
+            elif rest.startswith("?P<"):
+                m = re.match(r"\?P<([A-Za-z_]\w*)>", rest)
                 if m is None:
                     self.error("bad group name")
                 self.i += m.end()
@@ -406,14 +420,8 @@ class _Parser:
         if c in "bB":
             self.i -= 2
             self.error(f"word boundary '\\{c}' is not supported", UnsupportedRegexError)
-        if c == "0":
-            m = re.match(r"[0-7]{0,2}", self.p[self.i:])
-            self.i += m.end()
-            return _point(int("0" + m.group(0), 8))
-        if c.isdigit():
-            self.i -= 2
-            self.error(f"backreference '\\{c}' is not supported (not a regular construct)",
-                       UnsupportedRegexError)
+        if c in _DIGITS:
+            return self._octal_or_group(c, in_class)
         if c == "k" and self.peek() == "<":
             self.i -= 2
             self.error("backreference '\\k<...>' is not supported", UnsupportedRegexError)
@@ -445,6 +453,34 @@ class _Parser:
             self.i -= 2
             self.error(f"bad escape '\\{c}'")
         return _point(ord(c))
+
+    def _octal_or_group(self, c: str, in_class: bool) -> tuple[tuple[int, int], ...]:
+        """A backslash followed by the digit ``c``, read as Python's ``re`` reads it: ``\\0``
+        and up to two more octal digits is an octal escape; in a class any ``\\`` + octal
+        digit starts an octal escape of up to three digits (``\\8``, ``\\9``: bad escape);
+        outside one, three octal digits (``\\101``) are an octal escape and any other ``\\`` +
+        one or two digits a group reference (a backreference: not regular). An octal value
+        above 0o377 (``\\400``) is an error, as in ``re``."""
+        start = self.i - 2
+        if c == "0" or (in_class and c in _OCTAL):
+            m = re.compile(r"[0-7]{0,2}").match(self.p, self.i)
+        elif c in _OCTAL and re.compile(r"[0-7]{2}").match(self.p, self.i):
+            m = re.compile(r"[0-7]{2}").match(self.p, self.i)
+        elif in_class:
+            self.i = start
+            self.error(f"bad escape '\\{c}'")
+        else:
+            digits = re.compile(r"\d?").match(self.p, self.i).group(0)   # re reads \1 .. \99
+            self.i = start
+            self.error(f"backreference '\\{c}{digits}' is not supported (not a regular "
+                       f"construct); write an octal escape with three digits (\\101) or "
+                       f"\\x41 for a character", UnsupportedRegexError)
+        self.i = m.end()
+        value = int(c + m.group(0), 8)
+        if value > 0o377:
+            self.i = start
+            self.error(f"octal escape value '\\{c}{m.group(0)}' outside of range 0-0o377")
+        return _point(value)
 
     def char_class(self) -> tuple[tuple[int, int], ...]:
         start = self.i

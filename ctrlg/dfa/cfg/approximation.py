@@ -37,7 +37,8 @@ from ctrlg.dfa.bytes_dfa import MAX_DFA_STATES, ByteDFA, ByteNFA, determinize, m
 from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat
 from ctrlg.errors import ConstraintError, RegexError
 
-__all__ = ["regular_superset", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES"]
+__all__ = ["regular_superset", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES", "grammar_positions",
+           "check_grammar_size", "MAX_GRAMMAR_POSITIONS"]
 
 #: ``depth="auto"`` unrolls at most this deep ...
 MAX_AUTO_DEPTH = 12
@@ -225,8 +226,16 @@ class Unroller:
         return Concat(tuple(items))
 
     def top(self, depth: int) -> tuple[ByteDFA, bool]:
-        """(the byte DFA of ``R_depth``, whether it is exact: no cut was reached)."""
+        """(the byte DFA of ``R_depth``, whether it is exact: no cut was reached). Every
+        nonterminal is compiled first in the order of its component (Tarjan's order: the
+        components a rule refers to come first), so that ``lang`` finds what it refers to in
+        the memo and never recurses along a chain of rules (a chain of 1,000 rules overflowed
+        Python's stack); the non-recursive ones only (a recursive one is compiled per depth
+        left, as the unrolling reaches it)."""
         self.levels = int(depth)
+        for a in sorted(range(len(self.g.nonterminals)), key=lambda x: self.comp[x]):
+            if not self.recursive[a]:
+                self.lang(a, self.levels)
         top = self.lang(self.g.start, self.levels)
         if not (top.table[:, CUT] != 0).any():
             return top, True
@@ -236,6 +245,50 @@ class Unroller:
         nfa.build(anything, escape, accept)
         nfa.embed(top, start, accept, cut_to=escape)
         return minimize(determinize(nfa, start, accept)), False
+
+
+#: the most character positions a grammar may expand to (:func:`grammar_positions`)
+MAX_GRAMMAR_POSITIONS = 10_000
+
+
+def grammar_positions(g: Grammar) -> tuple[int, int]:
+    """``(estimate, nonterminal)``: how many character positions the grammar's regular
+    unrolling has at depth 1 — every rule's symbols summed, a terminal counting its regex
+    positions with repetitions expanded (:func:`~ctrlg.dfa.regex_syntax.positions`), a
+    nonterminal of another component its own estimate and one of the same component 1 — and
+    the nonterminal with the largest one. The automata built from the grammar (terminal DFAs,
+    the regular superset, the token tables) grow with it. Components in Tarjan's order (those
+    referred to first), so one pass: O(grammar size)."""
+    from ctrlg.dfa.regex_syntax import positions
+
+    comp = _components(g)
+    term = [positions(t.node) for t in g.terminals]
+    size = [0] * len(g.nonterminals)
+    rules_of = g.rules_of()
+    for a in sorted(range(len(g.nonterminals)), key=lambda x: comp[x]):
+        total = 0
+        for r in rules_of[a]:
+            for x in g.rules[r][1]:
+                total += term[terminal_of(x)] if x < 0 else (1 if comp[x] == comp[a] else size[x])
+        size[a] = max(total, 1)
+    worst = max(range(len(size)), key=size.__getitem__) if size else 0
+    return (max(size) if size else 0), worst
+
+
+def check_grammar_size(g: Grammar, what: str = "the grammar",
+                       limit: int | None = None) -> None:
+    """ConstraintError, before any automaton is built, when :func:`grammar_positions` exceeds
+    ``limit`` (default :data:`MAX_GRAMMAR_POSITIONS`), naming the estimate, the nonterminal and
+    the bound."""
+    limit = MAX_GRAMMAR_POSITIONS if limit is None else limit
+    estimate, worst = grammar_positions(g)
+    if estimate > limit:
+        raise ConstraintError(
+            f"{what} expands to about {estimate:,} character positions (rule "
+            f"{g.nonterminals[worst]!r}, with its repetitions and literals counted out), more "
+            f"than the bound of {limit:,} (ctrlg.dfa.cfg.approximation.MAX_GRAMMAR_POSITIONS): its "
+            f"automata would take minutes to build; use smaller repetition counts or literals, "
+            f"or an unbounded repetition ('x*' instead of 'x ~ 0..100000')")
 
 
 def regular_superset(g: Grammar, depth: int | str = "auto") -> tuple[ByteDFA, int, bool]:

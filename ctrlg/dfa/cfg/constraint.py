@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ctrlg.dfa.cfg.approximation import regular_superset
+from ctrlg.dfa.cfg.approximation import check_grammar_size, regular_superset
+from ctrlg.dfa.cfg.anchors import resolve_anchors
 from ctrlg.dfa.cfg.earley import DEAD, Recogniser
 from ctrlg.dfa.cfg.grammar_ir import Grammar, reduce, with_ignored
 from ctrlg.dfa.cfg.token_index import TokenIndex
@@ -30,7 +31,7 @@ from ctrlg.dfa.core import TokenDFA, WrapsTokenDFA
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.regex_index import resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import VocabTrie
-from ctrlg.errors import ConstraintError
+from ctrlg.errors import ConstraintError, GrammarError
 
 __all__ = ["GrammarConstraint"]
 
@@ -57,6 +58,16 @@ class GrammarConstraint(WrapsTokenDFA):
         self.grammar = grammar
         self.what = what
         self.bnf = with_ignored(reduce(grammar))
+        check_grammar_size(self.bnf, f"the {what}")
+        anchored = resolve_anchors(self.bnf)
+        if anchored is not self.bnf:
+            try:
+                self.bnf = reduce(anchored)
+            except GrammarError:
+                raise GrammarError(
+                    f"the {what} generates no sentence once its anchored terminals are read as "
+                    f"Lark reads them ('^'/'\\A' only at the start of the input, '\\Z' only "
+                    f"at its end, '$' at its end or before a final newline)") from None
         self.recogniser = Recogniser(self.bnf)
         bdfa, self.depth, self.exact = regular_superset(self.bnf, depth)
         dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,

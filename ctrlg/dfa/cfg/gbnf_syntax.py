@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 
 from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import MAX_CODE_POINT, CharSet, Concat, complement_ranges, normalize_ranges
+from ctrlg.dfa.regex_syntax import (MAX_CODE_POINT, SURROGATES, CharSet, Concat, complement_ranges,
+                                    normalize_ranges)
 from ctrlg.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["from_gbnf"]
@@ -65,7 +66,11 @@ def _chars(body: str, line: int) -> list[int]:
             digits = body[k + 2:k + 2 + width]
             if len(digits) != width or not all(d in "0123456789abcdefABCDEF" for d in digits):
                 raise GrammarError(f"GBNF line {line}: bad escape \\{e}{digits}")
-            out.append(int(digits, 16))
+            value = int(digits, 16)
+            if value > MAX_CODE_POINT:
+                raise GrammarError(f"GBNF line {line}: escape \\{e}{digits} is beyond U+10FFFF, "
+                                   f"the last Unicode code point")
+            out.append(value)
             k += 2 + width
         elif e in _ESCAPES:
             out.append(ord(_ESCAPES[e]))
@@ -91,8 +96,17 @@ def _char_class(text: str, line: int) -> CharSet:
             k += 1
     if not ranges and not negate:
         raise GrammarError(f"GBNF line {line}: empty character class {text}")
-    rs = normalize_ranges(ranges)
-    return CharSet(complement_ranges(rs) if negate else rs)
+    rs = normalize_ranges(ranges)                # surrogates removed: no UTF-8 encoding
+    result = complement_ranges(rs) if negate else rs
+    if not result:
+        raise GrammarError(f"GBNF line {line}: the character class {text} matches no encodable "
+                           f"character (surrogates U+D800-U+DFFF have no UTF-8 encoding)")
+    return CharSet(result)
+
+
+#: the largest repetition count ``{m,n}`` read (the grammar's size is bounded again as a whole,
+#: :func:`ctrlg.dfa.cfg.approximation.check_grammar_size`)
+MAX_COUNT = 10_000
 
 
 class _Reader:
@@ -170,12 +184,26 @@ class _Reader:
         return [self.repeat(sym, lo, hi, line)]
 
     def repeat(self, sym: int, lo: int, hi: int | None, line: int) -> int:
+        """N deriving x^lo..x^hi in O(hi) rule symbols (as llama.cpp expands it): N → x^lo T_k
+        with T_j → ε | x T_(j-1), T_0 → ε, k = hi − lo; N → x^lo | N x when unbounded. Counts
+        beyond :data:`MAX_COUNT` are refused before any rule is built."""
+        for count in (lo, hi):
+            if count is not None and count > MAX_COUNT:
+                raise GrammarError(f"GBNF line {line}: repetition count {count:,} exceeds the "
+                                   f"bound of {MAX_COUNT:,} (its automata would take minutes "
+                                   f"to build); use '*' or '+' for an unbounded repetition")
         n = self.fresh(line)
         if hi is None:               # N → x^lo | N x
             self.rules.append((n, (sym,) * lo))
             self.rules.append((n, (n, sym)))
-        else:
-            self.rules += [(n, (sym,) * k) for k in range(lo, hi + 1)]
+            return n
+        tail = None
+        for _ in range(hi - lo):     # T_j → ε | x T_(j-1)
+            t = self.fresh(line)
+            self.rules.append((t, ()))
+            self.rules.append((t, (sym,) if tail is None else (sym, tail)))
+            tail = t
+        self.rules.append((n, (sym,) * lo + (() if tail is None else (tail,))))
         return n
 
     def atom(self) -> tuple[int, int]:
@@ -190,6 +218,12 @@ class _Reader:
                 n = self.fresh(line)
                 self.rules.append((n, ()))
                 return n, line
+            surrogate = next((c for c in cps if SURROGATES[0] <= c <= SURROGATES[1]), None)
+            if surrogate is not None:
+                raise GrammarError(
+                    f"GBNF line {line}: the literal {value} holds the surrogate U+{surrogate:04X}, "
+                    f"which has no UTF-8 encoding (the bytes it would give are not valid UTF-8); "
+                    f"write the character itself or its code point above U+FFFF")
             return self.terminal(Concat(tuple(CharSet(((c, c),)) for c in cps)), value), line
         if kind == "cls":
             return self.terminal(_char_class(value, line), value), line

@@ -34,6 +34,9 @@ class Terminal:
     name: str
     node: Node
     source: str = ""
+    #: anchored alternatives (:class:`ctrlg.dfa.cfg.anchors.Branch`), empty for a plain terminal;
+    #: ``node`` is then the union of their bodies
+    branches: tuple = ()
 
 
 def terminal_symbol(t: int) -> int:

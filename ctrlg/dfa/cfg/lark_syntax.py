@@ -10,7 +10,8 @@ ours: every terminal's pattern through ctrlg's regex parser (:mod:`ctrlg.dfa.reg
 Unsupported, with :class:`~ctrlg.errors.UnsupportedGrammarError` naming the terminal and its
 line: lookaround and backreferences in terminals (not regular), regex flags other than ``i``,
 ``%declare``-d terminals (no pattern: a lexer callback would produce them), terminals that match
-the empty string. Lark's ``common.ESCAPED_STRING`` (a lookbehind) is read as its regular
+the empty string. Anchors (``^ $ \\A \\Z``) at the edges of a terminal's pattern are read as
+Lark reads them (:mod:`ctrlg.dfa.cfg.anchors`), others refused. Lark's ``common.ESCAPED_STRING`` (a lookbehind) is read as its regular
 equivalent ``"(?:[^"\\\\\\n]|\\\\[^\\n])*"``: a double-quoted string whose quotes inside are escaped.
 Terminal priorities and tree-shaping (``?``, ``_``, ``->`` aliases) do not change the language
 and are ignored.
@@ -22,12 +23,19 @@ import re
 
 import lark
 
+from ctrlg.dfa.cfg.anchors import Branch, check_branches, has_anchor, terminal_branches
 from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import (CharSet, Concat, Node, map_charsets,
+from ctrlg.dfa.regex_syntax import (Alternation, CharSet, Concat, Node, map_charsets,
                                     matches_empty, normalize_ranges, parse)
 from ctrlg.errors import GrammarError, RegexError, UnsupportedGrammarError
 
 __all__ = ["from_lark", "fold_case", "line_of"]
+
+try:                     # Lark measures a terminal's width with the `regex` module when present
+    import regex as _regex_module
+    _REGEX_ERRORS: tuple = (re.error, _regex_module.error)
+except ImportError:      # pragma: no cover - regex is optional for Lark
+    _REGEX_ERRORS = (re.error,)
 
 # Lark's common.ESCAPED_STRING after its templates are joined, and its regular reading.
 _ESCAPED_INNER = r".*?(?<!\\)(\\\\)*?"
@@ -74,19 +82,28 @@ def _terminal(defn, text: str) -> Terminal:
     else:
         source = pattern.value.replace(_ESCAPED_INNER, _ESCAPED_REGULAR)
         try:
-            node = parse(source)
+            node = parse(source, anchors=True)
         except RegexError as err:
             raise UnsupportedGrammarError(
                 f"terminal {name}{where}: /{pattern.value}/ is not a supported regular "
                 f"expression: {err}") from None
-    if "i" in pattern.flags:
+    branches = ()
+    if pattern.type == "re" and has_anchor(node):
+        what = f"terminal {name}{where} /{pattern.value}/"
+        branches = terminal_branches(node, what)
+        if "i" in pattern.flags:
+            branches = tuple(Branch(b.start, b.end, fold_case(b.body)) for b in branches)
+        check_branches(branches, what)
+        bodies = [b.body for b in branches]
+        node = bodies[0] if len(bodies) == 1 else Alternation(tuple(bodies))
+    elif "i" in pattern.flags:
         node = fold_case(node)
     if matches_empty(node):
         raise UnsupportedGrammarError(
             f"terminal {name}{where} matches the empty string; make it match at least one "
             f"character and write the occurrence as optional ({name}?) in the rules")
     return Terminal(name, node, f"{name}: /{pattern.value}/" if pattern.type == "re"
-                    else f'{name}: "{pattern.value}"')
+                    else f'{name}: "{pattern.value}"', branches)
 
 
 def _load(text: str, start: str) -> lark.Lark:
@@ -98,6 +115,18 @@ def _load(text: str, start: str) -> lark.Lark:
         raise GrammarError(f"invalid Lark grammar: {err}") from None
     except lark.exceptions.LarkError as err:
         raise GrammarError(f"invalid Lark grammar: {str(err).strip()}") from None
+    except FileNotFoundError as err:          # %import of a module Lark cannot find
+        missing = re.search(r"%import\s+([\w.]+)", text)
+        raise GrammarError(f"invalid Lark grammar: %import "
+                           f"{missing.group(1) if missing else ''}{line_of(text, '%import')}: "
+                           f"no grammar module {err.filename!r} (Lark's own: common, "
+                           f"unicode, python, lark)") from None
+    except _REGEX_ERRORS as err:              # a terminal's regex (or flag) re refuses
+        raise GrammarError(f"invalid Lark grammar: a terminal's regex (with its flags) is not "
+                           f"valid for Python's re: {err}") from None
+    except RecursionError:
+        raise GrammarError("invalid Lark grammar: its rules nest too deeply for Lark to read "
+                           "them") from None
 
 
 def from_lark(text: str, start: str = "start") -> Grammar:

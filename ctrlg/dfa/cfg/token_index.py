@@ -207,15 +207,38 @@ class TokenIndex:
 
 
 def _distance_to_accept(table: np.ndarray, accepting: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """int64 [Q]: cheapest weighted path from each state to an accepting one (Bellman-Ford over
-    the byte table; INF where none, and for the dead state 0)."""
-    dist = np.where(accepting, 0.0, np.inf)
+    """int64 [Q]: cheapest weighted path from each state to an accepting one (INF where none,
+    and for the dead state 0): Dijkstra's algorithm from the accepting states over the reversed
+    edges (``scipy.sparse.csgraph.dijkstra``; weights ≥ 0), each edge q → r weighted by its
+    cheapest byte. O(E log Q) for the E distinct edges — a Bellman-Ford pass per path length
+    was quadratic in a long literal's length."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    table = np.asarray(table)
+    Q = table.shape[0]
+    weight = np.asarray(weight, dtype=np.float64)
+    usable = np.flatnonzero(np.isfinite(weight))
+    src, col = np.nonzero(table[:, usable])
+    dst = table[src, usable[col]].astype(np.int64)
+    keep = (src != 0) & (dst != 0)
+    src, dst, w = src[keep], dst[keep], weight[usable[col[keep]]]
+    # the cheapest byte of each distinct edge (src, dst); a zero weight is stored as a tiny one,
+    # since a sparse matrix drops explicit zeros
+    key = src.astype(np.int64) * Q + dst
+    order = np.lexsort((w, key))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = key[order][1:] != key[order][:-1]
+    pick = order[first]
+    tiny = np.where(w[pick] == 0, np.finfo(np.float64).tiny, w[pick])
+    reverse = coo_matrix((tiny, (dst[pick], src[pick])), shape=(Q, Q)).tocsr()
+    targets = np.flatnonzero(np.asarray(accepting, dtype=bool))
+    targets = targets[targets != 0]
+    if not len(targets):
+        return np.full(Q, INF, dtype=np.int64)
+    dist = dijkstra(reverse, directed=True, indices=targets, min_only=True)
     dist[0] = np.inf
-    for _ in range(len(dist)):
-        via = (weight[None, :] + dist[table]).min(axis=1)
-        via[0] = np.inf
-        new = np.minimum(dist, via)
-        if np.array_equal(new, dist):
-            break
-        dist = new
-    return np.where(np.isfinite(dist), dist, INF).astype(np.int64)
+    out = np.full(Q, INF, dtype=np.int64)
+    finite = np.isfinite(dist)
+    out[finite] = np.round(dist[finite]).astype(np.int64)
+    return out

@@ -127,7 +127,8 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
             if not is_text(frag):
                 break
             try:
-                d = regex(frag, tokenizer, encodings, minimize=minimize is True, **regex_kwargs)
+                d = regex(frag, tokenizer, encodings, minimize=minimize is True,
+                          max_positions=None, **regex_kwargs)
             except RegexError as exc:     # the automaton of the whole document is too large
                 raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
                                 f"characters whose automaton is too large: {exc}") from None
@@ -174,6 +175,23 @@ def schema_to_grammar(schema, *, whitespace: str = WHITESPACE, max_nesting: int 
     return to_grammar(frag, defs)
 
 
+def _undefined_refs(frag, defs: dict):
+    """``(target, where)`` for each :class:`Ref` in ``frag`` or ``defs`` with no definition: a
+    cycle of bare references such as ``{"$ref": "#"}`` (nothing was compiled for it)."""
+    from ctrlg.dfa.json_schema.frag import Alt, Ref, Rep, Seq
+
+    stack = [(frag, "#")] + [(f, name) for name, f in defs.items()]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, Ref):
+            if node.name not in defs:
+                yield node.name, where
+        elif isinstance(node, (Seq, Alt)):
+            stack.extend((x, where) for x in node.items)
+        elif isinstance(node, Rep):
+            stack.append((node.item, where))
+
+
 def _compile(schema, whitespace, max_nesting, warn):
     schema = _load(schema)
     if not isinstance(whitespace, str):
@@ -194,6 +212,10 @@ def _compile(schema, whitespace, max_nesting, warn):
                 compiler.value({"$ref": target}, "#")
     except RecursionError:
         raise UnsupportedSchemaError("the schema nests too deeply to compile") from None
+    for name, where in _undefined_refs(frag, compiler.defs):
+        raise SchemaError(f"'$ref' {name!r} (reached from {where}) only refers to itself through "
+                          f"other references, with no keyword in between: it describes no "
+                          f"value, and a validator following it would recurse forever")
     if is_text(frag) and len(frag) > MAX_REGEX_CHARS:
         raise _TooLarge(
             f"the schema's regex has {len(frag):,} characters, over max_regex_chars="

@@ -39,6 +39,8 @@ MAX_ITEM_POSITIONS = 2_000
 #: a ``maxLength`` above this is lowered to it (a subset): a token automaton counting 255
 #: characters takes ~13 s to build over SmolLM2's vocabulary, one counting 128 takes 0.35 s
 MAX_LENGTH = 128
+#: an exclusive bound of ±infinity is met by the numbers within ±FINITE_LIMIT (a subset)
+FINITE_LIMIT = 10 ** 308
 _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"}
@@ -73,6 +75,54 @@ def _size(frag) -> int:
 def _without_conditional(schema: dict) -> dict:
     """``schema`` without its ``if``/``then``/``else``."""
     return {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+
+
+def _finite_bounds(s: dict, path: str) -> dict:
+    """``s`` without its infinite numeric bounds, after checking them: a bound read as ±infinity
+    (JSON text such as ``1e400`` overflows a double; Python's ``float("inf")``) that no finite
+    number can meet (``minimum: inf``, ``maximum: -inf``, exclusive ones likewise) raises
+    SchemaError — nothing satisfies it; one that every finite number meets
+    (``minimum: -inf``, ``maximum: inf``) is no bound; an exclusive one (``exclusiveMaximum:
+    inf``) becomes ``maximum: 10^308`` (:data:`FINITE_LIMIT`), since a document such as
+    ``1e400`` would read as infinity and fail it: a subset. ``NaN`` (not a JSON number; Python's
+    comparisons with it are all false) raises SchemaError for every numeric keyword."""
+    for key in _NUMBER_KEYS:
+        v = s.get(key)
+        if isinstance(v, float) and math.isnan(v):
+            raise SchemaError(f"'{key}' at {path}/{key} is NaN, which is not a JSON number; "
+                              f"give a finite number")
+    out = {}
+    for k, v in s.items():
+        if k in _NUMBER_KEYS - {"multipleOf"} and isinstance(v, float) and math.isinf(v):
+            lower = k in ("minimum", "exclusiveMinimum")
+            if (v > 0) == lower:
+                raise SchemaError(
+                    f"'{k}' at {path}/{k} is {v} (a JSON number beyond ±1.8e308 overflows to "
+                    f"infinity): no finite number meets it (only a number that overflows "
+                    f"itself, such as {'' if lower else '-'}1e400, would), so no value can be "
+                    f"generated for the schema")
+            if k.startswith("exclusive"):    # x < inf: a finite x, below 10^308 (a subset)
+                k, v = ("minimum", -FINITE_LIMIT) if lower else ("maximum", FINITE_LIMIT)
+                if k in s:
+                    continue
+            else:
+                continue                                 # -inf below / +inf above: no bound
+        out[k] = v
+    return out
+
+
+def _check_json_value(value, path: str) -> None:
+    """SchemaError when ``value`` (a ``const``/``enum`` value) holds NaN or ±infinity, which
+    strict JSON cannot write (``json.dumps`` gives ``NaN`` / ``Infinity``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SchemaError(f"the value {value!r} at {path} cannot be written in strict JSON "
+                          f"(NaN and infinities are not JSON numbers)")
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json_value(v, f"{path}/{i}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_json_value(v, f"{path}/{k}")
 
 
 class Compiler:
@@ -389,6 +439,8 @@ class Compiler:
         values = [s["const"]] if key == "const" else s["enum"]
         if not isinstance(values, list) or not values:
             raise SchemaError(f"'enum' at {path}/enum must be a non-empty list")
+        for i, v in enumerate(values):
+            _check_json_value(v, f"{path}/{key}" + (f"/{i}" if key == "enum" else ""))
         if "type" in s:
             kinds = s["type"] if isinstance(s["type"], list) else [s["type"]]
             values = [v for v in values if any(_has_type(v, k) for k in kinds)]
@@ -468,8 +520,7 @@ class Compiler:
                 v = s[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise SchemaError(f"'{key}' at {path}/{key} must be a number, got {v!r}")
-        s = {k: v for k, v in s.items()      # ±1e309 and beyond read as infinities: no bound
-             if not (k in _NUMBER_KEYS and isinstance(v, float) and math.isinf(v))}
+        s = _finite_bounds(s, path)
         for key, excl in (("minimum", False), ("exclusiveMinimum", True)):
             if key in s and (b.lo is None or s[key] > b.lo or s[key] == b.lo and excl):
                 b.lo, b.lo_excl = s[key], excl

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from fractions import Fraction
 
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
 
@@ -100,8 +101,15 @@ def number_range(b: Bounds, path: str) -> str:
 
 def multiples(m, b: Bounds, integer: bool, path: str) -> str:
     """A finite subset of the multiples of ``m`` within ``b`` (module docstring)."""
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
-        raise SchemaError(f"'multipleOf' at {path}/multipleOf must be a positive number, got {m!r}")
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
+        raise SchemaError(f"'multipleOf' at {path}/multipleOf must be a positive number, got {m!r}"
+                          + (" (a JSON number below about 1e-324 underflows to 0)"
+                             if m == 0 and isinstance(m, float) else ""))
+    if isinstance(m, float) and math.isinf(m):
+        raise SchemaError(f"'multipleOf' at {path}/multipleOf is {m} (a JSON number beyond "
+                          f"±1.8e308 overflows to infinity): no finite number but 0 is a "
+                          f"multiple of it, and jsonschema's check accepts every number; give "
+                          f"a finite multipleOf")
     whole = isinstance(m, int) or m.is_integer()
     if whole:
         step = int(m)
@@ -127,14 +135,24 @@ def multiples(m, b: Bounds, integer: bool, path: str) -> str:
             if text in ("-0", "0") or "." not in text:
                 text = str(int(Decimal(text)))
             value = float(text) if "." in text else int(text)
-            q = value / m
-            if b.contains(value) and int(q) == q and (not integer or "." not in text):
+            if b.contains(value) and _float_multiple(value, m) and (not integer or "." not in text):
                 texts.append(text)
     texts = list(dict.fromkeys(texts))[:MAX_MULTIPLES]
     if not texts:
         raise SchemaError(f"no {'integer' if integer else 'number'} multiple of {m!r} lies "
                           f"within the bounds at {path}/multipleOf")
     return _literals(texts)
+
+
+def _float_multiple(value, m: float) -> bool:
+    """Whether ``value`` is a multiple of the float ``m`` as ``jsonschema`` decides it:
+    ``int(q) == q`` for ``q = value / m``, and exact fractions when ``q`` overflows to
+    infinity (``-1e308`` with ``multipleOf: 0.5``; ``int(inf)`` raised OverflowError)."""
+    q = value / m
+    try:
+        return int(q) == q
+    except OverflowError:
+        return Fraction(value) % Fraction(m) == 0
 
 
 def _signed(lo: int | None, hi: int | None, fraction: bool) -> str:
