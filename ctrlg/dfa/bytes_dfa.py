@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctrlg.dfa.core import ragged_indices
+from ctrlg.dfa.minimize import hopcroft_refine
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
 from ctrlg.errors import RegexError
 
@@ -445,7 +446,6 @@ def _hopcroft(compact: np.ndarray, block: np.ndarray) -> np.ndarray:
     """Finish the refinement of ``block`` (a partition every round of :func:`_refine` keeps
     between the initial one and Myhill–Nerode) with Hopcroft's algorithm
     (:func:`ctrlg.dfa.minimize.hopcroft_refine`, O(E log Q)); dense ids, the dead block 0."""
-    from ctrlg.dfa.minimize import hopcroft_refine
 
     out = hopcroft_refine(compact.astype(np.int64), block)
     dead = int(out[DEAD])

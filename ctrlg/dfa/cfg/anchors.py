@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctrlg.dfa.bytes_dfa import compile_ast
 from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_of, terminal_symbol
 from ctrlg.dfa.regex_syntax import Alternation, Anchor, CharSet, Concat, Node, Repeat
 from ctrlg.errors import UnsupportedGrammarError
@@ -85,7 +86,6 @@ def terminal_branches(node: Node, where: str) -> tuple[Branch, ...]:
 
 
 def _dfa(nodes):
-    from ctrlg.dfa.bytes_dfa import compile_ast
 
     nodes = list(nodes)
     return compile_ast(nodes[0] if len(nodes) == 1 else Alternation(tuple(nodes)))
@@ -154,7 +154,6 @@ def resolve_anchors(g: Grammar) -> Grammar:
     (:func:`~ctrlg.dfa.cfg.grammar_ir.with_ignored`: nothing left in ``ignore``)."""
     if not any(t.branches for t in g.terminals):
         return g
-    from ctrlg.dfa.bytes_dfa import compile_ast
 
     variants = []
     for t in g.terminals:

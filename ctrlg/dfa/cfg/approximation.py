@@ -34,7 +34,7 @@ import numpy as np
 
 from ctrlg.dfa.cfg.grammar_ir import Grammar, terminal_of
 from ctrlg.dfa.bytes_dfa import MAX_DFA_STATES, ByteDFA, ByteNFA, determinize, minimize
-from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat
+from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat, positions
 from ctrlg.errors import ConstraintError, RegexError
 
 __all__ = ["regular_superset", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES", "grammar_positions",
@@ -259,7 +259,6 @@ def grammar_positions(g: Grammar) -> tuple[int, int]:
     the nonterminal with the largest one. The automata built from the grammar (terminal DFAs,
     the regular superset, the token tables) grow with it. Components in Tarjan's order (those
     referred to first), so one pass: O(grammar size)."""
-    from ctrlg.dfa.regex_syntax import positions
 
     comp = _components(g)
     term = [positions(t.node) for t in g.terminals]

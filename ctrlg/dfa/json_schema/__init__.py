@@ -73,7 +73,7 @@ import warnings
 
 from ctrlg.dfa.grammar import grammar
 from ctrlg.dfa.json_schema.compiler import Compiler
-from ctrlg.dfa.json_schema.frag import is_text, to_grammar
+from ctrlg.dfa.json_schema.frag import Alt, Ref, Rep, Seq, is_text, to_grammar
 from ctrlg.dfa.json_schema.strings import STRING_CHAR, escape
 from ctrlg.dfa.minimize import minimize as minimize_dfa
 from ctrlg.dfa.regex import regex
@@ -178,7 +178,6 @@ def schema_to_grammar(schema, *, whitespace: str = WHITESPACE, max_nesting: int 
 def _undefined_refs(frag, defs: dict):
     """``(target, where)`` for each :class:`Ref` in ``frag`` or ``defs`` with no definition: a
     cycle of bare references such as ``{"$ref": "#"}`` (nothing was compiled for it)."""
-    from ctrlg.dfa.json_schema.frag import Alt, Ref, Rep, Seq
 
     stack = [(frag, "#")] + [(f, name) for name, f in defs.items()]
     while stack:
