@@ -154,9 +154,8 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="commongen", overrides=overrides)
 
 
-def run_width(cfg, model, tokenizer, hmm, items, beams: int, repeats: int, floor_repeats: int,
-              variant: str):
-    """Decode ``items`` at ``beams`` beams ``repeats`` times; per-part medians and outputs."""
+def decode_once(cfg, model, tokenizer, hmm, items, beams: int) -> tuple[dict, list[str]]:
+    """Decode ``items`` together at ``beams`` beams once: (seconds per part, the kept texts)."""
     from omegaconf import OmegaConf
 
     from experiments import commongen as cg
@@ -164,44 +163,57 @@ def run_width(cfg, model, tokenizer, hmm, items, beams: int, repeats: int, floor
     cfg = OmegaConf.merge(cfg, {"generation": {"num_beams": beams, "num_samples": beams}})
     specs = {"ctrlg": cg.method_spec(cfg, "ctrlg")}
     eos = cg.eos_ids(model, tokenizer)
-    runs, outputs = [], None
-    for _ in range(repeats):
-        timers = Timers()
-        ready = cg.prepare_batch(items, cfg, tokenizer, hmm.vocab_size, eos, lambda r: None)
-        undo = instrument(timers, model)
-        try:
-            start = time.perf_counter()
-            cg.decode_batch(ready, items[0][0], ["ctrlg"], specs, model, tokenizer, hmm, cfg)
-            total = time.perf_counter() - start
-        finally:
-            undo()
-        seconds = dict(timers.seconds)
-        seconds["total"] = total
-        seconds["lm_calls"] = timers.calls["lm_forward"]
-        runs.append(seconds)
-        texts = [record["ctrlg"]["text"] for record, _, _ in ready]
-        if outputs is not None and texts != outputs:
-            raise AssertionError(f"repeat changed the outputs: {outputs} -> {texts}")
-        outputs = texts
+    timers = Timers()
+    ready = cg.prepare_batch(items, cfg, tokenizer, hmm.vocab_size, eos, lambda r: None)
+    undo = instrument(timers, model)
+    try:
+        start = time.perf_counter()
+        cg.decode_batch(ready, items[0][0], ["ctrlg"], specs, model, tokenizer, hmm, cfg)
+        total = time.perf_counter() - start
+    finally:
+        undo()
+    seconds = dict(timers.seconds)
+    seconds["total"] = total
+    seconds["lm_calls"] = timers.calls["lm_forward"]
+    return seconds, [record["ctrlg"]["text"] for record, _, _ in ready]
+
+
+def summarise(runs: list[dict], variant: str, beams: int, items: int, floor_step: float,
+              outputs: list[str]) -> dict:
+    """Per-part medians over ``runs`` and the floor."""
     med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in [*PARTS, "total", "lm_calls"]}
-    rows = len(items) * beams
-    floor_step = lm_floor(model, rows, floor_repeats)
-    return {"variant": variant, "beams": beams, "items": len(items), "rows": rows,
-            "repeats": repeats, "seconds": med, "per_item_s": med["total"] / len(items),
+    return {"variant": variant, "beams": beams, "items": items, "rows": items * beams,
+            "repeats": len(runs), "seconds": med, "per_item_s": med["total"] / items,
             "lm_floor_step_s": floor_step, "lm_floor_s": floor_step * med["lm_calls"],
             "outputs": outputs, "runs": runs}
 
 
+@contextlib.contextmanager
+def variant_code(variant: str):
+    """``before``: the guide tables' backward step as it was (``backward_step_reference``:
+    advanced-indexing gathers, the exceptions' emission rows gathered at every step)."""
+    import ctrlg.guide.tables as tables
+
+    if variant != "before":
+        yield
+        return
+    saved = tables.GatheredBackwardStep
+    tables.GatheredBackwardStep = lambda *args: tables.backward_step_reference
+    try:
+        yield
+    finally:
+        tables.GatheredBackwardStep = saved
+
+
 def set_variant(cfg, variant: str):
-    """Decoding settings of each variant: ``before`` (the code as it was, every cut off) and
-    ``after`` (the cuts of issue 41 that keep outputs identical)."""
+    """Decoding settings of each variant: ``before`` (the code as it was: transformers'
+    no-repeat / min-new-tokens processors and one top-k, the reference backward step),
+    ``after`` (``generation.fast_search`` and the gathered backward step: identical beams)."""
     from omegaconf import OmegaConf
 
-    if variant == "before":
-        return cfg
-    if variant == "after":
-        return OmegaConf.merge(cfg, {"generation": {"fast_beams": True}})
-    raise SystemExit(f"unknown variant {variant!r}: before | after")
+    if variant not in ("before", "after"):
+        raise SystemExit(f"unknown variant {variant!r}: before | after")
+    return OmegaConf.merge(cfg, {"generation": {"fast_search": variant == "after"}})
 
 
 def format_rows(results: list[dict]) -> str:
@@ -229,9 +241,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--items-128", type=int, default=1, help="items at 128 beams")
     parser.add_argument("--offset", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats-128", type=int, default=1)
     parser.add_argument("--floor-repeats", type=int, default=5)
     parser.add_argument("--dtype", default="float32", help="model.dtype: float32 | auto | bfloat16")
-    parser.add_argument("--variants", nargs="+", default=["before"])
+    parser.add_argument("--variants", nargs="+", default=["before", "after"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -246,15 +259,24 @@ def main(argv=None) -> list[dict]:
     results = []
     for beams in args.beams:
         items = examples[:args.items_128 if beams >= 128 else args.items]
+        repeats = args.repeats_128 if beams >= 128 else args.repeats
+        runs = {v: [] for v in args.variants}
         outputs = {}
-        for variant in args.variants:   # interleaved per width: the same machine state
-            r = run_width(set_variant(cfg, variant), model, tokenizer, hmm, items, beams,
-                          1 if beams >= 128 else args.repeats, args.floor_repeats, variant)
-            outputs[variant] = r["outputs"]
-            results.append(r)
-            print(format_rows([r]).splitlines()[-1], flush=True)
+        for _ in range(repeats):           # variants alternate: the same machine state
+            for variant in args.variants:
+                with variant_code(variant):
+                    seconds, texts = decode_once(set_variant(cfg, variant), model, tokenizer, hmm,
+                                                 items, beams)
+                runs[variant].append(seconds)
+                if outputs.setdefault(variant, texts) != texts:
+                    raise AssertionError(f"{variant}: a repeat changed the outputs")
+        floor_step = lm_floor(model, len(items) * beams, args.floor_repeats)
+        for variant in args.variants:
+            results.append(summarise(runs[variant], variant, beams, len(items), floor_step,
+                                     outputs[variant]))
+            print(format_rows([results[-1]]).splitlines()[-1], flush=True)
         if len({tuple(v) for v in outputs.values()}) > 1:
-            print(f"WARNING: outputs differ between variants at {beams} beams: {outputs}")
+            print(f"OUTPUTS DIFFER between variants at {beams} beams: {outputs}")
     print(format_rows(results))
     out = Path(args.out or f"benchmarks/results/bench_beam_breakdown_{args.dtype}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

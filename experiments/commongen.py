@@ -60,6 +60,7 @@ from ctrlg.judge import Judge
 from ctrlg.mbr import mbr_pick
 from ctrlg.guide.priors import HeadPrior
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
+from ctrlg.search_options import SearchOptions
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
@@ -80,14 +81,19 @@ GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hm
                    "constraint", "rerank", "batch_size")
 # sub-keys of those that say how the generations are computed, not what they are (left out of a
 # run's identity: a GPU run resumes and merges with a CPU one)
-COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel",)}
+COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel", "fast_search")}
+# sub-keys left out of a run's identity while at these values (runs from before they existed match)
+DEFAULT_VALUED_KEYS = {"generation": {"beam_score": "guided", "sibling_penalty": 0.0}}
 
 
 def without_compute_settings(key: str, value):
-    """``value`` of the setting ``key`` without its :data:`COMPUTE_ONLY_KEYS` sub-keys."""
+    """``value`` of the setting ``key`` without its :data:`COMPUTE_ONLY_KEYS` sub-keys and its
+    :data:`DEFAULT_VALUED_KEYS` sub-keys at their defaults."""
     dropped = COMPUTE_ONLY_KEYS.get(key, ())
-    if dropped and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in dropped}
+    defaults = DEFAULT_VALUED_KEYS.get(key, {})
+    if (dropped or defaults) and isinstance(value, dict):
+        return {k: v for k, v in value.items()
+                if k not in dropped and not (k in defaults and v == defaults[k])}
     return value
 
 
@@ -269,6 +275,8 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     decoding = decoding_options(gen, K, beams)
     min_new = int(cfg.constraint.min_new_tokens)
     processors, extra = [], (dict(min_new_tokens=min_new) if min_new else {})
+    search = SearchOptions.from_config(gen, beams, K)
+    bans, extra = search.bans(decoding, extra, width, eos)
     if spec["guide"] != "none":
         cache = {} if processor_cache is None else processor_cache
         head = spec["guide"] == "ctrlg" and spec["prior"] == "head"
@@ -278,7 +286,7 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
                 hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
                 max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
                 mode=spec["guide"], precision=str(gen.get("precision", "float32")),
-                use_kernel=guide_kernel(gen),
+                use_kernel=guide_kernel(gen), beam_score=search.beam_score,
                 prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
         proc = cache[key]
         proc.reset()
@@ -288,8 +296,9 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     if rerank_from_search(model, decoding, cfg):   # each beam's log p_lm summed during the search
         recorder = BeamLogLikelihoods(width, len(prompts), eos)
         processors = [recorder, *processors]
+    processors = search.processors(bans, processors)
     torch.manual_seed(seed)
-    with torch.no_grad():
+    with torch.no_grad(), search.topk(model):
         out = model.generate(input_ids, attention_mask=attention,
                              max_new_tokens=gen.max_new_tokens, num_return_sequences=K,
                              pad_token_id=pad, eos_token_id=eos, logits_processor=processors,
