@@ -315,20 +315,23 @@ class GatheredBackwardStep:
     Cost per step: O(S·h² + E·h) as before, with 2 instead of 3 [E, h] passes of gathers."""
 
     PRECOMPUTE_FLOATS = 1 << 24
+    #: exceptions per chunk: the chunk's [chunk, h] temporaries stay in a core's L2 cache
+    CHUNK_FLOATS = 1 << 16
 
     def __init__(self, exc_row: torch.Tensor, emission_rows: torch.Tensor):
         E, h = exc_row.numel(), emission_rows.shape[1]
         self._exc_row = exc_row
+        self._chunk = max(1, min(_CHUNK, self.CHUNK_FLOATS // max(h, 1)))
         self._emission = None
         if E * h <= self.PRECOMPUTE_FLOATS:
-            self._emission = [emission_rows.index_select(0, exc_row[lo:lo + _CHUNK]).float()
-                              for lo in range(0, E, _CHUNK)]
+            self._emission = [emission_rows.index_select(0, exc_row[lo:lo + self._chunk]).float()
+                              for lo in range(0, E, self._chunk)]
 
     def __call__(self, w_prev, default, coef_default, nonexc_mass, exc_src, exc_dst, exc_row,
                  emission_rows, coef_exc, eos_term, coef_eos, transition) -> torch.Tensor:
         g = w_prev.index_select(0, default).float().mul_(coef_default[:, None]).mul_(nonexc_mass)
-        for j, lo in enumerate(range(0, exc_src.numel(), _CHUNK)):
-            hi = lo + _CHUNK
+        for j, lo in enumerate(range(0, exc_src.numel(), self._chunk)):
+            hi = lo + self._chunk
             emission = self._emission[j] if self._emission is not None and exc_row is self._exc_row \
                 else emission_rows.index_select(0, exc_row[lo:hi])
             term = w_prev.index_select(0, exc_dst[lo:hi]).float().mul_(emission).mul_(coef_exc[lo:hi, None])
