@@ -33,9 +33,9 @@ rows add up to the batch's total):
   texts;
 * ``total``        — the whole batch (``experiments.commongen.decode_batch``).
 
-The LM-only floor: the median of ``--floor-repeats`` single-token forwards of the same model at
-the same number of rows with a KV cache of 16 tokens, times the number of LM calls the search
-made. Writes ``benchmarks/results/bench_beam_breakdown[_<dtype>].json``.
+The LM-only floor: the median of single-token forwards of the same model at the same number of
+rows with a KV cache of 16 tokens (``--floor-repeats`` before each repeat of the variants), times
+the number of LM calls the search made. Writes ``benchmarks/results/bench_beam_breakdown[_<dtype>].json``.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ def instrument(timers: Timers, model):
     return lambda: [u() for u in reversed(undo)]
 
 
-def lm_floor(model, rows: int, repeats: int, context: int = 16) -> float:
-    """Median seconds of one single-token forward at ``rows`` rows after a ``context``-token
-    prefill (a DynamicCache), the LM step with nothing else."""
+def lm_floor_samples(model, rows: int, repeats: int, context: int = 16) -> list[float]:
+    """Seconds of ``repeats`` single-token forwards at ``rows`` rows, each after a
+    ``context``-token prefill (a DynamicCache): the LM step with nothing else."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -143,7 +143,7 @@ def lm_floor(model, rows: int, repeats: int, context: int = 16) -> float:
             start = time.perf_counter()
             model(input_ids=step, past_key_values=cache, use_cache=True)
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def compose(overrides: list[str]):
@@ -242,7 +242,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--offset", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--repeats-128", type=int, default=1)
-    parser.add_argument("--floor-repeats", type=int, default=5)
+    parser.add_argument("--floor-repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", help="model.dtype: float32 | auto | bfloat16")
     parser.add_argument("--variants", nargs="+", default=["before", "after"])
     parser.add_argument("--device", default="cpu")
@@ -261,8 +261,9 @@ def main(argv=None) -> list[dict]:
         items = examples[:args.items_128 if beams >= 128 else args.items]
         repeats = args.repeats_128 if beams >= 128 else args.repeats
         runs = {v: [] for v in args.variants}
-        outputs = {}
-        for _ in range(repeats):           # variants alternate: the same machine state
+        outputs, floors = {}, []
+        for _ in range(repeats):           # variants and the floor alternate: the same machine state
+            floors += lm_floor_samples(model, len(items) * beams, args.floor_repeats)
             for variant in args.variants:
                 with variant_code(variant):
                     seconds, texts = decode_once(set_variant(cfg, variant), model, tokenizer, hmm,
@@ -270,7 +271,7 @@ def main(argv=None) -> list[dict]:
                 runs[variant].append(seconds)
                 if outputs.setdefault(variant, texts) != texts:
                     raise AssertionError(f"{variant}: a repeat changed the outputs")
-        floor_step = lm_floor(model, len(items) * beams, args.floor_repeats)
+        floor_step = statistics.median(floors)
         for variant in args.variants:
             results.append(summarise(runs[variant], variant, beams, len(items), floor_step,
                                      outputs[variant]))
