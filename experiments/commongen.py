@@ -138,6 +138,7 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
     if not cfg.methods:
         raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
     rerank_rule(cfg)
+    SearchOptions.from_config(gen, int(gen.get("num_beams", 1)), int(gen.num_samples))
     return {name: method_spec(cfg, name) for name in cfg.methods}
 
 

@@ -64,3 +64,11 @@ def test_processors_run_bans_first_and_the_sibling_penalty_last():
     assert isinstance(chain[3], SiblingRankPenalty) and chain[3].top >= 2 * 8
     sampling = SearchOptions.from_config({"fast_search": True}, 1, 8)
     assert sampling.bans({"no_repeat_ngram_size": 4}, {"min_new_tokens": 5}, 1, [2])[0] is None
+
+
+def test_a_bad_search_option_fails_before_the_lm_is_loaded(tmp_path):
+    from experiments import commongen
+    cfg = compose("commongen", ["model.name=/nonexistent/lm", "hmm.path=/nonexistent/hmm",
+                                "generation.num_beams=4", "generation.sibling_penalty=-2"])
+    with pytest.raises(SearchOptionError, match="generation.sibling_penalty"):
+        commongen.run(cfg, tmp_path)
