@@ -3,7 +3,8 @@ broken down by manual timers, beside the LM-only floor, measured in one process.
 
     python -m benchmarks.bench_beam_breakdown                       # float32, 8/32/128 beams
     python -m benchmarks.bench_beam_breakdown --dtype auto --beams 8 32 --repeats 3
-    python -m benchmarks.bench_beam_breakdown --variants before after   # the cuts, same process
+    python -m benchmarks.bench_beam_breakdown --variants before   # the code as it was only
+    python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
 
 Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instruct + the
 ``commongen`` LoRA adapter, the h = 512 HMM ``commongen_adapted_h512``, prompt = BOS,
@@ -216,6 +217,26 @@ def set_variant(cfg, variant: str):
     return OmegaConf.merge(cfg, {"generation": {"fast_search": variant == "after"}})
 
 
+def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int) -> dict:
+    """Median seconds of building the ``ctrlg`` processor's tables for ``items`` (the
+    ``guide_tables`` part alone), variants alternating, ``repeats`` times."""
+    from ctrlg.sampler import ConstraintLogitsProcessor
+    from experiments import commongen as cg
+
+    eos = [tokenizer.eos_token_id]
+    ready = cg.prepare_batch(items, cfg, tokenizer, hmm.vocab_size, eos, lambda r: None)
+    constraints = [c for _, c, _ in ready]
+    seconds = {v: [] for v in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            with variant_code(variant):
+                start = time.perf_counter()
+                ConstraintLogitsProcessor(hmm, constraints, max_new_tokens=32, min_new_tokens=5,
+                                          eos_token_id=eos, precision="float32")
+                seconds[variant].append((time.perf_counter() - start) / len(items))
+    return {v: statistics.median(t) for v, t in seconds.items()}
+
+
 def format_rows(results: list[dict]) -> str:
     head = ["variant", "beams", "rows", "s/item", "LM floor s/item", "total/floor",
             *PARTS, "guide % of LM"]
@@ -247,6 +268,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--variants", nargs="+", default=["before", "after"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--tables-only", action="store_true",
+                        help="time only the guide tables of --items items (variants alternating)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -256,6 +279,10 @@ def main(argv=None) -> list[dict]:
     hmm = load_hmm(cfg.hmm, tokenizer).to(cfg.device)
     n_max = max(args.items, args.items_128)
     examples = cg.select_items(compose([f"data.offset={args.offset}", f"data.limit={n_max}"]))
+    if args.tables_only:
+        medians = tables_only(cfg, tokenizer, hmm, examples[:args.items], args.variants, args.repeats)
+        print("guide tables, seconds per item (median of", args.repeats, "):", medians)
+        return [medians]
     results = []
     for beams in args.beams:
         items = examples[:args.items_128 if beams >= 128 else args.items]
