@@ -86,7 +86,7 @@ def two_stage_topk_values(scores: torch.Tensor, k: int, groups: int):
     N, width = scores.shape
     V = width // groups
     kk = min(k, V)
-    values, index = torch.topk(scores.view(N * groups, V), kk)               # [N·G, kk]
+    values, index = torch.topk(scores.reshape(N * groups, V), kk)            # [N·G, kk]
     index = index + (torch.arange(groups, device=scores.device) * V).repeat(N)[:, None]
     values, index = values.view(N, groups * kk), index.view(N, groups * kk)
     top, where = torch.topk(values, k)
