@@ -31,7 +31,7 @@ CHILD = r"""
 import json, random, sys, time
 sys.path.insert(0, sys.argv[1])
 from ctrlg import dfa
-from ctrlg.models import load_tokenizer
+from ctrlg.lm.models import load_tokenizer
 tok = load_tokenizer()
 builder, n = sys.argv[2], int(sys.argv[3])
 random.seed(0)

@@ -72,7 +72,7 @@ from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide.canonical_masks import restrict_to_mask
 from ctrlg.guide.feasibility import Feasibility
-from ctrlg.guide.guidance import guided_log_probs
+from ctrlg.guide.guidance import guided_log_probs, lookahead_scores
 from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token_mask
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
@@ -87,6 +87,7 @@ __all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_
            "trim_at_eos", "eos_list"]
 
 MODES = ("ctrlg", "logical")
+BEAM_SCORES = ("guided", "lookahead")
 
 
 def eos_list(eos_token_id) -> list[int]:
@@ -124,6 +125,14 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             ``"float32"`` for results that reproduce bit for bit across machines.
         strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guide.guidance`;
             0 = logical masking, 1 = Ctrl-G); feasibility is exact for every w.
+        beam_score: ``"guided"`` (default) returns the guided log-probabilities, so a beam's
+            summed score telescopes to log p_lm(x≤t) + log p_hmm(α | x≤t) − log p_hmm(α) −
+            Σ log ρ_s (:mod:`ctrlg.guide.guidance`); ``"lookahead"`` returns
+            log p_lm(v | x≤t) + w · (log p_hmm(α | x≤t, v) − log p_hmm(α | x≤t)) (not
+            normalised), so beams are ranked by log p_lm(x≤t) + w · log p_hmm(α | x≤t) and a
+            finished accepted beam by log p_lm(x) (:func:`ctrlg.guide.guidance.lookahead_scores`;
+            one more [R, h]·[h, V] product per step). Sampling draws from the same guided
+            distribution either way.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -139,7 +148,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                  min_new_tokens: int = 0, eos_token_id=None, mode: str = "ctrlg",
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
                  progress: bool | None = None, prior=None, precision: str = "auto",
-                 strength: float = 1.0,
+                 strength: float = 1.0, beam_score: str = "guided",
                  **old_names):
         constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
         if constraint is None:
@@ -153,6 +162,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if prompt_length is not None and int(prompt_length) < 0:
             raise ConstraintError(f"prompt_length must be ≥ 0, got {prompt_length}")
         self.strength = check_strength(strength)
+        if beam_score not in BEAM_SCORES:
+            raise ConstraintError(f"beam_score must be one of {BEAM_SCORES}, got {beam_score!r}")
+        self.beam_score = beam_score
         self.hmm = hmm if mode == "ctrlg" else None
         self.mode = mode
         self.vocab_size = self.dfas[0].vocab_size
@@ -233,8 +245,12 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
         if self.hmm is None or self.strength == 0:   # w = 0 is logical masking: no HMM products
             priors = None
-        guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
-                                  self.strength if priors is not None else 1.0)
+        if self.beam_score == "lookahead" and priors is not None:
+            guided = lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
+                                      self.strength, first=generated.shape[1] == 0)
+        else:
+            guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
+                                      self.strength if priors is not None else 1.0)
         if self.rows.cursors is not None:
             cursors = self.rows.cursors if every else [self.rows.cursors[i] for i in active]
             guided = self._exact_rows(guided, cursors, table_of_row, states, remaining)
@@ -243,12 +259,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def _exact_rows(self, guided: torch.Tensor, cursors: list, table_of_row: np.ndarray,
                     states: np.ndarray, remaining: int) -> torch.Tensor:
         """Rows whose mask refines their automaton's (:attr:`TokenMask.refines`) keep only the
-        tokens of that exact mask, renormalised."""
+        tokens of that exact mask, renormalised (``beam_score="lookahead"``: only masked)."""
         for i, k in enumerate(table_of_row.tolist()):
             mask = self.masks[k]
             if mask.refines:
                 allowed = torch.from_numpy(mask.allowed(cursors[i], int(states[i]), remaining))
-                guided[i] = restrict_to_mask(guided[i], allowed.to(guided.device))
+                if self.beam_score == "lookahead" and self.hmm is not None:
+                    guided[i] = guided[i].masked_fill(~allowed.to(guided.device), -math.inf)
+                else:
+                    guided[i] = restrict_to_mask(guided[i], allowed.to(guided.device))
         return guided
 
     # ------------------------------------------------------------------ __call__'s steps

@@ -15,6 +15,29 @@ every feasible token probability 0 (e.g. −inf logits), the row falls back to t
 alone (a uniform LM), so a feasible token is still chosen; rows in dead states (no feasible token,
 possible only for non-top beams) stay all −inf.
 
+Beam scores. transformers' beam search ranks a beam by the sum of the scores its processors
+returned. With :func:`guided_log_probs` that sum telescopes: writing
+Z_s = Σ_v p_lm(v | x<s) p_hmm(α | x<s, v) for the normaliser of step s,
+
+    Σ_{s≤t} log p(x_s | x<s, α) = log p_lm(x≤t) + log p_hmm(α | x≤t) − log p_hmm(α)
+                                  − Σ_{s≤t} log ρ_s,      ρ_s = Z_s / p_hmm(α | x<s),
+
+because p_hmm(α | x<s) = Σ_v p_hmm(v | x<s) p_hmm(α | x<s, v). ρ_s compares the LM's and the
+HMM's expectations of the lookahead; when the LM *is* the HMM, ρ_s = 1 and the beam score is
+exactly log p_hmm(x≤t | α). :func:`lookahead_scores` (the processor's ``beam_score="lookahead"``)
+returns instead
+
+    log p_lm(v | x≤t) + w · (log p_hmm(α | x≤t, v) − log p_hmm(α | x≤t))    (t ≥ 1; at t = 0
+                                                                              no subtraction)
+
+so a beam's summed score is log p_lm(x≤t) + w · log p_hmm(α | x≤t): the LM likelihood of its
+prefix plus how likely the HMM thinks it can still finish accepted. A finished accepted
+hypothesis has p_hmm(α | x) = 1 and scores exactly log p_lm(x). Softmax-normalised, these scores
+are the guided distribution again (the subtracted term is a per-row constant), so sampling is
+unchanged; they differ for beam search only. Cost: one more [R, h]·[h, V] product (the HMM's
+marginal p_hmm(v | x≤t), for the row's log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v | x≤t) +
+log p_hmm(α | x≤t, v))).
+
 Nothing here keeps state: the row bookkeeping is :mod:`ctrlg.guide.row_state`.
 """
 
@@ -29,7 +52,8 @@ import torch
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.token_weights import log_ratios
 
-__all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs"]
+__all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs", "lookahead_scores",
+           "log_prob_accept_rows"]
 
 
 def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
@@ -91,6 +115,52 @@ def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_
                                   remaining, scores.device, shifted=True)
 
     return _guide(scores, ratio, strength, ratio_again)
+
+
+def log_prob_accept_rows(tables: Sequence[Feasibility], table_of_row: np.ndarray,
+                         states: np.ndarray, priors: torch.Tensor, remaining: int,
+                         log_ratio: torch.Tensor) -> torch.Tensor:
+    """log p_hmm(α | x≤t) per row, float32 [R]: logsumexp_v(log p_hmm(v | x≤t) + ``log_ratio``),
+    ``log_ratio`` the exact (unshifted) :func:`guidance_log_ratio` of the same rows; p_hmm(v | x≤t)
+    = (p B)[v] from the tables' emission product (one [R, h]·[h, V] product per HMM). −inf for
+    rows that cannot finish accepted."""
+    table_of_row = np.asarray(table_of_row, dtype=np.int64)
+    out = torch.full((len(states),), -math.inf, device=log_ratio.device)
+    for product, rows in _rows_by_product(tables, table_of_row).items():
+        rows_t = torch.as_tensor(rows, device=priors.device)
+        marginal = product(priors[rows_t]).float().log_().to(log_ratio.device)
+        where = torch.as_tensor(rows, device=log_ratio.device)
+        out[where] = torch.logsumexp(marginal + log_ratio[where], 1)
+    return out
+
+
+def _rows_by_product(tables, table_of_row) -> dict:
+    groups: dict = {}
+    for k in np.unique(table_of_row):
+        rows = np.flatnonzero(table_of_row == k)
+        product = tables[k]._emission_product
+        groups[product] = np.concatenate([groups[product], rows]) if product in groups else rows
+    return {p: np.sort(r) for p, r in groups.items()}
+
+
+def lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
+                     states: np.ndarray, priors: torch.Tensor, remaining: int, strength: float = 1.0,
+                     first: bool = False) -> torch.Tensor:
+    """Beam scores that rank prefixes by log p_lm(x≤t) + w · log p_hmm(α | x≤t) (module
+    docstring): ``scores`` [R, V] (the LM's log-probabilities, as beam search hands them) plus
+    w · (log p_hmm(α | x≤t, v) − log p_hmm(α | x≤t)), the subtraction skipped when ``first`` (no
+    token generated yet). −inf exactly on infeasible tokens (for every w ≥ 0); not normalised.
+    Rows that cannot finish accepted are all −inf (no fallback: beam search drops them)."""
+    table_of_row, states = np.asarray(table_of_row), np.asarray(states)
+    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device)
+    finite = torch.isfinite(ratio)
+    if first:
+        prev = torch.zeros(len(states), device=scores.device)
+    else:
+        prev = log_prob_accept_rows(tables, table_of_row, states, priors, remaining, ratio)
+        prev = torch.where(torch.isfinite(prev), prev, 0.0)
+    term = (ratio - prev[:, None]).mul_(strength) if strength else torch.zeros_like(ratio)
+    return torch.where(finite, scores.float() + term, -math.inf)
 
 
 def _guide(lm_scores: torch.Tensor, log_ratio: torch.Tensor, strength: float,

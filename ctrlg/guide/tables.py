@@ -173,7 +173,7 @@ class GuideTables(TokenWeights, Feasibility):
             log_scale[0, acc] = 0.0
         if use_kernel is None:
             use_kernel = device.type == "cuda"
-        step = backward_step_reference
+        step = GatheredBackwardStep(self._exc_tok_t, self._emission_rows)
         if use_kernel:
             from ctrlg.kernels.backward_table import backward_step  # imports triton (heavy, optional)
             step = backward_step
@@ -307,6 +307,41 @@ class GuideTables(TokenWeights, Feasibility):
         """Forward messages after emitting ``tokens`` [R]: see :func:`forward_update`."""
         tokens = torch.as_tensor(tokens, device=priors.device).reshape(-1)
         return forward_update(priors, tokens, self._transition, self._emission_t)
+
+
+class GatheredBackwardStep:
+    """:func:`backward_step_reference` with the same arithmetic in the same order (bit-identical
+    results), minus its avoidable memory traffic: rows are gathered with ``index_select`` (one
+    contiguous copy per row; advanced indexing ``w[idx]`` is several times slower on the CPU),
+    and the exceptions' emission rows ``emission_rows[exc_row]`` — the same at every step r —
+    are gathered once per table when they take at most :attr:`PRECOMPUTE_FLOATS` floats
+    (E·h; 22 MB for a 4-concept CommonGen DFA at h = 512), instead of once per step.
+    Cost per step: O(S·h² + E·h) as before, with 2 instead of 3 [E, h] passes of gathers."""
+
+    PRECOMPUTE_FLOATS = 1 << 24
+    #: exceptions per chunk: the chunk's [chunk, h] temporaries stay in a core's L2 cache
+    CHUNK_FLOATS = 1 << 16
+
+    def __init__(self, exc_row: torch.Tensor, emission_rows: torch.Tensor):
+        E, h = exc_row.numel(), emission_rows.shape[1]
+        self._exc_row = exc_row
+        self._chunk = max(1, min(_CHUNK, self.CHUNK_FLOATS // max(h, 1)))
+        self._emission = None
+        if E * h <= self.PRECOMPUTE_FLOATS:
+            self._emission = [emission_rows.index_select(0, exc_row[lo:lo + self._chunk]).float()
+                              for lo in range(0, E, self._chunk)]
+
+    def __call__(self, w_prev, default, coef_default, nonexc_mass, exc_src, exc_dst, exc_row,
+                 emission_rows, coef_exc, eos_term, coef_eos, transition) -> torch.Tensor:
+        g = w_prev.index_select(0, default).float().mul_(coef_default[:, None]).mul_(nonexc_mass)
+        for j, lo in enumerate(range(0, exc_src.numel(), self._chunk)):
+            hi = lo + self._chunk
+            emission = self._emission[j] if self._emission is not None and exc_row is self._exc_row \
+                else emission_rows.index_select(0, exc_row[lo:hi])
+            term = w_prev.index_select(0, exc_dst[lo:hi]).float().mul_(emission).mul_(coef_exc[lo:hi, None])
+            g.index_add_(0, exc_src[lo:hi], term)
+        g.add_(eos_term * coef_eos[:, None])
+        return g @ transition.T.float()
 
 
 def build_tables(hmm, dfa: TokenDFA, max_new_tokens: int, **kwargs) -> GuideTables:

@@ -27,6 +27,7 @@ from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, 
 from ctrlg.tasks.commongen.items import word_count
 from ctrlg.tasks.commongen.methods import guide_kernel
 from ctrlg.tasks.commongen.rerank import pick_candidate, rerank_rule
+from ctrlg.tasks.search_options import SearchOptions
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids, lm_vocab_size
 
@@ -81,6 +82,8 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     decoding = decoding_options(gen, K, beams)
     min_new = int(cfg.constraint.min_new_tokens)
     processors, extra = [], (dict(min_new_tokens=min_new) if min_new else {})
+    search = SearchOptions.from_config(gen, beams, K)
+    bans, extra = search.bans(decoding, extra, width, eos)
     if spec["guide"] != "none":
         cache = {} if processor_cache is None else processor_cache
         head = spec["guide"] == "ctrlg" and spec["prior"] == "head"
@@ -90,7 +93,7 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
                 hmm if spec["guide"] == "ctrlg" else None, list(constraints), prompt_length=width,
                 max_new_tokens=gen.max_new_tokens, min_new_tokens=min_new, eos_token_id=eos,
                 mode=spec["guide"], precision=str(gen.get("precision", "float32")),
-                use_kernel=guide_kernel(gen),
+                use_kernel=guide_kernel(gen), beam_score=search.beam_score,
                 prior=HeadPrior(hmm.prior_head, model, hmm.hidden_size) if head else None)
         proc = cache[key]
         proc.reset()
@@ -100,8 +103,9 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     if rerank_from_search(model, decoding, cfg):   # each beam's log p_lm summed during the search
         recorder = BeamLogLikelihoods(width, len(prompts), eos)
         processors = [recorder, *processors]
+    processors = search.processors(bans, processors)
     torch.manual_seed(seed)
-    with torch.no_grad():
+    with torch.no_grad(), search.topk(model):
         out = model.generate(input_ids, attention_mask=attention,
                              max_new_tokens=gen.max_new_tokens, num_return_sequences=K,
                              pad_token_id=pad, eos_token_id=eos, logits_processor=processors,

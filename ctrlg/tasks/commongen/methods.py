@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from ctrlg.errors import ExperimentConfigError
 from ctrlg.tasks.commongen.rerank import rerank_rule, rerank_settings
 from ctrlg.tasks.config import generation_config
+from ctrlg.tasks.search_options import SearchOptions
 
-__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings"]
+__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "DEFAULT_VALUED_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings"]
 
 GUIDES = ("none", "logical", "ctrlg")
 
@@ -34,14 +35,19 @@ GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hm
 
 # sub-keys of those that say how the generations are computed, not what they are (left out of a
 # run's identity: a GPU run resumes and merges with a CPU one)
-COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel",)}
+COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel", "fast_search")}
+# sub-keys left out of a run's identity while at these values (runs from before they existed match)
+DEFAULT_VALUED_KEYS = {"generation": {"beam_score": "guided", "sibling_penalty": 0.0}}
 
 
 def without_compute_settings(key: str, value):
-    """``value`` of the setting ``key`` without its :data:`COMPUTE_ONLY_KEYS` sub-keys."""
+    """``value`` of the setting ``key`` without its :data:`COMPUTE_ONLY_KEYS` sub-keys and its
+    :data:`DEFAULT_VALUED_KEYS` sub-keys at their defaults."""
     dropped = COMPUTE_ONLY_KEYS.get(key, ())
-    if dropped and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in dropped}
+    defaults = DEFAULT_VALUED_KEYS.get(key, {})
+    if (dropped or defaults) and isinstance(value, dict):
+        return {k: v for k, v in value.items()
+                if k not in dropped and not (k in defaults and v == defaults[k])}
     return value
 
 
@@ -87,6 +93,7 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
         raise ExperimentConfigError("methods is empty; e.g. methods=[logical,ctrlg]")
     check_sampling(gen)
     rerank_rule(cfg)
+    SearchOptions.from_config(gen, int(gen.get("num_beams", 1)), int(gen.num_samples))
     return {name: method_spec(cfg, name) for name in cfg.methods}
 
 

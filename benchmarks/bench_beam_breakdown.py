@@ -1,0 +1,329 @@
+"""Where a guided beam search's time goes: the adapted CommonGen pipeline at 8 / 32 / 128 beams,
+broken down by manual timers, beside the LM-only floor, measured in one process.
+
+    python -m benchmarks.bench_beam_breakdown                       # float32, 8/32/128 beams
+    python -m benchmarks.bench_beam_breakdown --dtype auto --beams 8 32 --repeats 3
+    python -m benchmarks.bench_beam_breakdown --variants before   # the code as it was only
+    python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
+
+Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instruct + the
+``commongen`` LoRA adapter, the h = 512 HMM ``commongen_adapted_h512``, prompt = BOS,
+``dfa.commongen_constraint`` with inflections, length_penalty 0.2, no_repeat_ngram_size 4,
+5–32 new tokens, every beam reranked by its LM log-likelihood summed during the search), method
+``ctrlg``, guidance products in float32, one torch thread. CommonGen dev items from
+``--offset``; at each width ``--items`` of them are decoded together as the main job does (one
+``generate`` call, K = B rows per item; ``--items-128`` at 128 beams).
+
+Timers (wall clock, ``time.perf_counter``; nested parts are subtracted from their parents so the
+rows add up to the batch's total):
+
+* ``lm_forward``   — the model's forward (prefill + one call per step), forward pre/post hooks;
+* ``cache_reorder`` — ``Cache.reorder_cache`` (transformers gathers every layer's K/V by the
+  surviving beams' parents after each step);
+* ``guide_tables`` — building the guide's tables (``ConstraintLogitsProcessor._build_tables``);
+* ``guide_rows``   — per-step row bookkeeping (``RowStates.update``: parents, DFA step, prior
+  advance = one [B, h]·[h, h] product);
+* ``guide_products`` — per-step guidance (``guided_log_probs``: the emission products and the
+  [B, V] combination);
+* ``guide_other``  — the rest of the processor's ``__call__``;
+* ``recorder``     — :class:`ctrlg.lm.beam_likelihood.BeamLogLikelihoods` (the rerank's sums);
+* ``hf_processors`` — transformers' own processors (no-repeat-n-gram, min-new-tokens);
+* ``beam_search``  — everything else inside ``model.generate`` (top-k over B·V, gathers,
+  stopping criteria, input preparation);
+* ``rerank``       — after ``generate``: reading the recorded log-likelihoods, the pick, decoding
+  texts;
+* ``total``        — the whole batch (``ctrlg.tasks.commongen.pipeline.decode_batch``).
+
+The LM-only floor: the median of single-token forwards of the same model at the same number of
+rows with a KV cache of 16 tokens (``--floor-repeats`` before each repeat of the variants), times
+the number of LM calls the search made. Writes ``benchmarks/results/bench_beam_breakdown[_<dtype>].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+PARTS = ["lm_forward", "cache_reorder", "guide_tables", "guide_rows", "guide_products",
+         "guide_other", "recorder", "hf_processors", "beam_search", "rerank"]
+
+
+class Timers:
+    """Accumulated seconds per part; ``exclusive`` parts are subtracted from the enclosing one."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[list] = []
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        frame = [name, 0.0]            # [name, seconds of nested parts]
+        self._stack.append(frame)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self._stack.pop()
+            self.seconds[name] += spent - frame[1]
+            self.calls[name] += 1
+            if self._stack:
+                self._stack[-1][1] += spent
+
+    def wrap(self, owner, attr: str, name: str):
+        """Time ``owner.attr`` (a function or method) as ``name``; returns an undo callable."""
+        original = getattr(owner, attr)
+        timers = self
+
+        def timed(*args, **kwargs):
+            with timers.part(name):
+                return original(*args, **kwargs)
+
+        setattr(owner, attr, timed)
+        return lambda: setattr(owner, attr, original)
+
+
+
+def _commongen():
+    """The CommonGen pipeline's pieces this benchmark drives (ctrlg.tasks.commongen)."""
+    from types import SimpleNamespace
+
+    from ctrlg.tasks.commongen import decoding, items, methods, pipeline
+
+    return SimpleNamespace(pipeline=pipeline, method_spec=methods.method_spec, eos_ids=decoding.eos_ids,
+                           prepare_batch=pipeline.prepare_batch,
+                           decode_batch=lambda *a, **k: pipeline.decode_batch(*a, **k),
+                           select_items=items.select_items)
+
+def instrument(timers: Timers, model):
+    """Install the timers (module docstring); returns an undo callable."""
+    import transformers.cache_utils as cache_utils
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    import ctrlg.sampler as sampler
+    from ctrlg.lm.beam_likelihood import BeamLogLikelihoods
+    from ctrlg.guide.row_state import RowStates
+    cg = _commongen()
+
+    undo = [timers.wrap(sampler.ConstraintLogitsProcessor, "_build_tables", "guide_tables"),
+            timers.wrap(RowStates, "update", "guide_rows"),
+            timers.wrap(sampler, "guided_log_probs", "guide_products"),
+            timers.wrap(sampler.ConstraintLogitsProcessor, "__call__", "guide_other"),
+            timers.wrap(BeamLogLikelihoods, "__call__", "recorder"),
+            timers.wrap(LogitsProcessorList, "__call__", "hf_processors"),
+            timers.wrap(cg.pipeline, "decode_batch", "rerank")]
+    for cls in {cache_utils.Cache, *cache_utils.Cache.__subclasses__()}:
+        if "reorder_cache" in cls.__dict__:
+            undo.append(timers.wrap(cls, "reorder_cache", "cache_reorder"))
+    undo.append(timers.wrap(model, "generate", "beam_search"))
+    frames = []
+
+    def pre(module, args, kwargs):
+        cm = timers.part("lm_forward")
+        cm.__enter__()
+        frames.append(cm)
+
+    def post(module, args, kwargs, output):
+        frames.pop().__exit__(None, None, None)
+
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
+               model.register_forward_hook(post, with_kwargs=True)]
+    undo += [h.remove for h in handles]
+    return lambda: [u() for u in reversed(undo)]
+
+
+def lm_floor_samples(model, rows: int, repeats: int, context: int = 16) -> list[float]:
+    """Seconds of ``repeats`` single-token forwards at ``rows`` rows, each after a
+    ``context``-token prefill (a DynamicCache): the LM step with nothing else."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    ids = torch.randint(100, 1000, (rows, context), device=device)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            cache = DynamicCache()
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            step = torch.randint(100, 1000, (rows, 1), device=device)
+            start = time.perf_counter()
+            model(input_ids=step, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        return hydra_compose(config_name="commongen", overrides=overrides)
+
+
+def decode_once(cfg, model, tokenizer, hmm, items, beams: int) -> tuple[dict, list[str]]:
+    """Decode ``items`` together at ``beams`` beams once: (seconds per part, the kept texts)."""
+    from omegaconf import OmegaConf
+
+    cg = _commongen()
+
+    cfg = OmegaConf.merge(cfg, {"generation": {"num_beams": beams, "num_samples": beams}})
+    specs = {"ctrlg": cg.method_spec(cfg, "ctrlg")}
+    eos = cg.eos_ids(model, tokenizer)
+    timers = Timers()
+    ready = cg.prepare_batch(items, cfg, tokenizer, hmm.vocab_size, eos, lambda r: None)
+    undo = instrument(timers, model)
+    try:
+        start = time.perf_counter()
+        cg.decode_batch(ready, items[0][0], ["ctrlg"], specs, model, tokenizer, hmm, cfg)
+        total = time.perf_counter() - start
+    finally:
+        undo()
+    seconds = dict(timers.seconds)
+    seconds["total"] = total
+    seconds["lm_calls"] = timers.calls["lm_forward"]
+    return seconds, [record["ctrlg"]["text"] for record, _, _ in ready]
+
+
+def summarise(runs: list[dict], variant: str, beams: int, items: int, floor_step: float,
+              outputs: list[str]) -> dict:
+    """Per-part medians over ``runs`` and the floor."""
+    med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in [*PARTS, "total", "lm_calls"]}
+    return {"variant": variant, "beams": beams, "items": items, "rows": items * beams,
+            "repeats": len(runs), "seconds": med, "per_item_s": med["total"] / items,
+            "lm_floor_step_s": floor_step, "lm_floor_s": floor_step * med["lm_calls"],
+            "outputs": outputs, "runs": runs}
+
+
+@contextlib.contextmanager
+def variant_code(variant: str):
+    """``before``: the guide tables' backward step as it was (``backward_step_reference``:
+    advanced-indexing gathers, the exceptions' emission rows gathered at every step)."""
+    import ctrlg.guide.tables as tables
+
+    if variant != "before":
+        yield
+        return
+    saved = tables.GatheredBackwardStep
+    tables.GatheredBackwardStep = lambda *args: tables.backward_step_reference
+    try:
+        yield
+    finally:
+        tables.GatheredBackwardStep = saved
+
+
+def set_variant(cfg, variant: str):
+    """Decoding settings of each variant: ``before`` (the code as it was: transformers'
+    no-repeat / min-new-tokens processors and one top-k, the reference backward step),
+    ``after`` (``generation.fast_search`` and the gathered backward step: identical beams)."""
+    from omegaconf import OmegaConf
+
+    if variant not in ("before", "after"):
+        raise SystemExit(f"unknown variant {variant!r}: before | after")
+    return OmegaConf.merge(cfg, {"generation": {"fast_search": variant == "after"}})
+
+
+def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int) -> dict:
+    """Median seconds of building the ``ctrlg`` processor's tables for ``items`` (the
+    ``guide_tables`` part alone), variants alternating, ``repeats`` times."""
+    from ctrlg.sampler import ConstraintLogitsProcessor
+    cg = _commongen()
+
+    eos = [tokenizer.eos_token_id]
+    ready = cg.prepare_batch(items, cfg, tokenizer, hmm.vocab_size, eos, lambda r: None)
+    constraints = [c for _, c, _ in ready]
+    seconds = {v: [] for v in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            with variant_code(variant):
+                start = time.perf_counter()
+                ConstraintLogitsProcessor(hmm, constraints, max_new_tokens=32, min_new_tokens=5,
+                                          eos_token_id=eos, precision="float32")
+                seconds[variant].append((time.perf_counter() - start) / len(items))
+    return {v: statistics.median(t) for v, t in seconds.items()}
+
+
+def format_rows(results: list[dict]) -> str:
+    head = ["variant", "beams", "rows", "s/item", "LM floor s/item", "total/floor",
+            *PARTS, "guide % of LM"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        s, n = r["seconds"], r["items"]
+        guide = s["guide_rows"] + s["guide_products"] + s["guide_other"]
+        cells = [r["variant"], r["beams"], r["rows"], f"{r['per_item_s']:.2f}",
+                 f"{r['lm_floor_s'] / n:.2f}", f"{s['total'] / r['lm_floor_s']:.2f}",
+                 *(f"{s[p] / n:.3f}" for p in PARTS),
+                 f"{100 * guide / s['lm_forward']:.1f}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    cg = _commongen()
+    from experiments.common import load_hmm, load_lm
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--beams", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--items", type=int, default=4, help="items decoded together (< 128 beams)")
+    parser.add_argument("--items-128", type=int, default=1, help="items at 128 beams")
+    parser.add_argument("--offset", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats-128", type=int, default=1)
+    parser.add_argument("--floor-repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", help="model.dtype: float32 | auto | bfloat16")
+    parser.add_argument("--variants", nargs="+", default=["before", "after"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--tables-only", action="store_true",
+                        help="time only the guide tables of --items items (variants alternating)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    cfg = compose([f"model.dtype={args.dtype}", f"device={args.device}",
+                   "generation.precision=float32"])
+    model, tokenizer = load_lm(cfg.model, cfg.device)
+    hmm = load_hmm(cfg.hmm, tokenizer).to(cfg.device)
+    n_max = max(args.items, args.items_128)
+    examples = cg.select_items(compose([f"data.offset={args.offset}", f"data.limit={n_max}"]))
+    if args.tables_only:
+        medians = tables_only(cfg, tokenizer, hmm, examples[:args.items], args.variants, args.repeats)
+        print("guide tables, seconds per item (median of", args.repeats, "):", medians)
+        return [medians]
+    results = []
+    for beams in args.beams:
+        items = examples[:args.items_128 if beams >= 128 else args.items]
+        repeats = args.repeats_128 if beams >= 128 else args.repeats
+        runs = {v: [] for v in args.variants}
+        outputs, floors = {}, []
+        for _ in range(repeats):           # variants and the floor alternate: the same machine state
+            floors += lm_floor_samples(model, len(items) * beams, args.floor_repeats)
+            for variant in args.variants:
+                with variant_code(variant):
+                    seconds, texts = decode_once(set_variant(cfg, variant), model, tokenizer, hmm,
+                                                 items, beams)
+                runs[variant].append(seconds)
+                if outputs.setdefault(variant, texts) != texts:
+                    raise AssertionError(f"{variant}: a repeat changed the outputs")
+        floor_step = statistics.median(floors)
+        for variant in args.variants:
+            results.append(summarise(runs[variant], variant, beams, len(items), floor_step,
+                                     outputs[variant]))
+            print(format_rows([results[-1]]).splitlines()[-1], flush=True)
+        if len({tuple(v) for v in outputs.values()}) > 1:
+            print(f"OUTPUTS DIFFER between variants at {beams} beams: {outputs}")
+    print(format_rows(results))
+    out = Path(args.out or f"benchmarks/results/bench_beam_breakdown_{args.dtype}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"dtype": args.dtype, "cpu_threads": 1, "device": args.device,
+                               "results": results}, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
