@@ -39,28 +39,160 @@ look-up (memoised, read-only arrays).
 
 from __future__ import annotations
 
+import bisect
 import weakref
 
 import numpy as np
 
-from ctrlg.dfa.bytes_dfa import ByteNFA
+from ctrlg.dfa.bytes_dfa import MAX_NFA_STATES, ByteNFA
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size
-from ctrlg.dfa.regex_syntax import parse
+from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, parse
 from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
 from ctrlg.errors import ConstraintError, RegexError, UnsatisfiableConstraintError
 
-__all__ = ["LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "DEAD", "ENDED",
+__all__ = ["TemplateNFA", "LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "DEAD", "ENDED",
            "MAX_LAZY_STATES"]
 
 DEAD = 0
 ENDED = 1
 #: the lazy byte DFA refuses to grow past this many states (RegexError)
 MAX_LAZY_STATES = 2_000_000
+#: NFA states of a lazy pattern (inner states of copied fragments cost nothing until used)
+MAX_LAZY_NFA_STATES = 20_000_000
 #: a loop byte set is sliced (its tokens found once per vocabulary) when it spells at least
 #: this fraction of the vocabulary
 SLICE_MIN_FRACTION = 1 / 16
 _STACK_PER_DEPTH = 256
+
+
+# ---------------------------------------------------------------------- Thompson NFA, by templates
+#: fragments (char sets, repeated items) kept across patterns, keyed by their AST node
+_TEMPLATES: dict = {}
+_MAX_TEMPLATES = 4096
+_MAX_SHARED_TEMPLATE_STATES = 4096
+
+
+class TemplateNFA(ByteNFA):
+    """:class:`~ctrlg.dfa.bytes_dfa.ByteNFA` (Thompson's construction) that builds a char set's
+    UTF-8 byte-range trie, or the item of a counted repetition ``x{m,n}``, once as a *template*
+    (local ids: 0 = start, 1 = end, 2.. inner states) and copies it by renaming states. The
+    result is the same automaton up to state numbering; templates of small fragments are kept
+    across patterns (a JSON string's character, a number, a format), so a schema's NFA costs
+    O(states) list operations rather than re-encoding every class. ``has_empty`` records an
+    empty char set (the only source of NFA states that cannot reach acceptance)."""
+
+    def __init__(self):
+        super().__init__()
+        self.has_empty = False
+        self._blocks: list = []      # (first inner state, template, start, end), by first state
+        self._starts: list = []
+
+    def build(self, node: Node, start: int, end: int) -> None:
+        if isinstance(node, CharSet):
+            self._instantiate(self._template(node), start, end)
+        elif isinstance(node, Repeat) and (node.max is None or node.max) and \
+                (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
+            tmpl = self._template(node.item)
+            cur = start
+            for _ in range(node.min):
+                nxt = self.add_state()
+                self._instantiate(tmpl, cur, nxt)
+                cur = nxt
+            if node.max is None:
+                loop_s, loop_e = self.add_state(), self.add_state()
+                self.eps[cur].append(loop_s)
+                self._instantiate(tmpl, loop_s, loop_e)
+                self.eps[loop_e].append(loop_s)
+                self.eps[loop_s].append(end)
+            else:
+                for _ in range(node.max - node.min):
+                    self.eps[cur].append(end)
+                    nxt = self.add_state()
+                    self._instantiate(tmpl, cur, nxt)
+                    cur = nxt
+                self.eps[cur].append(end)
+        else:
+            super().build(node, start, end)
+
+    def _template(self, node: Node):
+        got = _TEMPLATES.get(node)
+        if got is None:
+            scratch = TemplateNFA()
+            s, e = scratch.add_state(), scratch.add_state()
+            if isinstance(node, CharSet):
+                ByteNFA._charset(scratch, node, s, e)
+                scratch.has_empty = not node.ranges
+            else:
+                scratch.build(node, s, e)
+            scratch.resolve_all()
+            got = (len(scratch.edges) - 2, scratch.edges, scratch.eps, scratch.has_empty)
+            if len(scratch.edges) <= _MAX_SHARED_TEMPLATE_STATES:
+                if len(_TEMPLATES) >= _MAX_TEMPLATES:
+                    _TEMPLATES.clear()
+                _TEMPLATES[node] = got
+        return got
+
+    def add_state(self) -> int:
+        if len(self.edges) >= MAX_LAZY_NFA_STATES:
+            raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    def _instantiate(self, tmpl, start: int, end: int) -> None:
+        """A copy of ``tmpl`` between ``start`` and ``end``: the edges out of ``start`` and
+        ``end`` now, those of the inner states (never changed afterwards) on first use
+        (:meth:`edges_of`)."""
+        inner, edges, eps, has_empty = tmpl
+        base = len(self.edges) - 2
+        if len(self.edges) + inner > MAX_LAZY_NFA_STATES:
+            raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
+        self.has_empty |= has_empty
+
+        def m(x):
+            return start if x == 0 else end if x == 1 else base + x
+        self.edges[start].extend([(lo, hi, m(t)) for lo, hi, t in edges[0]])
+        self.eps[start].extend([m(t) for t in eps[0]])
+        self.edges[end].extend([(lo, hi, m(t)) for lo, hi, t in edges[1]])
+        self.eps[end].extend([m(t) for t in eps[1]])
+        if inner:
+            self._blocks.append((base + 2, tmpl, start, end))
+            self.edges.extend([None] * inner)
+            self.eps.extend([None] * inner)
+
+    def _resolve(self, s: int) -> None:
+        """Fill in the edges of inner template state ``s`` (renamed from its template)."""
+        k = bisect.bisect_right(self._block_starts(), s) - 1
+        first, (inner, edges, eps, _), start, end = self._blocks[k]
+        base = first - 2
+
+        def m(x):
+            return start if x == 0 else end if x == 1 else base + x
+        local = s - base
+        self.edges[s] = [(lo, hi, m(t)) for lo, hi, t in edges[local]]
+        self.eps[s] = [m(t) for t in eps[local]]
+
+    def _block_starts(self) -> list:
+        if len(self._starts) != len(self._blocks):
+            self._starts = [b[0] for b in self._blocks]
+        return self._starts
+
+    def edges_of(self, s: int) -> list:
+        if self.edges[s] is None:
+            self._resolve(s)
+        return self.edges[s]
+
+    def eps_of(self, s: int) -> list:
+        if self.eps[s] is None:
+            self._resolve(s)
+        return self.eps[s]
+
+    def resolve_all(self) -> None:
+        """Fill in every inner state (for a pass over the whole automaton)."""
+        for s, e in enumerate(self.edges):
+            if e is None:
+                self._resolve(s)
 
 
 # ---------------------------------------------------------------------- lazy subset construction
@@ -76,11 +208,17 @@ class LazyByteDFA:
 
     def __init__(self, nfa: ByteNFA, start: int, accept: int):
         n = len(nfa.edges)
-        self._live = _nfa_live(nfa, accept, n)
-        live = self._live
-        # per NFA state: its edges into live states, and its ε-closure over live states (memo)
-        self._edges = [[e for e in edges if live[e[2]]] for edges in nfa.edges]
-        self._eps = nfa.eps
+        if getattr(nfa, "has_empty", True):
+            if hasattr(nfa, "resolve_all"):
+                nfa.resolve_all()
+            self._live = _nfa_live(nfa, accept, n)
+            live = self._live
+            # per NFA state: its edges into live states; ε-closures over live states (memo)
+            edges = [[e for e in es if live[e[2]]] for es in nfa.edges]
+            self._edges_of, self._eps_of = edges.__getitem__, nfa.eps.__getitem__
+        else:   # Thompson's fragments of non-empty languages: every state reaches acceptance
+            self._live = np.ones(n, dtype=bool)
+            self._edges_of, self._eps_of = nfa.edges_of, nfa.eps_of
         self._accept = accept
         self._closure: dict[int, frozenset] = {}
         self._index: dict[frozenset, int] = {}
@@ -93,7 +231,7 @@ class LazyByteDFA:
         self._intern(frozenset())                    # 0: dead
         self._intern(frozenset([-1]))                # 1: reserved (ENDED of the token DFA)
         self.computed[DEAD] = self.computed[ENDED] = True
-        init = self._closure_of([start]) if live[start] else frozenset()
+        init = self._closure_of([start]) if self._live[start] else frozenset()
         self.initial = self._intern(init) if init else DEAD
 
     @property
@@ -110,7 +248,7 @@ class LazyByteDFA:
                 stack = [s]
                 while stack:
                     x = stack.pop()
-                    for t in self._eps[x]:
+                    for t in self._eps_of(x):
                         if t not in seen and self._live[t]:
                             seen.add(t)
                             stack.append(t)
@@ -154,7 +292,7 @@ class LazyByteDFA:
     def _build_row(self, q: int) -> None:
         edges = set()
         for s in self._sets[q]:
-            edges.update(self._edges[s])
+            edges.update(self._edges_of(s))
         row = np.zeros(256, dtype=np.int32)
         if edges:
             edges = sorted(edges)
@@ -496,7 +634,7 @@ def lazy_regex(pattern: str, tokenizer, *, eos_token_id=AUTO, vocab_size: int | 
     Raises RegexError / UnsupportedRegexError for a bad pattern, UnsatisfiableConstraintError
     when the pattern matches no string."""
     trie = vocab_trie(tokenizer)
-    nfa = ByteNFA()
+    nfa = TemplateNFA()
     start, accept = nfa.add_state(), nfa.add_state()
     nfa.build(parse(pattern), start, accept)
     return LazyTokenDFA(LazyByteDFA(nfa, start, accept), trie, eos_token_id=eos_token_id,
