@@ -204,3 +204,41 @@ def test_bad_patterns_give_clear_errors(tiny):
         lazy_regex("(ab", tiny)
     with pytest.raises(UnsatisfiableConstraintError):
         lazy_regex(r"[^\x00-\U0010FFFF]", tiny)
+
+
+@pytest.mark.parametrize("mode", ["logical", "ctrlg"])
+def test_processor_takes_a_lazy_constraint_like_the_eager_one(tiny, mode):
+    """The processor builds its tables over the lazy automaton's states within the budget
+    (:meth:`LazyTokenDFA.within_budget`): the same guided scores as the eager DFA's, step by
+    step, and every finished generation is accepted."""
+    import torch
+
+    from ctrlg.sampler import ConstraintLogitsProcessor
+    from test_guide import random_hmm
+
+    schema = SCHEMAS["person"] if mode == "logical" else {"enum": ["cat", "the mat", 12]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = dfa.json_schema(schema, tiny, whitespace="")
+        lazy = dfa.lazy_json_schema(schema, tiny, whitespace="")
+    V, eos, n = eager.vocab_size, tiny.eos_token_id, 48
+    hmm = random_hmm(4, V, 0) if mode == "ctrlg" else None
+    procs = [ConstraintLogitsProcessor(hmm, c, max_new_tokens=n, eos_token_id=eos, mode=mode)
+             for c in (eager, lazy)]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.zeros(3, 1, dtype=torch.long)
+    done = torch.zeros(3, dtype=torch.bool)
+    for _ in range(n):
+        logits = torch.randn(3, V, generator=g) * 3
+        a, b = (p(ids, logits.clone()) for p in procs)
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+        assert torch.allclose(a[torch.isfinite(a)], b[torch.isfinite(b)], atol=1e-5)
+        nxt = torch.multinomial(torch.softmax(a, -1), 1, generator=g)[:, 0]
+        nxt = torch.where(done, eos, nxt)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        done |= nxt == eos
+        if done.all():
+            break
+    for row in ids[:, 1:].tolist():
+        toks = row[:row.index(eos) + 1] if eos in row else row
+        assert lazy.accepts(toks) and eager.accepts(toks)

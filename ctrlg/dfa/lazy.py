@@ -569,6 +569,13 @@ class LazyTokenDFA:
             out[self.eos_token_id] = ENDED if self.is_accepting(state) else DEAD
         return out
 
+    def within_budget(self, max_new_tokens: int | None) -> TokenDFA:
+        """:meth:`materialize` of ``max_new_tokens``, built once per budget (memoised)."""
+        memo = self.__dict__.setdefault("_budget_dfas", {})
+        if max_new_tokens not in memo:
+            memo[max_new_tokens] = self.materialize(max_new_tokens)
+        return memo[max_new_tokens]
+
     def materialize(self, max_new_tokens: int | None = None, *, max_states: int = 200_000
                     ) -> TokenDFA:
         """An eager :class:`TokenDFA` of the states reachable from the initial state within
