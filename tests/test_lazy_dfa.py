@@ -242,3 +242,26 @@ def test_processor_takes_a_lazy_constraint_like_the_eager_one(tiny, mode):
     for row in ids[:, 1:].tolist():
         toks = row[:row.index(eos) + 1] if eos in row else row
         assert lazy.accepts(toks) and eager.accepts(toks)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + [r"[]a]+(?:x|[)(])", r"(?:a\)b)(?:[\]])+",
+                                                r"(a|(?:b))c(?:(?:d|e){2})*", r"(?:x)|(?:x)y"])
+def test_shared_group_parser_gives_the_same_ast(pattern):
+    from ctrlg.dfa import regex_syntax
+    from ctrlg.dfa.lazy import parse
+    assert parse(pattern) == regex_syntax.parse(pattern)
+    assert parse(pattern) == regex_syntax.parse(pattern)     # second time from the shared groups
+
+
+def test_shared_group_parser_on_schema_regexes():
+    from ctrlg.dfa import regex_syntax
+    from ctrlg.dfa.json_schema import schema_to_regex
+    from ctrlg.dfa.lazy import parse
+    for name, schema in SCHEMAS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                text = schema_to_regex(schema)
+            except ValueError:
+                continue
+        assert parse(text) == regex_syntax.parse(text), name

@@ -47,7 +47,7 @@ import numpy as np
 from ctrlg.dfa.bytes_dfa import MAX_NFA_STATES, ByteNFA
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size
-from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, parse
+from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, _Parser
 from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
 from ctrlg.errors import ConstraintError, RegexError, UnsatisfiableConstraintError
 
@@ -64,6 +64,84 @@ MAX_LAZY_NFA_STATES = 20_000_000
 #: this fraction of the vocabulary
 SLICE_MIN_FRACTION = 1 / 16
 _STACK_PER_DEPTH = 256
+
+
+# ---------------------------------------------------------------------- parsing, with shared groups
+#: parsed non-capturing groups kept across patterns, keyed by their text
+_GROUPS: dict[str, Node] = {}
+_MAX_GROUPS = 20_000
+_MAX_GROUP_CHARS = 4_000
+
+
+class _SharedGroupParser(_Parser):
+    """:mod:`ctrlg.dfa.regex_syntax`'s parser, except that a non-capturing group ``(?:…)``
+    whose text (up to its matching parenthesis, found by one scan of the pattern) was parsed
+    before — in this pattern or an earlier one — is not parsed again: a schema's regex repeats
+    the same pieces (a string's character, whitespace, a number) thousands of times. The AST is
+    immutable, so sharing it is exact; any other construct goes to the parser unchanged."""
+
+    def __init__(self, pattern: str):
+        super().__init__(pattern)
+        self._close = _matching_parens(pattern)
+
+    def group(self):
+        i = self.i
+        end = self._close.get(i) if self._close is not None else None
+        if end is None or not self.p.startswith("(?:", i) or end - i > _MAX_GROUP_CHARS:
+            return super().group()
+        key = self.p[i:end + 1]
+        node = _GROUPS.get(key)
+        if node is None:
+            node = super().group()
+            if self.i != end + 1:      # the scan disagrees with the parser: do not keep it
+                return node
+            if len(_GROUPS) >= _MAX_GROUPS:
+                _GROUPS.clear()
+            _GROUPS[key] = node
+            return node
+        self.i = end + 1
+        return node
+
+
+def _matching_parens(p: str) -> dict[int, int] | None:
+    """``{index of '(' : index of its ')'}`` outside character classes and escapes, or None
+    when the pattern's parentheses do not balance (the parser then reports the error)."""
+    out: dict[int, int] = {}
+    stack: list[int] = []
+    i, n = 0, len(p)
+    while i < n:
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":                     # a class: ']' right after '[' or '[^' is literal
+            j = i + 1
+            if j < n and p[j] == "^":
+                j += 1
+            if j < n and p[j] == "]":
+                j += 1
+            while j < n and p[j] != "]":
+                j += 2 if p[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "(":
+            stack.append(i)
+        elif c == ")":
+            if not stack:
+                return None
+            out[stack.pop()] = i
+        i += 1
+    return out if not stack else None
+
+
+def parse(pattern: str) -> Node:
+    """:func:`ctrlg.dfa.regex_syntax.parse` (no anchors kept), sharing parsed groups across
+    patterns (:class:`_SharedGroupParser`)."""
+    if not isinstance(pattern, str):
+        raise RegexError(f"regex pattern must be a str, got {type(pattern).__name__}")
+    if pattern == "":
+        raise RegexError("regex pattern is empty")
+    return _SharedGroupParser(pattern).parse()
 
 
 # ---------------------------------------------------------------------- Thompson NFA, by templates
