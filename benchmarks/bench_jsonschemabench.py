@@ -525,6 +525,12 @@ def main(argv=None):
                    help="a previous result JSON: run exactly its schemas (overrides the sampling)")
     p.add_argument("--limit", type=int, default=None,
                    help="only the first N schemas of the sample (seeded shuffle of it)")
+    p.add_argument("--shuffle", action="store_true",
+                   help="run the schemas in a seeded random order (an interrupted run's rows are "
+                        "then a random subsample)")
+    p.add_argument("--from-partial", type=Path, default=None,
+                   help="summarise the rows of an interrupted run's .partial.jsonl instead of "
+                        "running")
     p.add_argument("--lazy-tables", action="store_true",
                    help="ctrlg_lazy: also build the states within the budget and their table")
     p.add_argument("--failures-of", type=Path, default=None,
@@ -536,6 +542,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     t_start = time.time()
+    if args.from_partial:
+        rows = [json.loads(line) for line in args.from_partial.read_text().splitlines() if line]
+        engines = [e for e in engines if any(e in r for r in rows)]
+        return _finish(args, engines, rows, {"from_partial": str(args.from_partial)}, {},
+                       ["summarised from an interrupted run's rows"], t_start)
     ctx, setup, notes = _setup_context()
     if ctx.Index is None:
         engines = [e for e in engines if e != "outlines"]
@@ -551,6 +562,8 @@ def main(argv=None):
         failed = {(r["category"], r["file"]) for r in json.loads(args.failures_of.read_text())["rows"]
                   if r.get("ctrlg", {}).get("status") in ("refused", "crash")}
         schemas = [x for x in schemas if x in failed]
+    if args.shuffle:
+        random.Random(args.seed).shuffle(schemas)
     _WORKER.update(ctx=ctx, args=args, engines=engines)
     tasks = [(k, cat, name) for k, (cat, name) in enumerate(schemas)]
     try:
@@ -578,6 +591,11 @@ def main(argv=None):
             for task in tqdm(tasks, disable=not os.isatty(2)):
                 keep(_run_schema(task))
     partial.unlink()
+    return _finish(args, engines, rows, {}, setup, notes, t_start)
+
+
+def _finish(args, engines, rows, extra, setup, notes, t_start):
+    """Summarise, write the JSON and the plot, print the tables."""
     rows = [r for r in rows if "skipped" not in r] + [r for r in rows if "skipped" in r]
     table = summarise([r for r in rows if "skipped" not in r], engines)
     compact(rows)
@@ -593,7 +611,7 @@ def main(argv=None):
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
         "wall_s": wall, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                     "load_avg": os.getloadavg()},
-        "setup_s": setup, "notes": notes, "engines": engines,
+        "setup_s": setup, "notes": notes, "engines": engines, **extra,
         "summary": table, "ctrlg_refusal_causes": dict(sorted(refusals.items(),
                                                               key=lambda kv: -kv[1])),
         "rows": rows,
