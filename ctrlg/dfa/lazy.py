@@ -14,9 +14,9 @@ Thompson ε-NFA (:class:`~ctrlg.dfa.bytes_dfa.ByteNFA`) and builds, on demand:
   iterative depth-first walk of the vocabulary's byte trie (flat CSR arrays,
   :class:`~ctrlg.dfa.vocab_trie.VocabTrie`) over the byte rows, compiled with numba
   (:func:`_walk`). A branch is cut as soon as the byte DFA dies, so the cost is the number of
-  live (trie node, state) pairs. A walk that meets a state whose row is not built yet records it
-  and skips the branch; the rows are built and the walk repeated (at most the token length
-  times).
+  live (trie node, state) pairs. A walk that meets a state whose row is not built yet records
+  the (node, state) pair and skips the branch; the rows are built and the walk resumed from
+  those pairs (each trie node is visited once per state in all).
 * **loop slices** (:func:`loop_slice`): a state ``q`` whose *loop bytes* ``L = {b : δ(q, b) = q}``
   admit many tokens (the body of a JSON string) maps every token spelled by bytes of ``L`` alone to
   itself. Those tokens, and the trie edges that leave them (by a byte outside ``L``), are found
@@ -408,26 +408,29 @@ def _nfa_live(nfa: ByteNFA, accept: int, n: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- the trie walk (numba)
-def _walk_py(q, table, computed, child_ptr, child_byte, child_node, tok_ptr, node_tokens,
-             seed_node, seed_state, out_tok, out_next, missing):
+def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_tokens,
+             seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state):
     """Depth-first walk of the trie from ``(seed_node[i], seed_state[i])`` pairs (tokens ending
-    at the seed nodes included): every token reached with a live state is written to
-    ``out_tok``/``out_next``. Returns ``(tokens written, missing states)``; a branch whose state
-    has no row yet (``computed`` false) is skipped and the state written to ``missing``."""
+    at the seed nodes recorded too when ``record_seeds``): every token reached with a live state
+    is appended to ``out_tok``/``out_next`` from index ``n``. A pair whose state has no row yet
+    (``computed`` false) is not descended but appended to ``miss_node``/``miss_state``, to be
+    resumed from once its row is built. Returns ``(tokens written in all, pairs missed)``; more
+    missed pairs than the buffers hold returns their capacity + 1."""
     nseed = seed_node.shape[0]
     cap = nseed + _STACK_PER_DEPTH * 64
     stack_node = np.empty(cap, dtype=np.int64)
     stack_state = np.empty(cap, dtype=np.int64)
     sp = 0
-    n = 0
     m = 0
+    mcap = miss_node.shape[0]
     for i in range(nseed):
         c = seed_node[i]
         s = seed_state[i]
-        for k in range(tok_ptr[c], tok_ptr[c + 1]):
-            out_tok[n] = node_tokens[k]
-            out_next[n] = s
-            n += 1
+        if record_seeds:
+            for k in range(tok_ptr[c], tok_ptr[c + 1]):
+                out_tok[n] = node_tokens[k]
+                out_next[n] = s
+                n += 1
         stack_node[sp] = c
         stack_state[sp] = s
         sp += 1
@@ -438,9 +441,12 @@ def _walk_py(q, table, computed, child_ptr, child_byte, child_node, tok_ptr, nod
         if child_ptr[node] == child_ptr[node + 1]:
             continue
         if not computed[s]:
-            if m < missing.shape[0]:
-                missing[m] = s
+            if m < mcap:
+                miss_node[m] = node
+                miss_state[m] = s
                 m += 1
+            else:
+                return n, mcap + 1
             continue
         for e in range(child_ptr[node], child_ptr[node + 1]):
             s2 = table[s, child_byte[e]]
@@ -451,7 +457,7 @@ def _walk_py(q, table, computed, child_ptr, child_byte, child_node, tok_ptr, nod
                 out_tok[n] = node_tokens[k]
                 out_next[n] = s2
                 n += 1
-            if sp >= cap:          # cannot happen for a trie of depth ≤ 64; grow to be safe
+            if sp >= cap:          # deeper than 64 bytes with wide branching: grow the stack
                 bigger_n = np.empty(2 * cap, dtype=np.int64)
                 bigger_s = np.empty(2 * cap, dtype=np.int64)
                 bigger_n[:cap] = stack_node
@@ -525,7 +531,8 @@ class LazyTokenDFA:
                              trie.tok_ptr, trie.node_tokens)
         self._out_tok = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._out_next = np.empty(trie.vocab_size + 1, dtype=np.int64)
-        self._missing = np.empty(4096, dtype=np.int64)
+        self._miss_node = np.empty(1 << 16, dtype=np.int64)
+        self._miss_state = np.empty(1 << 16, dtype=np.int64)
         if bdfa.initial == DEAD:
             raise UnsatisfiableConstraintError(f"the {what} matches no string")
 
@@ -619,12 +626,19 @@ class LazyTokenDFA:
                 keep = nxt != DEAD
                 seed_node, seed_state = exit_child[keep], nxt[keep].astype(np.int64)
         ptr, byte, child, tptr, ntok = self._trie_arrays
-        while True:
-            n, m = _walk(q, b.table, b.computed, ptr, byte, child, tptr, ntok, seed_node,
-                         seed_state, self._out_tok, self._out_next, self._missing)
+        nodes, states, record, n = seed_node, seed_state, True, 0
+        while True:      # resume from the pairs whose rows were missing until none is
+            n, m = _walk(b.table, b.computed, ptr, byte, child, tptr, ntok, nodes, states,
+                         record, self._out_tok, self._out_next, n, self._miss_node,
+                         self._miss_state)
             if not m:
                 break
-            b.build_rows(np.unique(self._missing[:m]).tolist())
+            if m > len(self._miss_node):     # too many to resume from: build, start afresh
+                b.build_rows(np.unique(self._miss_state).tolist())
+                nodes, states, record, n = seed_node, seed_state, True, 0
+                continue
+            b.build_rows(np.unique(self._miss_state[:m]).tolist())
+            nodes, states, record = self._miss_node[:m].copy(), self._miss_state[:m].copy(), False
         tok, nxt = self._out_tok[:n].copy(), self._out_next[:n].copy()
         if self.eos_token_id is not None and len(tok):      # an EOS with bytes is only EOS
             keep = tok != self.eos_token_id
