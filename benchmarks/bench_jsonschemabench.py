@@ -205,9 +205,10 @@ def run_ctrlg_lazy(schema, ctx, args, seed, emit):
     """The lazy path (:func:`ctrlg.dfa.lazy_json_schema`): compile = the schema's regex and NFA;
     walks uniform over :meth:`~ctrlg.dfa.lazy.LazyTokenDFA.mask` without a budget (as the other
     libraries: a walk not finished after ``--budget`` tokens is incomplete), each step timed as
-    mask + step (llguidance's fill + consume). With ``--lazy-tables`` the states reachable within
-    the budget are then built (:meth:`~ctrlg.dfa.lazy.LazyTokenDFA.materialize`) and their
-    feasibility table F_r (what the guide adds on top in Ctrl-G mode) timed."""
+    mask + step (llguidance's fill + consume). With ``--lazy-tables`` the token DFA the
+    processor's tables are built over is then built as the processor builds it
+    (:meth:`~ctrlg.dfa.lazy.LazyTokenDFA.within_budget`, restricted to the budget) and its
+    feasibility table F_r timed (what Ctrl-G / budgeted logical mode adds on top)."""
     from ctrlg import dfa
     from ctrlg.dfa.lazy import LazyTokenDFA
 
@@ -244,9 +245,10 @@ def run_ctrlg_lazy(schema, ctx, args, seed, emit):
     emit({"states": int(d.num_states)})
     _report_unbudgeted_walks(emit, ctx, walks, times, check, final=not args.lazy_tables)
     if args.lazy_tables:
+        from ctrlg.dfa.ops import restrict_to_budget
         from ctrlg.guide.feasibility import Feasibility
         t0 = time.perf_counter()
-        a = d.materialize(args.budget)
+        a = restrict_to_budget(d.within_budget(args.budget), args.budget)
         emit({"materialize_s": time.perf_counter() - t0, "budget_states": int(a.num_states)})
         t0 = time.perf_counter()
         Feasibility(a, max_new_tokens=args.budget, eos_token_id=ctx.eos)

@@ -662,11 +662,32 @@ class LazyTokenDFA:
         return out
 
     def within_budget(self, max_new_tokens: int | None) -> TokenDFA:
-        """:meth:`materialize` of ``max_new_tokens``, built once per budget (memoised)."""
+        """An eager TokenDFA with this automaton's language, for tables over a budget of
+        ``max_new_tokens`` tokens (the processor restricts it to the states the budget reaches,
+        :func:`ctrlg.dfa.ops.restrict_to_budget`): every byte row reachable from the initial
+        state is built, then the vectorised all-encodings index of :mod:`ctrlg.dfa.regex_index`
+        (letters, loop tokens) runs over that byte DFA — far cheaper than :meth:`materialize`'s
+        state-by-state walks. Built once (memoised)."""
         memo = self.__dict__.setdefault("_budget_dfas", {})
-        if max_new_tokens not in memo:
-            memo[max_new_tokens] = self.materialize(max_new_tokens)
-        return memo[max_new_tokens]
+        if "all" not in memo:
+            from ctrlg.dfa.bytes_dfa import ByteDFA
+            from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
+            b = self.bdfa
+            todo = [b.initial]
+            seen = {DEAD, ENDED, b.initial}
+            while todo:
+                q = todo.pop()
+                for r in np.unique(b.row(q)).tolist():
+                    if r not in seen:
+                        seen.add(r)
+                        todo.append(r)
+            Q = b.num_states
+            bdfa = ByteDFA(table=b.table[:Q].copy(), accepting=b.accepting[:Q].copy(),
+                           initial=b.initial)
+            d = token_dfa_from_bytes_dfa(bdfa, self.trie, eos_token_id=self.eos_token_id,
+                                         vocab_size=self.vocab_size)
+            memo["all"] = d
+        return memo["all"]
 
     def materialize(self, max_new_tokens: int | None = None, *, max_states: int = 200_000
                     ) -> TokenDFA:
