@@ -44,9 +44,9 @@ import weakref
 
 import numpy as np
 
-from ctrlg.dfa.bytes_dfa import MAX_NFA_STATES, ByteNFA
+from ctrlg.dfa.bytes_dfa import ByteDFA, ByteNFA
 from ctrlg.dfa.core import TokenDFA
-from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size
+from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
 from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, _Parser
 from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
 from ctrlg.errors import ConstraintError, RegexError, UnsatisfiableConstraintError
@@ -670,8 +670,6 @@ class LazyTokenDFA:
         state-by-state walks. Built once (memoised)."""
         memo = self.__dict__.setdefault("_budget_dfas", {})
         if "all" not in memo:
-            from ctrlg.dfa.bytes_dfa import ByteDFA
-            from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
             b = self.bdfa
             todo = [b.initial]
             seen = {DEAD, ENDED, b.initial}
