@@ -51,7 +51,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 
-ENGINES = ("ctrlg", "outlines", "llguidance")
+ENGINES = ("ctrlg", "ctrlg_lazy", "outlines", "llguidance")
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -144,28 +144,31 @@ def _walk_stats(emit, docs, times, check):
           "mask_us": [round(t * 1e6, 2) for t in times]})
 
 
-def _report_unbudgeted_walks(emit, ctx, walks, times, check):
+def _report_unbudgeted_walks(emit, ctx, walks, times, check, final=True):
     """The walks of an engine without a budget, ``[(tokens, reached EOS)]``: those that reached
     EOS are decoded and checked, the others counted as incomplete."""
     docs = [b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace")
             for toks, done in walks if done]
     emit({"incomplete": len(walks) - len(docs)})
     _walk_stats(emit, docs, times, check)
-    emit({"status": "ok"})
+    if final:
+        emit({"status": "ok"})
 
 
 # ---------------------------------------------------------------------- engines
-def run_ctrlg(schema, ctx, args, seed, emit):
+def run_ctrlg(schema, ctx, args, seed, emit, constraint=None, compile_s=None):
     from ctrlg import dfa
     from ctrlg.dfa.cfg.constraint import GrammarConstraint
     from ctrlg.guide.feasibility import Feasibility
     from ctrlg.guide.masks import regular_automaton, token_mask
 
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        d = dfa.json_schema(schema, ctx.trie)
-    compile_s = time.perf_counter() - t0
+    d = constraint
+    if d is None:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            d = dfa.json_schema(schema, ctx.trie)
+        compile_s = time.perf_counter() - t0
     a = regular_automaton(d)
     emit({"status": "compiled", "compile_s": compile_s, "states": int(a.num_states),
           "kind": "grammar" if isinstance(d, GrammarConstraint) else "dfa"})
@@ -196,6 +199,61 @@ def run_ctrlg(schema, ctx, args, seed, emit):
         docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
     _walk_stats(emit, docs, times, check)
     emit({"status": "ok"})
+
+
+def run_ctrlg_lazy(schema, ctx, args, seed, emit):
+    """The lazy path (:func:`ctrlg.dfa.lazy_json_schema`): compile = the schema's regex and NFA;
+    walks uniform over :meth:`~ctrlg.dfa.lazy.LazyTokenDFA.mask` without a budget (as the other
+    libraries: a walk not finished after ``--budget`` tokens is incomplete), each step timed as
+    mask + step (llguidance's fill + consume). With ``--lazy-tables`` the token DFA the
+    processor's tables are built over is then built as the processor builds it
+    (:meth:`~ctrlg.dfa.lazy.LazyTokenDFA.within_budget`, restricted to the budget) and its
+    feasibility table F_r timed (what Ctrl-G / budgeted logical mode adds on top)."""
+    from ctrlg import dfa
+    from ctrlg.dfa.lazy import LazyTokenDFA
+
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = dfa.lazy_json_schema(schema, ctx.trie)
+    compile_s = time.perf_counter() - t0
+    if not isinstance(d, LazyTokenDFA):       # a recursive schema: the eager grammar path
+        emit({"kind": "grammar"})
+        return run_ctrlg(schema, ctx, args, seed, emit, constraint=d, compile_s=compile_s)
+    emit({"status": "compiled", "compile_s": compile_s, "kind": "lazy"})
+    check = checker(schema)
+    rng = np.random.default_rng(seed)
+    walks, times = [], []
+    for _ in range(args.walks):
+        s, toks, done = d.initial, [], False
+        for _ in range(args.budget):
+            t1 = time.perf_counter()
+            mask = d.mask(s)
+            times.append(time.perf_counter() - t1)
+            ids = np.flatnonzero(mask)
+            if not len(ids):
+                break
+            t = int(ids[rng.integers(len(ids))])
+            if t == ctx.eos:
+                done = True
+                break
+            t1 = time.perf_counter()
+            s = d.step(s, t)
+            times[-1] += time.perf_counter() - t1
+            toks.append(t)
+        walks.append((toks, done))
+    emit({"states": int(d.num_states)})
+    _report_unbudgeted_walks(emit, ctx, walks, times, check, final=not args.lazy_tables)
+    if args.lazy_tables:
+        from ctrlg.dfa.ops import restrict_to_budget
+        from ctrlg.guide.feasibility import Feasibility
+        t0 = time.perf_counter()
+        a = restrict_to_budget(d.within_budget(args.budget), args.budget)
+        emit({"materialize_s": time.perf_counter() - t0, "budget_states": int(a.num_states)})
+        t0 = time.perf_counter()
+        Feasibility(a, max_new_tokens=args.budget, eos_token_id=ctx.eos)
+        emit({"table_s": time.perf_counter() - t0})
+        emit({"status": "ok"})
 
 
 def run_outlines(schema, ctx, args, seed, emit):
@@ -263,7 +321,8 @@ def run_llguidance(schema, ctx, args, seed, emit):
     _report_unbudgeted_walks(emit, ctx, walks, times, check)
 
 
-RUNNERS = {"ctrlg": run_ctrlg, "outlines": run_outlines, "llguidance": run_llguidance}
+RUNNERS = {"ctrlg": run_ctrlg, "ctrlg_lazy": run_ctrlg_lazy, "outlines": run_outlines,
+           "llguidance": run_llguidance}
 
 
 # ---------------------------------------------------------------------- driver
@@ -286,7 +345,24 @@ def _setup_context():
     ctx, setup, notes = _setup(tok)
     ctx.trie = vocab_trie(tok)
     ctx.token_bytes = [bytes(b) for b in ctx.trie.token_bytes]
+    t0 = time.perf_counter()
+    _warm_lazy(ctx.trie)
+    setup["ctrlg_lazy_warmup_s"] = time.perf_counter() - t0
     return ctx, setup, notes
+
+
+def _warm_lazy(trie):
+    """Per-vocabulary work of the lazy path, done once before the schemas fork (as llguidance
+    and outlines-core build their vocabulary objects once): the compiled trie walk and the
+    loop slice of a JSON string's body (:func:`ctrlg.dfa.lazy.loop_slice`)."""
+    from ctrlg import dfa
+
+    d = dfa.lazy_json_schema({"type": "object", "properties": {"a": {"type": "string"}},
+                              "required": ["a"]}, trie, whitespace="")
+    q = d.initial
+    for ch in b'{"a":"x':
+        q = d.bdfa.row(q)[ch]
+    d.mask(int(q))
 
 
 def _pct(values, q):
@@ -303,6 +379,7 @@ def summarise(rows, engines):
             res = [r[e] for r in sel if e in r]
             ok = [x for x in res if x["status"] == "ok"]
             comp = [x["compile_s"] for x in ok if "compile_s" in x]
+            tables = [x["table_s"] + x.get("materialize_s", 0.0) for x in ok if "table_s" in x]
             masks = [t for x in ok for t in x.get("mask_us", [])]
             entry[e] = {
                 "compiled": len(ok),
@@ -310,13 +387,15 @@ def summarise(rows, engines):
                 "timeout": sum(x["status"] == "timeout" for x in res),
                 "crash": sum(x["status"] == "crash" for x in res),
                 "compile_median_s": _pct(comp, 50), "compile_p90_s": _pct(comp, 90),
+                "compile_p99_s": _pct(comp, 99),
+                "tables_median_s": _pct(tables, 50), "tables_p90_s": _pct(tables, 90),
                 "mask_p50_us": _pct(masks, 50), "mask_p99_us": _pct(masks, 99),
                 "docs": sum(x.get("docs", 0) for x in ok),
                 "invalid_docs": sum(x.get("invalid", 0) for x in ok),
                 "schemas_with_invalid_docs": sum(x.get("invalid", 0) > 0 for x in ok),
                 "incomplete_walks": sum(x.get("incomplete", 0) for x in ok),
             }
-            if e == "ctrlg":
+            if e in ("ctrlg", "ctrlg_lazy"):
                 states = [x["states"] for x in ok if "states" in x]
                 entry[e]["states_median"] = _pct(states, 50)
                 entry[e]["states_p90"] = _pct(states, 90)
@@ -366,6 +445,27 @@ def markdown(table, engines):
         cells.append(" · ".join(f"{entry[e]['invalid_docs']}/{entry[e]['docs']}"
                                 for e in engines))
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def engine_table(entry, engines):
+    """One row per engine over all schemas: coverage, compile p50/p90/p99, mask p50/p99,
+    invalid documents, timeouts (markdown)."""
+    def ms(v):
+        return "—" if v is None else f"{v * 1e3:.1f} ms"
+
+    def us(v):
+        return "—" if v is None else f"{v:.0f} µs"
+    n = entry["schemas"]
+    lines = ["| engine | compiled | compile p50 / p90 / p99 | mask p50 / p99 | invalid / docs | "
+             "incomplete walks | timeouts | refused | crash |", "|---" * 9 + "|"]
+    for e in engines:
+        x = entry[e]
+        lines.append(f"| {e} | {x['compiled']} ({100 * x['compiled'] / max(n, 1):.1f} %) | "
+                     f"{ms(x['compile_median_s'])} / {ms(x['compile_p90_s'])} / "
+                     f"{ms(x['compile_p99_s'])} | {us(x['mask_p50_us'])} / {us(x['mask_p99_us'])} | "
+                     f"{x['invalid_docs']} / {x['docs']} | {x['incomplete_walks']} | "
+                     f"{x['timeout']} | {x['refused']} | {x['crash']} |")
     return "\n".join(lines)
 
 
@@ -423,6 +523,18 @@ def main(argv=None):
     p.add_argument("--walks", type=int, default=3)
     p.add_argument("--budget", type=int, default=512, help="tokens per random walk")
     p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--sample-of", type=Path, default=None,
+                   help="a previous result JSON: run exactly its schemas (overrides the sampling)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only the first N schemas of the sample (seeded shuffle of it)")
+    p.add_argument("--shuffle", action="store_true",
+                   help="run the schemas in a seeded random order (an interrupted run's rows are "
+                        "then a random subsample)")
+    p.add_argument("--from-partial", type=Path, default=None,
+                   help="summarise the rows of an interrupted run's .partial.jsonl instead of "
+                        "running")
+    p.add_argument("--lazy-tables", action="store_true",
+                   help="ctrlg_lazy: also build the states within the budget and their table")
     p.add_argument("--failures-of", type=Path, default=None,
                    help="a previous result JSON: run only the schemas (of this sample) that ctrlg "
                         "refused or crashed on there")
@@ -432,16 +544,28 @@ def main(argv=None):
     args = p.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     t_start = time.time()
+    if args.from_partial:
+        rows = [json.loads(line) for line in args.from_partial.read_text().splitlines() if line]
+        engines = [e for e in engines if any(e in r for r in rows)]
+        return _finish(args, engines, rows, {"from_partial": str(args.from_partial)}, {},
+                       ["summarised from an interrupted run's rows"], t_start)
     ctx, setup, notes = _setup_context()
     if ctx.Index is None:
         engines = [e for e in engines if e != "outlines"]
     if ctx.llguidance is None:
         engines = [e for e in engines if e != "llguidance"]
     schemas = sample_schemas(args.data, args.per_category, args.seed)
+    if args.sample_of:
+        schemas = [(r["category"], r["file"])
+                   for r in json.loads(args.sample_of.read_text())["rows"]]
+    if args.limit is not None:
+        schemas = sorted(random.Random(args.seed).sample(schemas, min(args.limit, len(schemas))))
     if args.failures_of:   # re-check: only the schemas ctrlg refused or crashed on in that run
         failed = {(r["category"], r["file"]) for r in json.loads(args.failures_of.read_text())["rows"]
                   if r.get("ctrlg", {}).get("status") in ("refused", "crash")}
         schemas = [x for x in schemas if x in failed]
+    if args.shuffle:
+        random.Random(args.seed).shuffle(schemas)
     _WORKER.update(ctx=ctx, args=args, engines=engines)
     tasks = [(k, cat, name) for k, (cat, name) in enumerate(schemas)]
     try:
@@ -469,6 +593,11 @@ def main(argv=None):
             for task in tqdm(tasks, disable=not os.isatty(2)):
                 keep(_run_schema(task))
     partial.unlink()
+    return _finish(args, engines, rows, {}, setup, notes, t_start)
+
+
+def _finish(args, engines, rows, extra, setup, notes, t_start):
+    """Summarise, write the JSON and the plot, print the tables."""
     rows = [r for r in rows if "skipped" not in r] + [r for r in rows if "skipped" in r]
     table = summarise([r for r in rows if "skipped" not in r], engines)
     compact(rows)
@@ -484,7 +613,7 @@ def main(argv=None):
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
         "wall_s": wall, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                     "load_avg": os.getloadavg()},
-        "setup_s": setup, "notes": notes, "engines": engines,
+        "setup_s": setup, "notes": notes, "engines": engines, **extra,
         "summary": table, "ctrlg_refusal_causes": dict(sorted(refusals.items(),
                                                               key=lambda kv: -kv[1])),
         "rows": rows,
@@ -496,6 +625,8 @@ def main(argv=None):
     except ImportError:
         pass
     print(markdown(table, engines))
+    print()
+    print(engine_table(table["all"], engines))
     print(f"\nwall time {wall:.0f} s; ctrlg refusals: {json.dumps(result['ctrlg_refusal_causes'], indent=1)}")
     return result
 

@@ -196,7 +196,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.masks: list[TokenMask] = []
         for original in self.dfas:
             if id(original) not in built:
-                d = _within_budget(regular_automaton(original), self.max_new_tokens)
+                d = _within_budget(regular_automaton(original, self.max_new_tokens),
+                                   self.max_new_tokens)
                 if self.hmm is None and self.suffix_ids is None:
                     t = Feasibility(d, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None)

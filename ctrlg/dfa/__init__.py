@@ -15,6 +15,8 @@ from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.ops import complement, concat, intersect, union
 from ctrlg.dfa.grammar import grammar
 from ctrlg.dfa.json_schema import json_schema, schema_to_regex
+from ctrlg.dfa.json_schema.lazy import lazy_json_schema
+from ctrlg.dfa.lazy import LazyTokenDFA, lazy_regex
 from ctrlg.dfa.regex import regex
 from ctrlg.dfa.strings import contains, contains_all, contains_any
 from ctrlg.dfa.words import (commongen_constraint, count_words, inflections, keywords,
@@ -26,5 +28,5 @@ __all__ = [
     "banned_phrases", "banned_tokens", "word_count", "keywords", "inflections", "count_words",
     "commongen_constraint",
     "intersect", "union", "complement", "concat", "minimize",
-    "regex", "json_schema", "schema_to_regex", "grammar", "contains", "contains_all", "contains_any",
+    "regex", "json_schema", "schema_to_regex", "lazy_regex", "lazy_json_schema", "LazyTokenDFA", "grammar", "contains", "contains_all", "contains_any",
 ]

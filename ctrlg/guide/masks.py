@@ -16,6 +16,7 @@ constraint               A                           cursor                  exa
 ``TokenDFA``             the DFA itself              none                    A's own ``F`` (exact)
 ``CanonicalDFA``         all-encodings DFA           last two tokens         ``C_r`` (bigram test)
 ``GrammarConstraint``    a regular superset of L(G)  Earley set              ``G_r`` (the grammar)
+``LazyTokenDFA``         its states within budget    none                    A's own ``F`` (exact)
 =======================  ==========================  ======================  =====================
 
 :class:`TokenMask` is the protocol; :func:`token_mask` builds the provider of a constraint from
@@ -35,6 +36,7 @@ from ctrlg.dfa.cfg.constraint import GrammarConstraint
 from ctrlg.dfa.canonical import FREE, START, token_verdicts
 from ctrlg.dfa.canonical_filter import CanonicalDFA
 from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.lazy import LazyTokenDFA
 from ctrlg.errors import ConstraintError
 from ctrlg.guide.canonical_masks import CanonicalFeasibility
 from ctrlg.guide.feasibility import Feasibility
@@ -44,7 +46,7 @@ __all__ = ["TokenMask", "DFAMask", "CanonicalMask", "GrammarMask", "token_mask",
            "regular_automaton", "is_constraint", "CONSTRAINT_TYPES"]
 
 #: The constraint types the processor, ``ctrlg.generate``, beam search and insertion accept.
-CONSTRAINT_TYPES = (TokenDFA, CanonicalDFA, GrammarConstraint)
+CONSTRAINT_TYPES = (TokenDFA, CanonicalDFA, GrammarConstraint, LazyTokenDFA)
 
 
 @runtime_checkable
@@ -150,13 +152,17 @@ def is_constraint(obj) -> bool:
     return isinstance(obj, CONSTRAINT_TYPES)
 
 
-def regular_automaton(constraint) -> TokenDFA:
-    """The token DFA A whose tables guide ``constraint`` (the constraint itself for a TokenDFA)."""
+def regular_automaton(constraint, max_new_tokens: int | None = None) -> TokenDFA:
+    """The token DFA A whose tables guide ``constraint`` (the constraint itself for a TokenDFA;
+    for a :class:`~ctrlg.dfa.lazy.LazyTokenDFA`, its states within ``max_new_tokens`` tokens,
+    built once per budget: :meth:`~ctrlg.dfa.lazy.LazyTokenDFA.materialize`)."""
     if isinstance(constraint, TokenDFA):
         return constraint
+    if isinstance(constraint, LazyTokenDFA):
+        return constraint.within_budget(max_new_tokens)
     if isinstance(constraint, (CanonicalDFA, GrammarConstraint)):
         return constraint.dfa
-    raise ConstraintError(f"expected a TokenDFA, CanonicalDFA or grammar constraint, got "
+    raise ConstraintError(f"expected a TokenDFA, LazyTokenDFA, CanonicalDFA or grammar constraint, got "
                           f"{type(constraint).__name__}")
 
 

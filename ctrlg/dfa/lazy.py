@@ -1,0 +1,759 @@
+"""A lazy token automaton: regex → byte NFA, with DFA states and token masks built on first use.
+
+The eager path (:func:`ctrlg.dfa.regex`) determinises the whole byte automaton, computes every
+state's token transitions and minimises; a JSON schema of a few kilobytes pays tens to hundreds
+of milliseconds before the first token. Logical masking needs none of that up front: it needs the
+mask of the states a generation actually visits. :func:`lazy_regex` therefore stops at the
+Thompson ε-NFA (:class:`~ctrlg.dfa.bytes_dfa.ByteNFA`) and builds, on demand:
+
+* **byte-DFA rows** (:class:`LazyByteDFA`): subset construction (Rabin–Scott) one state at a
+  time, ``row(q)[b] = closure(move(q, b))``. NFA states from which the accepting state cannot be
+  reached are removed first (backward search over the NFA), so every non-empty subset is *live*
+  and the dead state is exactly the empty set (id 0): no liveness pass over the DFA is needed.
+* **token masks** (:meth:`LazyTokenDFA.mask`): ``mask_q[v] = [δ*(q, bytes(v)) ≠ dead]``, by an
+  iterative depth-first walk of the vocabulary's byte trie (flat CSR arrays,
+  :class:`~ctrlg.dfa.vocab_trie.VocabTrie`) over the byte rows, compiled with numba
+  (:func:`_walk`). A branch is cut as soon as the byte DFA dies, so the cost is the number of
+  live (trie node, state) pairs. A walk that meets a state whose row is not built yet records
+  the (node, state) pair and skips the branch; the rows are built and the walk resumed from
+  those pairs (each trie node is visited once per state in all).
+* **loop slices** (:func:`loop_slice`): a state ``q`` whose *loop bytes* ``L = {b : δ(q, b) = q}``
+  admit many tokens (the body of a JSON string) maps every token spelled by bytes of ``L`` alone to
+  itself. Those tokens, and the trie edges that leave them (by a byte outside ``L``), are found
+  once per (vocabulary, ``L``) and shared by every state, pattern and schema with the same loop;
+  the walk then starts from the exits only.
+
+The language is exactly :func:`ctrlg.dfa.regex`'s with ``encodings="all"``:
+``L_tok = {t_1..t_n (EOS)* : bytes(t_1)···bytes(t_n) ∈ L(pattern)}``; EOS (``eos_token_id``)
+goes from an accepting state to :data:`ENDED` (accepting, EOS loops), tokens without bytes are
+dead everywhere, and an EOS token with bytes is only EOS. States are the lazy byte DFA's ids (0
+dead, :data:`ENDED` = 1), so two runs number states differently than the eager DFA: compare
+languages or masks, not ids. :meth:`LazyTokenDFA.materialize` builds an eager
+:class:`~ctrlg.dfa.core.TokenDFA` of the states reachable within a token budget (what the Ctrl-G
+guide's tables need).
+
+Costs: compile = regex parse + Thompson NFA (linear in the pattern); a state's first mask =
+its row(s) (Python, per new byte state) + the trie walk (compiled); later masks are a dict
+look-up (memoised, read-only arrays).
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+
+import numpy as np
+
+from ctrlg.dfa.bytes_dfa import ByteDFA, ByteNFA
+from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
+from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, _Parser
+from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
+from ctrlg.errors import ConstraintError, RegexError, UnsatisfiableConstraintError
+
+__all__ = ["TemplateNFA", "LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "DEAD", "ENDED",
+           "MAX_LAZY_STATES"]
+
+DEAD = 0
+ENDED = 1
+#: the lazy byte DFA refuses to grow past this many states (RegexError)
+MAX_LAZY_STATES = 2_000_000
+#: NFA states of a lazy pattern (inner states of copied fragments cost nothing until used)
+MAX_LAZY_NFA_STATES = 20_000_000
+#: a loop byte set is sliced (its tokens found once per vocabulary) when it spells at least
+#: this fraction of the vocabulary
+SLICE_MIN_FRACTION = 1 / 16
+_STACK_PER_DEPTH = 256
+
+
+# ---------------------------------------------------------------------- parsing, with shared groups
+#: parsed non-capturing groups kept across patterns, keyed by their text
+_GROUPS: dict[str, Node] = {}
+_MAX_GROUPS = 20_000
+_MAX_GROUP_CHARS = 4_000
+
+
+class _SharedGroupParser(_Parser):
+    """:mod:`ctrlg.dfa.regex_syntax`'s parser, except that a non-capturing group ``(?:…)``
+    whose text (up to its matching parenthesis, found by one scan of the pattern) was parsed
+    before — in this pattern or an earlier one — is not parsed again: a schema's regex repeats
+    the same pieces (a string's character, whitespace, a number) thousands of times. The AST is
+    immutable, so sharing it is exact; any other construct goes to the parser unchanged."""
+
+    def __init__(self, pattern: str):
+        super().__init__(pattern)
+        self._close = _matching_parens(pattern)
+
+    def group(self):
+        i = self.i
+        end = self._close.get(i) if self._close is not None else None
+        if end is None or not self.p.startswith("(?:", i) or end - i > _MAX_GROUP_CHARS:
+            return super().group()
+        key = self.p[i:end + 1]
+        node = _GROUPS.get(key)
+        if node is None:
+            node = super().group()
+            if self.i != end + 1:      # the scan disagrees with the parser: do not keep it
+                return node
+            if len(_GROUPS) >= _MAX_GROUPS:
+                _GROUPS.clear()
+            _GROUPS[key] = node
+            return node
+        self.i = end + 1
+        return node
+
+
+def _matching_parens(p: str) -> dict[int, int] | None:
+    """``{index of '(' : index of its ')'}`` outside character classes and escapes, or None
+    when the pattern's parentheses do not balance (the parser then reports the error)."""
+    out: dict[int, int] = {}
+    stack: list[int] = []
+    i, n = 0, len(p)
+    while i < n:
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":                     # a class: ']' right after '[' or '[^' is literal
+            j = i + 1
+            if j < n and p[j] == "^":
+                j += 1
+            if j < n and p[j] == "]":
+                j += 1
+            while j < n and p[j] != "]":
+                j += 2 if p[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "(":
+            stack.append(i)
+        elif c == ")":
+            if not stack:
+                return None
+            out[stack.pop()] = i
+        i += 1
+    return out if not stack else None
+
+
+def parse(pattern: str) -> Node:
+    """:func:`ctrlg.dfa.regex_syntax.parse` (no anchors kept), sharing parsed groups across
+    patterns (:class:`_SharedGroupParser`)."""
+    if not isinstance(pattern, str):
+        raise RegexError(f"regex pattern must be a str, got {type(pattern).__name__}")
+    if pattern == "":
+        raise RegexError("regex pattern is empty")
+    return _SharedGroupParser(pattern).parse()
+
+
+# ---------------------------------------------------------------------- Thompson NFA, by templates
+#: fragments (char sets, repeated items) kept across patterns, keyed by their AST node
+_TEMPLATES: dict = {}
+_MAX_TEMPLATES = 4096
+_MAX_SHARED_TEMPLATE_STATES = 4096
+
+
+class TemplateNFA(ByteNFA):
+    """:class:`~ctrlg.dfa.bytes_dfa.ByteNFA` (Thompson's construction) that builds a char set's
+    UTF-8 byte-range trie, or the item of a counted repetition ``x{m,n}``, once as a *template*
+    (local ids: 0 = start, 1 = end, 2.. inner states) and copies it by renaming states. The
+    result is the same automaton up to state numbering; templates of small fragments are kept
+    across patterns (a JSON string's character, a number, a format), so a schema's NFA costs
+    O(states) list operations rather than re-encoding every class. ``has_empty`` records an
+    empty char set (the only source of NFA states that cannot reach acceptance)."""
+
+    def __init__(self):
+        super().__init__()
+        self.has_empty = False
+        self._blocks: list = []      # (first inner state, template, start, end), by first state
+        self._starts: list = []
+
+    def build(self, node: Node, start: int, end: int) -> None:
+        if isinstance(node, CharSet):
+            self._instantiate(self._template(node), start, end)
+        elif isinstance(node, Repeat) and (node.max is None or node.max) and \
+                (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
+            tmpl = self._template(node.item)
+            cur = start
+            for _ in range(node.min):
+                nxt = self.add_state()
+                self._instantiate(tmpl, cur, nxt)
+                cur = nxt
+            if node.max is None:
+                loop_s, loop_e = self.add_state(), self.add_state()
+                self.eps[cur].append(loop_s)
+                self._instantiate(tmpl, loop_s, loop_e)
+                self.eps[loop_e].append(loop_s)
+                self.eps[loop_s].append(end)
+            else:
+                for _ in range(node.max - node.min):
+                    self.eps[cur].append(end)
+                    nxt = self.add_state()
+                    self._instantiate(tmpl, cur, nxt)
+                    cur = nxt
+                self.eps[cur].append(end)
+        else:
+            super().build(node, start, end)
+
+    def _template(self, node: Node):
+        got = _TEMPLATES.get(node)
+        if got is None:
+            scratch = TemplateNFA()
+            s, e = scratch.add_state(), scratch.add_state()
+            if isinstance(node, CharSet):
+                ByteNFA._charset(scratch, node, s, e)
+                scratch.has_empty = not node.ranges
+            else:
+                scratch.build(node, s, e)
+            scratch.resolve_all()
+            got = (len(scratch.edges) - 2, scratch.edges, scratch.eps, scratch.has_empty)
+            if len(scratch.edges) <= _MAX_SHARED_TEMPLATE_STATES:
+                if len(_TEMPLATES) >= _MAX_TEMPLATES:
+                    _TEMPLATES.clear()
+                _TEMPLATES[node] = got
+        return got
+
+    def add_state(self) -> int:
+        if len(self.edges) >= MAX_LAZY_NFA_STATES:
+            raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    def _instantiate(self, tmpl, start: int, end: int) -> None:
+        """A copy of ``tmpl`` between ``start`` and ``end``: the edges out of ``start`` and
+        ``end`` now, those of the inner states (never changed afterwards) on first use
+        (:meth:`edges_of`)."""
+        inner, edges, eps, has_empty = tmpl
+        base = len(self.edges) - 2
+        if len(self.edges) + inner > MAX_LAZY_NFA_STATES:
+            raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
+        self.has_empty |= has_empty
+
+        def m(x):
+            return start if x == 0 else end if x == 1 else base + x
+        self.edges[start].extend([(lo, hi, m(t)) for lo, hi, t in edges[0]])
+        self.eps[start].extend([m(t) for t in eps[0]])
+        self.edges[end].extend([(lo, hi, m(t)) for lo, hi, t in edges[1]])
+        self.eps[end].extend([m(t) for t in eps[1]])
+        if inner:
+            self._blocks.append((base + 2, tmpl, start, end))
+            self.edges.extend([None] * inner)
+            self.eps.extend([None] * inner)
+
+    def _resolve(self, s: int) -> None:
+        """Fill in the edges of inner template state ``s`` (renamed from its template)."""
+        k = bisect.bisect_right(self._block_starts(), s) - 1
+        first, (inner, edges, eps, _), start, end = self._blocks[k]
+        base = first - 2
+
+        def m(x):
+            return start if x == 0 else end if x == 1 else base + x
+        local = s - base
+        self.edges[s] = [(lo, hi, m(t)) for lo, hi, t in edges[local]]
+        self.eps[s] = [m(t) for t in eps[local]]
+
+    def _block_starts(self) -> list:
+        if len(self._starts) != len(self._blocks):
+            self._starts = [b[0] for b in self._blocks]
+        return self._starts
+
+    def edges_of(self, s: int) -> list:
+        if self.edges[s] is None:
+            self._resolve(s)
+        return self.edges[s]
+
+    def eps_of(self, s: int) -> list:
+        if self.eps[s] is None:
+            self._resolve(s)
+        return self.eps[s]
+
+    def resolve_all(self) -> None:
+        """Fill in every inner state (for a pass over the whole automaton)."""
+        for s, e in enumerate(self.edges):
+            if e is None:
+                self._resolve(s)
+
+
+# ---------------------------------------------------------------------- lazy subset construction
+class LazyByteDFA:
+    """The subset construction of a byte ε-NFA, one row at a time (module docstring).
+
+    Attributes:
+        table: int32 [capacity, 256]; ``table[q]`` is valid where ``computed[q]``.
+        computed: bool [capacity].
+        accepting: bool [capacity] (valid for every interned state).
+        initial: the initial state (1 is reserved for the token automaton's ENDED state).
+    """
+
+    def __init__(self, nfa: ByteNFA, start: int, accept: int):
+        n = len(nfa.edges)
+        if getattr(nfa, "has_empty", True):
+            if hasattr(nfa, "resolve_all"):
+                nfa.resolve_all()
+            self._live = _nfa_live(nfa, accept, n)
+            live = self._live
+            # per NFA state: its edges into live states; ε-closures over live states (memo)
+            edges = [[e for e in es if live[e[2]]] for es in nfa.edges]
+            self._edges_of, self._eps_of = edges.__getitem__, nfa.eps.__getitem__
+        else:   # Thompson's fragments of non-empty languages: every state reaches acceptance
+            self._live = np.ones(n, dtype=bool)
+            self._edges_of, self._eps_of = nfa.edges_of, nfa.eps_of
+        self._accept = accept
+        self._closure: dict[int, frozenset] = {}
+        self._index: dict[frozenset, int] = {}
+        self._sets: list[frozenset] = []
+        self._move: dict[frozenset, int] = {}
+        cap = 64
+        self.table = np.zeros((cap, 256), dtype=np.int32)
+        self.computed = np.zeros(cap, dtype=np.bool_)
+        self.accepting = np.zeros(cap, dtype=np.bool_)
+        self._intern(frozenset())                    # 0: dead
+        self._intern(frozenset([-1]))                # 1: reserved (ENDED of the token DFA)
+        self.computed[DEAD] = self.computed[ENDED] = True
+        init = self._closure_of([start]) if self._live[start] else frozenset()
+        self.initial = self._intern(init) if init else DEAD
+
+    @property
+    def num_states(self) -> int:
+        """States interned so far (dead and the reserved id included)."""
+        return len(self._sets)
+
+    def _closure_of(self, states) -> frozenset:
+        out: set = set()
+        for s in states:
+            c = self._closure.get(s)
+            if c is None:
+                seen = {s}
+                stack = [s]
+                while stack:
+                    x = stack.pop()
+                    for t in self._eps_of(x):
+                        if t not in seen and self._live[t]:
+                            seen.add(t)
+                            stack.append(t)
+                c = self._closure[s] = frozenset(seen)
+            out |= c
+        return frozenset(out)
+
+    def _intern(self, subset: frozenset) -> int:
+        q = self._index.get(subset)
+        if q is None:
+            q = len(self._sets)
+            if q >= MAX_LAZY_STATES:
+                raise RegexError(f"the lazy byte DFA exceeds {MAX_LAZY_STATES:,} states")
+            if q >= len(self.computed):
+                self._grow(2 * q)
+            self._index[subset] = q
+            self._sets.append(subset)
+            self.accepting[q] = self._accept in subset
+        return q
+
+    def _grow(self, cap: int) -> None:
+        self.table = np.concatenate([self.table, np.zeros((cap - len(self.table), 256),
+                                                          dtype=np.int32)])
+        self.computed = np.concatenate([self.computed,
+                                        np.zeros(cap - len(self.computed), dtype=np.bool_)])
+        self.accepting = np.concatenate([self.accepting,
+                                         np.zeros(cap - len(self.accepting), dtype=np.bool_)])
+
+    def row(self, q: int) -> np.ndarray:
+        """``table[q]``, built on first use: for every maximal byte interval on which the same
+        NFA edges fire, the ε-closure of their targets (memoised by target set)."""
+        if not self.computed[q]:
+            self._build_row(q)
+        return self.table[q]
+
+    def build_rows(self, states) -> None:
+        for q in states:
+            if not self.computed[q]:
+                self._build_row(int(q))
+
+    def _build_row(self, q: int) -> None:
+        edges = set()
+        for s in self._sets[q]:
+            edges.update(self._edges_of(s))
+        row = np.zeros(256, dtype=np.int32)
+        if edges:
+            edges = sorted(edges)
+            cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+            for a, b in zip(cuts, cuts[1:]):
+                targets = frozenset(t for lo, hi, t in edges if lo <= a and b - 1 <= hi)
+                if not targets:
+                    continue
+                r = self._move.get(targets)
+                if r is None:
+                    r = self._move[targets] = self._intern(self._closure_of(targets))
+                row[a:b] = r
+        self.table[q] = row
+        self.computed[q] = True
+
+
+def _nfa_live(nfa: ByteNFA, accept: int, n: int) -> np.ndarray:
+    """Bool [n]: NFA states from which ``accept`` is reachable (backward search)."""
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for s in range(n):
+        for _, _, t in nfa.edges[s]:
+            preds[t].append(s)
+        for t in nfa.eps[s]:
+            preds[t].append(s)
+    live = np.zeros(n, dtype=bool)
+    live[accept] = True
+    stack = [accept]
+    while stack:
+        x = stack.pop()
+        for p in preds[x]:
+            if not live[p]:
+                live[p] = True
+                stack.append(p)
+    return live
+
+
+# ---------------------------------------------------------------------- the trie walk (numba)
+def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_tokens,
+             seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state):
+    """Depth-first walk of the trie from ``(seed_node[i], seed_state[i])`` pairs (tokens ending
+    at the seed nodes recorded too when ``record_seeds``): every token reached with a live state
+    is appended to ``out_tok``/``out_next`` from index ``n``. A pair whose state has no row yet
+    (``computed`` false) is not descended but appended to ``miss_node``/``miss_state``, to be
+    resumed from once its row is built. Returns ``(tokens written in all, pairs missed)``; more
+    missed pairs than the buffers hold returns their capacity + 1."""
+    nseed = seed_node.shape[0]
+    cap = nseed + _STACK_PER_DEPTH * 64
+    stack_node = np.empty(cap, dtype=np.int64)
+    stack_state = np.empty(cap, dtype=np.int64)
+    sp = 0
+    m = 0
+    mcap = miss_node.shape[0]
+    for i in range(nseed):
+        c = seed_node[i]
+        s = seed_state[i]
+        if record_seeds:
+            for k in range(tok_ptr[c], tok_ptr[c + 1]):
+                out_tok[n] = node_tokens[k]
+                out_next[n] = s
+                n += 1
+        stack_node[sp] = c
+        stack_state[sp] = s
+        sp += 1
+    while sp > 0:
+        sp -= 1
+        node = stack_node[sp]
+        s = stack_state[sp]
+        if child_ptr[node] == child_ptr[node + 1]:
+            continue
+        if not computed[s]:
+            if m < mcap:
+                miss_node[m] = node
+                miss_state[m] = s
+                m += 1
+            else:
+                return n, mcap + 1
+            continue
+        for e in range(child_ptr[node], child_ptr[node + 1]):
+            s2 = table[s, child_byte[e]]
+            if s2 == 0:
+                continue
+            c = child_node[e]
+            for k in range(tok_ptr[c], tok_ptr[c + 1]):
+                out_tok[n] = node_tokens[k]
+                out_next[n] = s2
+                n += 1
+            if sp >= cap:          # deeper than 64 bytes with wide branching: grow the stack
+                bigger_n = np.empty(2 * cap, dtype=np.int64)
+                bigger_s = np.empty(2 * cap, dtype=np.int64)
+                bigger_n[:cap] = stack_node
+                bigger_s[:cap] = stack_state
+                stack_node, stack_state, cap = bigger_n, bigger_s, 2 * cap
+            stack_node[sp] = c
+            stack_state[sp] = s2
+            sp += 1
+    return n, m
+
+
+try:   # a compiled loop when numba is installed; the same function in Python otherwise
+    import numba as _numba
+    _walk = _numba.njit(cache=True, nogil=True)(_walk_py)
+except ImportError:  # pragma: no cover - numba is a dependency; kept for odd platforms
+    _walk = _walk_py
+
+
+# ---------------------------------------------------------------------- loop slices
+_SLICES: "weakref.WeakKeyDictionary[VocabTrie, dict]" = weakref.WeakKeyDictionary()
+
+
+def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
+    """``(loop_tokens [k], exit_byte [e], exit_child [e])`` of a byte set ``L`` (bool [256]):
+    the tokens spelled by bytes of ``L`` alone, and the trie edges that leave that subtrie (the
+    byte outside ``L`` and the child reached). Computed once per (vocabulary, ``L``) and shared
+    (memoised on the trie)."""
+    key = np.packbits(loop_bytes).tobytes()
+    memo = _SLICES.setdefault(trie, {})
+    got = memo.get(key)
+    if got is None:
+        nodes, exits = _subtrie(trie, np.asarray(loop_bytes, dtype=bool))
+        inner = nodes[1:]
+        counts = np.diff(trie.tok_ptr)[inner]
+        starts = trie.tok_ptr[inner]
+        idx = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        tokens = np.sort(trie.node_tokens[idx]).astype(np.int64)
+        got = memo[key] = (tokens, trie.child_byte[exits].astype(np.int64),
+                           trie.child_node[exits].astype(np.int64))
+    return got
+
+
+# ---------------------------------------------------------------------- the token automaton
+class LazyTokenDFA:
+    """The all-encodings token automaton of a lazily determinised byte NFA (module docstring).
+
+    The interface of :class:`~ctrlg.dfa.core.TokenDFA` that decoding uses: ``vocab_size``,
+    ``initial``, ``is_accepting``, ``step``, ``run``, ``accepts``, plus :meth:`mask` (the
+    allowed tokens of a state) and :meth:`materialize` (an eager TokenDFA of the states
+    reachable within a budget).
+
+    Args:
+        bdfa: the lazy byte DFA.
+        trie: the vocabulary's byte trie.
+        eos_token_id: the EOS token (default the trie's; None: no EOS edges).
+        vocab_size: V (default the vocabulary size; may be larger for padded LM heads).
+        max_cached_masks: memoised masks (V bytes each) kept at most.
+    """
+
+    def __init__(self, bdfa: LazyByteDFA, trie: VocabTrie, *, eos_token_id=AUTO,
+                 vocab_size: int | None = None, max_cached_masks: int = 4096, what="pattern"):
+        self.bdfa = bdfa
+        self.trie = trie
+        self.eos_token_id = resolve_eos(trie, eos_token_id)
+        self.vocab_size = resolve_vocab_size(trie, vocab_size, self.eos_token_id)
+        self.max_cached_masks = int(max_cached_masks)
+        self._masks: dict[int, np.ndarray] = {}
+        self._edges: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        self._token_bytes = trie.token_bytes
+        self._trie_arrays = (trie.child_ptr, trie.child_byte.astype(np.int64), trie.child_node,
+                             trie.tok_ptr, trie.node_tokens)
+        self._out_tok = np.empty(trie.vocab_size + 1, dtype=np.int64)
+        self._out_next = np.empty(trie.vocab_size + 1, dtype=np.int64)
+        self._miss_node = np.empty(1 << 16, dtype=np.int64)
+        self._miss_state = np.empty(1 << 16, dtype=np.int64)
+        if bdfa.initial == DEAD:
+            raise UnsatisfiableConstraintError(f"the {what} matches no string")
+
+    # ---------------------------------------------------------------- TokenDFA's questions
+    @property
+    def initial(self) -> int:
+        return self.bdfa.initial
+
+    @property
+    def num_states(self) -> int:
+        """States discovered so far (the automaton grows as it is explored)."""
+        return self.bdfa.num_states
+
+    def is_accepting(self, state: int) -> bool:
+        return state == ENDED and self.eos_token_id is not None or (
+            state != ENDED and bool(self.bdfa.accepting[state]))
+
+    def step(self, state: int, token: int) -> int:
+        """δ(state, token): the byte DFA run over the token's bytes (rows built as needed)."""
+        state, token = int(state), int(token)
+        if not 0 <= token < self.vocab_size:
+            raise ConstraintError(f"token id {token} out of range [0, {self.vocab_size})")
+        if token == self.eos_token_id:
+            return ENDED if self.is_accepting(state) else DEAD
+        if state in (DEAD, ENDED) or token >= len(self._token_bytes):
+            return DEAD
+        data = self._token_bytes[token]
+        if not data:
+            return DEAD
+        b = self.bdfa
+        for byte in data:
+            if not b.computed[state]:
+                b.row(state)
+            state = int(b.table[state, byte])
+            if state == DEAD:
+                return DEAD
+        return state
+
+    def run(self, tokens, state: int | None = None) -> int:
+        q = self.initial if state is None else int(state)
+        for t in tokens:
+            q = self.step(q, t)
+            if q == DEAD:
+                return DEAD
+        return q
+
+    def accepts(self, tokens) -> bool:
+        return self.is_accepting(self.run(tokens))
+
+    # ---------------------------------------------------------------- masks
+    def mask(self, state: int) -> np.ndarray:
+        """Read-only bool [V]: the tokens whose successor from ``state`` is not dead (every
+        non-dead state can still reach acceptance). Built on the first call per state."""
+        state = int(state)
+        got = self._masks.get(state)
+        if got is not None:
+            return got
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        if state == ENDED:
+            if self.eos_token_id is not None:
+                mask[self.eos_token_id] = True
+        elif state != DEAD:
+            tok, nxt, loop = self._expand(state)
+            if loop is not None:
+                mask[loop] = True
+            mask[tok] = True
+            if self.eos_token_id is not None:
+                mask[self.eos_token_id] = bool(self.bdfa.accepting[state])
+        mask.setflags(write=False)
+        if len(self._masks) < self.max_cached_masks:
+            self._masks[state] = mask
+        return mask
+
+    def allowed_tokens(self, state: int) -> np.ndarray:
+        """The ids of :meth:`mask` (int64, sorted)."""
+        return np.flatnonzero(self.mask(state))
+
+    def _expand(self, q: int):
+        """``(tokens, next states, loop tokens or None)`` of live state ``q`` (EOS not treated)."""
+        b = self.bdfa
+        row = b.row(q)
+        loop = None
+        loop_bytes = row == q
+        seed_node = np.zeros(1, dtype=np.int64)
+        seed_state = np.full(1, q, dtype=np.int64)
+        if loop_bytes.sum() >= 2:
+            tokens, exit_byte, exit_child = loop_slice(self.trie, loop_bytes)
+            if len(tokens) >= SLICE_MIN_FRACTION * self.trie.vocab_size:
+                loop = tokens
+                nxt = row[exit_byte]
+                keep = nxt != DEAD
+                seed_node, seed_state = exit_child[keep], nxt[keep].astype(np.int64)
+        ptr, byte, child, tptr, ntok = self._trie_arrays
+        nodes, states, record, n = seed_node, seed_state, True, 0
+        while True:      # resume from the pairs whose rows were missing until none is
+            n, m = _walk(b.table, b.computed, ptr, byte, child, tptr, ntok, nodes, states,
+                         record, self._out_tok, self._out_next, n, self._miss_node,
+                         self._miss_state)
+            if not m:
+                break
+            if m > len(self._miss_node):     # too many to resume from: build, start afresh
+                b.build_rows(np.unique(self._miss_state).tolist())
+                nodes, states, record, n = seed_node, seed_state, True, 0
+                continue
+            b.build_rows(np.unique(self._miss_state[:m]).tolist())
+            nodes, states, record = self._miss_node[:m].copy(), self._miss_state[:m].copy(), False
+        tok, nxt = self._out_tok[:n].copy(), self._out_next[:n].copy()
+        if self.eos_token_id is not None and len(tok):      # an EOS with bytes is only EOS
+            keep = tok != self.eos_token_id
+            tok, nxt = tok[keep], nxt[keep]
+        if loop is not None and self.eos_token_id is not None:
+            loop = loop[loop != self.eos_token_id]
+        return tok, nxt, loop
+
+    # ---------------------------------------------------------------- eager views
+    def successors(self, state: int) -> np.ndarray:
+        """int64 [V]: δ(state, v) for every token (EOS included)."""
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        state = int(state)
+        if state not in (DEAD, ENDED):
+            tok, nxt, loop = self._expand(state)
+            if loop is not None:
+                out[loop] = state
+            out[tok] = nxt
+        if self.eos_token_id is not None:
+            out[self.eos_token_id] = ENDED if self.is_accepting(state) else DEAD
+        return out
+
+    def within_budget(self, max_new_tokens: int | None) -> TokenDFA:
+        """An eager TokenDFA with this automaton's language, for tables over a budget of
+        ``max_new_tokens`` tokens (the processor restricts it to the states the budget reaches,
+        :func:`ctrlg.dfa.ops.restrict_to_budget`): every byte row reachable from the initial
+        state is built, then the vectorised all-encodings index of :mod:`ctrlg.dfa.regex_index`
+        (letters, loop tokens) runs over that byte DFA — far cheaper than :meth:`materialize`'s
+        state-by-state walks. Built once (memoised)."""
+        memo = self.__dict__.setdefault("_budget_dfas", {})
+        if "all" not in memo:
+            b = self.bdfa
+            todo = [b.initial]
+            seen = {DEAD, ENDED, b.initial}
+            while todo:
+                q = todo.pop()
+                for r in np.unique(b.row(q)).tolist():
+                    if r not in seen:
+                        seen.add(r)
+                        todo.append(r)
+            Q = b.num_states
+            bdfa = ByteDFA(table=b.table[:Q].copy(), accepting=b.accepting[:Q].copy(),
+                           initial=b.initial)
+            d = token_dfa_from_bytes_dfa(bdfa, self.trie, eos_token_id=self.eos_token_id,
+                                         vocab_size=self.vocab_size)
+            memo["all"] = d
+        return memo["all"]
+
+    def materialize(self, max_new_tokens: int | None = None, *, max_states: int = 200_000
+                    ) -> TokenDFA:
+        """An eager :class:`TokenDFA` of the states reachable from the initial state within
+        ``max_new_tokens`` tokens (all reachable states when None), breadth first; the others
+        are folded into the dead state. Its language agrees with this automaton's on every
+        sequence of at most ``max_new_tokens`` tokens (what the Ctrl-G guide's tables over a
+        budget need). ConstraintError past ``max_states`` states."""
+        index = {DEAD: 0, self.initial: 1}
+        order = [DEAD, self.initial]
+        depth = {self.initial: 0}
+        rows = {0: None}
+        head = 1
+        while head < len(order):
+            q = order[head]
+            head += 1
+            succ = self.successors(q)
+            d = depth[q]
+            if max_new_tokens is not None and d >= max_new_tokens:
+                succ = np.zeros_like(succ)          # beyond the budget: nothing is needed
+            else:
+                for r in np.unique(succ).tolist():
+                    if r not in index:
+                        if len(order) >= max_states:
+                            raise ConstraintError(
+                                f"materialize: more than {max_states:,} states within "
+                                f"{max_new_tokens} tokens")
+                        index[r] = len(order)
+                        order.append(r)
+                        depth[r] = d + 1
+            rows[index[q]] = succ
+        S = len(order)
+        remap = np.vectorize(index.get, otypes=[np.int64])
+        default = np.zeros(S, dtype=np.int64)
+        ptr = np.zeros(S + 1, dtype=np.int64)
+        toks, nexts = [], []
+        for i in range(1, S):
+            succ = rows[i]
+            values, counts = np.unique(succ, return_counts=True)
+            local = remap(values)
+            dflt = values[np.argmax(counts)]
+            default[i] = index[int(dflt)]
+            exc = np.flatnonzero(succ != dflt)
+            toks.append(exc)
+            nexts.append(local[np.searchsorted(values, succ[exc])])
+            ptr[i + 1] = len(exc)
+        np.cumsum(ptr, out=ptr)
+        accepting = np.array([self.is_accepting(q) if q != DEAD else False for q in order])
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64))
+        return TokenDFA(vocab_size=self.vocab_size, initial=1, accepting=accepting,
+                        default=default, exc_ptr=ptr, exc_tokens=cat(toks), exc_next=cat(nexts))
+
+    def __repr__(self) -> str:
+        return (f"LazyTokenDFA(V={self.vocab_size}, states built={self.num_states}, "
+                f"masks cached={len(self._masks)})")
+
+
+def lazy_regex(pattern: str, tokenizer, *, eos_token_id=AUTO, vocab_size: int | None = None,
+               what: str | None = None) -> LazyTokenDFA:
+    """The :class:`LazyTokenDFA` of ``pattern`` (full match, :mod:`ctrlg.dfa.regex_syntax`
+    syntax) over a tokenizer / :class:`ctrlg.Vocabulary` / :class:`VocabTrie` / token bytes: the
+    language of :func:`ctrlg.dfa.regex` with ``encodings="all"``, built on demand.
+
+    Raises RegexError / UnsupportedRegexError for a bad pattern, UnsatisfiableConstraintError
+    when the pattern matches no string."""
+    trie = vocab_trie(tokenizer)
+    nfa = TemplateNFA()
+    start, accept = nfa.add_state(), nfa.add_state()
+    nfa.build(parse(pattern), start, accept)
+    return LazyTokenDFA(LazyByteDFA(nfa, start, accept), trie, eos_token_id=eos_token_id,
+                        vocab_size=vocab_size, what=what or f"regex {pattern[:200]!r}")

@@ -1,0 +1,267 @@
+"""The lazy token automaton (:mod:`ctrlg.dfa.lazy`) against the eager one (:func:`dfa.regex`,
+:func:`dfa.json_schema`): the same masks, successors' acceptance and accepted sequences along
+random walks (hypothesis), over a tiny BPE vocabulary and the SmolLM2 vocabulary (loop slices);
+recursive schemas unrolled to a sound subset whose documents validate; ``materialize`` agrees
+with the eager DFA within the budget; bad patterns give clear errors."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctrlg import dfa
+from ctrlg.dfa.json_schema.lazy import unroll
+from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA, lazy_regex, loop_slice
+from ctrlg.dfa.masks import TokenMasks
+from ctrlg.dfa.vocab_trie import vocab_trie
+from ctrlg.errors import RegexError, UnsatisfiableConstraintError
+from test_json_schema import SCHEMAS
+from tiny_bpe import tiny_bpe_tokenizer
+
+jsonschema = pytest.importorskip("jsonschema")
+
+PATTERNS = [
+    r"[a-z]+ (cat|dog)",
+    r'"(?:[^"\\]|\\.)*"',
+    r"[0-9]{2,4}-[a-z]*",
+    r'\{"name": "[^"]*", "age": [0-9]+\}',
+    r"(the|a) [a-z]{1,5}( [a-z]{1,5}){0,3}\.",
+    r"é+|[α-ω]{2}|x",                          # multi-byte UTF-8
+    r"(ab|a)(bc|c)*d?",
+]
+
+
+def _compare_walk(lazy: LazyTokenDFA, eager, masks: TokenMasks, draw, steps: int):
+    """Walk both automata with the same tokens, checking masks and acceptance at every step;
+    ``draw(n)`` picks an index in [0, n). Returns the tokens walked."""
+    ql, qe, toks = lazy.initial, eager.initial, []
+    for _ in range(steps):
+        ml, me = lazy.mask(ql), masks(qe)
+        assert ml.shape == me.shape
+        diff = np.flatnonzero(ml != me)
+        assert not len(diff), f"masks differ after {toks} on tokens {diff[:10]}"
+        assert lazy.is_accepting(ql) == eager.is_accepting(qe)
+        ids = np.flatnonzero(ml)
+        if not len(ids):
+            break
+        t = int(ids[draw(len(ids))])
+        ql, qe = lazy.step(ql, t), eager.step(qe, t)
+        toks.append(t)
+        assert (ql == DEAD) == (not masks.live[qe])
+    assert lazy.accepts(toks) == eager.accepts(toks)
+    return toks
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_bpe_tokenizer()
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_regex_masks_match_the_eager_dfa(tiny, pattern, data):
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny, minimize=False)
+    _compare_walk(lazy, eager, TokenMasks(eager),
+                  lambda n: data.draw(st.integers(0, n - 1)), steps=30)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_random_token_sequences_are_accepted_alike(tiny, pattern):
+    """Also off the allowed paths: arbitrary tokens, dead states, EOS in the middle."""
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny)
+    rng = np.random.default_rng(0)
+    V = eager.vocab_size
+    for _ in range(300):
+        toks = rng.integers(0, V, size=rng.integers(0, 6)).tolist()
+        assert lazy.accepts(toks) == eager.accepts(toks)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_json_schema_masks_match_the_eager_dfa(tiny, name, data):
+    schema = SCHEMAS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = dfa.json_schema(schema, tiny, minimize=False)
+        lazy = dfa.lazy_json_schema(schema, tiny)
+    if not isinstance(eager, dfa.TokenDFA):
+        pytest.skip("a grammar constraint on the eager path")
+    _compare_walk(lazy, eager, TokenMasks(eager),
+                  lambda n: data.draw(st.integers(0, n - 1)), steps=60)
+
+
+@pytest.mark.parametrize("name", ["person", "refs", "map", "anything"])
+def test_smollm2_masks_match_the_eager_dfa(smollm2_tokenizer, name):
+    """The real vocabulary (49,152 tokens): string bodies go through the shared loop slices."""
+    trie = vocab_trie(smollm2_tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = dfa.json_schema(SCHEMAS[name], trie, minimize=False)
+        lazy = dfa.lazy_json_schema(SCHEMAS[name], trie)
+    masks = TokenMasks(eager, max_table_bytes=0)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=40)
+
+
+def test_loop_slice_is_the_tokens_spelled_by_the_loop_bytes(tiny):
+    trie = vocab_trie(tiny)
+    loop = np.zeros(256, dtype=bool)
+    loop[ord("a"):ord("z") + 1] = True
+    tokens, exit_byte, exit_child = loop_slice(trie, loop)
+    expect = [i for i, b in enumerate(trie.token_bytes) if b and all(loop[c] for c in b)]
+    assert tokens.tolist() == expect
+    assert not loop[exit_byte].any() and len(exit_byte) == len(exit_child)
+    assert loop_slice(trie, loop)[0] is tokens          # memoised per vocabulary
+
+
+def test_ended_and_dead_states(tiny):
+    lazy = lazy_regex("ab", tiny)
+    eos = lazy.eos_token_id
+    q = lazy.run(tiny.encode("ab", add_special_tokens=False))
+    assert lazy.is_accepting(q) and lazy.mask(q)[eos]
+    assert lazy.step(q, eos) == ENDED and lazy.step(ENDED, eos) == ENDED
+    assert lazy.mask(ENDED).sum() == 1 and not lazy.mask(DEAD).any()
+    assert lazy.step(lazy.initial, eos) == DEAD
+
+
+def test_an_empty_class_branch_is_dead(tiny):
+    """A fragment of empty language (an empty class) makes NFA states that cannot accept; the
+    masks must not lead into them."""
+    lazy = lazy_regex(r"a[^\x00-\U0010FFFF]|ab", tiny)
+    eager = dfa.regex(r"a[^\x00-\U0010FFFF]|ab", tiny, minimize=False)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        _compare_walk(lazy, eager, TokenMasks(eager), lambda n: int(rng.integers(n)), steps=5)
+
+
+def test_materialize_agrees_within_the_budget(tiny):
+    pattern = r"[a-c]{1,3}(x|yz)*"
+    lazy = lazy_regex(pattern, tiny)
+    a = lazy.materialize(4)
+    eager = dfa.regex(pattern, tiny)
+    rng = np.random.default_rng(0)
+    V = eager.vocab_size
+    for _ in range(400):
+        toks = rng.integers(0, V, size=rng.integers(0, 5)).tolist()
+        assert a.accepts(toks) == eager.accepts(toks)
+    full = lazy.materialize()
+    for _ in range(200):
+        toks = rng.integers(0, V, size=rng.integers(0, 9)).tolist()
+        assert full.accepts(toks) == eager.accepts(toks)
+
+
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+
+
+def test_recursive_schema_unrolls_to_valid_documents(tiny):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lazy = dfa.lazy_json_schema(TREE, tiny, whitespace="")
+    assert isinstance(lazy, LazyTokenDFA)
+    ids = lambda s: tiny.encode(s, add_special_tokens=False)  # noqa: E731
+    assert lazy.accepts(ids('{"v":1,"kids":[{"v":2,"kids":[]},{"v":3}]}'))
+    assert not lazy.accepts(ids('{"v":1,"x":2}'))
+    validator = jsonschema.Draft202012Validator(TREE)
+    rng = np.random.default_rng(0)
+    tb = vocab_trie(tiny).token_bytes
+    done = 0
+    for _ in range(40):
+        q, toks = lazy.initial, []
+        for _ in range(200):
+            allowed = lazy.allowed_tokens(q)
+            t = int(allowed[rng.integers(len(allowed))])
+            if t == lazy.eos_token_id:
+                break
+            toks.append(t)
+            q = lazy.step(q, t)
+        else:
+            continue
+        validator.validate(json.loads(b"".join(tb[t] for t in toks).decode()))
+        done += 1
+    assert done >= 10
+
+
+def test_unroll_drops_required_recursion():
+    chain = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
+                             "required": ["next"]}}, "$ref": "#/$defs/n"}
+    from ctrlg.dfa.json_schema import _compile
+    frag, defs = _compile(chain, "", 2, False)
+    assert unroll(frag, defs, 3) is None       # every document nests infinitely deep: none
+
+
+def test_bad_patterns_give_clear_errors(tiny):
+    with pytest.raises(RegexError):
+        lazy_regex("(ab", tiny)
+    with pytest.raises(UnsatisfiableConstraintError):
+        lazy_regex(r"[^\x00-\U0010FFFF]", tiny)
+
+
+@pytest.mark.parametrize("mode", ["logical", "ctrlg"])
+def test_processor_takes_a_lazy_constraint_like_the_eager_one(tiny, mode):
+    """The processor builds its tables over the lazy automaton's states within the budget
+    (:meth:`LazyTokenDFA.within_budget`): the same guided scores as the eager DFA's, step by
+    step, and every finished generation is accepted."""
+    import torch
+
+    from ctrlg.sampler import ConstraintLogitsProcessor
+    from test_guide import random_hmm
+
+    schema = SCHEMAS["person"] if mode == "logical" else {"enum": ["cat", "the mat", 12]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = dfa.json_schema(schema, tiny, whitespace="")
+        lazy = dfa.lazy_json_schema(schema, tiny, whitespace="")
+    V, eos, n = eager.vocab_size, tiny.eos_token_id, 48
+    hmm = random_hmm(4, V, 0) if mode == "ctrlg" else None
+    procs = [ConstraintLogitsProcessor(hmm, c, max_new_tokens=n, eos_token_id=eos, mode=mode)
+             for c in (eager, lazy)]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.zeros(3, 1, dtype=torch.long)
+    done = torch.zeros(3, dtype=torch.bool)
+    for _ in range(n):
+        logits = torch.randn(3, V, generator=g) * 3
+        a, b = (p(ids, logits.clone()) for p in procs)
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+        assert torch.allclose(a[torch.isfinite(a)], b[torch.isfinite(b)], atol=1e-5)
+        nxt = torch.multinomial(torch.softmax(a, -1), 1, generator=g)[:, 0]
+        nxt = torch.where(done, eos, nxt)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        done |= nxt == eos
+        if done.all():
+            break
+    for row in ids[:, 1:].tolist():
+        toks = row[:row.index(eos) + 1] if eos in row else row
+        assert lazy.accepts(toks) and eager.accepts(toks)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + [r"[]a]+(?:x|[)(])", r"(?:a\)b)(?:[\]])+",
+                                                r"(a|(?:b))c(?:(?:d|e){2})*", r"(?:x)|(?:x)y"])
+def test_shared_group_parser_gives_the_same_ast(pattern):
+    from ctrlg.dfa import regex_syntax
+    from ctrlg.dfa.lazy import parse
+    assert parse(pattern) == regex_syntax.parse(pattern)
+    assert parse(pattern) == regex_syntax.parse(pattern)     # second time from the shared groups
+
+
+def test_shared_group_parser_on_schema_regexes():
+    from ctrlg.dfa import regex_syntax
+    from ctrlg.dfa.json_schema import schema_to_regex
+    from ctrlg.dfa.lazy import parse
+    for name, schema in SCHEMAS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                text = schema_to_regex(schema)
+            except ValueError:
+                continue
+        assert parse(text) == regex_syntax.parse(text), name
