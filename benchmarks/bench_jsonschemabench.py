@@ -144,6 +144,36 @@ def _walk_stats(emit, docs, times, check):
           "mask_us": [round(t * 1e6, 2) for t in times]})
 
 
+def _random_walks(ctx, args, seed, start, mask_of, step, *, time_step=True, allowed=None):
+    """``args.walks`` uniform random walks of at most ``args.budget`` tokens, as
+    ``([(tokens, reached EOS)], per-step seconds)``: from ``start()``, each step draws a token
+    uniformly (``np.random.default_rng(seed)``) among ``allowed(state, mask_of(state))``
+    (default: the mask itself) and moves to ``step(state, token)``; a walk ends at EOS, at an
+    empty mask or after the budget. A step's time is ``mask_of`` plus (``time_step``) ``step``."""
+    rng = np.random.default_rng(seed)
+    walks, times = [], []
+    for _ in range(args.walks):
+        s, toks, done = start(), [], False
+        for _ in range(args.budget):
+            t1 = time.perf_counter()
+            mask = mask_of(s)
+            times.append(time.perf_counter() - t1)
+            ids = np.flatnonzero(mask if allowed is None else allowed(s, mask))
+            if not len(ids):
+                break
+            t = int(ids[rng.integers(len(ids))])
+            if t == ctx.eos:
+                done = True
+                break
+            t1 = time.perf_counter()
+            s = step(s, t)
+            if time_step:
+                times[-1] += time.perf_counter() - t1
+            toks.append(t)
+        walks.append((toks, done))
+    return walks, times
+
+
 def _report_unbudgeted_walks(emit, ctx, walks, times, check, final=True):
     """The walks of an engine without a budget, ``[(tokens, reached EOS)]``: those that reached
     EOS are decoded and checked, the others counted as incomplete."""
@@ -180,23 +210,12 @@ def run_ctrlg(schema, ctx, args, seed, emit, constraint=None, compile_s=None):
         emit({"status": "ok", "walk_error": f"no document within {args.budget} tokens"})
         return
     check = checker(schema)
-    rng = np.random.default_rng(seed)
-    docs, times = [], []
-    for _ in range(args.walks):
-        cursor, s, toks = masks.start(), a.initial, []
-        for r in range(args.budget, 0, -1):
-            t1 = time.perf_counter()
-            allowed = masks.allowed(cursor, s, r)
-            times.append(time.perf_counter() - t1)
-            ids = np.flatnonzero(allowed)
-            if not len(ids):
-                break
-            t = int(ids[rng.integers(len(ids))])
-            if t == ctx.eos:
-                break
-            toks.append(t)
-            cursor, s = masks.advance(cursor, t), a.step(s, t)
-        docs.append(b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace"))
+    walks, times = _random_walks(                 # state: (trie cursor, DFA state, tokens left)
+        ctx, args, seed, lambda: (masks.start(), a.initial, args.budget),
+        lambda q: masks.allowed(*q),
+        lambda q, t: (masks.advance(q[0], t), a.step(q[1], t), q[2] - 1), time_step=False)
+    docs = [b"".join(ctx.token_bytes[t] for t in toks).decode("utf-8", "replace")
+            for toks, _ in walks]
     _walk_stats(emit, docs, times, check)
     emit({"status": "ok"})
 
@@ -222,26 +241,7 @@ def run_ctrlg_lazy(schema, ctx, args, seed, emit):
         return run_ctrlg(schema, ctx, args, seed, emit, constraint=d, compile_s=compile_s)
     emit({"status": "compiled", "compile_s": compile_s, "kind": "lazy"})
     check = checker(schema)
-    rng = np.random.default_rng(seed)
-    walks, times = [], []
-    for _ in range(args.walks):
-        s, toks, done = d.initial, [], False
-        for _ in range(args.budget):
-            t1 = time.perf_counter()
-            mask = d.mask(s)
-            times.append(time.perf_counter() - t1)
-            ids = np.flatnonzero(mask)
-            if not len(ids):
-                break
-            t = int(ids[rng.integers(len(ids))])
-            if t == ctx.eos:
-                done = True
-                break
-            t1 = time.perf_counter()
-            s = d.step(s, t)
-            times[-1] += time.perf_counter() - t1
-            toks.append(t)
-        walks.append((toks, done))
+    walks, times = _random_walks(ctx, args, seed, lambda: d.initial, d.mask, d.step)
     emit({"states": int(d.num_states)})
     _report_unbudgeted_walks(emit, ctx, walks, times, check, final=not args.lazy_tables)
     if args.lazy_tables:
@@ -263,25 +263,14 @@ def run_outlines(schema, ctx, args, seed, emit):
     index = ctx.Index(build_regex_from_schema(json.dumps(schema)), ctx.oc_vocab)
     emit({"status": "compiled", "compile_s": time.perf_counter() - t0})
     check = checker(schema)
-    rng = np.random.default_rng(seed)
-    walks, times = [], []
-    for _ in range(args.walks):
-        s, toks, done = index.get_initial_state(), [], False
-        for _ in range(args.budget):
-            t1 = time.perf_counter()
-            mask = np.zeros(ctx.V, dtype=bool)
-            mask[index.get_allowed_tokens(s)] = True
-            times.append(time.perf_counter() - t1)
-            ids = np.flatnonzero(mask)
-            if not len(ids):
-                break
-            t = int(ids[rng.integers(len(ids))])
-            if t == ctx.eos:
-                done = True
-                break
-            toks.append(t)
-            s = index.get_next_state(s, t)
-        walks.append((toks, done))
+
+    def mask_of(s):
+        mask = np.zeros(ctx.V, dtype=bool)
+        mask[index.get_allowed_tokens(s)] = True
+        return mask
+
+    walks, times = _random_walks(ctx, args, seed, index.get_initial_state, mask_of,
+                                 index.get_next_state, time_step=False)
     _report_unbudgeted_walks(emit, ctx, walks, times, check)
 
 
@@ -295,29 +284,19 @@ def run_llguidance(schema, ctx, args, seed, emit):
         return
     emit({"status": "compiled", "compile_s": time.perf_counter() - t0})
     check = checker(schema)
-    rng = np.random.default_rng(seed)
     bitmask = llnp.allocate_token_bitmask(1, ctx.ll_tok.vocab_size)
-    walks, times = [], []
-    for _ in range(args.walks):
-        m = llguidance.LLMatcher(ctx.ll_tok, grammar)
-        toks, done = [], False
-        for _ in range(args.budget):
-            t1 = time.perf_counter()
-            llnp.fill_next_token_bitmask(m, bitmask, 0)
-            times.append(time.perf_counter() - t1)
-            bits = np.unpackbits(np.asarray(bitmask[0]).view(np.uint8), bitorder="little")[:ctx.V]
-            ids = np.flatnonzero(bits)
-            if not len(ids) or m.is_error():
-                break
-            t = int(ids[rng.integers(len(ids))])
-            if t == ctx.eos:
-                done = True
-                break
-            t1 = time.perf_counter()
-            m.consume_token(t)
-            times[-1] += time.perf_counter() - t1
-            toks.append(t)
-        walks.append((toks, done))
+
+    def allowed(m, _):            # the bitmask unpacked (untimed); none once the matcher errs
+        bits = np.unpackbits(np.asarray(bitmask[0]).view(np.uint8), bitorder="little")[:ctx.V]
+        return bits if not m.is_error() else bits[:0]
+
+    def consume(m, t):
+        m.consume_token(t)
+        return m
+
+    walks, times = _random_walks(ctx, args, seed, lambda: llguidance.LLMatcher(ctx.ll_tok, grammar),
+                                 lambda m: llnp.fill_next_token_bitmask(m, bitmask, 0), consume,
+                                 allowed=allowed)
     _report_unbudgeted_walks(emit, ctx, walks, times, check)
 
 

@@ -73,13 +73,17 @@ def test_regex_masks_match_the_eager_dfa(tiny, pattern, data):
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_random_token_sequences_are_accepted_alike(tiny, pattern):
     """Also off the allowed paths: arbitrary tokens, dead states, EOS in the middle."""
-    lazy = lazy_regex(pattern, tiny)
-    eager = dfa.regex(pattern, tiny)
-    rng = np.random.default_rng(0)
+    _assert_accept_alike(lazy_regex(pattern, tiny), dfa.regex(pattern, tiny),
+                         np.random.default_rng(0), count=300, max_len=6)
+
+
+def _assert_accept_alike(a, eager, rng, *, count, max_len):
+    """``a`` accepts exactly as ``eager`` on ``count`` uniform token sequences of length below
+    ``max_len`` (drawn from ``rng``)."""
     V = eager.vocab_size
-    for _ in range(300):
-        toks = rng.integers(0, V, size=rng.integers(0, 6)).tolist()
-        assert lazy.accepts(toks) == eager.accepts(toks)
+    for _ in range(count):
+        toks = rng.integers(0, V, size=rng.integers(0, max_len)).tolist()
+        assert a.accepts(toks) == eager.accepts(toks), toks
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
@@ -148,14 +152,8 @@ def test_materialize_agrees_within_the_budget(tiny):
     a = lazy.materialize(4)
     eager = dfa.regex(pattern, tiny)
     rng = np.random.default_rng(0)
-    V = eager.vocab_size
-    for _ in range(400):
-        toks = rng.integers(0, V, size=rng.integers(0, 5)).tolist()
-        assert a.accepts(toks) == eager.accepts(toks)
-    full = lazy.materialize()
-    for _ in range(200):
-        toks = rng.integers(0, V, size=rng.integers(0, 9)).tolist()
-        assert full.accepts(toks) == eager.accepts(toks)
+    _assert_accept_alike(a, eager, rng, count=400, max_len=5)
+    _assert_accept_alike(lazy.materialize(), eager, rng, count=200, max_len=9)
 
 
 TREE = {"$defs": {"node": {"type": "object", "properties": {

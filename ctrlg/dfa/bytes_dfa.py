@@ -122,26 +122,33 @@ class ByteNFA:
                 self.build(item, s, e)
                 self.eps[e].append(end)
         elif isinstance(node, Repeat):
-            cur = start
-            for _ in range(node.min):
-                nxt = self.add_state()
-                self.build(node.item, cur, nxt)
-                cur = nxt
-            if node.max is None:
-                loop_s, loop_e = self.add_state(), self.add_state()
-                self.eps[cur].append(loop_s)
-                self.build(node.item, loop_s, loop_e)
-                self.eps[loop_e].append(loop_s)
-                self.eps[loop_s].append(end)
-            else:
-                for _ in range(node.max - node.min):
-                    self.eps[cur].append(end)
-                    nxt = self.add_state()
-                    self.build(node.item, cur, nxt)
-                    cur = nxt
-                self.eps[cur].append(end)
+            self._repeat(node, start, end, lambda s, e: self.build(node.item, s, e))
         else:  # pragma: no cover - parser produces only the node types above
             raise TypeError(f"unknown regex node {node!r}")
+
+    def _repeat(self, node: Repeat, start: int, end: int, item) -> None:
+        """Thompson's construction of ``x{min,max}`` (``max`` None: ``x{min,}``) between ``start``
+        and ``end``: ``min`` copies in a row, then a loop ``x*`` or ``max - min`` optional
+        copies, each with an epsilon to ``end``. ``item(s, e)`` wires one copy of ``x`` from
+        state ``s`` to state ``e``."""
+        cur = start
+        for _ in range(node.min):
+            nxt = self.add_state()
+            item(cur, nxt)
+            cur = nxt
+        if node.max is None:
+            loop_s, loop_e = self.add_state(), self.add_state()
+            self.eps[cur].append(loop_s)
+            item(loop_s, loop_e)
+            self.eps[loop_e].append(loop_s)
+            self.eps[loop_s].append(end)
+        else:
+            for _ in range(node.max - node.min):
+                self.eps[cur].append(end)
+                nxt = self.add_state()
+                item(cur, nxt)
+                cur = nxt
+            self.eps[cur].append(end)
 
     def _charset(self, node: CharSet, start: int, end: int) -> None:
         # share intermediate states by byte-prefix (a trie of byte-range sequences)

@@ -172,24 +172,7 @@ class TemplateNFA(ByteNFA):
         elif isinstance(node, Repeat) and (node.max is None or node.max) and \
                 (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
             tmpl = self._template(node.item)
-            cur = start
-            for _ in range(node.min):
-                nxt = self.add_state()
-                self._instantiate(tmpl, cur, nxt)
-                cur = nxt
-            if node.max is None:
-                loop_s, loop_e = self.add_state(), self.add_state()
-                self.eps[cur].append(loop_s)
-                self._instantiate(tmpl, loop_s, loop_e)
-                self.eps[loop_e].append(loop_s)
-                self.eps[loop_s].append(end)
-            else:
-                for _ in range(node.max - node.min):
-                    self.eps[cur].append(end)
-                    nxt = self.add_state()
-                    self._instantiate(tmpl, cur, nxt)
-                    cur = nxt
-                self.eps[cur].append(end)
+            self._repeat(node, start, end, lambda s, e: self._instantiate(tmpl, s, e))
         else:
             super().build(node, start, end)
 

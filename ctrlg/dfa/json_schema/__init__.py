@@ -120,27 +120,11 @@ def json_schema(schema, tokenizer, encodings: str = "all", *, whitespace: str = 
             path).
     """
     minimize = regex_kwargs.pop("minimize", "auto")
-    nesting = max_nesting
-    while True:
-        try:
-            frag, defs = _compile(schema, whitespace, nesting, warn and nesting == max_nesting)
-            if not is_text(frag):
-                break
-            try:
-                d = regex(frag, tokenizer, encodings, minimize=minimize is True,
-                          max_positions=None, **regex_kwargs)
-            except RegexError as exc:     # the automaton of the whole document is too large
-                raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
-                                f"characters whose automaton is too large: {exc}") from None
-        except _TooLarge as exc:
-            if not isinstance(nesting, int) or nesting <= 0:
-                raise UnsupportedSchemaError(str(exc)) from None
-            nesting -= 1              # a sound subset: arbitrary values ({}) nest less deeply
-            continue
-        if nesting != max_nesting:
-            warnings.warn(f"JSON Schema: the automaton was too large with values of '{{}}' "
-                          f"nested {max_nesting} deep; they nest at most {nesting} deep "
-                          f"(a subset of the valid documents)", stacklevel=2)
+    frag, defs, d = _compile_fitting(
+        schema, whitespace, max_nesting, warn,
+        lambda frag: regex(frag, tokenizer, encodings, minimize=minimize is True,
+                           max_positions=None, **regex_kwargs))
+    if d is not None:
         if minimize == "auto" and encodings == "all" and d.num_states <= AUTO_MINIMIZE_STATES:
             d = minimize_dfa(d)
         return d
@@ -173,6 +157,37 @@ def schema_to_grammar(schema, *, whitespace: str = WHITESPACE, max_nesting: int 
     (its terminals are regexes; a single terminal when the schema is not recursive)."""
     frag, defs = _compile(schema, whitespace, max_nesting, warn)
     return to_grammar(frag, defs)
+
+
+def _compile_fitting(schema, whitespace, max_nesting, warn, build):
+    """``(frag, defs, build(frag))`` for the schema compiled with arbitrary values (``{}``)
+    nested at most ``max_nesting`` deep, lowered one level at a time (with a warning) while the
+    regex or ``build``'s automaton of it is over a size limit (``_TooLarge`` or
+    :class:`~ctrlg.errors.RegexError`): a sound subset. The third item is None when ``frag`` is
+    not text (a recursive schema: nothing is built). UnsupportedSchemaError when even nesting 0
+    is too large. Shared by :func:`json_schema` and
+    :func:`ctrlg.dfa.json_schema.lazy.lazy_json_schema` (its warning points at their caller)."""
+    nesting = max_nesting
+    while True:
+        try:
+            frag, defs = _compile(schema, whitespace, nesting, warn and nesting == max_nesting)
+            if not is_text(frag):
+                return frag, defs, None
+            try:
+                d = build(frag)
+            except RegexError as exc:     # the automaton of the whole document is too large
+                raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
+                                f"characters whose automaton is too large: {exc}") from None
+        except _TooLarge as exc:
+            if not isinstance(nesting, int) or nesting <= 0:
+                raise UnsupportedSchemaError(str(exc)) from None
+            nesting -= 1              # a sound subset: arbitrary values ({}) nest less deeply
+            continue
+        if nesting != max_nesting:
+            warnings.warn(f"JSON Schema: the automaton was too large with values of '{{}}' "
+                          f"nested {max_nesting} deep; they nest at most {nesting} deep "
+                          f"(a subset of the valid documents)", stacklevel=3)
+        return frag, defs, d
 
 
 def _undefined_refs(frag, defs: dict):

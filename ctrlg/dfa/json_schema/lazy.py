@@ -23,8 +23,8 @@ from __future__ import annotations
 import warnings
 
 from ctrlg.dfa.grammar import grammar
-from ctrlg.dfa.json_schema import WHITESPACE, _compile, _TooLarge
-from ctrlg.dfa.json_schema.frag import Alt, Ref, Rep, Seq, alt, is_text, rep, seq, to_grammar
+from ctrlg.dfa.json_schema import WHITESPACE, _compile_fitting
+from ctrlg.dfa.json_schema.frag import Alt, Ref, Rep, Seq, alt, rep, seq, to_grammar
 from ctrlg.dfa.lazy import LazyTokenDFA, lazy_regex
 from ctrlg.errors import RegexError, UnsupportedSchemaError
 
@@ -86,28 +86,12 @@ def lazy_json_schema(schema, tokenizer, *, whitespace: str = WHITESPACE, max_nes
     Args: as :func:`ctrlg.dfa.json_schema`; ``recursion_depth``: an int, a sequence of depths
     tried in turn, or None (module docstring); ``kwargs``: ``eos_token_id``, ``vocab_size``
     (``depth`` for a grammar)."""
-    nesting = max_nesting
-    while True:
-        try:
-            frag, defs = _compile(schema, whitespace, nesting, warn and nesting == max_nesting)
-            if not is_text(frag):
-                break
-            try:
-                d = lazy_regex(frag, tokenizer, what="schema",
-                               **{k: v for k, v in kwargs.items()
-                                  if k in ("eos_token_id", "vocab_size")})
-            except RegexError as exc:
-                raise _TooLarge(f"the schema at # compiles to a regex of {len(frag):,} "
-                                f"characters whose automaton is too large: {exc}") from None
-        except _TooLarge as exc:
-            if not isinstance(nesting, int) or nesting <= 0:
-                raise UnsupportedSchemaError(str(exc)) from None
-            nesting -= 1
-            continue
-        if nesting != max_nesting:
-            warnings.warn(f"JSON Schema: the automaton was too large with values of '{{}}' "
-                          f"nested {max_nesting} deep; they nest at most {nesting} deep "
-                          f"(a subset of the valid documents)", stacklevel=2)
+    frag, defs, d = _compile_fitting(
+        schema, whitespace, max_nesting, warn,
+        lambda frag: lazy_regex(frag, tokenizer, what="schema",
+                                **{k: v for k, v in kwargs.items()
+                                   if k in ("eos_token_id", "vocab_size")}))
+    if d is not None:
         return d
     if recursion_depth is not None:
         depths = (recursion_depth,) if isinstance(recursion_depth, int) else recursion_depth
