@@ -20,6 +20,7 @@ STAGES=${STAGES:-"distill decode"}
 N=${N:-1048576}; H=${H:-2048}; SHARDS=${SHARDS:-8}; BEAMS=${BEAMS:-128}; ITEMS=${ITEMS:-993}; BATCH=${BATCH:-8}
 DEVICE=${DEVICE:-cuda}; HELDOUT=${HELDOUT:-8192}; CHUNK=${CHUNK:-65536}; ROWS=${ROWS:-4096}
 LVD=${LVD:-131072}; DISTILL_ARGS=${DISTILL_ARGS:-}; GUIDE_KERNEL=${GUIDE_KERNEL:-auto}
+BEAM_SCORE=${BEAM_SCORE:-guided}  # the recorded 128-beam runs rank beams by the summed guided score
 OUT_DIR=${OUT_DIR:-outputs/commongen_gpu}
 SAMPLES=${SAMPLES:-$OUT_DIR/samples}; HMM_DIR=${HMM_DIR:-$OUT_DIR/hmm_h${H}_N${N}}
 if [[ $STAGES == *distill* ]]; then
@@ -40,6 +41,7 @@ if [[ $STAGES == *decode* ]]; then
     resume=null; [[ -f $run/generations.jsonl ]] && resume=$run
     OMP_NUM_THREADS=1 "$PY" -m experiments.commongen device="$DEVICE" "methods=[ctrlg]" \
       generation.num_beams="$BEAMS" model.dtype=float32 save_candidates=true generation.guide_kernel="$GUIDE_KERNEL" \
+      generation.beam_score="$BEAM_SCORE" \
       hmm.path="$HMM_DIR/hmm" data.offset="$offset" data.limit="$limit" batch_size="$BATCH" \
       bootstrap.resamples=0 metrics.meteor=false resume="$resume" hydra.run.dir="$run" &
   done

@@ -38,12 +38,19 @@ def test_fast_search_keeps_every_candidate_and_the_options_run(tiny_lm_dir, tiny
     # options at their defaults leave a run's identity (and so resume) unchanged
     from ctrlg.tasks.commongen.methods import generation_settings
 
-    plain = compose("commongen", ["pipeline=adapted"])
-    named = compose("commongen", ["pipeline=adapted", "generation.beam_score=guided",
+    plain = compose("commongen", ["pipeline=instruct"])
+    named = compose("commongen", ["pipeline=instruct", "generation.beam_score=guided",
                                   "generation.sibling_penalty=0.0", "generation.fast_search=false"])
     assert generation_settings(plain) == generation_settings(named)
-    ahead = compose("commongen", ["pipeline=adapted", "generation.beam_score=lookahead"])
+    ahead = compose("commongen", ["pipeline=instruct", "generation.beam_score=lookahead"])
     assert generation_settings(ahead) != generation_settings(plain)
+    # the adapted pipeline ranks beams by the HMM's lookahead: a run kept from before it did is
+    # reproduced (and resumed) with generation.beam_score=guided named
+    adapted = compose("commongen", ["pipeline=adapted"])
+    assert adapted.generation.beam_score == "lookahead"
+    kept = compose("commongen", ["pipeline=adapted", "generation.beam_score=guided"])
+    assert generation_settings(kept) != generation_settings(adapted)
+    assert "beam_score" not in generation_settings(kept)["generation"]
 
 
 @pytest.mark.parametrize("key, value, beams", [
