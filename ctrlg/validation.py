@@ -38,13 +38,24 @@ import torch
 from ctrlg.errors import ConstraintError, ContextLengthError, VocabularyMismatchError
 from ctrlg.vocab import lm_vocab_size
 
-__all__ = ["MAX_PADDING", "check_count", "check_vocab_width", "as_token_ids", "check_float_scores",
+__all__ = ["MAX_PADDING", "config_value", "check_count", "check_vocab_width", "as_token_ids", "check_float_scores",
            "lm_max_positions", "check_context_length", "check_decoding_options",
            "check_generation"]
 
 # Largest padding of an LM's output layer past the constraint's vocabulary when no tokenizer says
 # where the real vocabulary ends (Qwen2 pads 151,665 tokens to 151,936: 271 columns).
 MAX_PADDING = 1024
+
+
+def config_value(cfg, dotted: str, default=None):
+    """``cfg["a"]["b"]…`` for ``dotted = "a.b…"`` in a plain or OmegaConf mapping, or ``default``
+    where a part is missing or a node is None (the pipelines' configs)."""
+    node = cfg
+    for part in dotted.split("."):
+        if node is None or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 def check_count(name: str, value, *, minimum: int = 0, error=ConstraintError) -> int:

@@ -73,3 +73,21 @@ def tiny_llama(vocab_size: int, seed: int = 0, *, hidden: int = 16, layers: int 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     return model if dtype is None else model.to(dtype)
+
+
+def interpreted_checks(module: str, timeout: float = 600) -> dict:
+    """``module.run_all_checks()`` (a test module beside this file) run in a fresh Python with
+    ``TRITON_INTERPRET=1``, its JSON result returned: Triton reads the variable at its first
+    import, which another test module of this process may already have done."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"import json, {module} as m; print(json.dumps(m.run_all_checks()))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent,
+                          env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -6,13 +6,10 @@ the checks run in a fresh subprocess with the interpreter on; each test asserts 
 the results (as tests/test_kernel_backward.py does).
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from helpers import interpreted_checks
 
 pytest.importorskip("triton")
 
@@ -67,13 +64,7 @@ def run_all_checks() -> dict:
 
 @pytest.fixture(scope="module")
 def results():
-    here = Path(__file__).resolve().parent
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "import json, test_em_kernel as m; print(json.dumps(m.run_all_checks()))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreted_checks("test_em_kernel")
 
 
 def test_interpreter_is_active(results):

@@ -5,13 +5,9 @@ it already (transformers probes for it), so the checks run in a fresh subprocess
 asserts on its share of the results.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from helpers import interpreted_checks
 
 pytest.importorskip("triton")
 
@@ -102,13 +98,7 @@ def run_all_checks() -> dict:
 
 @pytest.fixture(scope="module")
 def results():
-    here = Path(__file__).resolve().parent
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "import json, test_kernel_backward as m; print(json.dumps(m.run_all_checks()))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreted_checks("test_kernel_backward")
 
 
 def test_runs_under_the_triton_interpreter(results):

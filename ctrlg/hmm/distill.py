@@ -29,7 +29,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
@@ -46,18 +46,13 @@ from ctrlg.hmm.model import HMM
 from ctrlg.hmm.sampling import load_chunks, read_prompts, sample_to_disk
 from ctrlg.hmm.stream_sampling import stream_sample_to_disk
 from ctrlg.lm import models
+from ctrlg.validation import config_value
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["distill", "train_head_for", "build_prompts", "unigram_loglik", "plot_curve", "extra_training_tokens"]
 
 
-def _get(cfg: Mapping, dotted: str, default=None):
-    node: Any = cfg
-    for part in dotted.split("."):
-        if node is None or part not in node:
-            return default
-        node = node[part]
-    return node
+_get = config_value  # a dotted key of the config (ctrlg.validation.config_value)
 
 
 def build_prompts(cfg: Mapping, tokenizer) -> list[str]:

@@ -26,7 +26,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
@@ -38,19 +38,14 @@ from ctrlg.hmm.sampling import read_prompts
 from ctrlg.lm import models
 from ctrlg.lm.adaptation import LoraSettings, encode_examples, mean_target_nll, train_lora
 from ctrlg.lm.adapters import base_fingerprint, save_adapter
+from ctrlg.validation import config_value
 
 __all__ = ["FORMS", "adapt", "training_texts", "heldout_texts"]
 
 FORMS = {"unsupervised": "bos", "supervised": "keywords"}
 
 
-def _get(cfg: Mapping, dotted: str, default=None):
-    node: Any = cfg
-    for part in dotted.split("."):
-        if node is None or part not in node:
-            return default
-        node = node[part]
-    return node
+_get = config_value  # a dotted key of the config (ctrlg.validation.config_value)
 
 
 def _style(cfg: Mapping) -> str:
