@@ -124,7 +124,7 @@ def _train_head(cfg: Mapping, hmm, train: dict, test: dict, vocab_size: int, *, 
     """Fit the LM-conditioned prior head to the training samples (HMM frozen) and measure the
     held-out prefix log-likelihood table on the test samples (:mod:`ctrlg.hmm.head_training`)."""
     head, history = train_prior_head(
-        hmm, train["hidden"], train.get("lvd_tokens", train["tokens"]), eos_token_ids=eos_ids,
+        hmm, train["hidden"], train["lvd_tokens"], eos_token_ids=eos_ids,
         inner_size=int(_get(cfg, "head.inner_size", 256)),
         valid_fraction=float(_get(cfg, "head.valid_fraction", 0.05)),
         epochs=int(_get(cfg, "head.epochs", 30)), patience=int(_get(cfg, "head.patience", 3)),
@@ -312,7 +312,7 @@ def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: 
     """Step 2: the LVD initialisation (:func:`ctrlg.hmm.lvd.lvd_init`: k-means of the LM's hidden
     states into ``hidden_size`` − 1 clusters + the EOS-padding state, counts from the cluster
     sequence; the k-means iterations on ``device``). Cost: O(kmeans_iters · N·L · d · h)."""
-    return lvd_init(train.get("lvd_tokens", train["tokens"]), train["hidden"],
+    return lvd_init(train["lvd_tokens"], train["hidden"],
                     int(_get(cfg, "hidden_size", 128)), vocab_size,
                     eos_token_id=eos_id, device=device,
                     pseudocount=float(_get(cfg, "lvd.pseudocount", _get(cfg, "em.pseudocount", 1.0))),
@@ -370,7 +370,7 @@ def _heldout_metrics(hmm, lvd_ll: float, train: dict, valid: torch.Tensor, test:
         },
         "em_best_step": history.best_step,
         "em_steps": len(history.step) - 1,
-        "em_stopped_early": bool(getattr(history, "stopped_early", False)),
+        "em_stopped_early": history.stopped_early,
         "eos_fraction_test": float((test["tokens"] == eos_id).float().mean()),
     }
 

@@ -65,28 +65,27 @@ def _quantize_topk(B: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
     k = min(k, V)
     values, index = torch.topk(B, k, dim=1)
     codes, lo, step = _log8(values.clamp_min(torch.finfo(torch.float64).tiny).log())
-    index_dtype = torch.int16 if V <= 65536 else torch.int32
-    # int16 holds 0..65535 as two's complement; decoded with `& 0xFFFF`
-    index = (index - 65536 * (index >= 32768)).to(index_dtype) if index_dtype == torch.int16 else index.to(index_dtype)
+    if V <= 65536:  # int16 holds 0..65535 as two's complement; decoded with `& 0xFFFF`
+        index = (index - 65536 * (index >= 32768)).to(torch.int16)
+    else:
+        index = index.to(torch.int32)
     remainder = (1.0 - values.sum(1)).clamp_min(0.0)
     return {"emission_topk_index": index.contiguous(), "emission_codes": codes.contiguous(),
             "emission_lo": lo, "emission_step": step, "emission_rest": remainder.float(),
             "emission_background": B.mean(0).float()}
 
 
-def _dequantize_topk(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    missing = {"emission_topk_index", "emission_codes", "emission_lo", "emission_step", "emission_rest",
-               "emission_background"} - tensors.keys()
-    if missing:
-        raise CheckpointError(f"a topk8 checkpoint lacks tensors {sorted(missing)}")
+def _dequantize_topk(tensors: dict[str, torch.Tensor], scheme: str) -> torch.Tensor:
+    """The float64 emission [h, V] of ``topk8-K`` tensors: the kept entries rescaled to 1 − r_i,
+    the tail r_i spread in proportion to the background (module docstring)."""
+    codes, lo, step = _row_codes(tensors, scheme,
+                                 ("emission_topk_index", "emission_rest", "emission_background"))
     index = tensors["emission_topk_index"].long()
     if tensors["emission_topk_index"].dtype == torch.int16:
         index = index & 0xFFFF
     background = tensors["emission_background"].to(torch.float64).clamp_min(1e-300)
     h, V = index.shape[0], background.shape[0]
-    logs = tensors["emission_lo"].to(torch.float64)[:, None] + tensors["emission_codes"].to(torch.float64) \
-        * tensors["emission_step"].to(torch.float64)[:, None]
-    kept = logs.exp()
+    kept = (lo + codes * step).exp()
     rest = tensors["emission_rest"].to(torch.float64).clamp(0.0, 1.0)
     kept = kept * ((1.0 - rest) / kept.sum(1)).clamp_min(0)[:, None]
     out = background.expand(h, V).clone()
@@ -114,17 +113,23 @@ def quantize_emission(emission: torch.Tensor, scheme: str) -> dict[str, torch.Te
             "emission_step": (top / _LEVELS).float()}
 
 
+def _row_codes(tensors: dict[str, torch.Tensor], scheme: str, extra: tuple[str, ...] = ()):
+    """(codes, lo [h, 1], step [h, 1]) in float64, after checking that ``tensors`` hold them and
+    ``extra``; CheckpointError naming the missing ones."""
+    missing = {"emission_codes", "emission_lo", "emission_step", *extra} - tensors.keys()
+    if missing:
+        raise CheckpointError(f"a {scheme} checkpoint lacks tensors {sorted(missing)}")
+    return (tensors["emission_codes"].to(torch.float64),
+            tensors["emission_lo"].to(torch.float64)[:, None],
+            tensors["emission_step"].to(torch.float64)[:, None])
+
+
 def dequantize_emission(tensors: dict[str, torch.Tensor], scheme: str) -> torch.Tensor:
     """The float64 emission matrix [h, V] (rows sum to 1) decoded from :func:`quantize_emission`'s
     tensors."""
     if topk_size(scheme) is not None:
-        return _dequantize_topk(tensors)
-    missing = {"emission_codes", "emission_lo", "emission_step"} - tensors.keys()
-    if missing:
-        raise CheckpointError(f"a {scheme} checkpoint lacks tensors {sorted(missing)}")
-    codes = tensors["emission_codes"].to(torch.float64)
-    lo = tensors["emission_lo"].to(torch.float64)[:, None]
-    step = tensors["emission_step"].to(torch.float64)[:, None]
+        return _dequantize_topk(tensors, scheme)
+    codes, lo, step = _row_codes(tensors, scheme)
     if scheme == "log8":
         logs = lo + codes * step
         probs = (logs - logs.max(1, keepdim=True).values).exp()

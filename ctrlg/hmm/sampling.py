@@ -46,6 +46,8 @@ __all__ = [
     "sample_to_disk",
     "load_chunks",
     "list_chunks",
+    "chunk_on_disk",
+    "save_chunk",
 ]
 
 META_NAME = "meta.json"
@@ -354,6 +356,26 @@ def _sampling_meta(model, eos_ids, num_prompts, *, num_sequences, length, chunk_
             "attention": str(getattr(model.config, "_attn_implementation", None))}
 
 
+def chunk_on_disk(path: Path, rows: int) -> bool:
+    """Whether chunk ``path`` exists (a resumed run keeps it); CtrlgError if it holds another
+    number of sequences than ``rows``."""
+    if not path.is_file():
+        return False
+    with safe_open(str(path), "pt") as handle:
+        rows_on_disk = handle.get_slice("tokens").get_shape()[0]
+    if rows_on_disk != rows:
+        raise CtrlgError(f"{path} holds {rows_on_disk} sequences, expected {rows}; sample into "
+                         f"a fresh directory")
+    return True
+
+
+def save_chunk(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write one chunk atomically (a temporary file renamed): a chunk on disk is always complete."""
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+
+
 class _ChunkMaker:
     """Makes chunk i of a folder: its sequences' prompts (a seeded permutation), a generator
     seeded with (seed, i), batches through :func:`sample_sequences`, one atomic safetensors file."""
@@ -373,21 +395,11 @@ class _ChunkMaker:
         self.prefix_cache = prefix_kv_cache(model, self.prefix_ids) if prefix else None
         self.pad_lock = threading.Lock()  # the tokenizer is not thread-safe
 
-    def _existing(self, path: Path, rows: int) -> bool:
-        if not path.is_file():
-            return False
-        with safe_open(str(path), "pt") as handle:
-            rows_on_disk = handle.get_slice("tokens").get_shape()[0]
-        if rows_on_disk != rows:
-            raise CtrlgError(f"{path} holds {rows_on_disk} sequences, expected {rows}; sample into "
-                             f"a fresh directory")
-        return True
-
     def __call__(self, chunk: int, hidden_dtype=torch.float16) -> None:
         start = chunk * self.chunk_size
         stop = min(self.num_sequences, (chunk + 1) * self.chunk_size)
         path = self.out_dir / f"chunk_{chunk:05d}.safetensors"
-        if self._existing(path, stop - start):
+        if chunk_on_disk(path, stop - start):
             self.bar.update(stop - start)
             return
         generator = torch.Generator(device=self.device)
@@ -411,9 +423,7 @@ class _ChunkMaker:
         tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
         tensors["tokens"] = tensors["tokens"].to(torch.int32)
         tensors["prompt_index"] = prompt_index.to(torch.int32)
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        tmp.replace(path)  # atomic: a chunk on disk is always complete
+        save_chunk(path, tensors)
 
 
 def sample_to_disk(model, tokenizer, prompts: Sequence[str], out_dir: str | Path, *,

@@ -33,18 +33,17 @@ slot's token except a sequence's wasted step when its first token is EOS and the
 
 from __future__ import annotations
 
-import json
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
-from ctrlg.hmm.sampling import (META_NAME, DrawBuffers, _eos_ids, draw_inverse_cdf, list_chunks,
-                                _check_sample_args)
+from ctrlg.hmm.sampling import (DrawBuffers, _check_sample_args, _eos_ids, _write_meta,
+                                chunk_on_disk, draw_inverse_cdf, list_chunks, save_chunk)
 
 __all__ = ["LlamaStepper", "stream_sample", "stream_sample_to_disk", "SUPPORTED_MODEL_TYPES"]
 
@@ -286,8 +285,6 @@ def stream_sample_to_disk(model, tokenizer, prompt: str, out_dir: str | Path, *,
     order, resumed (existing chunks are kept) or split over processes (``shard = (i, n)``: chunks
     c with c mod n = i). A ``meta.json`` records what decides the samples and is checked on
     resume. Returns timing figures: sequences, LM row-steps, seconds, and rates."""
-    import time
-
     shard = _check_sample_args(num_sequences, length, chunk_size, rows, [prompt], shard)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -300,14 +297,7 @@ def stream_sample_to_disk(model, tokenizer, prompt: str, out_dir: str | Path, *,
             "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
             "hidden_chunks": int(hidden_chunks),
             "model_dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
-    meta_file = out_dir / META_NAME
-    if meta_file.is_file():
-        old = json.loads(meta_file.read_text())
-        clash = {k: (old.get(k), v) for k, v in meta.items() if k != "num_sequences" and old.get(k) != v}
-        if clash:
-            raise CtrlgError(f"{out_dir} holds samples made with other settings {clash}; use "
-                             f"another directory to sample afresh")
-    meta_file.write_text(json.dumps(meta, indent=2))
+    _write_meta(out_dir, meta)
     num_chunks = -(-int(num_sequences) // int(chunk_size))
     todo = [c for c in range(num_chunks) if shard is None or c % shard[1] == shard[0]]
     bar = tqdm(total=len(todo), desc="sampling chunks", unit="chunk",
@@ -317,7 +307,7 @@ def stream_sample_to_disk(model, tokenizer, prompt: str, out_dir: str | Path, *,
     for chunk in todo:
         path = out_dir / f"chunk_{chunk:05d}.safetensors"
         size = min(int(chunk_size), int(num_sequences) - chunk * int(chunk_size))
-        if path.is_file():
+        if chunk_on_disk(path, size):
             bar.update(1)
             continue
         generator = torch.Generator(device=device)
@@ -339,9 +329,7 @@ def stream_sample_to_disk(model, tokenizer, prompt: str, out_dir: str | Path, *,
         stats["sequences"] += size
         stats["row_steps"] += res["steps"] * res["rows"]
         stats["real_tokens"] += int(_real_lengths(res["tokens"], eos_ids).sum())
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        tmp.replace(path)
+        save_chunk(path, tensors)
         bar.update(1)
     bar.close()
     seconds = max(stats["seconds"], 1e-9)
