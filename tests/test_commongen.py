@@ -220,3 +220,53 @@ def test_adapted_pipeline_runs_beams_from_bos_and_reranks_every_beam(tiny_lm_dir
     for record in read_records(tmp_path):
         for method in ("logical", "ctrlg_filter"):
             assert record[method]["accepted"] and record[method]["log_likelihood"] is not None
+
+
+def test_iterative_widening_keeps_the_best_of_the_narrow_and_the_wide_search(tiny_lm_dir, tiny_hmm_dir,
+                                                                            tmp_path):
+    """generation.widen_below_loglik: items whose kept beam scores below τ are searched again
+    with widen_factor × the beams, and the kept output is the best-scoring accepted candidate of
+    both searches; τ above every score widens every ctrlg item (logical never), τ below every
+    score changes nothing, and the widened candidates are exactly a separate wide run's."""
+    from experiments import commongen
+
+    def run(folder, *extra):
+        cfg = compose("commongen", ["pipeline=adapted", f"model.name={tiny_lm_dir}", "model.adapter=null",
+                                    f"hmm.path={tiny_hmm_dir}", "data.limit=3", "batch_size=3",
+                                    "generation.max_new_tokens=10", "metrics.meteor=false",
+                                    "bootstrap.resamples=0", "save_candidates=true",
+                                    "methods=[logical,ctrlg]", *extra])
+        commongen.run(cfg, folder)
+        return {r["index"]: r for r in read_records(folder)}
+
+    narrow = run(tmp_path / "narrow", "generation.num_beams=2", "generation.widen_below_loglik=null")
+    wide = run(tmp_path / "wide", "generation.num_beams=4", "generation.widen_below_loglik=null")
+    every = run(tmp_path / "every", "generation.num_beams=2", "generation.widen_below_loglik=1e9")
+    none = run(tmp_path / "none", "generation.num_beams=2", "generation.widen_below_loglik=-1e9")
+    for i, record in every.items():
+        assert record["ctrlg"]["widened"] and "widened" not in record["logical"]
+        assert not none[i]["ctrlg"]["widened"]
+        assert none[i]["ctrlg"]["text"] == narrow[i]["ctrlg"]["text"]
+        assert record["logical"]["text"] == narrow[i]["logical"]["text"]
+        union = narrow[i]["ctrlg"]["candidates"] + wide[i]["ctrlg"]["candidates"]
+        got = record["ctrlg"]["candidates"]
+        assert [c["text"] for c in got] == [c["text"] for c in union]
+        assert [c["log_likelihood"] for c in got] == pytest.approx([c["log_likelihood"] for c in union],
+                                                                  abs=1e-4)
+        best = max((c for c in union if c["accepted"]), key=lambda c: c["log_likelihood"])
+        assert record["ctrlg"]["log_likelihood"] == pytest.approx(best["log_likelihood"], abs=1e-4)
+        assert record["ctrlg"]["log_likelihood"] >= narrow[i]["ctrlg"]["log_likelihood"] - 1e-4
+
+
+@pytest.mark.parametrize("override, named", [
+    ("generation.widen_factor=1", "widen_factor"),
+    ("generation.widen_below_loglik=nan", "widen_below_loglik"),
+    ("rerank=mbr", "rerank=lm_loglik"),
+])
+def test_bad_widening_settings_are_named_before_the_lm_is_loaded(tmp_path, override, named):
+    from experiments import commongen
+
+    cfg = compose("commongen", ["pipeline=adapted", "model.name=/nonexistent/lm", "data.limit=1",
+                                "methods=[ctrlg]", override])
+    with pytest.raises(ExperimentConfigError, match=named):
+        commongen.run(cfg, tmp_path)

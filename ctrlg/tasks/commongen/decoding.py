@@ -14,6 +14,7 @@ this package, :mod:`~ctrlg.tasks.commongen.items`, :mod:`~ctrlg.tasks.commongen.
 
 from __future__ import annotations
 
+import copy
 import zlib
 
 import torch
@@ -25,13 +26,13 @@ from ctrlg.lm.judge import Judge
 from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.tasks.commongen.items import word_count
-from ctrlg.tasks.commongen.methods import guide_kernel
+from ctrlg.tasks.commongen.methods import guide_kernel, widening
 from ctrlg.tasks.commongen.rerank import pick_candidate, rerank_rule
 from ctrlg.tasks.search_options import SearchOptions
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids, lm_vocab_size
 
-__all__ = ["eos_ids", "batch_seed", "decoding_options", "decode_candidates", "rerank_from_search", "prompt_determines_output", "generate_batch", "candidate_text"]
+__all__ = ["eos_ids", "batch_seed", "decoding_options", "decode_candidates", "rerank_from_search", "prompt_determines_output", "widen_low_scoring", "generate_batch", "candidate_text"]
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -129,6 +130,30 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
     return records_lm_log_probs(model.generation_config, decoding)
 
 
+def widen_low_scoring(decoded: list, widen: tuple[float, int], spec: dict, model, tokenizer,
+                      prompts: list[list[int]], constraints, hmm, cfg, seed: int) -> set[int]:
+    """Iterative widening (:func:`widening`): the items whose kept candidate scores below τ are
+    decoded again with W beams (W candidates), and their new candidates are appended to
+    ``decoded`` in place. Returns the indices of the widened items."""
+    threshold, width = widen
+    rule = rerank_rule(cfg)
+    low = []
+    for j, ((samples, scores), constraint) in enumerate(zip(decoded, constraints)):
+        accepted = [constraint.accepts(s) for s in samples]
+        best = pick_candidate(scores, [len(s) for s in samples], accepted, rule)
+        if scores[best] < threshold:
+            low.append(j)
+    if low:
+        wide = copy.deepcopy(cfg)
+        wide.generation.num_beams = width
+        wide.generation.num_samples = width
+        more = decode_candidates(spec, model, tokenizer, [prompts[j] for j in low],
+                                 [constraints[j] for j in low], hmm, wide, seed)
+        for j, (samples, scores) in zip(low, more):
+            decoded[j] = (decoded[j][0] + samples, list(decoded[j][1]) + list(scores))
+    return set(low)
+
+
 def prompt_determines_output(spec: dict, cfg) -> bool:
     """Whether a method's candidates depend on the prompt alone: no guide (the constraint only
     judges them afterwards) and beam search (no sampling, so no seed)."""
@@ -162,6 +187,9 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     else:
         decoded = decode_candidates(spec, model, tokenizer, prompts, constraints, hmm, cfg, seed,
                                     processor_cache)
+    widen = widening(spec, cfg)
+    widened = None if widen is None else widen_low_scoring(
+        decoded, widen, spec, model, tokenizer, prompts, constraints, hmm, cfg, seed)
     rule = rerank_rule(cfg)
     keep_all = bool(cfg.get("save_candidates", False))
     results = []
@@ -188,6 +216,8 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                   "log_likelihood": scores[best] if rerank else None, "words": word_count(text)}
         if judged:
             result["judge_log_likelihood"] = verdicts[text]
+        if widened is not None:
+            result["widened"] = j in widened
         if keep_all:
             result["candidates"] = [
                 {"text": t, "log_likelihood": score if rerank else None, "tokens": n, "accepted": ok,

@@ -21,7 +21,7 @@ from ctrlg.tasks.commongen.rerank import rerank_rule, rerank_settings
 from ctrlg.tasks.config import generation_config
 from ctrlg.tasks.search_options import SearchOptions
 
-__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "DEFAULT_VALUED_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings"]
+__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "DEFAULT_VALUED_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings", "widening"]
 
 GUIDES = ("none", "logical", "ctrlg")
 
@@ -37,7 +37,8 @@ GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hm
 # run's identity: a GPU run resumes and merges with a CPU one)
 COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel", "fast_search")}
 # sub-keys left out of a run's identity while at these values (runs from before they existed match)
-DEFAULT_VALUED_KEYS = {"generation": {"beam_score": "guided", "sibling_penalty": 0.0}}
+DEFAULT_VALUED_KEYS = {"generation": {"beam_score": "guided", "sibling_penalty": 0.0,
+                                      "widen_below_loglik": None, "widen_factor": 2}}
 
 
 def without_compute_settings(key: str, value):
@@ -94,7 +95,43 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
     check_sampling(gen)
     rerank_rule(cfg)
     SearchOptions.from_config(gen, int(gen.get("num_beams", 1)), int(gen.num_samples))
-    return {name: method_spec(cfg, name) for name in cfg.methods}
+    specs = {name: method_spec(cfg, name) for name in cfg.methods}
+    for spec in specs.values():
+        widening(spec, cfg)
+    return specs
+
+
+def widening(spec: dict, cfg) -> tuple[float, int] | None:
+    """(τ, W) when the items of this method whose kept candidate has log p_lm(y | prompt) < τ
+    are searched again with W = f × the search's width beams (``generation.widen_below_loglik`` τ,
+    null: off; ``generation.widen_factor`` f ≥ 2), else None. Iterative widening applies to Ctrl-G-guided
+    beam search ranked by the LM likelihood: a kept beam far below the usual likelihood is one
+    whose narrow search followed a fluent-looking prefix the HMM could not judge and then had to
+    force the missing concepts in; the wider search adds candidates and the rerank's own rule
+    picks among all of them, so it never keeps a worse-scoring output. Logical masking is not
+    widened: its outputs are long by construction and fall below any τ that singles out the
+    guided search's failures, so it would be searched twice on nearly every item."""
+    gen = cfg.generation
+    threshold = gen.get("widen_below_loglik")
+    if threshold is None or spec.get("guide") != "ctrlg":
+        return None
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not math.isfinite(threshold):
+        raise ExperimentConfigError(f"generation.widen_below_loglik must be a finite log-likelihood "
+                                    f"or null, got {threshold!r}")
+    beams = int(gen.get("num_beams", 1))
+    factor = gen.get("widen_factor", 2)
+    if beams <= 1:
+        raise ExperimentConfigError("generation.widen_below_loglik needs beam search "
+                                    "(generation.num_beams > 1)")
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
+        raise ExperimentConfigError(f"generation.widen_factor must be an integer ≥ 2, got {factor!r}")
+    width = factor * max(beams, int(gen.num_samples))
+    rule = rerank_rule(cfg)
+    if rule["rerank"] != "lm_loglik" or rule.get("judge_weight"):
+        raise ExperimentConfigError("generation.widen_below_loglik needs rerank=lm_loglik without a "
+                                    "judge (it compares the kept candidate's log p_lm with τ)")
+    return float(threshold), width
 
 
 def check_sampling(gen: DictConfig) -> None:
