@@ -278,7 +278,7 @@ class LazyByteDFA:
             edges = [[e for e in es if live[e[2]]] for es in nfa.edges]
             self._edges_of, self._eps_of = edges.__getitem__, nfa.eps.__getitem__
         else:   # Thompson's fragments of non-empty languages: every state reaches acceptance
-            self._live = np.ones(n, dtype=bool)
+            self._live = None                        # (the NFA may grow: lazy_nfa)
             self._edges_of, self._eps_of = nfa.edges_of, nfa.eps_of
         self._accept = accept
         self._closure: dict[int, frozenset] = {}
@@ -292,7 +292,8 @@ class LazyByteDFA:
         self._intern(frozenset())                    # 0: dead
         self._intern(frozenset([-1]))                # 1: reserved (ENDED of the token DFA)
         self.computed[DEAD] = self.computed[ENDED] = True
-        init = self._closure_of([start]) if self._live[start] else frozenset()
+        init = self._closure_of([start]) if self._live is None or self._live[start] \
+            else frozenset()
         self.initial = self._intern(init) if init else DEAD
 
     @property
@@ -302,6 +303,7 @@ class LazyByteDFA:
 
     def _closure_of(self, states) -> frozenset:
         out: set = set()
+        live = self._live
         for s in states:
             c = self._closure.get(s)
             if c is None:
@@ -310,7 +312,7 @@ class LazyByteDFA:
                 while stack:
                     x = stack.pop()
                     for t in self._eps_of(x):
-                        if t not in seen and self._live[t]:
+                        if t not in seen and (live is None or live[t]):
                             seen.add(t)
                             stack.append(t)
                 c = self._closure[s] = frozenset(seen)
@@ -734,9 +736,9 @@ def lazy_regex(pattern: str, tokenizer, *, eos_token_id=AUTO, vocab_size: int | 
 
     Raises RegexError / UnsupportedRegexError for a bad pattern, UnsatisfiableConstraintError
     when the pattern matches no string."""
+    from ctrlg.dfa.lazy_nfa import lazy_thompson   # imports this module
+
     trie = vocab_trie(tokenizer)
-    nfa = TemplateNFA()
-    start, accept = nfa.add_state(), nfa.add_state()
-    nfa.build(parse(pattern), start, accept)
+    nfa, start, accept = lazy_thompson(parse(pattern))
     return LazyTokenDFA(LazyByteDFA(nfa, start, accept), trie, eos_token_id=eos_token_id,
                         vocab_size=vocab_size, what=what or f"regex {pattern[:200]!r}")
