@@ -76,28 +76,31 @@ _MAX_GROUP_CHARS = 4_000
 class _SharedGroupParser(_Parser):
     """:mod:`ctrlg.dfa.regex_syntax`'s parser, except that a non-capturing group ``(?:…)``
     whose text (up to its matching parenthesis, found by one scan of the pattern) was parsed
-    before — in this pattern or an earlier one — is not parsed again: a schema's regex repeats
-    the same pieces (a string's character, whitespace, a number) thousands of times. The AST is
+    before — in this pattern or, when short, an earlier one — is not parsed again: a schema's
+    regex repeats the same pieces (a string's character, whitespace, a number) thousands of
+    times, and an inlined ``$ref`` definition as often as it is referred to. The AST is
     immutable, so sharing it is exact; any other construct goes to the parser unchanged."""
 
     def __init__(self, pattern: str):
         super().__init__(pattern)
         self._close = _matching_parens(pattern)
+        self._local: dict[str, Node] = {}    # longer groups, kept for this pattern only
 
     def group(self):
         i = self.i
         end = self._close.get(i) if self._close is not None else None
-        if end is None or not self.p.startswith("(?:", i) or end - i > _MAX_GROUP_CHARS:
+        if end is None or not self.p.startswith("(?:", i):
             return super().group()
         key = self.p[i:end + 1]
-        node = _GROUPS.get(key)
+        groups = _GROUPS if end - i <= _MAX_GROUP_CHARS else self._local
+        node = groups.get(key)
         if node is None:
             node = super().group()
             if self.i != end + 1:      # the scan disagrees with the parser: do not keep it
                 return node
-            if len(_GROUPS) >= _MAX_GROUPS:
+            if len(groups) >= _MAX_GROUPS and groups is _GROUPS:
                 _GROUPS.clear()
-            _GROUPS[key] = node
+            groups[key] = node
             return node
         self.i = end + 1
         return node

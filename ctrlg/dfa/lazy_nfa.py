@@ -32,10 +32,10 @@ language then reaches its end state, so every NFA state reaches acceptance.
 from __future__ import annotations
 
 from ctrlg.dfa.lazy import TemplateNFA
-from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Repeat
+from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import RegexError
 
-__all__ = ["LazyThompsonNFA", "lazy_thompson", "prune_empty", "has_empty_charset", "expanded_positions"]
+__all__ = ["LazyThompsonNFA", "lazy_thompson", "prune_empty", "has_empty_charset"]
 
 
 class _Tail:
@@ -222,37 +222,17 @@ class LazyThompsonNFA(TemplateNFA):
             got.append((node, end))
 
 
-def expanded_positions(node: Node) -> int:
-    """:func:`~ctrlg.dfa.regex_syntax.positions` (character positions with counted repetitions
-    expanded: the eager Thompson NFA's size up to a constant factor), each shared sub-tree
-    counted once per occurrence but computed once."""
-    memo: dict[int, int] = {}
-
-    def go(x: Node) -> int:
-        got = memo.get(id(x))
-        if got is None:
-            if isinstance(x, CharSet):
-                got = 1
-            elif isinstance(x, (Concat, Alternation)):
-                got = sum(go(y) for y in x.items)
-            else:
-                got = go(x.item) * max(x.min, x.max if x.max is not None else 1, 1)
-            memo[id(x)] = got
-        return got
-
-    return go(node)
-
-
 def lazy_thompson(node: Node, max_positions: int | None = None):
     """``(nfa, start, accept)``: the :class:`LazyThompsonNFA` of the AST ``node`` (empty char
     sets pruned first; an empty language gives an NFA with no edges and ``has_empty`` set, whose
-    subset construction starts dead). RegexError when the expanded pattern has more than ``max_positions`` (default
+    subset construction starts dead). RegexError when the expanded pattern has more than
+    ``max_positions`` (default
     :data:`~ctrlg.dfa.lazy.MAX_LAZY_NFA_STATES`) character positions — the bound the eager
     construction put on its states, checked here without building them."""
     from ctrlg.dfa.lazy import MAX_LAZY_NFA_STATES
 
     limit = MAX_LAZY_NFA_STATES if max_positions is None else max_positions
-    size = expanded_positions(node)
+    size = positions(node)
     if size > limit:
         raise RegexError(f"regex automaton exceeds {limit:,} NFA states ({size:,} character "
                          f"positions with repetitions counted out)")

@@ -118,12 +118,23 @@ def map_charsets(node: Node, fn) -> Node:
 def positions(node: Node) -> int:
     """The number of character positions of the regex with counted repetitions expanded
     (``X{m,n}`` counts ``X`` ``max(m, n)`` times, ``X*`` once): the size of its Thompson NFA
-    up to a constant factor, and the number of states a counter adds to the DFA."""
-    if isinstance(node, CharSet):
-        return 1
-    if isinstance(node, (Concat, Alternation)):
-        return sum(positions(x) for x in node.items)
-    return positions(node.item) * repeat_copies(node.min, node.max)
+    up to a constant factor, and the number of states a counter adds to the DFA. A sub-tree
+    shared by several parents (a parser that shares groups builds a DAG) is computed once."""
+    memo: dict[int, int] = {}
+
+    def go(x: Node) -> int:
+        got = memo.get(id(x))
+        if got is None:
+            if isinstance(x, CharSet):
+                got = 1
+            elif isinstance(x, (Concat, Alternation)):
+                got = sum(go(y) for y in x.items)
+            else:
+                got = go(x.item) * repeat_copies(x.min, x.max)
+            memo[id(x)] = got
+        return got
+
+    return go(node)
 
 
 def repeat_copies(low: int, high: int | None) -> int:
@@ -214,6 +225,8 @@ def _class_escape(letter: str) -> tuple[tuple[int, int], ...] | None:
 
 DOT_RANGES = complement_ranges([(ord("\n"), ord("\n"))])
 _BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")   # a brace quantifier, as Python's re reads one
+_GROUP_NAME = re.compile(r"\?P<([A-Za-z_]\w*)>")
+_CHAR_NAME = re.compile(r"\{([^}]*)\}")
 _DIGITS = "0123456789"                         # re's DIGITS (ASCII only)
 _OCTAL = "01234567"
 SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
@@ -365,33 +378,33 @@ class _Parser:
         start = self.i
         self.i += 1
         if self.peek() == "?":
-            rest = self.p[self.i:]
+            p, i = self.p, self.i      # (no slice of the rest: O(1) per group, not O(pattern))
             unsupported = [("?=", "lookahead '(?='"), ("?!", "negative lookahead '(?!'"),
                            ("?<=", "lookbehind '(?<='"), ("?<!", "negative lookbehind '(?<!'"),
                            ("?>", "atomic group '(?>'"), ("?(", "conditional '(?('"),
                            ("?P=", "backreference '(?P='")]
             for prefix, name in unsupported:
-                if rest.startswith(prefix):
+                if p.startswith(prefix, i):
                     self.i = start
                     self.error(f"{name} is not supported (not a regular construct)",
                                UnsupportedRegexError)
-            if rest.startswith("?:"):
+            if p.startswith("?:", i):
                 self.i += 2
-            elif rest.startswith("?#"):
+            elif p.startswith("?#", i):
                 end = self.p.find(")", self.i)
                 if end < 0:
                     self.error("missing ), unterminated comment")
                 self.i = end + 1
                 return None
-            elif rest.startswith("?<"):   # ECMAScript's named group; Python's re refuses it
+            elif p.startswith("?<", i):   # ECMAScript's named group; Python's re refuses it
                 self.i = start
                 self.error("unknown extension '(?<' (a named group is written '(?P<name>...)' "
                            "in Python's re)")
-            elif rest.startswith("?P<"):
-                m = re.match(r"\?P<([A-Za-z_]\w*)>", rest)
+            elif p.startswith("?P<", i):
+                m = _GROUP_NAME.match(p, i)
                 if m is None:
                     self.error("bad group name")
-                self.i += m.end()
+                self.i = m.end()
             else:
                 self.i = start
                 self.error("inline flags and other '(?...' extensions are not supported",
@@ -440,14 +453,14 @@ class _Parser:
                 self.error(f"bad escape '\\{c}{digits}' (beyond U+10FFFF)")
             return _point(value)
         if c == "N":
-            m = re.match(r"\{([^}]*)\}", self.p[self.i:])
+            m = _CHAR_NAME.match(self.p, self.i)
             if m is None:
                 self.error("missing '{' after \\N")
             try:
                 value = ord(unicodedata.lookup(m.group(1)))
             except KeyError:
                 self.error(f"undefined character name {m.group(1)!r}")
-            self.i += m.end()
+            self.i = m.end()
             return _point(value)
         if c.isascii() and c.isalnum():
             self.i -= 2
