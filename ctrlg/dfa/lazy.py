@@ -106,9 +106,10 @@ class _SharedGroupParser(_Parser):
         return node
 
 
-def _matching_parens(p: str) -> dict[int, int] | None:
+def _matching_parens_py(p: str) -> dict[int, int] | None:
     """``{index of '(' : index of its ')'}`` outside character classes and escapes, or None
-    when the pattern's parentheses do not balance (the parser then reports the error)."""
+    when the pattern's parentheses do not balance (the parser then reports the error). The
+    reference for :func:`_paren_pairs` (a compiled scan of the same rules)."""
     out: dict[int, int] = {}
     stack: list[int] = []
     i, n = 0, len(p)
@@ -135,6 +136,64 @@ def _matching_parens(p: str) -> dict[int, int] | None:
             out[stack.pop()] = i
         i += 1
     return out if not stack else None
+
+
+def _paren_pairs_py(code, opens, closes):
+    """:func:`_matching_parens_py` over the pattern's code points (``code``, int array): fills
+    ``opens[k]``/``closes[k]`` and returns the number of pairs, or -1 when unbalanced."""
+    n = code.shape[0]
+    stack = np.empty(n + 1, dtype=np.int64)
+    sp = 0
+    k = 0
+    i = 0
+    while i < n:
+        c = code[i]
+        if c == 92:                       # backslash
+            i += 2
+            continue
+        if c == 91:                       # '['
+            j = i + 1
+            if j < n and code[j] == 94:   # '^'
+                j += 1
+            if j < n and code[j] == 93:   # ']'
+                j += 1
+            while j < n and code[j] != 93:
+                j += 2 if code[j] == 92 else 1
+            i = j + 1
+            continue
+        if c == 40:                       # '('
+            stack[sp] = i
+            sp += 1
+        elif c == 41:                     # ')'
+            if sp == 0:
+                return -1
+            sp -= 1
+            opens[k] = stack[sp]
+            closes[k] = i
+            k += 1
+        i += 1
+    return k if sp == 0 else -1
+
+
+try:
+    import numba as _nb
+    _paren_pairs = _nb.njit(cache=True, nogil=True)(_paren_pairs_py)
+except ImportError:  # pragma: no cover - numba is a dependency
+    _paren_pairs = None
+
+
+def _matching_parens(p: str) -> dict[int, int] | None:
+    """:func:`_matching_parens_py`, by the compiled scan :func:`_paren_pairs` (a long schema
+    regex has hundreds of thousands of characters)."""
+    if _paren_pairs is None or len(p) < 256:
+        return _matching_parens_py(p)
+    code = np.frombuffer(p.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    opens = np.empty(len(p) // 2 + 1, dtype=np.int64)
+    closes = np.empty_like(opens)
+    k = _paren_pairs(code, opens, closes)
+    if k < 0:
+        return None
+    return dict(zip(opens[:k].tolist(), closes[:k].tolist()))
 
 
 def parse(pattern: str) -> Node:

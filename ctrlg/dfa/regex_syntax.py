@@ -227,6 +227,8 @@ DOT_RANGES = complement_ranges([(ord("\n"), ord("\n"))])
 _BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")   # a brace quantifier, as Python's re reads one
 _GROUP_NAME = re.compile(r"\?P<([A-Za-z_]\w*)>")
 _CHAR_NAME = re.compile(r"\{([^}]*)\}")
+#: characters atom() reads as themselves (not '|' or ')', which end a concatenation)
+_LITERAL_RUN = re.compile(r"[^()\[.^$*+?{\\|]+")
 _DIGITS = "0123456789"                         # re's DIGITS (ASCII only)
 _OCTAL = "01234567"
 SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
@@ -268,7 +270,17 @@ class _Parser:
 
     def concat(self, top: bool) -> Node:
         items: list[Node] = []
-        while self.i < len(self.p) and self.peek() not in "|)":
+        p, n = self.p, len(self.p)
+        while self.i < n and p[self.i] not in "|)":
+            m = _LITERAL_RUN.match(p, self.i)
+            if m is not None:     # plain characters, as atom() reads them, one node each
+                end = m.end()
+                if end < n and p[end] in "*+?{":
+                    end -= 1      # the last one may carry a quantifier: repeat() reads it
+                items.extend([_literal(c) for c in p[self.i:end]])
+                self.i = end
+                if self.i >= n or p[self.i] in "|)":
+                    break
             node = self.repeat(top)
             if node is not None:
                 items.append(node)
@@ -535,6 +547,12 @@ class _Parser:
             return self.escape(in_class=True)
         self.i += 1
         return _point(ord(c))
+
+
+@lru_cache(maxsize=4096)
+def _literal(c: str) -> CharSet:
+    """The CharSet of one plain character (shared: the AST is immutable)."""
+    return CharSet(((ord(c), ord(c)),))
 
 
 def _point(cp: int) -> tuple[tuple[int, int], ...]:
