@@ -8,8 +8,10 @@ Thompson ε-NFA (:class:`~ctrlg.dfa.bytes_dfa.ByteNFA`) and builds, on demand:
 
 * **byte-DFA rows** (:class:`LazyByteDFA`): subset construction (Rabin–Scott) one state at a
   time, ``row(q)[b] = closure(move(q, b))``. NFA states from which the accepting state cannot be
-  reached are removed first (backward search over the NFA), so every non-empty subset is *live*
-  and the dead state is exactly the empty set (id 0): no liveness pass over the DFA is needed.
+  reached are removed first (backward search over the NFA; for the NFA built on demand, the
+  sub-expressions of empty language are pruned from the AST instead,
+  :func:`~ctrlg.dfa.lazy_nfa.prune_empty`), so every non-empty subset is *live* and the dead
+  state is exactly the empty set (id 0): no liveness pass over the DFA is needed.
 * **token masks** (:meth:`LazyTokenDFA.mask`): ``mask_q[v] = [δ*(q, bytes(v)) ≠ dead]``, by an
   iterative depth-first walk of the vocabulary's byte trie (flat CSR arrays,
   :class:`~ctrlg.dfa.vocab_trie.VocabTrie`) over the byte rows, compiled with numba
@@ -32,9 +34,11 @@ languages or masks, not ids. :meth:`LazyTokenDFA.materialize` builds an eager
 :class:`~ctrlg.dfa.core.TokenDFA` of the states reachable within a token budget (what the Ctrl-G
 guide's tables need).
 
-Costs: compile = regex parse + Thompson NFA (linear in the pattern); a state's first mask =
-its row(s) (Python, per new byte state) + the trie walk (compiled); later masks are a dict
-look-up (memoised, read-only arrays).
+Costs: compile = the regex parse (repeated groups parsed once) and the Thompson NFA's initial
+ε-closure: the NFA is built on demand too (:mod:`ctrlg.dfa.lazy_nfa`), a fragment when the
+subset construction first reaches its start state; a state's first mask = its row(s) (Python,
+per new byte state, with the NFA states they reach) + the trie walk (compiled); later masks are
+a dict look-up (memoised, read-only arrays).
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ DEAD = 0
 ENDED = 1
 #: the lazy byte DFA refuses to grow past this many states (RegexError)
 MAX_LAZY_STATES = 2_000_000
-#: NFA states of a lazy pattern (inner states of copied fragments cost nothing until used)
+#: character positions (repetitions counted out) of a lazy pattern: the bound on its NFA,
+#: checked on the AST (the NFA itself is built on demand, :mod:`ctrlg.dfa.lazy_nfa`)
 MAX_LAZY_NFA_STATES = 20_000_000
 #: a loop byte set is sliced (its tokens found once per vocabulary) when it spells at least
 #: this fraction of the vocabulary
@@ -801,8 +806,9 @@ def lazy_regex(pattern: str, tokenizer, *, eos_token_id=AUTO, vocab_size: int | 
     syntax) over a tokenizer / :class:`ctrlg.Vocabulary` / :class:`VocabTrie` / token bytes: the
     language of :func:`ctrlg.dfa.regex` with ``encodings="all"``, built on demand.
 
-    Raises RegexError / UnsupportedRegexError for a bad pattern, UnsatisfiableConstraintError
-    when the pattern matches no string."""
+    Raises RegexError / UnsupportedRegexError for a bad pattern (or one of more than
+    :data:`MAX_LAZY_NFA_STATES` character positions with repetitions counted out),
+    UnsatisfiableConstraintError when the pattern matches no string."""
     from ctrlg.dfa.lazy_nfa import lazy_thompson   # imports this module
 
     trie = vocab_trie(tokenizer)
