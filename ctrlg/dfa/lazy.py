@@ -558,6 +558,19 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
 
 
 # ---------------------------------------------------------------------- the token automaton
+_WALK_ARRAYS: "weakref.WeakKeyDictionary[VocabTrie, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _walk_arrays(trie: VocabTrie) -> tuple:
+    """The trie's arrays as :func:`_walk` takes them (``child_byte`` widened to int64), made
+    once per vocabulary rather than per compile (a copy of every trie edge: ~1 ms)."""
+    got = _WALK_ARRAYS.get(trie)
+    if got is None:
+        got = _WALK_ARRAYS[trie] = (trie.child_ptr, trie.child_byte.astype(np.int64),
+                                    trie.child_node, trie.tok_ptr, trie.node_tokens)
+    return got
+
+
 class LazyTokenDFA:
     """The all-encodings token automaton of a lazily determinised byte NFA (module docstring).
 
@@ -584,8 +597,7 @@ class LazyTokenDFA:
         self._masks: dict[int, np.ndarray] = {}
         self._edges: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
         self._token_bytes = trie.token_bytes
-        self._trie_arrays = (trie.child_ptr, trie.child_byte.astype(np.int64), trie.child_node,
-                             trie.tok_ptr, trie.node_tokens)
+        self._trie_arrays = _walk_arrays(trie)
         self._out_tok = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._out_next = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._miss_node = np.empty(1 << 16, dtype=np.int64)
