@@ -1,7 +1,8 @@
 """Where the lazy JSON Schema path's compile time goes, schema by schema.
 
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.bench_lazy_compile --data /path/to/jsonschemabench/data \\
-        --slowest-of benchmarks/results/bench_jsonschemabench_lazy2049.json --slowest 60 [--timeout 30]
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.bench_lazy_compile \\
+        --data /path/to/jsonschemabench/data --slowest 60 [--timeout 30]
+        --slowest-of benchmarks/results/bench_jsonschemabench_lazy2049.json
         [--out benchmarks/results/bench_lazy_compile.json]
 
 Takes the ``--slowest`` schemas that ``ctrlg_lazy`` compiled slowest in an earlier
