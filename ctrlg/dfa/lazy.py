@@ -8,8 +8,10 @@ Thompson ε-NFA (:class:`~ctrlg.dfa.bytes_dfa.ByteNFA`) and builds, on demand:
 
 * **byte-DFA rows** (:class:`LazyByteDFA`): subset construction (Rabin–Scott) one state at a
   time, ``row(q)[b] = closure(move(q, b))``. NFA states from which the accepting state cannot be
-  reached are removed first (backward search over the NFA), so every non-empty subset is *live*
-  and the dead state is exactly the empty set (id 0): no liveness pass over the DFA is needed.
+  reached are removed first (backward search over the NFA; for the NFA built on demand, the
+  sub-expressions of empty language are pruned from the AST instead,
+  :func:`~ctrlg.dfa.lazy_nfa.prune_empty`), so every non-empty subset is *live* and the dead
+  state is exactly the empty set (id 0): no liveness pass over the DFA is needed.
 * **token masks** (:meth:`LazyTokenDFA.mask`): ``mask_q[v] = [δ*(q, bytes(v)) ≠ dead]``, by an
   iterative depth-first walk of the vocabulary's byte trie (flat CSR arrays,
   :class:`~ctrlg.dfa.vocab_trie.VocabTrie`) over the byte rows, compiled with numba
@@ -32,9 +34,11 @@ languages or masks, not ids. :meth:`LazyTokenDFA.materialize` builds an eager
 :class:`~ctrlg.dfa.core.TokenDFA` of the states reachable within a token budget (what the Ctrl-G
 guide's tables need).
 
-Costs: compile = regex parse + Thompson NFA (linear in the pattern); a state's first mask =
-its row(s) (Python, per new byte state) + the trie walk (compiled); later masks are a dict
-look-up (memoised, read-only arrays).
+Costs: compile = the regex parse (repeated groups parsed once) and the Thompson NFA's initial
+ε-closure: the NFA is built on demand too (:mod:`ctrlg.dfa.lazy_nfa`), a fragment when the
+subset construction first reaches its start state; a state's first mask = its row(s) (Python,
+per new byte state, with the NFA states they reach) + the trie walk (compiled); later masks are
+a dict look-up (memoised, read-only arrays).
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ DEAD = 0
 ENDED = 1
 #: the lazy byte DFA refuses to grow past this many states (RegexError)
 MAX_LAZY_STATES = 2_000_000
-#: NFA states of a lazy pattern (inner states of copied fragments cost nothing until used)
+#: character positions (repetitions counted out) of a lazy pattern: the bound on its NFA,
+#: checked on the AST (the NFA itself is built on demand, :mod:`ctrlg.dfa.lazy_nfa`)
 MAX_LAZY_NFA_STATES = 20_000_000
 #: a loop byte set is sliced (its tokens found once per vocabulary) when it spells at least
 #: this fraction of the vocabulary
@@ -76,36 +81,40 @@ _MAX_GROUP_CHARS = 4_000
 class _SharedGroupParser(_Parser):
     """:mod:`ctrlg.dfa.regex_syntax`'s parser, except that a non-capturing group ``(?:…)``
     whose text (up to its matching parenthesis, found by one scan of the pattern) was parsed
-    before — in this pattern or an earlier one — is not parsed again: a schema's regex repeats
-    the same pieces (a string's character, whitespace, a number) thousands of times. The AST is
+    before — in this pattern or, when short, an earlier one — is not parsed again: a schema's
+    regex repeats the same pieces (a string's character, whitespace, a number) thousands of
+    times, and an inlined ``$ref`` definition as often as it is referred to. The AST is
     immutable, so sharing it is exact; any other construct goes to the parser unchanged."""
 
     def __init__(self, pattern: str):
         super().__init__(pattern)
         self._close = _matching_parens(pattern)
+        self._local: dict[str, Node] = {}    # longer groups, kept for this pattern only
 
     def group(self):
         i = self.i
         end = self._close.get(i) if self._close is not None else None
-        if end is None or not self.p.startswith("(?:", i) or end - i > _MAX_GROUP_CHARS:
+        if end is None or not self.p.startswith("(?:", i):
             return super().group()
         key = self.p[i:end + 1]
-        node = _GROUPS.get(key)
+        groups = _GROUPS if end - i <= _MAX_GROUP_CHARS else self._local
+        node = groups.get(key)
         if node is None:
             node = super().group()
             if self.i != end + 1:      # the scan disagrees with the parser: do not keep it
                 return node
-            if len(_GROUPS) >= _MAX_GROUPS:
+            if len(groups) >= _MAX_GROUPS and groups is _GROUPS:
                 _GROUPS.clear()
-            _GROUPS[key] = node
+            groups[key] = node
             return node
         self.i = end + 1
         return node
 
 
-def _matching_parens(p: str) -> dict[int, int] | None:
+def _matching_parens_py(p: str) -> dict[int, int] | None:
     """``{index of '(' : index of its ')'}`` outside character classes and escapes, or None
-    when the pattern's parentheses do not balance (the parser then reports the error)."""
+    when the pattern's parentheses do not balance (the parser then reports the error). The
+    reference for :func:`_paren_pairs` (a compiled scan of the same rules)."""
     out: dict[int, int] = {}
     stack: list[int] = []
     i, n = 0, len(p)
@@ -132,6 +141,69 @@ def _matching_parens(p: str) -> dict[int, int] | None:
             out[stack.pop()] = i
         i += 1
     return out if not stack else None
+
+
+def _paren_pairs_py(code, opens, closes):
+    """:func:`_matching_parens_py` over the pattern's code points (``code``, int array): fills
+    ``opens[k]``/``closes[k]`` and returns the number of pairs, or -1 when unbalanced."""
+    n = code.shape[0]
+    stack = np.empty(n + 1, dtype=np.int64)
+    sp = 0
+    k = 0
+    i = 0
+    while i < n:
+        c = code[i]
+        if c == 92:                       # backslash
+            i += 2
+            continue
+        if c == 91:                       # '['
+            j = i + 1
+            if j < n and code[j] == 94:   # '^'
+                j += 1
+            if j < n and code[j] == 93:   # ']'
+                j += 1
+            while j < n and code[j] != 93:
+                j += 2 if code[j] == 92 else 1
+            i = j + 1
+            continue
+        if c == 40:                       # '('
+            stack[sp] = i
+            sp += 1
+        elif c == 41:                     # ')'
+            if sp == 0:
+                return -1
+            sp -= 1
+            opens[k] = stack[sp]
+            closes[k] = i
+            k += 1
+        i += 1
+    return k if sp == 0 else -1
+
+
+try:
+    import numba as _nb
+    _paren_pairs = _nb.njit(cache=True, nogil=True)(_paren_pairs_py)
+except ImportError:  # pragma: no cover - numba is a dependency
+    _paren_pairs = None
+
+
+#: patterns at least this long are scanned by the compiled loop (its first call in a process
+#: loads it from numba's cache, ~20 ms: the Python scan of 100,000 characters takes ~15 ms)
+_COMPILED_SCAN_CHARS = 100_000
+
+
+def _matching_parens(p: str) -> dict[int, int] | None:
+    """:func:`_matching_parens_py`, by the compiled scan :func:`_paren_pairs` for a pattern of
+    hundreds of thousands of characters."""
+    if _paren_pairs is None or len(p) < _COMPILED_SCAN_CHARS:
+        return _matching_parens_py(p)
+    code = np.frombuffer(p.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    opens = np.empty(len(p) // 2 + 1, dtype=np.int64)
+    closes = np.empty_like(opens)
+    k = _paren_pairs(code, opens, closes)
+    if k < 0:
+        return None
+    return dict(zip(opens[:k].tolist(), closes[:k].tolist()))
 
 
 def parse(pattern: str) -> Node:
@@ -278,7 +350,7 @@ class LazyByteDFA:
             edges = [[e for e in es if live[e[2]]] for es in nfa.edges]
             self._edges_of, self._eps_of = edges.__getitem__, nfa.eps.__getitem__
         else:   # Thompson's fragments of non-empty languages: every state reaches acceptance
-            self._live = np.ones(n, dtype=bool)
+            self._live = None                        # (the NFA may grow: lazy_nfa)
             self._edges_of, self._eps_of = nfa.edges_of, nfa.eps_of
         self._accept = accept
         self._closure: dict[int, frozenset] = {}
@@ -292,7 +364,8 @@ class LazyByteDFA:
         self._intern(frozenset())                    # 0: dead
         self._intern(frozenset([-1]))                # 1: reserved (ENDED of the token DFA)
         self.computed[DEAD] = self.computed[ENDED] = True
-        init = self._closure_of([start]) if self._live[start] else frozenset()
+        init = self._closure_of([start]) if self._live is None or self._live[start] \
+            else frozenset()
         self.initial = self._intern(init) if init else DEAD
 
     @property
@@ -302,6 +375,7 @@ class LazyByteDFA:
 
     def _closure_of(self, states) -> frozenset:
         out: set = set()
+        live = self._live
         for s in states:
             c = self._closure.get(s)
             if c is None:
@@ -310,7 +384,7 @@ class LazyByteDFA:
                 while stack:
                     x = stack.pop()
                     for t in self._eps_of(x):
-                        if t not in seen and self._live[t]:
+                        if t not in seen and (live is None or live[t]):
                             seen.add(t)
                             stack.append(t)
                 c = self._closure[s] = frozenset(seen)
@@ -484,6 +558,19 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
 
 
 # ---------------------------------------------------------------------- the token automaton
+_WALK_ARRAYS: "weakref.WeakKeyDictionary[VocabTrie, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _walk_arrays(trie: VocabTrie) -> tuple:
+    """The trie's arrays as :func:`_walk` takes them (``child_byte`` widened to int64), made
+    once per vocabulary rather than per compile (a copy of every trie edge: ~1 ms)."""
+    got = _WALK_ARRAYS.get(trie)
+    if got is None:
+        got = _WALK_ARRAYS[trie] = (trie.child_ptr, trie.child_byte.astype(np.int64),
+                                    trie.child_node, trie.tok_ptr, trie.node_tokens)
+    return got
+
+
 class LazyTokenDFA:
     """The all-encodings token automaton of a lazily determinised byte NFA (module docstring).
 
@@ -510,8 +597,7 @@ class LazyTokenDFA:
         self._masks: dict[int, np.ndarray] = {}
         self._edges: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
         self._token_bytes = trie.token_bytes
-        self._trie_arrays = (trie.child_ptr, trie.child_byte.astype(np.int64), trie.child_node,
-                             trie.tok_ptr, trie.node_tokens)
+        self._trie_arrays = _walk_arrays(trie)
         self._out_tok = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._out_next = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._miss_node = np.empty(1 << 16, dtype=np.int64)
@@ -732,11 +818,12 @@ def lazy_regex(pattern: str, tokenizer, *, eos_token_id=AUTO, vocab_size: int | 
     syntax) over a tokenizer / :class:`ctrlg.Vocabulary` / :class:`VocabTrie` / token bytes: the
     language of :func:`ctrlg.dfa.regex` with ``encodings="all"``, built on demand.
 
-    Raises RegexError / UnsupportedRegexError for a bad pattern, UnsatisfiableConstraintError
-    when the pattern matches no string."""
+    Raises RegexError / UnsupportedRegexError for a bad pattern (or one of more than
+    :data:`MAX_LAZY_NFA_STATES` character positions with repetitions counted out),
+    UnsatisfiableConstraintError when the pattern matches no string."""
+    from ctrlg.dfa.lazy_nfa import lazy_thompson   # imports this module
+
     trie = vocab_trie(tokenizer)
-    nfa = TemplateNFA()
-    start, accept = nfa.add_state(), nfa.add_state()
-    nfa.build(parse(pattern), start, accept)
+    nfa, start, accept = lazy_thompson(parse(pattern))
     return LazyTokenDFA(LazyByteDFA(nfa, start, accept), trie, eos_token_id=eos_token_id,
                         vocab_size=vocab_size, what=what or f"regex {pattern[:200]!r}")

@@ -118,12 +118,23 @@ def map_charsets(node: Node, fn) -> Node:
 def positions(node: Node) -> int:
     """The number of character positions of the regex with counted repetitions expanded
     (``X{m,n}`` counts ``X`` ``max(m, n)`` times, ``X*`` once): the size of its Thompson NFA
-    up to a constant factor, and the number of states a counter adds to the DFA."""
-    if isinstance(node, CharSet):
-        return 1
-    if isinstance(node, (Concat, Alternation)):
-        return sum(positions(x) for x in node.items)
-    return positions(node.item) * repeat_copies(node.min, node.max)
+    up to a constant factor, and the number of states a counter adds to the DFA. A sub-tree
+    shared by several parents (a parser that shares groups builds a DAG) is computed once."""
+    memo: dict[int, int] = {}
+
+    def go(x: Node) -> int:
+        got = memo.get(id(x))
+        if got is None:
+            if isinstance(x, CharSet):
+                got = 1
+            elif isinstance(x, (Concat, Alternation)):
+                got = sum(go(y) for y in x.items)
+            else:
+                got = go(x.item) * repeat_copies(x.min, x.max)
+            memo[id(x)] = got
+        return got
+
+    return go(node)
 
 
 def repeat_copies(low: int, high: int | None) -> int:
@@ -214,6 +225,10 @@ def _class_escape(letter: str) -> tuple[tuple[int, int], ...] | None:
 
 DOT_RANGES = complement_ranges([(ord("\n"), ord("\n"))])
 _BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")   # a brace quantifier, as Python's re reads one
+_GROUP_NAME = re.compile(r"\?P<([A-Za-z_]\w*)>")
+_CHAR_NAME = re.compile(r"\{([^}]*)\}")
+#: characters atom() reads as themselves (not '|' or ')', which end a concatenation)
+_LITERAL_RUN = re.compile(r"[^()\[.^$*+?{\\|]+")
 _DIGITS = "0123456789"                         # re's DIGITS (ASCII only)
 _OCTAL = "01234567"
 SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
@@ -255,7 +270,17 @@ class _Parser:
 
     def concat(self, top: bool) -> Node:
         items: list[Node] = []
-        while self.i < len(self.p) and self.peek() not in "|)":
+        p, n = self.p, len(self.p)
+        while self.i < n and p[self.i] not in "|)":
+            m = _LITERAL_RUN.match(p, self.i)
+            if m is not None:     # plain characters, as atom() reads them, one node each
+                end = m.end()
+                if end < n and p[end] in "*+?{":
+                    end -= 1      # the last one may carry a quantifier: repeat() reads it
+                items.extend([_literal(c) for c in p[self.i:end]])
+                self.i = end
+                if self.i >= n or p[self.i] in "|)":
+                    break
             node = self.repeat(top)
             if node is not None:
                 items.append(node)
@@ -365,33 +390,33 @@ class _Parser:
         start = self.i
         self.i += 1
         if self.peek() == "?":
-            rest = self.p[self.i:]
+            p, i = self.p, self.i      # (no slice of the rest: O(1) per group, not O(pattern))
             unsupported = [("?=", "lookahead '(?='"), ("?!", "negative lookahead '(?!'"),
                            ("?<=", "lookbehind '(?<='"), ("?<!", "negative lookbehind '(?<!'"),
                            ("?>", "atomic group '(?>'"), ("?(", "conditional '(?('"),
                            ("?P=", "backreference '(?P='")]
             for prefix, name in unsupported:
-                if rest.startswith(prefix):
+                if p.startswith(prefix, i):
                     self.i = start
                     self.error(f"{name} is not supported (not a regular construct)",
                                UnsupportedRegexError)
-            if rest.startswith("?:"):
+            if p.startswith("?:", i):
                 self.i += 2
-            elif rest.startswith("?#"):
+            elif p.startswith("?#", i):
                 end = self.p.find(")", self.i)
                 if end < 0:
                     self.error("missing ), unterminated comment")
                 self.i = end + 1
                 return None
-            elif rest.startswith("?<"):   # ECMAScript's named group; Python's re refuses it
+            elif p.startswith("?<", i):   # ECMAScript's named group; Python's re refuses it
                 self.i = start
                 self.error("unknown extension '(?<' (a named group is written '(?P<name>...)' "
                            "in Python's re)")
-            elif rest.startswith("?P<"):
-                m = re.match(r"\?P<([A-Za-z_]\w*)>", rest)
+            elif p.startswith("?P<", i):
+                m = _GROUP_NAME.match(p, i)
                 if m is None:
                     self.error("bad group name")
-                self.i += m.end()
+                self.i = m.end()
             else:
                 self.i = start
                 self.error("inline flags and other '(?...' extensions are not supported",
@@ -440,14 +465,14 @@ class _Parser:
                 self.error(f"bad escape '\\{c}{digits}' (beyond U+10FFFF)")
             return _point(value)
         if c == "N":
-            m = re.match(r"\{([^}]*)\}", self.p[self.i:])
+            m = _CHAR_NAME.match(self.p, self.i)
             if m is None:
                 self.error("missing '{' after \\N")
             try:
                 value = ord(unicodedata.lookup(m.group(1)))
             except KeyError:
                 self.error(f"undefined character name {m.group(1)!r}")
-            self.i += m.end()
+            self.i = m.end()
             return _point(value)
         if c.isascii() and c.isalnum():
             self.i -= 2
@@ -522,6 +547,12 @@ class _Parser:
             return self.escape(in_class=True)
         self.i += 1
         return _point(ord(c))
+
+
+@lru_cache(maxsize=4096)
+def _literal(c: str) -> CharSet:
+    """The CharSet of one plain character (shared: the AST is immutable)."""
+    return CharSet(((ord(c), ord(c)),))
 
 
 def _point(cp: int) -> tuple[tuple[int, int], ...]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import (Alternation, Concat, Node, Repeat, matches_empty,
-                                    parse)
+from ctrlg.dfa.lazy import parse as shared_parse
+from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat, matches_empty
 
 __all__ = ["Ref", "Seq", "Alt", "Rep", "seq", "alt", "rep", "is_text", "to_grammar"]
 
@@ -145,7 +145,7 @@ class _Builder:
     def leaf(self, text: str) -> int:
         if text in self.leaf_ids:
             return self.leaf_ids[text]
-        ast = parse(text)
+        ast = shared_parse(text)        # the parse shares repeated groups (a DAG)
         nt = self.nonterminal(f"<leaf {len(self.leaf_ids)}>")
         self.leaf_ids[text] = nt
         if matches_empty(ast):

@@ -3,8 +3,9 @@
 
 The documents are exactly :func:`~ctrlg.dfa.json_schema`'s (the same regex from the same
 compiler, :func:`~ctrlg.dfa.json_schema._compile`); only the automaton is built on demand
-(:mod:`ctrlg.dfa.lazy`): compile = the schema's regex + its Thompson NFA, and each state's
-byte rows and token mask the first time a generation reaches it. When the regex or its NFA is
+(:mod:`ctrlg.dfa.lazy`): compile = the schema's regex, its parse and the Thompson NFA's
+initial ε-closure (:mod:`ctrlg.dfa.lazy_nfa`), and the rest of the NFA, each state's byte rows
+and token mask the first time a generation reaches it. When the regex or its NFA is
 over a size limit, arbitrary values (``{}``) nest one level less at a time, as in the eager path.
 
 A recursive schema (a ``$ref`` to a schema being compiled) is, with ``recursion_depth=k``

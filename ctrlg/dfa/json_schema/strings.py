@@ -19,8 +19,8 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
-from ctrlg.dfa.bytes_dfa import compile_ast
 from ctrlg.dfa.regex_syntax import (Alternation, Anchor, CharSet, Concat, Node, Repeat, parse,
                                     search_language)
 from ctrlg.errors import RegexError, UnsupportedSchemaError
@@ -291,16 +291,32 @@ def included(a: Node, b: Node) -> bool:
 
 
 def _product_finds(a: Node, b: Node, inside_b: bool) -> bool:
-    """Whether some string of ``a`` is (``inside_b``) or is not a string of ``b``."""
-    da, db = compile_ast(a), compile_ast(b)
+    """Whether some string of ``a`` is (``inside_b``) or is not a string of ``b``: a search of
+    the product of their byte DFAs, built lazily (:class:`~ctrlg.dfa.lazy.LazyByteDFA`: only
+    the rows of the pairs reached, so two patterns that differ in their first bytes cost a
+    few rows; state 0 is dead and every other state can still accept)."""
+    da, db = _lazy_dfa(a), _lazy_dfa(b)
+    if da.initial == 0 or (inside_b and db.initial == 0):
+        return False
     seen = {(da.initial, db.initial)}
     queue = list(seen)
     while queue:
         p, q = queue.pop()
         if da.accepting[p] and bool(db.accepting[q]) == inside_b:
             return True
-        for pair in set(zip(da.table[p].tolist(), db.table[q].tolist())):
+        for pair in set(zip(da.row(p).tolist(), db.row(q).tolist())):
             if pair[0] and (pair[1] or not inside_b) and pair not in seen:
                 seen.add(pair)
                 queue.append(pair)
     return False
+
+
+@lru_cache(maxsize=512)
+def _lazy_dfa(node: Node):
+    """The lazily determinised byte DFA of ``node`` (kept: a schema's patterns are compared
+    pairwise, each many times)."""
+    from ctrlg.dfa.lazy import LazyByteDFA
+    from ctrlg.dfa.lazy_nfa import lazy_thompson
+
+    nfa, start, accept = lazy_thompson(node)
+    return LazyByteDFA(nfa, start, accept)

@@ -1,0 +1,247 @@
+"""Thompson's construction on demand: an ε-NFA whose fragments are wired when first reached.
+
+:class:`~ctrlg.dfa.lazy.TemplateNFA` builds the whole Thompson NFA of a pattern before the first
+token; for a JSON schema with ``$ref`` definitions inlined hundreds of times and ``{0,128}``
+counters that is hundreds of thousands of states (seconds in Python), nearly all of which a
+generation never visits. :class:`LazyThompsonNFA` builds the same kind of automaton one level at
+a time:
+
+* ``build(node, start, end)`` only *defers* the fragment: ``pending[start]`` records
+  ``(node, end)``.
+* The first time the subset construction asks for the edges of a state ``s`` (``edges_of`` /
+  ``eps_of``), every fragment deferred at ``s`` is expanded by one level of Thompson's
+  construction — a concatenation ``x·rest`` into ``x`` deferred at ``s`` and ``rest`` at a fresh
+  state; an alternation into a fresh ``(a_i, b_i)`` pair per branch (``s →ε a_i``,
+  ``b_i →ε end``); ``x{m,n}`` into one copy of ``x`` and ``x{m-1,n-1}`` (or the optional copy and
+  ``ε``, or the loop of ``x*``); a char set into its shared UTF-8 byte-range template — until
+  no fragment is deferred at ``s``.
+
+This is exact because Thompson fragments never add an edge *into* their start state nor *out of*
+their end state: once ``s`` has been expanded nothing adds an edge out of ``s`` again, so the
+edges read are the final ones, and the automaton reached is (up to state numbering and the
+order of the unrolled copies) the eager construction's. Compile cost: O(1) plus the states the
+initial ε-closure reaches; each DFA row then costs the expansion of the NFA states it meets.
+
+Every NFA state must reach acceptance (the lazy subset construction has no liveness pass), so
+the only source of dead states, an empty char set, is removed from the AST first
+(:func:`prune_empty`: an empty branch is dropped, an empty concatenation / mandatory repetition
+makes its parent empty, ``x{0,n}`` of an empty ``x`` is ``ε``). Every fragment of a non-empty
+language then reaches its end state, so every NFA state reaches acceptance.
+"""
+
+from __future__ import annotations
+
+from ctrlg.dfa.lazy import TemplateNFA
+from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Repeat, positions
+from ctrlg.errors import RegexError
+
+__all__ = ["LazyThompsonNFA", "lazy_thompson", "prune_empty", "has_empty_charset"]
+
+
+class _Tail:
+    """``items[i:]`` of a concatenation, without copying the tuple."""
+    __slots__ = ("items", "i")
+
+    def __init__(self, items: tuple, i: int):
+        self.items, self.i = items, i
+
+
+def prune_empty(node: Node) -> Node | None:
+    """``node`` with every sub-expression of empty language removed (module docstring); ``None``
+    when the whole language is empty. Shared sub-trees (the AST is a DAG when groups are shared)
+    are visited once, and a sub-tree without an empty char set is returned as is (identity
+    kept)."""
+    memo: dict[int, object] = {}
+    _NONE = memo            # a sentinel distinct from every node
+
+    def go(x: Node):
+        key = id(x)
+        got = memo.get(key)
+        if got is not None:
+            return None if got is _NONE else got
+        if isinstance(x, CharSet):
+            out = x if x.ranges else None
+        elif isinstance(x, Concat):
+            items = []
+            out = x
+            for y in x.items:
+                z = go(y)
+                if z is None:
+                    out = None
+                    break
+                items.append(z)
+            if out is not None and any(a is not b for a, b in zip(items, x.items)):
+                out = Concat(tuple(items))
+        elif isinstance(x, Alternation):
+            items = [z for z in (go(y) for y in x.items) if z is not None]
+            if not items:
+                out = None
+            elif len(items) == len(x.items) and all(a is b for a, b in zip(items, x.items)):
+                out = x
+            else:
+                out = items[0] if len(items) == 1 else Alternation(tuple(items))
+        elif isinstance(x, Repeat):
+            z = go(x.item)
+            if z is None:
+                out = EMPTY if x.min == 0 else None
+            else:
+                out = x if z is x.item else Repeat(z, x.min, x.max)
+        else:  # pragma: no cover - the parser produces only the node types above
+            raise TypeError(f"unknown regex node {x!r}")
+        memo[key] = _NONE if out is None else out
+        return out
+
+    return go(node)
+
+
+def has_empty_charset(node: Node) -> bool:
+    """Whether an empty char set occurs in ``node`` (each shared sub-tree visited once)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, CharSet):
+            if not x.ranges:
+                return True
+        elif isinstance(x, (Concat, Alternation)):
+            stack.extend(x.items)
+        elif isinstance(x, Repeat):
+            stack.append(x.item)
+    return False
+
+
+class LazyThompsonNFA(TemplateNFA):
+    """:class:`~ctrlg.dfa.lazy.TemplateNFA` with fragments expanded on first use (module
+    docstring). ``build`` must be given an AST without empty char sets (:func:`prune_empty`);
+    ``has_empty`` is False, so :class:`~ctrlg.dfa.lazy.LazyByteDFA` reads the edges through
+    :meth:`edges_of` / :meth:`eps_of` and skips its liveness pass."""
+
+    def __init__(self):
+        super().__init__()
+        self._pending: dict[int, list] = {}
+
+    def add_state(self) -> int:
+        """A fresh state (no bound here: :func:`lazy_thompson` bounds the pattern's size)."""
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    def build(self, node, start: int, end: int) -> None:
+        self._pending.setdefault(start, []).append((node, end))
+
+    def _block_starts(self) -> list:
+        """The first inner state of each template copy, extended as copies are added (they
+        are interleaved with look-ups here)."""
+        st = self._starts
+        if len(st) != len(self._blocks):
+            st.extend(b[0] for b in self._blocks[len(st):])
+        return st
+
+    def edges_of(self, s: int) -> list:
+        if s in self._pending:
+            self._expand(s)
+        e = self.edges[s]
+        if e is None:
+            self._resolve(s)
+            e = self.edges[s]
+        return e
+
+    def eps_of(self, s: int) -> list:
+        if s in self._pending:
+            self._expand(s)
+        e = self.eps[s]
+        if e is None:
+            self._resolve(s)
+            e = self.eps[s]
+        return e
+
+    def resolve_all(self) -> None:
+        """Expand every fragment and fill in every template state (the whole automaton)."""
+        while self._pending:
+            self._expand(next(iter(self._pending)))
+        super().resolve_all()
+
+    def _expand(self, s: int) -> None:
+        """Expand the fragments deferred at ``s`` until none is left (module docstring)."""
+        todo = self._pending.pop(s)
+        eps_s = self.eps[s]
+        while todo:
+            node, end = todo.pop()
+            if isinstance(node, CharSet):
+                self._instantiate(self._template(node), s, end)
+            elif isinstance(node, (Concat, _Tail)):
+                items, i = (node.items, 0) if isinstance(node, Concat) else (node.items, node.i)
+                if i == len(items):
+                    eps_s.append(end)
+                elif i == len(items) - 1:
+                    todo.append((items[i], end))
+                else:
+                    t = self.add_state()
+                    todo.append((items[i], t))
+                    self._defer(t, _Tail(items, i + 1), end)
+            elif isinstance(node, Alternation):
+                for item in node.items:
+                    a, b = self.add_state(), self.add_state()
+                    eps_s.append(a)
+                    self._defer(a, item, b)
+                    self.eps[b].append(end)
+            elif isinstance(node, Repeat):
+                lo, hi = node.min, node.max
+                if hi is None and lo == 0:          # x*: a loop between fresh states
+                    a, b = self.add_state(), self.add_state()
+                    eps_s.append(a)
+                    self._defer(a, node.item, b)
+                    self.eps[b].append(a)
+                    self.eps[a].append(end)
+                elif hi == 0:
+                    eps_s.append(end)
+                else:                               # one copy of x, then x{lo-1,hi-1}
+                    if lo == 0:
+                        eps_s.append(end)
+                    t = self.add_state()
+                    todo.append((node.item, t))
+                    rest = Repeat(node.item, max(lo - 1, 0), None if hi is None else hi - 1)
+                    if rest.max == 0:
+                        self.eps[t].append(end)
+                    else:
+                        self._defer(t, rest, end)
+            else:  # pragma: no cover - the parser produces only the node types above
+                raise TypeError(f"unknown regex node {node!r}")
+            more = self._pending.pop(s, None)     # a fragment deferred at s again (none today)
+            if more:
+                todo.extend(more)
+
+    def _defer(self, s: int, node, end: int) -> None:
+        got = self._pending.get(s)
+        if got is None:
+            self._pending[s] = [(node, end)]
+        else:
+            got.append((node, end))
+
+
+def lazy_thompson(node: Node, max_positions: int | None = None):
+    """``(nfa, start, accept)``: the :class:`LazyThompsonNFA` of the AST ``node`` (empty char
+    sets pruned first; an empty language gives an NFA with no edges and ``has_empty`` set, whose
+    subset construction starts dead). RegexError when the expanded pattern has more than
+    ``max_positions`` (default
+    :data:`~ctrlg.dfa.lazy.MAX_LAZY_NFA_STATES`) character positions — the bound the eager
+    construction put on its states, checked here without building them."""
+    from ctrlg.dfa.lazy import MAX_LAZY_NFA_STATES
+
+    limit = MAX_LAZY_NFA_STATES if max_positions is None else max_positions
+    size = positions(node)
+    if size > limit:
+        raise RegexError(f"regex automaton exceeds {limit:,} NFA states ({size:,} character "
+                         f"positions with repetitions counted out)")
+    nfa = LazyThompsonNFA()
+    start, accept = nfa.add_state(), nfa.add_state()
+    if has_empty_charset(node):
+        node = prune_empty(node)
+    if node is not None:
+        nfa.build(node, start, accept)
+    else:                # no edges: the liveness pass finds start dead (an empty language)
+        nfa.has_empty = True
+    return nfa, start, accept
