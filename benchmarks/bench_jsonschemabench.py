@@ -529,10 +529,11 @@ def main(argv=None):
         return _finish(args, engines, rows, {"from_partial": str(args.from_partial)}, {},
                        ["summarised from an interrupted run's rows"], t_start)
     ctx, setup, notes = _setup_context()
-    if ctx.Index is None:
-        engines = [e for e in engines if e != "outlines"]
-    if ctx.llguidance is None:
-        engines = [e for e in engines if e != "llguidance"]
+    missing = [e for e, absent in (("outlines", ctx.Index is None),
+                                     ("llguidance", ctx.llguidance is None)) if absent and e in engines]
+    if missing:   # a named engine is never dropped silently: the comparison would be one-sided
+        raise SystemExit(f"engine(s) {missing} are not installed: pip install -e '.[bench]' "
+                         f"(outlines-core==0.2.14, llguidance==1.9.1), or leave them out of --engines")
     schemas = sample_schemas(args.data, args.per_category, args.seed)
     if args.sample_of:
         schemas = [(r["category"], r["file"])
