@@ -41,17 +41,19 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA, ByteNFA
-from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
-from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, _Parser
+from ctrlg.dfa.regex_syntax import Alternation, CharSet, Node, Repeat, _Parser
 from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
 from ctrlg.errors import ConstraintError, RegexError, UnsatisfiableConstraintError
 
-__all__ = ["TemplateNFA", "LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "DEAD", "ENDED",
+__all__ = ["TemplateNFA", "LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "class_slice",
+           "ClassSlice", "DEAD", "ENDED",
            "MAX_LAZY_STATES"]
 
 DEAD = 0
@@ -165,6 +167,10 @@ class TemplateNFA(ByteNFA):
         self.has_empty = False
         self._blocks: list = []      # (first inner state, template, start, end), by first state
         self._starts: list = []
+        #: NFA state -> [(class, r)]: the state starts a copy of a repeated item one of whose
+        #: alternatives is the char set ``class``, with at least ``r`` copies (None: unboundedly
+        #: many) still possible, so ``Pref(L(state)) ⊇ Pref(class^r)`` (counted slices)
+        self.counted: dict[int, list] = {}
 
     def build(self, node: Node, start: int, end: int) -> None:
         if isinstance(node, CharSet):
@@ -172,9 +178,30 @@ class TemplateNFA(ByteNFA):
         elif isinstance(node, Repeat) and (node.max is None or node.max) and \
                 (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
             tmpl = self._template(node.item)
-            self._repeat(node, start, end, lambda s, e: self._instantiate(tmpl, s, e))
+            self._repeat(node, start, end,
+                         self._noting(node, lambda s, e: self._instantiate(tmpl, s, e)))
+        elif isinstance(node, Repeat) and (node.max is None or node.max):
+            self._repeat(node, start, end,
+                         self._noting(node, lambda s, e: self.build(node.item, s, e)))
         else:
             super().build(node, start, end)
+
+    def _noting(self, node: Repeat, item):
+        """``item`` (wires one copy of ``node.item``), also recording in :attr:`counted` the
+        start state of each copy when the item has a char-set alternative: copy ``j`` (in the
+        order :meth:`~ctrlg.dfa.bytes_dfa.ByteNFA._repeat` wires them) can still be followed by
+        ``max - j`` copies in all (unboundedly many when ``max`` is None)."""
+        cls = _item_class(node.item)
+        if cls is None:
+            return item
+        copies = [0]
+
+        def wire(s: int, e: int) -> None:
+            r = None if node.max is None else node.max - copies[0]
+            copies[0] += 1
+            self.counted.setdefault(s, []).append((cls, r))
+            item(s, e)
+        return wire
 
     def _template(self, node: Node):
         got = _TEMPLATES.get(node)
@@ -187,7 +214,10 @@ class TemplateNFA(ByteNFA):
             else:
                 scratch.build(node, s, e)
             scratch.resolve_all()
-            got = (len(scratch.edges) - 2, scratch.edges, scratch.eps, scratch.has_empty)
+            notes = scratch.counted
+            if scratch._blocks:                  # notes of nested copies, by local id
+                notes = {x: ns for x in range(len(scratch.edges)) if (ns := scratch.notes_of(x))}
+            got = (len(scratch.edges) - 2, scratch.edges, scratch.eps, scratch.has_empty, notes)
             if len(scratch.edges) <= _MAX_SHARED_TEMPLATE_STATES:
                 if len(_TEMPLATES) >= _MAX_TEMPLATES:
                     _TEMPLATES.clear()
@@ -205,7 +235,7 @@ class TemplateNFA(ByteNFA):
         """A copy of ``tmpl`` between ``start`` and ``end``: the edges out of ``start`` and
         ``end`` now, those of the inner states (never changed afterwards) on first use
         (:meth:`edges_of`)."""
-        inner, edges, eps, has_empty = tmpl
+        inner, edges, eps, has_empty, notes = tmpl
         base = len(self.edges) - 2
         if len(self.edges) + inner > MAX_LAZY_NFA_STATES:
             raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
@@ -217,6 +247,9 @@ class TemplateNFA(ByteNFA):
         self.eps[start].extend([m(t) for t in eps[0]])
         self.edges[end].extend([(lo, hi, m(t)) for lo, hi, t in edges[1]])
         self.eps[end].extend([m(t) for t in eps[1]])
+        for x in (0, 1):
+            if x in notes:
+                self.counted.setdefault(m(x), []).extend(notes[x])
         if inner:
             self._blocks.append((base + 2, tmpl, start, end))
             self.edges.extend([None] * inner)
@@ -225,7 +258,7 @@ class TemplateNFA(ByteNFA):
     def _resolve(self, s: int) -> None:
         """Fill in the edges of inner template state ``s`` (renamed from its template)."""
         k = bisect.bisect_right(self._block_starts(), s) - 1
-        first, (inner, edges, eps, _), start, end = self._blocks[k]
+        first, (inner, edges, eps, _, _), start, end = self._blocks[k]
         base = first - 2
 
         def m(x):
@@ -238,6 +271,18 @@ class TemplateNFA(ByteNFA):
         if len(self._starts) != len(self._blocks):
             self._starts = [b[0] for b in self._blocks]
         return self._starts
+
+    def notes_of(self, s: int) -> list:
+        """The :attr:`counted` notes of state ``s``, those of a copied template's inner
+        states included (renaming keeps them true)."""
+        got = self.counted.get(s, [])
+        if self._blocks and s >= self._blocks[0][0]:
+            k = bisect.bisect_right(self._block_starts(), s) - 1
+            first, tmpl, _, _ = self._blocks[k]
+            local = s - first + 2
+            if local < tmpl[0] + 2 and local in tmpl[4]:
+                got = got + tmpl[4][local]
+        return got
 
     def edges_of(self, s: int) -> list:
         if self.edges[s] is None:
@@ -254,6 +299,22 @@ class TemplateNFA(ByteNFA):
         for s, e in enumerate(self.edges):
             if e is None:
                 self._resolve(s)
+
+
+def _item_class(item: Node) -> CharSet | None:
+    """The union of the char-set alternatives of a repeated item (the item itself when it is a
+    char set; ``(?:[^"\\]|\\.)`` gives ``[^"\\]``), or None when it has none."""
+    alts = item.items if isinstance(item, Alternation) else (item,)
+    ranges = sorted(r for a in alts if isinstance(a, CharSet) for r in a.ranges)
+    if not ranges:
+        return None
+    merged = [list(ranges[0])]
+    for lo, hi in ranges[1:]:
+        if lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return CharSet(tuple((lo, hi) for lo, hi in merged))
 
 
 # ---------------------------------------------------------------------- lazy subset construction
@@ -281,6 +342,8 @@ class LazyByteDFA:
             self._live = np.ones(n, dtype=bool)
             self._edges_of, self._eps_of = nfa.edges_of, nfa.eps_of
         self._accept = accept
+        #: NFA state -> counted-slice notes (:attr:`TemplateNFA.counted`), or None
+        self.notes_of = getattr(nfa, "notes_of", None)
         self._closure: dict[int, frozenset] = {}
         self._index: dict[frozenset, int] = {}
         self._sets: list[frozenset] = []
@@ -392,13 +455,16 @@ def _nfa_live(nfa: ByteNFA, accept: int, n: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------- the trie walk (numba)
 def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_tokens,
-             seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state):
+             seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state,
+             prune, limit):
     """Depth-first walk of the trie from ``(seed_node[i], seed_state[i])`` pairs (tokens ending
     at the seed nodes recorded too when ``record_seeds``): every token reached with a live state
     is appended to ``out_tok``/``out_next`` from index ``n``. A pair whose state has no row yet
     (``computed`` false) is not descended but appended to ``miss_node``/``miss_state``, to be
     resumed from once its row is built. Returns ``(tokens written in all, pairs missed)``; more
-    missed pairs than the buffers hold returns their capacity + 1."""
+    missed pairs than the buffers hold returns their capacity + 1. A child node ``c`` with
+    ``prune[c] <= limit`` is not entered (its subtrie's tokens are known allowed: a counted
+    slice, :func:`class_slice`)."""
     nseed = seed_node.shape[0]
     cap = nseed + _STACK_PER_DEPTH * 64
     stack_node = np.empty(cap, dtype=np.int64)
@@ -432,10 +498,12 @@ def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_t
                 return n, mcap + 1
             continue
         for e in range(child_ptr[node], child_ptr[node + 1]):
+            c = child_node[e]
+            if prune[c] <= limit:
+                continue
             s2 = table[s, child_byte[e]]
             if s2 == 0:
                 continue
-            c = child_node[e]
             for k in range(tok_ptr[c], tok_ptr[c + 1]):
                 out_tok[n] = node_tokens[k]
                 out_next[n] = s2
@@ -483,6 +551,97 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
     return got
 
 
+# ---------------------------------------------------------------------- counted slices
+_CLASS_SLICES: "weakref.WeakKeyDictionary[VocabTrie, dict]" = weakref.WeakKeyDictionary()
+_NO_PRUNE: "weakref.WeakKeyDictionary[VocabTrie, np.ndarray]" = weakref.WeakKeyDictionary()
+_PRUNE_NEVER = np.iinfo(np.int32).max
+#: a state's row must have this many live bytes before its counted slices are looked for
+COUNTED_MIN_BYTES = 8
+
+
+class ClassSlice(NamedTuple):
+    """The tokens of a char set ``C`` over a vocabulary (:func:`class_slice`).
+
+    Attributes:
+        tokens: int64, the tokens spelled by a string of ``Pref(C*)`` (``C``'s characters in
+            UTF-8, the last one possibly cut), by increasing *need*: the characters a token
+            starts (complete or cut), so a token is a prefix of ``C^r`` iff its need is ≤ r.
+        off: int64 [N + 1]; ``tokens[:off[r]]`` are those of need ≤ r (N: the largest need).
+        prune: int32 [trie nodes]; the largest need of the tokens below a node (the node's
+            included) when all of them are in ``Pref(C*)``, else ``_PRUNE_NEVER``.
+    """
+    tokens: np.ndarray
+    off: np.ndarray
+    prune: np.ndarray
+
+
+def _no_prune(trie: VocabTrie) -> np.ndarray:
+    got = _NO_PRUNE.get(trie)
+    if got is None:
+        got = _NO_PRUNE[trie] = np.zeros(trie.num_nodes, dtype=np.int32)
+    return got
+
+
+def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
+    """The :class:`ClassSlice` of char set ``cls`` over ``trie``: a breadth-first pass over the
+    trie in step with ``C``'s one-character UTF-8 byte DFA (back to its start at each complete
+    character), then the subtrie maxima bottom-up. Computed once per (vocabulary, ``C``) and
+    shared by every state, pattern and schema (memoised on the trie)."""
+    memo = _CLASS_SLICES.setdefault(trie, {})
+    got = memo.get(cls.ranges)
+    if got is not None:
+        return got
+    nfa = ByteNFA()
+    s0, e0 = nfa.add_state(), nfa.add_state()
+    nfa._charset(cls, s0, e0)
+    cd = LazyByteDFA(nfa, s0, e0)
+    todo, seen = [cd.initial], {DEAD, cd.initial}
+    while todo:
+        for r in np.unique(cd.row(todo.pop())).tolist():
+            if r not in seen:
+                seen.add(r)
+                todo.append(r)
+    ctab = cd.table[:cd.num_states].astype(np.int64)
+    done_at = cd.accepting[:cd.num_states]
+    init = cd.initial
+    N = trie.num_nodes
+    ptr, nch = trie.child_ptr, np.diff(trie.child_ptr)
+    need = np.full(N, -1, dtype=np.int64)
+    chars = np.zeros(N, dtype=np.int64)
+    xs = np.zeros(N, dtype=np.int64)
+    need[0], xs[0] = 0, init
+    levels = []
+    frontier = np.zeros(1, dtype=np.int64) if init != DEAD else np.zeros(0, dtype=np.int64)
+    while len(frontier):
+        counts = nch[frontier]
+        edges = ragged_indices(ptr[frontier], counts)
+        src = np.repeat(frontier, counts)
+        kid = trie.child_node[edges].astype(np.int64)
+        levels.append((src, kid))
+        y = ctab[xs[src], trie.child_byte[edges]]
+        ok = y != DEAD
+        src, kid, y = src[ok], kid[ok], y[ok]
+        done = done_at[y]
+        chars[kid] = chars[src] + done
+        xs[kid] = np.where(done, init, y)
+        need[kid] = chars[kid] + (xs[kid] != init)
+        frontier = kid
+    ntok = np.diff(trie.tok_ptr)
+    inside = need >= 0
+    prune = np.where(inside, np.where(ntok > 0, need, 0), _PRUNE_NEVER).astype(np.int64)
+    for src, kid in reversed(levels):
+        np.maximum.at(prune, src, prune[kid])
+    nodes = np.flatnonzero(need > 0)
+    tokens = trie.node_tokens[ragged_indices(trie.tok_ptr[nodes], ntok[nodes])].astype(np.int64)
+    tneed = np.repeat(need[nodes], ntok[nodes])
+    order = np.argsort(tneed, kind="stable")
+    tokens, tneed = tokens[order], tneed[order]
+    top = int(tneed[-1]) if len(tneed) else 0
+    off = np.searchsorted(tneed, np.arange(top + 1), side="right").astype(np.int64)
+    got = memo[cls.ranges] = ClassSlice(tokens, off, prune.astype(np.int32))
+    return got
+
+
 # ---------------------------------------------------------------------- the token automaton
 class LazyTokenDFA:
     """The all-encodings token automaton of a lazily determinised byte NFA (module docstring).
@@ -516,6 +675,7 @@ class LazyTokenDFA:
         self._out_next = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._miss_node = np.empty(1 << 16, dtype=np.int64)
         self._miss_state = np.empty(1 << 16, dtype=np.int64)
+        self._no_prune = _no_prune(trie)
         if bdfa.initial == DEAD:
             raise UnsatisfiableConstraintError(f"the {what} matches no string")
 
@@ -578,7 +738,7 @@ class LazyTokenDFA:
             if self.eos_token_id is not None:
                 mask[self.eos_token_id] = True
         elif state != DEAD:
-            tok, nxt, loop = self._expand(state)
+            tok, _, loop = self._expand(state, counted=True)
             if loop is not None:
                 mask[loop] = True
             mask[tok] = True
@@ -593,14 +753,18 @@ class LazyTokenDFA:
         """The ids of :meth:`mask` (int64, sorted)."""
         return np.flatnonzero(self.mask(state))
 
-    def _expand(self, q: int):
-        """``(tokens, next states, loop tokens or None)`` of live state ``q`` (EOS not treated)."""
+    def _expand(self, q: int, counted: bool = False):
+        """``(tokens, next states, allowed tokens or None)`` of live state ``q`` (EOS not
+        treated). The third part, tokens allowed from ``q`` whose successor is not listed, is a
+        loop slice (its tokens lead back to ``q``) or, with ``counted`` (masks only: the
+        successors are not needed), a counted slice (:meth:`_counted_slice`)."""
         b = self.bdfa
         row = b.row(q)
         loop = None
         loop_bytes = row == q
         seed_node = np.zeros(1, dtype=np.int64)
         seed_state = np.full(1, q, dtype=np.int64)
+        prune, limit = self._no_prune, -1
         if loop_bytes.sum() >= 2:
             tokens, exit_byte, exit_child = loop_slice(self.trie, loop_bytes)
             if len(tokens) >= SLICE_MIN_FRACTION * self.trie.vocab_size:
@@ -608,12 +772,16 @@ class LazyTokenDFA:
                 nxt = row[exit_byte]
                 keep = nxt != DEAD
                 seed_node, seed_state = exit_child[keep], nxt[keep].astype(np.int64)
+        if loop is None and counted and np.count_nonzero(row) >= COUNTED_MIN_BYTES:
+            got = self._counted_slice(q)
+            if got is not None:
+                loop, prune, limit = got
         ptr, byte, child, tptr, ntok = self._trie_arrays
         nodes, states, record, n = seed_node, seed_state, True, 0
         while True:      # resume from the pairs whose rows were missing until none is
             n, m = _walk(b.table, b.computed, ptr, byte, child, tptr, ntok, nodes, states,
                          record, self._out_tok, self._out_next, n, self._miss_node,
-                         self._miss_state)
+                         self._miss_state, prune, limit)
             if not m:
                 break
             if m > len(self._miss_node):     # too many to resume from: build, start afresh
@@ -629,6 +797,32 @@ class LazyTokenDFA:
         if loop is not None and self.eos_token_id is not None:
             loop = loop[loop != self.eos_token_id]
         return tok, nxt, loop
+
+    def _counted_slice(self, q: int):
+        """``(tokens, prune, limit)`` of the best counted slice of ``q``, or None: an NFA state
+        of ``q``'s subset that starts a copy of a repeated item with char-set alternative ``C``
+        and ``r`` copies still possible (:attr:`TemplateNFA.counted`) gives
+        ``Pref(L(q)) ⊇ Pref(C^r)``, so every token spelled by a string of ``Pref(C^{≤r})``
+        (:func:`class_slice`, tokens of need ≤ r) is allowed; the walk skips the subtries made
+        of such tokens only (``prune[node] <= r``) and finds the others as before."""
+        notes_of = self.bdfa.notes_of
+        if notes_of is None:
+            return None
+        best, best_count = None, max(int(SLICE_MIN_FRACTION * self.trie.vocab_size) - 1, 0)
+        seen = set()
+        for s in self.bdfa._sets[q]:
+            for cls, r in notes_of(s):
+                if (cls, r) in seen:
+                    continue
+                seen.add((cls, r))
+                sl = class_slice(self.trie, cls)
+                k = len(sl.off) - 1 if r is None else min(r, len(sl.off) - 1)
+                if sl.off[k] > best_count:
+                    best, best_count = (sl, k), int(sl.off[k])
+        if best is None:
+            return None
+        sl, k = best
+        return sl.tokens[:best_count], sl.prune, (_PRUNE_NEVER - 1 if k == len(sl.off) - 1 else k)
 
     # ---------------------------------------------------------------- eager views
     def successors(self, state: int) -> np.ndarray:
