@@ -569,10 +569,24 @@ class ClassSlice(NamedTuple):
         off: int64 [N + 1]; ``tokens[:off[r]]`` are those of need ≤ r (N: the largest need).
         prune: int32 [trie nodes]; the largest need of the tokens below a node (the node's
             included) when all of them are in ``Pref(C*)``, else ``_PRUNE_NEVER``.
+        vocab_size: the trie's vocabulary size.
+        masks: ``{r: bool [vocab_size]}``, ``tokens[:off[r]]`` as a mask (built on first use).
     """
     tokens: np.ndarray
     off: np.ndarray
     prune: np.ndarray
+    vocab_size: int
+    masks: dict
+
+    def mask(self, r: int) -> np.ndarray:
+        """Read-only bool [vocabulary]: the tokens of need ≤ ``r`` (memoised)."""
+        got = self.masks.get(r)
+        if got is None:
+            got = np.zeros(self.vocab_size, dtype=bool)
+            got[self.tokens[:self.off[r]]] = True
+            got.setflags(write=False)
+            self.masks[r] = got
+        return got
 
 
 def _no_prune(trie: VocabTrie) -> np.ndarray:
@@ -638,7 +652,8 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
     tokens, tneed = tokens[order], tneed[order]
     top = int(tneed[-1]) if len(tneed) else 0
     off = np.searchsorted(tneed, np.arange(top + 1), side="right").astype(np.int64)
-    got = memo[cls.ranges] = ClassSlice(tokens, off, prune.astype(np.int32))
+    got = memo[cls.ranges] = ClassSlice(tokens, off, prune.astype(np.int32),
+                                        trie.vocab_size, {})
     return got
 
 
@@ -739,7 +754,9 @@ class LazyTokenDFA:
                 mask[self.eos_token_id] = True
         elif state != DEAD:
             tok, _, loop = self._expand(state, counted=True)
-            if loop is not None:
+            if loop is not None and loop.dtype == np.bool_:
+                mask[:len(loop)] = loop
+            elif loop is not None:
                 mask[loop] = True
             mask[tok] = True
             if self.eos_token_id is not None:
@@ -757,7 +774,8 @@ class LazyTokenDFA:
         """``(tokens, next states, allowed tokens or None)`` of live state ``q`` (EOS not
         treated). The third part, tokens allowed from ``q`` whose successor is not listed, is a
         loop slice (its tokens lead back to ``q``) or, with ``counted`` (masks only: the
-        successors are not needed), a counted slice (:meth:`_counted_slice`)."""
+        successors are not needed), a counted slice (:meth:`_counted_slice`) as a read-only
+        bool mask over the trie's vocabulary."""
         b = self.bdfa
         row = b.row(q)
         loop = None
@@ -794,7 +812,7 @@ class LazyTokenDFA:
         if self.eos_token_id is not None and len(tok):      # an EOS with bytes is only EOS
             keep = tok != self.eos_token_id
             tok, nxt = tok[keep], nxt[keep]
-        if loop is not None and self.eos_token_id is not None:
+        if loop is not None and loop.dtype != np.bool_ and self.eos_token_id is not None:
             loop = loop[loop != self.eos_token_id]
         return tok, nxt, loop
 
@@ -822,7 +840,7 @@ class LazyTokenDFA:
         if best is None:
             return None
         sl, k = best
-        return sl.tokens[:best_count], sl.prune, (_PRUNE_NEVER - 1 if k == len(sl.off) - 1 else k)
+        return sl.mask(k), sl.prune, (_PRUNE_NEVER - 1 if k == len(sl.off) - 1 else k)
 
     # ---------------------------------------------------------------- eager views
     def successors(self, state: int) -> np.ndarray:
