@@ -198,3 +198,64 @@ def test_smollm2_counted_strings_match_the_eager_dfa(smollm2_tokenizer, max_len)
     rng = np.random.default_rng(max_len)
     for _ in range(4):
         _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=40)
+
+
+@pytest.mark.parametrize("pattern", [r'"[^"\\]{0,60}", ?[0-9]',
+                                     r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]){3,50}"',
+                                     r"[a-z ]{0,40}\.(?:[a-z]{0,3},){0,2}",
+                                     r"[ -~éα-ω]{5,45}(?:\n|yz)"])
+def test_translated_masks_match_the_eager_dfa(tiny, pattern):
+    """Deep inside a long counter a state's mask is read off an earlier position's
+    (:meth:`LazyTokenDFA._translated_mask`); those masks, and the steps taken without rows
+    (:meth:`LazyByteDFA.run_bytes`), agree with the eager automaton up to the counter's end."""
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny, minimize=False)
+    masks = TokenMasks(eager)
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=70)
+    assert lazy.translated_masks > 0
+
+
+def test_translation_needs_the_same_walk(tiny):
+    """Where the copies differ (an alternative that only fits the first copies), no mask is
+    translated wrongly: the masks still match the eager ones position by position."""
+    pattern = r'(?:"[a-z]{0,30}"|"ab[a-z]{0,3}x")'
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny, minimize=False)
+    masks = TokenMasks(eager)
+    ids = lambda s: tiny.encode(s, add_special_tokens=False)  # noqa: E731
+    for text in ['"' + "a" * k for k in range(0, 30)] + ['"ab' + "c" * k for k in range(6)]:
+        ql, qe = lazy.run(ids(text)), eager.run(ids(text))
+        assert np.array_equal(lazy.mask(ql), masks(qe)), text
+
+
+@pytest.mark.parametrize("pattern", [r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]){0,12}"',
+                                     r"x[a-c]{2,9}y[^a]{0,5}", r"(?:ab|[a-z]){3,8}"])
+def test_translates_is_the_edge_by_edge_commutation(pattern):
+    """:meth:`TemplateNFA.translates` (a block comparison for copied template states) implies
+    that the renamed edges and ε-moves of the state agree, and is implied by it beyond the
+    first copy (whose start lies outside the region, so it may be refused there), and
+    ``run_of`` counts the translations in a row."""
+    from ctrlg.dfa.lazy import TemplateNFA, parse
+    nfa = TemplateNFA()
+    s, e = nfa.add_state(), nfa.add_state()
+    nfa.build(parse(pattern), s, e)
+    assert nfa.regions
+    for k, (lo, hi, d) in enumerate(nfa.regions):
+        sigma = lambda x: x + d if lo <= x < hi else x  # noqa: E731
+        for y in range(len(nfa.edges)):
+            y2 = sigma(y)
+            brute = y2 < len(nfa.edges) and (not lo <= y < hi or y2 < hi) and \
+                set(nfa.edges_of(y2)) == {(a, b, sigma(t)) for a, b, t in nfa.edges_of(y)} and \
+                set(nfa.eps_of(y2)) == {sigma(t) for t in nfa.eps_of(y)} and \
+                all(not lo <= t < hi or t + d < hi
+                    for t in [t for _, _, t in nfa.edges_of(y)] + list(nfa.eps_of(y)))
+            if nfa.translates(k, y):
+                assert brute, (k, y)
+            if brute and lo + d <= y:
+                assert nfa.translates(k, y), (k, y)
+            if lo <= y < hi:
+                n = nfa.run_of(k, y)
+                assert all(nfa.translates(k, y + m * d) for m in range(n))
+                assert not nfa.translates(k, y + n * d) if y + n * d < hi else True

@@ -171,6 +171,12 @@ class TemplateNFA(ByteNFA):
         #: alternatives is the char set ``class``, with at least ``r`` copies (None: unboundedly
         #: many) still possible, so ``Pref(L(state)) ⊇ Pref(class^r)`` (counted slices)
         self.counted: dict[int, list] = {}
+        #: ``(lo, hi, d)`` per bounded repeat of a template item with 3 copies or more, by
+        #: ``lo``: its copies' states ``[lo, hi)``, copy ``j + 1`` being copy ``j`` moved by ``d``
+        #: (:meth:`translates`)
+        self.regions: list[tuple[int, int, int]] = []
+        self._translates: dict = {}
+        self._runs: dict = {}
 
     def build(self, node: Node, start: int, end: int) -> None:
         if isinstance(node, CharSet):
@@ -178,8 +184,17 @@ class TemplateNFA(ByteNFA):
         elif isinstance(node, Repeat) and (node.max is None or node.max) and \
                 (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
             tmpl = self._template(node.item)
-            self._repeat(node, start, end,
-                         self._noting(node, lambda s, e: self._instantiate(tmpl, s, e)))
+            ends: list[int] = []
+
+            def copy(s: int, e: int) -> None:
+                ends.append(e)
+                self._instantiate(tmpl, s, e)
+            self._repeat(node, start, end, self._noting(node, copy))
+            d = ends[1] - ends[0] if len(ends) >= 3 else 0
+            if node.max is not None and d > 0 and \
+                    all(b - a == d for a, b in zip(ends, ends[1:])) and \
+                    (not self.regions or self.regions[-1][1] <= ends[0]):
+                self.regions.append((ends[0], len(self.edges), d))
         elif isinstance(node, Repeat) and (node.max is None or node.max):
             self._repeat(node, start, end,
                          self._noting(node, lambda s, e: self.build(node.item, s, e)))
@@ -284,6 +299,73 @@ class TemplateNFA(ByteNFA):
                 got = got + tmpl[4][local]
         return got
 
+    def translates(self, k: int, y: int) -> bool:
+        """Whether the translation ``σ`` of region ``k`` (``x ↦ x + d`` on ``[lo, hi)``, the
+        identity elsewhere) commutes with the edges and ε-moves of state ``y``:
+        ``edges(σ(y)) = σ(edges(y))``, ``eps(σ(y)) = σ(eps(y))``, with ``σ`` defined on every
+        target (memoised). An inner state of a copied template does when ``σ(y)`` is the same
+        inner state of a copy of the same template placed ``d`` later between ``σ(start)`` and
+        ``σ(end)`` (renaming commutes with ``σ``); other states are compared edge by edge."""
+        key = (k, y)
+        got = self._translates.get(key)
+        if got is None:
+            got = self._translates[key] = self._check_translates(k, y)
+        return got
+
+    def _check_translates(self, k: int, y: int) -> bool:
+        lo, hi, d = self.regions[k]
+
+        def sigma(x):
+            return x + d if lo <= x < hi else x
+
+        if not lo <= y < hi:
+            return not any(lo <= t < hi for _, _, t in self.edges_of(y)) and \
+                not any(lo <= t < hi for t in self.eps_of(y))
+        y2 = y + d
+        if y2 >= hi:
+            return False
+        b1, b2 = self._block_of(y), self._block_of(y2)
+        if b1 is not None and b2 is not None:
+            # renaming: inner targets stay in the copies, which lie in [lo, hi) (allocated
+            # during the repeat); start / end must be moved alike (σ(e1) ≥ hi never equals e2)
+            (f1, t1, s1, e1), (f2, t2, s2, e2) = b1, b2
+            return t1 is t2 and f2 == f1 + d and s2 == sigma(s1) and e2 == sigma(e1)
+        if b1 is not None or b2 is not None:
+            return False
+        if any(lo <= t < hi and t + d >= hi for _, _, t in self.edges_of(y)) or \
+                any(lo <= t < hi and t + d >= hi for t in self.eps_of(y)):
+            return False
+        return (set(self.edges_of(y2)) == {(a, b, sigma(t)) for a, b, t in self.edges_of(y)}
+                and set(self.eps_of(y2)) == {sigma(t) for t in self.eps_of(y)})
+
+    def run_of(self, k: int, y: int) -> int:
+        """How many times in a row region ``k``'s translation commutes from ``y``: the
+        largest ``n`` with :meth:`translates` true at ``y, y + d, …, y + (n - 1)d`` (states
+        outside the region are fixed: unbounded, ``MAX_LAZY_NFA_STATES``). Memoised."""
+        lo, hi, d = self.regions[k]
+        if not lo <= y < hi:
+            return MAX_LAZY_NFA_STATES if self.translates(k, y) else 0
+        chain = []
+        x = y
+        while (k, x) not in self._runs:
+            if not self.translates(k, x):
+                self._runs[(k, x)] = 0
+                break
+            chain.append(x)
+            x += d
+        n = self._runs[(k, x)]
+        for x in reversed(chain):
+            n += 1
+            self._runs[(k, x)] = n
+        return self._runs[(k, y)]
+
+    def _block_of(self, s: int):
+        """The block ``(first, template, start, end)`` whose inner states hold ``s``, or None."""
+        if not self._blocks or s < self._blocks[0][0]:
+            return None
+        blk = self._blocks[bisect.bisect_right(self._block_starts(), s) - 1]
+        return blk if s < blk[0] + blk[1][0] else None
+
     def edges_of(self, s: int) -> list:
         if self.edges[s] is None:
             self._resolve(s)
@@ -344,6 +426,11 @@ class LazyByteDFA:
         self._accept = accept
         #: NFA state -> counted-slice notes (:attr:`TemplateNFA.counted`), or None
         self.notes_of = getattr(nfa, "notes_of", None)
+        # masks by translation (:meth:`LazyTokenDFA._translated_mask`): for Thompson fragments of
+        # non-empty languages (no liveness filter to commute with)
+        self._nfa = nfa if getattr(nfa, "regions", None) and not getattr(nfa, "has_empty", True) \
+            else None
+        self._region_los = [r[0] for r in nfa.regions] if self._nfa is not None else []
         self._closure: dict[int, frozenset] = {}
         self._index: dict[frozenset, int] = {}
         self._sets: list[frozenset] = []
@@ -408,6 +495,28 @@ class LazyByteDFA:
             self._build_row(q)
         return self.table[q]
 
+    def run_bytes(self, q: int, data: bytes) -> int:
+        """``δ*(q, data)``: by the rows where they are built, else by the subset construction's
+        step ``closure(move(S, b))`` for that byte only (the subsets met are interned, no row is
+        built: a token's bytes need one transition per state, a row all 256)."""
+        table, computed = self.table, self.computed
+        for byte in data:
+            if computed[q]:
+                q = int(table[q, byte])
+            else:
+                M = frozenset([t for s in self._sets[q] for lo, hi, t in self._edges_of(s)
+                               if lo <= byte <= hi])
+                if not M:
+                    return DEAD
+                r = self._move.get(M)
+                if r is None:
+                    r = self._move[M] = self._intern(self._closure_of(M))
+                    table, computed = self.table, self.computed     # may have grown
+                q = r
+            if q == DEAD:
+                return DEAD
+        return q
+
     def build_rows(self, states) -> None:
         for q in states:
             if not self.computed[q]:
@@ -456,7 +565,7 @@ def _nfa_live(nfa: ByteNFA, accept: int, n: int) -> np.ndarray:
 # ---------------------------------------------------------------------- the trie walk (numba)
 def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_tokens,
              seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state,
-             prune, limit):
+             prune, limit, stamp, stamp_id):
     """Depth-first walk of the trie from ``(seed_node[i], seed_state[i])`` pairs (tokens ending
     at the seed nodes recorded too when ``record_seeds``): every token reached with a live state
     is appended to ``out_tok``/``out_next`` from index ``n``. A pair whose state has no row yet
@@ -464,7 +573,7 @@ def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_t
     resumed from once its row is built. Returns ``(tokens written in all, pairs missed)``; more
     missed pairs than the buffers hold returns their capacity + 1. A child node ``c`` with
     ``prune[c] <= limit`` is not entered (its subtrie's tokens are known allowed: a counted
-    slice, :func:`class_slice`)."""
+    slice, :func:`class_slice`). Every state popped is stamped (``stamp[s] = stamp_id``)."""
     nseed = seed_node.shape[0]
     cap = nseed + _STACK_PER_DEPTH * 64
     stack_node = np.empty(cap, dtype=np.int64)
@@ -487,6 +596,7 @@ def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_t
         sp -= 1
         node = stack_node[sp]
         s = stack_state[sp]
+        stamp[s] = stamp_id
         if child_ptr[node] == child_ptr[node + 1]:
             continue
         if not computed[s]:
@@ -691,6 +801,13 @@ class LazyTokenDFA:
         self._miss_node = np.empty(1 << 16, dtype=np.int64)
         self._miss_state = np.empty(1 << 16, dtype=np.int64)
         self._no_prune = _no_prune(trie)
+        self._stamp = np.zeros(len(bdfa.computed), dtype=np.int64)
+        self._stamp_id = 0
+        self._last_walk = (None, 0)
+        #: translation key -> (state, copy index, run, (slice mask, limit), accepting)
+        self._translated: dict = {}
+        #: masks read off an earlier state by translation (a count, for profiling)
+        self.translated_masks = 0
         if bdfa.initial == DEAD:
             raise UnsatisfiableConstraintError(f"the {what} matches no string")
 
@@ -720,14 +837,7 @@ class LazyTokenDFA:
         data = self._token_bytes[token]
         if not data:
             return DEAD
-        b = self.bdfa
-        for byte in data:
-            if not b.computed[state]:
-                b.row(state)
-            state = int(b.table[state, byte])
-            if state == DEAD:
-                return DEAD
-        return state
+        return self.bdfa.run_bytes(state, data)
 
     def run(self, tokens, state: int | None = None) -> int:
         q = self.initial if state is None else int(state)
@@ -753,14 +863,22 @@ class LazyTokenDFA:
             if self.eos_token_id is not None:
                 mask[self.eos_token_id] = True
         elif state != DEAD:
-            tok, _, loop = self._expand(state, counted=True)
-            if loop is not None and loop.dtype == np.bool_:
-                mask[:len(loop)] = loop
-            elif loop is not None:
-                mask[loop] = True
-            mask[tok] = True
-            if self.eos_token_id is not None:
-                mask[self.eos_token_id] = bool(self.bdfa.accepting[state])
+            key = self._translation_key(state) if self.bdfa._nfa is not None else None
+            got = self._translated_mask(state, key) if key is not None else None
+            if got is not None:
+                mask = got
+                self.translated_masks += 1
+            else:
+                tok, _, loop = self._expand(state, counted=True)
+                if loop is not None and loop.dtype == np.bool_:
+                    mask[:len(loop)] = loop
+                elif loop is not None:
+                    mask[loop] = True
+                mask[tok] = True
+                if self.eos_token_id is not None:
+                    mask[self.eos_token_id] = bool(self.bdfa.accepting[state])
+                if key is not None and self._last_walk[0] is not None:
+                    self._register_translation(state, key, mask)
         mask.setflags(write=False)
         if len(self._masks) < self.max_cached_masks:
             self._masks[state] = mask
@@ -796,10 +914,16 @@ class LazyTokenDFA:
                 loop, prune, limit = got
         ptr, byte, child, tptr, ntok = self._trie_arrays
         nodes, states, record, n = seed_node, seed_state, True, 0
+        self._stamp_id += 1
+        self._last_walk = ((loop, limit) if prune is not self._no_prune else None,
+                           self._stamp_id)
         while True:      # resume from the pairs whose rows were missing until none is
+            if len(self._stamp) < len(b.computed):
+                self._stamp = np.concatenate(
+                    [self._stamp, np.zeros(len(b.computed) - len(self._stamp), np.int64)])
             n, m = _walk(b.table, b.computed, ptr, byte, child, tptr, ntok, nodes, states,
                          record, self._out_tok, self._out_next, n, self._miss_node,
-                         self._miss_state, prune, limit)
+                         self._miss_state, prune, limit, self._stamp, self._stamp_id)
             if not m:
                 break
             if m > len(self._miss_node):     # too many to resume from: build, start afresh
@@ -815,6 +939,74 @@ class LazyTokenDFA:
         if loop is not None and loop.dtype != np.bool_ and self.eos_token_id is not None:
             loop = loop[loop != self.eos_token_id]
         return tok, nxt, loop
+
+    # ---------------------------------------------------------------- masks by translation
+    def _translation_key(self, q: int):
+        """``(key, c)`` of ``q`` when its NFA subset meets exactly one counted region
+        (:attr:`TemplateNFA.regions`), else None: ``c`` is the lowest copy index of the subset's
+        region states and ``key`` the subset with those moved back by ``c`` copies, so two
+        states with the same key differ by a translation ``σ^i`` (``i`` the difference of
+        their ``c``)."""
+        b = self.bdfa
+        regions = b._nfa.regions
+        S = b._sets[q]
+        k = -1
+        for y in S:
+            j = bisect.bisect_right(b._region_los, y) - 1
+            if j >= 0 and y < regions[j][1]:
+                if k >= 0 and j != k:
+                    return None
+                k = j
+        if k < 0:
+            return None
+        lo, hi, d = regions[k]
+        inside = [y - lo for y in S if lo <= y < hi]
+        c = min(inside) // d
+        return (k, frozenset([x - c * d for x in inside]),
+                frozenset([y for y in S if not lo <= y < hi])), c
+
+    def _translated_mask(self, q: int, key):
+        """The mask of ``q`` read off an earlier state ``p`` with ``σ^i(S_p) = S_q`` (same
+        translation key, ``i > 0``), or None. Exact when ``i`` is at most ``p``'s run (every NFA
+        state of every DFA state ``p``'s walk popped commutes with ``σ`` ``i`` times in a row,
+        :meth:`TemplateNFA.run_of`): then ``move`` and ``closure`` commute with ``σ^i`` along
+        the walk, whose pairs from ``q`` are those from ``p`` with states moved by ``σ^i``, so
+        the same tokens live — provided the walk is cut alike (the same counted slice and
+        count) and acceptance agrees."""
+        (k, *_), c = key
+        hit = self._translated.get(key[0])
+        if hit is None:
+            return None
+        p, c0, run, sig, accepting = hit
+        if not 0 < c - c0 <= run or bool(self.bdfa.accepting[q]) != accepting:
+            return None
+        mask = self._masks.get(p)
+        got = self._counted_slice(q) if mask is not None else None
+        if got is None or got[0] is not sig[0] or got[2] != sig[1]:
+            return None
+        return mask
+
+    def _register_translation(self, q: int, key, mask) -> None:
+        """Keep ``q`` (whose mask was just walked with a counted slice) as the base of later
+        states of its translation key: its run is the least :meth:`TemplateNFA.run_of` over
+        the NFA states of the DFA states its walk popped."""
+        b = self.bdfa
+        nfa = b._nfa
+        (k, *_), c = key
+        sig, sid = self._last_walk
+        visited = np.flatnonzero(self._stamp[:b.num_states] == sid).tolist()
+        ys = set()
+        for p in visited:
+            if p not in (DEAD, ENDED):
+                ys.update(b._sets[p])
+        run = MAX_LAZY_NFA_STATES
+        for y in ys:
+            run = min(run, nfa.run_of(k, y))
+            if run == 0:
+                return
+        old = self._translated.get(key[0])
+        if old is None or old[2] - (c - old[1]) < run:
+            self._translated[key[0]] = (q, c, run, sig, bool(b.accepting[q]))
 
     def _counted_slice(self, q: int):
         """``(tokens, prune, limit)`` of the best counted slice of ``q``, or None: an NFA state
