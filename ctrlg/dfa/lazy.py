@@ -667,6 +667,9 @@ _NO_PRUNE: "weakref.WeakKeyDictionary[VocabTrie, np.ndarray]" = weakref.WeakKeyD
 _PRUNE_NEVER = np.iinfo(np.int32).max
 #: a state's row must have this many live bytes before its counted slices are looked for
 COUNTED_MIN_BYTES = 8
+#: ... and a repetition this many copies left (tokens of one or two characters of a class are
+#: too few to pay for the class's slice)
+COUNTED_MIN_COPIES = 3
 
 
 class ClassSlice(NamedTuple):
@@ -741,7 +744,7 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
         edges = ragged_indices(ptr[frontier], counts)
         src = np.repeat(frontier, counts)
         kid = trie.child_node[edges].astype(np.int64)
-        levels.append((src, kid))
+        levels.append((frontier, counts, kid))
         y = ctab[xs[src], trie.child_byte[edges]]
         ok = y != DEAD
         src, kid, y = src[ok], kid[ok], y[ok]
@@ -753,8 +756,12 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
     ntok = np.diff(trie.tok_ptr)
     inside = need >= 0
     prune = np.where(inside, np.where(ntok > 0, need, 0), _PRUNE_NEVER).astype(np.int64)
-    for src, kid in reversed(levels):
-        np.maximum.at(prune, src, prune[kid])
+    for parents, counts, kid in reversed(levels):    # children before parents
+        has = counts > 0
+        if has.any():
+            first = (np.cumsum(counts) - counts)[has]
+            parents = parents[has]
+            prune[parents] = np.maximum(prune[parents], np.maximum.reduceat(prune[kid], first))
     nodes = np.flatnonzero(need > 0)
     tokens = trie.node_tokens[ragged_indices(trie.tok_ptr[nodes], ntok[nodes])].astype(np.int64)
     tneed = np.repeat(need[nodes], ntok[nodes])
@@ -1022,7 +1029,7 @@ class LazyTokenDFA:
         seen = set()
         for s in self.bdfa._sets[q]:
             for cls, r in notes_of(s):
-                if (cls, r) in seen:
+                if (cls, r) in seen or r is not None and r < COUNTED_MIN_COPIES:
                     continue
                 seen.add((cls, r))
                 sl = class_slice(self.trie, cls)
