@@ -259,3 +259,15 @@ def test_translates_is_the_edge_by_edge_commutation(pattern):
                 n = nfa.run_of(k, y)
                 assert all(nfa.translates(k, y + m * d) for m in range(n))
                 assert not nfa.translates(k, y + n * d) if y + n * d < hi else True
+
+
+def test_class_slice_masks_in_any_order(tiny):
+    """``ClassSlice.mask(r)`` (built from the nearest memoised count) is the tokens of need ≤ r
+    whatever order the counts are asked in."""
+    trie = vocab_trie(tiny)
+    sl = class_slice(trie, CharSet(((0x20, 0x7E),)))
+    order = list(range(len(sl.off)))[::-1] + [0, len(sl.off) - 1, 2]
+    for r in order:
+        expect = np.zeros(trie.vocab_size, dtype=bool)
+        expect[sl.tokens[:sl.off[r]]] = True
+        assert np.array_equal(sl.mask(r), expect), r

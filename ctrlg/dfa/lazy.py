@@ -692,11 +692,19 @@ class ClassSlice(NamedTuple):
     masks: dict
 
     def mask(self, r: int) -> np.ndarray:
-        """Read-only bool [vocabulary]: the tokens of need ≤ ``r`` (memoised)."""
+        """Read-only bool [vocabulary]: the tokens of need ≤ ``r`` (memoised; built from the
+        memoised mask of the nearest count, whose tokens differ only by ``off[r]:off[r']``, as
+        a counter's remaining count moves by a few per step)."""
         got = self.masks.get(r)
         if got is None:
-            got = np.zeros(self.vocab_size, dtype=bool)
-            got[self.tokens[:self.off[r]]] = True
+            near = min(self.masks, key=lambda x: abs(x - r), default=None)
+            if near is None:
+                got = np.zeros(self.vocab_size, dtype=bool)
+                got[self.tokens[:self.off[r]]] = True
+            else:
+                got = self.masks[near].copy()
+                lo, hi = sorted((int(self.off[near]), int(self.off[r])))
+                got[self.tokens[lo:hi]] = near < r
             got.setflags(write=False)
             self.masks[r] = got
         return got
