@@ -665,6 +665,8 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
 _CLASS_SLICES: "weakref.WeakKeyDictionary[VocabTrie, dict]" = weakref.WeakKeyDictionary()
 _NO_PRUNE: "weakref.WeakKeyDictionary[VocabTrie, np.ndarray]" = weakref.WeakKeyDictionary()
 _PRUNE_NEVER = np.iinfo(np.int32).max
+#: subsets larger than this are not looked up for translated masks
+_MAX_TRANSLATED_SUBSET = 64
 #: a state's row must have this many live bytes before its counted slices are looked for
 COUNTED_MIN_BYTES = 8
 #: ... and a repetition this many copies left (tokens of one or two characters of a class are
@@ -965,6 +967,8 @@ class LazyTokenDFA:
         b = self.bdfa
         regions = b._nfa.regions
         S = b._sets[q]
+        if len(S) > _MAX_TRANSLATED_SUBSET:       # not a position inside a counter: not worth it
+            return None
         k = -1
         for y in S:
             j = bisect.bisect_right(b._region_los, y) - 1
