@@ -123,7 +123,8 @@ def test_counted_slices_are_used(tiny, tiny_max_len):
     assert lazy._counted_slice(lazy.initial) is None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_counted_masks_match_the_eager_dfa(tiny, tiny_max_len, data):
     pattern = data.draw(st.sampled_from(_counted_patterns(tiny_max_len)))
