@@ -333,7 +333,8 @@ def _setup_context():
 def _warm_lazy(trie):
     """Per-vocabulary work of the lazy path, done once before the schemas fork (as llguidance
     and outlines-core build their vocabulary objects once): the compiled trie walk and the
-    loop slice of a JSON string's body (:func:`ctrlg.dfa.lazy.loop_slice`)."""
+    loop slice of a JSON string's body (:func:`ctrlg.dfa.lazy.loop_slice`) and the counted slice
+    of its character (:func:`ctrlg.dfa.lazy.class_slice`, strings with a ``maxLength``)."""
     from ctrlg import dfa
 
     d = dfa.lazy_json_schema({"type": "object", "properties": {"a": {"type": "string"}},
@@ -342,6 +343,9 @@ def _warm_lazy(trie):
     for ch in b'{"a":"x':
         q = d.bdfa.row(q)[ch]
     d.mask(int(q))
+    # the counted slice of a JSON string's character (:func:`ctrlg.dfa.lazy.class_slice`)
+    d = dfa.lazy_json_schema({"type": "string", "maxLength": 300}, trie, whitespace="")
+    d.mask(int(d.bdfa.row(d.initial)[ord('"')]))
 
 
 def _pct(values, q):

@@ -45,17 +45,19 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA, ByteNFA
-from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
-from ctrlg.dfa.regex_syntax import CharSet, Node, Repeat, _Parser
+from ctrlg.dfa.regex_syntax import Alternation, CharSet, Node, Repeat, _Parser
 from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
 from ctrlg.errors import ConstraintError, RegexError, UnsatisfiableConstraintError
 
-__all__ = ["TemplateNFA", "LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "DEAD", "ENDED",
+__all__ = ["TemplateNFA", "LazyByteDFA", "LazyTokenDFA", "lazy_regex", "loop_slice", "class_slice",
+           "ClassSlice", "DEAD", "ENDED",
            "MAX_LAZY_STATES"]
 
 DEAD = 0
@@ -237,6 +239,16 @@ class TemplateNFA(ByteNFA):
         self.has_empty = False
         self._blocks: list = []      # (first inner state, template, start, end), by first state
         self._starts: list = []
+        #: NFA state -> [(class, r)]: the state starts a copy of a repeated item one of whose
+        #: alternatives is the char set ``class``, with at least ``r`` copies (None: unboundedly
+        #: many) still possible, so ``Pref(L(state)) ⊇ Pref(class^r)`` (counted slices)
+        self.counted: dict[int, list] = {}
+        #: ``(lo, hi, d)`` per bounded repeat of a template item with 3 copies or more, by
+        #: ``lo``: its copies' states ``[lo, hi)``, copy ``j + 1`` being copy ``j`` moved by ``d``
+        #: (:meth:`translates`)
+        self.regions: list[tuple[int, int, int]] = []
+        self._translates: dict = {}
+        self._runs: dict = {}
 
     def build(self, node: Node, start: int, end: int) -> None:
         if isinstance(node, CharSet):
@@ -244,9 +256,39 @@ class TemplateNFA(ByteNFA):
         elif isinstance(node, Repeat) and (node.max is None or node.max) and \
                 (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
             tmpl = self._template(node.item)
-            self._repeat(node, start, end, lambda s, e: self._instantiate(tmpl, s, e))
+            ends: list[int] = []
+
+            def copy(s: int, e: int) -> None:
+                ends.append(e)
+                self._instantiate(tmpl, s, e)
+            self._repeat(node, start, end, self._noting(node, copy))
+            d = ends[1] - ends[0] if len(ends) >= 3 else 0
+            if node.max is not None and d > 0 and \
+                    all(b - a == d for a, b in zip(ends, ends[1:])) and \
+                    (not self.regions or self.regions[-1][1] <= ends[0]):
+                self.regions.append((ends[0], len(self.edges), d))
+        elif isinstance(node, Repeat) and (node.max is None or node.max):
+            self._repeat(node, start, end,
+                         self._noting(node, lambda s, e: self.build(node.item, s, e)))
         else:
             super().build(node, start, end)
+
+    def _noting(self, node: Repeat, item):
+        """``item`` (wires one copy of ``node.item``), also recording in :attr:`counted` the
+        start state of each copy when the item has a char-set alternative: copy ``j`` (in the
+        order :meth:`~ctrlg.dfa.bytes_dfa.ByteNFA._repeat` wires them) can still be followed by
+        ``max - j`` copies in all (unboundedly many when ``max`` is None)."""
+        cls = _item_class(node.item)
+        if cls is None:
+            return item
+        copies = [0]
+
+        def wire(s: int, e: int) -> None:
+            r = None if node.max is None else node.max - copies[0]
+            copies[0] += 1
+            self.counted.setdefault(s, []).append((cls, r))
+            item(s, e)
+        return wire
 
     def _template(self, node: Node):
         got = _TEMPLATES.get(node)
@@ -259,7 +301,10 @@ class TemplateNFA(ByteNFA):
             else:
                 scratch.build(node, s, e)
             scratch.resolve_all()
-            got = (len(scratch.edges) - 2, scratch.edges, scratch.eps, scratch.has_empty)
+            notes = scratch.counted
+            if scratch._blocks:                  # notes of nested copies, by local id
+                notes = {x: ns for x in range(len(scratch.edges)) if (ns := scratch.notes_of(x))}
+            got = (len(scratch.edges) - 2, scratch.edges, scratch.eps, scratch.has_empty, notes)
             if len(scratch.edges) <= _MAX_SHARED_TEMPLATE_STATES:
                 if len(_TEMPLATES) >= _MAX_TEMPLATES:
                     _TEMPLATES.clear()
@@ -277,7 +322,7 @@ class TemplateNFA(ByteNFA):
         """A copy of ``tmpl`` between ``start`` and ``end``: the edges out of ``start`` and
         ``end`` now, those of the inner states (never changed afterwards) on first use
         (:meth:`edges_of`)."""
-        inner, edges, eps, has_empty = tmpl
+        inner, edges, eps, has_empty, notes = tmpl
         base = len(self.edges) - 2
         if len(self.edges) + inner > MAX_LAZY_NFA_STATES:
             raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
@@ -289,6 +334,9 @@ class TemplateNFA(ByteNFA):
         self.eps[start].extend([m(t) for t in eps[0]])
         self.edges[end].extend([(lo, hi, m(t)) for lo, hi, t in edges[1]])
         self.eps[end].extend([m(t) for t in eps[1]])
+        for x in (0, 1):
+            if x in notes:
+                self.counted.setdefault(m(x), []).extend(notes[x])
         if inner:
             self._blocks.append((base + 2, tmpl, start, end))
             self.edges.extend([None] * inner)
@@ -297,7 +345,7 @@ class TemplateNFA(ByteNFA):
     def _resolve(self, s: int) -> None:
         """Fill in the edges of inner template state ``s`` (renamed from its template)."""
         k = bisect.bisect_right(self._block_starts(), s) - 1
-        first, (inner, edges, eps, _), start, end = self._blocks[k]
+        first, (inner, edges, eps, _, _), start, end = self._blocks[k]
         base = first - 2
 
         def m(x):
@@ -310,6 +358,85 @@ class TemplateNFA(ByteNFA):
         if len(self._starts) != len(self._blocks):
             self._starts = [b[0] for b in self._blocks]
         return self._starts
+
+    def notes_of(self, s: int) -> list:
+        """The :attr:`counted` notes of state ``s``, those of a copied template's inner
+        states included (renaming keeps them true)."""
+        got = self.counted.get(s, [])
+        if self._blocks and s >= self._blocks[0][0]:
+            k = bisect.bisect_right(self._block_starts(), s) - 1
+            first, tmpl, _, _ = self._blocks[k]
+            local = s - first + 2
+            if local < tmpl[0] + 2 and local in tmpl[4]:
+                got = got + tmpl[4][local]
+        return got
+
+    def translates(self, k: int, y: int) -> bool:
+        """Whether the translation ``σ`` of region ``k`` (``x ↦ x + d`` on ``[lo, hi)``, the
+        identity elsewhere) commutes with the edges and ε-moves of state ``y``:
+        ``edges(σ(y)) = σ(edges(y))``, ``eps(σ(y)) = σ(eps(y))``, with ``σ`` defined on every
+        target (memoised). An inner state of a copied template does when ``σ(y)`` is the same
+        inner state of a copy of the same template placed ``d`` later between ``σ(start)`` and
+        ``σ(end)`` (renaming commutes with ``σ``); other states are compared edge by edge."""
+        key = (k, y)
+        got = self._translates.get(key)
+        if got is None:
+            got = self._translates[key] = self._check_translates(k, y)
+        return got
+
+    def _check_translates(self, k: int, y: int) -> bool:
+        lo, hi, d = self.regions[k]
+
+        def sigma(x):
+            return x + d if lo <= x < hi else x
+
+        if not lo <= y < hi:
+            return not any(lo <= t < hi for _, _, t in self.edges_of(y)) and \
+                not any(lo <= t < hi for t in self.eps_of(y))
+        y2 = y + d
+        if y2 >= hi:
+            return False
+        b1, b2 = self._block_of(y), self._block_of(y2)
+        if b1 is not None and b2 is not None:
+            # renaming: inner targets stay in the copies, which lie in [lo, hi) (allocated
+            # during the repeat); start / end must be moved alike (σ(e1) ≥ hi never equals e2)
+            (f1, t1, s1, e1), (f2, t2, s2, e2) = b1, b2
+            return t1 is t2 and f2 == f1 + d and s2 == sigma(s1) and e2 == sigma(e1)
+        if b1 is not None or b2 is not None:
+            return False
+        if any(lo <= t < hi and t + d >= hi for _, _, t in self.edges_of(y)) or \
+                any(lo <= t < hi and t + d >= hi for t in self.eps_of(y)):
+            return False
+        return (set(self.edges_of(y2)) == {(a, b, sigma(t)) for a, b, t in self.edges_of(y)}
+                and set(self.eps_of(y2)) == {sigma(t) for t in self.eps_of(y)})
+
+    def run_of(self, k: int, y: int) -> int:
+        """How many times in a row region ``k``'s translation commutes from ``y``: the
+        largest ``n`` with :meth:`translates` true at ``y, y + d, …, y + (n - 1)d`` (states
+        outside the region are fixed: unbounded, ``MAX_LAZY_NFA_STATES``). Memoised."""
+        lo, hi, d = self.regions[k]
+        if not lo <= y < hi:
+            return MAX_LAZY_NFA_STATES if self.translates(k, y) else 0
+        chain = []
+        x = y
+        while (k, x) not in self._runs:
+            if not self.translates(k, x):
+                self._runs[(k, x)] = 0
+                break
+            chain.append(x)
+            x += d
+        n = self._runs[(k, x)]
+        for x in reversed(chain):
+            n += 1
+            self._runs[(k, x)] = n
+        return self._runs[(k, y)]
+
+    def _block_of(self, s: int):
+        """The block ``(first, template, start, end)`` whose inner states hold ``s``, or None."""
+        if not self._blocks or s < self._blocks[0][0]:
+            return None
+        blk = self._blocks[bisect.bisect_right(self._block_starts(), s) - 1]
+        return blk if s < blk[0] + blk[1][0] else None
 
     def edges_of(self, s: int) -> list:
         if self.edges[s] is None:
@@ -326,6 +453,22 @@ class TemplateNFA(ByteNFA):
         for s, e in enumerate(self.edges):
             if e is None:
                 self._resolve(s)
+
+
+def _item_class(item: Node) -> CharSet | None:
+    """The union of the char-set alternatives of a repeated item (the item itself when it is a
+    char set; ``(?:[^"\\]|\\.)`` gives ``[^"\\]``), or None when it has none."""
+    alts = item.items if isinstance(item, Alternation) else (item,)
+    ranges = sorted(r for a in alts if isinstance(a, CharSet) for r in a.ranges)
+    if not ranges:
+        return None
+    merged = [list(ranges[0])]
+    for lo, hi in ranges[1:]:
+        if lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return CharSet(tuple((lo, hi) for lo, hi in merged))
 
 
 # ---------------------------------------------------------------------- lazy subset construction
@@ -353,6 +496,13 @@ class LazyByteDFA:
             self._live = None                        # (the NFA may grow: lazy_nfa)
             self._edges_of, self._eps_of = nfa.edges_of, nfa.eps_of
         self._accept = accept
+        #: NFA state -> counted-slice notes (:attr:`TemplateNFA.counted`), or None
+        self.notes_of = getattr(nfa, "notes_of", None)
+        # masks by translation (:meth:`LazyTokenDFA._translated_mask`): for Thompson fragments of
+        # non-empty languages (no liveness filter to commute with)
+        self._nfa = nfa if getattr(nfa, "regions", None) and not getattr(nfa, "has_empty", True) \
+            else None
+        self._region_los = [r[0] for r in nfa.regions] if self._nfa is not None else []
         self._closure: dict[int, frozenset] = {}
         self._index: dict[frozenset, int] = {}
         self._sets: list[frozenset] = []
@@ -419,6 +569,28 @@ class LazyByteDFA:
             self._build_row(q)
         return self.table[q]
 
+    def run_bytes(self, q: int, data: bytes) -> int:
+        """``δ*(q, data)``: by the rows where they are built, else by the subset construction's
+        step ``closure(move(S, b))`` for that byte only (the subsets met are interned, no row is
+        built: a token's bytes need one transition per state, a row all 256)."""
+        table, computed = self.table, self.computed
+        for byte in data:
+            if computed[q]:
+                q = int(table[q, byte])
+            else:
+                M = frozenset([t for s in self._sets[q] for lo, hi, t in self._edges_of(s)
+                               if lo <= byte <= hi])
+                if not M:
+                    return DEAD
+                r = self._move.get(M)
+                if r is None:
+                    r = self._move[M] = self._intern(self._closure_of(M))
+                    table, computed = self.table, self.computed     # may have grown
+                q = r
+            if q == DEAD:
+                return DEAD
+        return q
+
     def build_rows(self, states) -> None:
         for q in states:
             if not self.computed[q]:
@@ -466,13 +638,16 @@ def _nfa_live(nfa: ByteNFA, accept: int, n: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------- the trie walk (numba)
 def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_tokens,
-             seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state):
+             seed_node, seed_state, record_seeds, out_tok, out_next, n, miss_node, miss_state,
+             prune, limit, stamp, stamp_id):
     """Depth-first walk of the trie from ``(seed_node[i], seed_state[i])`` pairs (tokens ending
     at the seed nodes recorded too when ``record_seeds``): every token reached with a live state
     is appended to ``out_tok``/``out_next`` from index ``n``. A pair whose state has no row yet
     (``computed`` false) is not descended but appended to ``miss_node``/``miss_state``, to be
     resumed from once its row is built. Returns ``(tokens written in all, pairs missed)``; more
-    missed pairs than the buffers hold returns their capacity + 1."""
+    missed pairs than the buffers hold returns their capacity + 1. A child node ``c`` with
+    ``prune[c] <= limit`` is not entered (its subtrie's tokens are known allowed: a counted
+    slice, :func:`class_slice`). Every state popped is stamped (``stamp[s] = stamp_id``)."""
     nseed = seed_node.shape[0]
     cap = nseed + _STACK_PER_DEPTH * 64
     stack_node = np.empty(cap, dtype=np.int64)
@@ -495,6 +670,7 @@ def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_t
         sp -= 1
         node = stack_node[sp]
         s = stack_state[sp]
+        stamp[s] = stamp_id
         if child_ptr[node] == child_ptr[node + 1]:
             continue
         if not computed[s]:
@@ -506,10 +682,12 @@ def _walk_py(table, computed, child_ptr, child_byte, child_node, tok_ptr, node_t
                 return n, mcap + 1
             continue
         for e in range(child_ptr[node], child_ptr[node + 1]):
+            c = child_node[e]
+            if prune[c] <= limit:
+                continue
             s2 = table[s, child_byte[e]]
             if s2 == 0:
                 continue
-            c = child_node[e]
             for k in range(tok_ptr[c], tok_ptr[c + 1]):
                 out_tok[n] = node_tokens[k]
                 out_next[n] = s2
@@ -554,6 +732,129 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
         tokens = np.sort(trie.node_tokens[idx]).astype(np.int64)
         got = memo[key] = (tokens, trie.child_byte[exits].astype(np.int64),
                            trie.child_node[exits].astype(np.int64))
+    return got
+
+
+# ---------------------------------------------------------------------- counted slices
+_CLASS_SLICES: "weakref.WeakKeyDictionary[VocabTrie, dict]" = weakref.WeakKeyDictionary()
+_NO_PRUNE: "weakref.WeakKeyDictionary[VocabTrie, np.ndarray]" = weakref.WeakKeyDictionary()
+_PRUNE_NEVER = np.iinfo(np.int32).max
+#: subsets larger than this are not looked up for translated masks
+_MAX_TRANSLATED_SUBSET = 64
+#: a state's row must have this many live bytes before its counted slices are looked for
+COUNTED_MIN_BYTES = 8
+#: ... and a repetition this many copies left (tokens of one or two characters of a class are
+#: too few to pay for the class's slice)
+COUNTED_MIN_COPIES = 3
+
+
+class ClassSlice(NamedTuple):
+    """The tokens of a char set ``C`` over a vocabulary (:func:`class_slice`).
+
+    Attributes:
+        tokens: int64, the tokens spelled by a string of ``Pref(C*)`` (``C``'s characters in
+            UTF-8, the last one possibly cut), by increasing *need*: the characters a token
+            starts (complete or cut), so a token is a prefix of ``C^r`` iff its need is ≤ r.
+        off: int64 [N + 1]; ``tokens[:off[r]]`` are those of need ≤ r (N: the largest need).
+        prune: int32 [trie nodes]; the largest need of the tokens below a node (the node's
+            included) when all of them are in ``Pref(C*)``, else ``_PRUNE_NEVER``.
+        vocab_size: the trie's vocabulary size.
+        masks: ``{r: bool [vocab_size]}``, ``tokens[:off[r]]`` as a mask (built on first use).
+    """
+    tokens: np.ndarray
+    off: np.ndarray
+    prune: np.ndarray
+    vocab_size: int
+    masks: dict
+
+    def mask(self, r: int) -> np.ndarray:
+        """Read-only bool [vocabulary]: the tokens of need ≤ ``r`` (memoised; built from the
+        memoised mask of the nearest count, whose tokens differ only by ``off[r]:off[r']``, as
+        a counter's remaining count moves by a few per step)."""
+        got = self.masks.get(r)
+        if got is None:
+            near = min(self.masks, key=lambda x: abs(x - r), default=None)
+            if near is None:
+                got = np.zeros(self.vocab_size, dtype=bool)
+                got[self.tokens[:self.off[r]]] = True
+            else:
+                got = self.masks[near].copy()
+                lo, hi = sorted((int(self.off[near]), int(self.off[r])))
+                got[self.tokens[lo:hi]] = near < r
+            got.setflags(write=False)
+            self.masks[r] = got
+        return got
+
+
+def _no_prune(trie: VocabTrie) -> np.ndarray:
+    got = _NO_PRUNE.get(trie)
+    if got is None:
+        got = _NO_PRUNE[trie] = np.zeros(trie.num_nodes, dtype=np.int32)
+    return got
+
+
+def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
+    """The :class:`ClassSlice` of char set ``cls`` over ``trie``: a breadth-first pass over the
+    trie in step with ``C``'s one-character UTF-8 byte DFA (back to its start at each complete
+    character), then the subtrie maxima bottom-up. Computed once per (vocabulary, ``C``) and
+    shared by every state, pattern and schema (memoised on the trie)."""
+    memo = _CLASS_SLICES.setdefault(trie, {})
+    got = memo.get(cls.ranges)
+    if got is not None:
+        return got
+    nfa = ByteNFA()
+    s0, e0 = nfa.add_state(), nfa.add_state()
+    nfa._charset(cls, s0, e0)
+    cd = LazyByteDFA(nfa, s0, e0)
+    todo, seen = [cd.initial], {DEAD, cd.initial}
+    while todo:
+        for r in np.unique(cd.row(todo.pop())).tolist():
+            if r not in seen:
+                seen.add(r)
+                todo.append(r)
+    ctab = cd.table[:cd.num_states].astype(np.int64)
+    done_at = cd.accepting[:cd.num_states]
+    init = cd.initial
+    N = trie.num_nodes
+    ptr, nch = trie.child_ptr, np.diff(trie.child_ptr)
+    need = np.full(N, -1, dtype=np.int64)
+    chars = np.zeros(N, dtype=np.int64)
+    xs = np.zeros(N, dtype=np.int64)
+    need[0], xs[0] = 0, init
+    levels = []
+    frontier = np.zeros(1, dtype=np.int64) if init != DEAD else np.zeros(0, dtype=np.int64)
+    while len(frontier):
+        counts = nch[frontier]
+        edges = ragged_indices(ptr[frontier], counts)
+        src = np.repeat(frontier, counts)
+        kid = trie.child_node[edges].astype(np.int64)
+        levels.append((frontier, counts, kid))
+        y = ctab[xs[src], trie.child_byte[edges]]
+        ok = y != DEAD
+        src, kid, y = src[ok], kid[ok], y[ok]
+        done = done_at[y]
+        chars[kid] = chars[src] + done
+        xs[kid] = np.where(done, init, y)
+        need[kid] = chars[kid] + (xs[kid] != init)
+        frontier = kid
+    ntok = np.diff(trie.tok_ptr)
+    inside = need >= 0
+    prune = np.where(inside, np.where(ntok > 0, need, 0), _PRUNE_NEVER).astype(np.int64)
+    for parents, counts, kid in reversed(levels):    # children before parents
+        has = counts > 0
+        if has.any():
+            first = (np.cumsum(counts) - counts)[has]
+            parents = parents[has]
+            prune[parents] = np.maximum(prune[parents], np.maximum.reduceat(prune[kid], first))
+    nodes = np.flatnonzero(need > 0)
+    tokens = trie.node_tokens[ragged_indices(trie.tok_ptr[nodes], ntok[nodes])].astype(np.int64)
+    tneed = np.repeat(need[nodes], ntok[nodes])
+    order = np.argsort(tneed, kind="stable")
+    tokens, tneed = tokens[order], tneed[order]
+    top = int(tneed[-1]) if len(tneed) else 0
+    off = np.searchsorted(tneed, np.arange(top + 1), side="right").astype(np.int64)
+    got = memo[cls.ranges] = ClassSlice(tokens, off, prune.astype(np.int32),
+                                        trie.vocab_size, {})
     return got
 
 
@@ -602,6 +903,14 @@ class LazyTokenDFA:
         self._out_next = np.empty(trie.vocab_size + 1, dtype=np.int64)
         self._miss_node = np.empty(1 << 16, dtype=np.int64)
         self._miss_state = np.empty(1 << 16, dtype=np.int64)
+        self._no_prune = _no_prune(trie)
+        self._stamp = np.zeros(len(bdfa.computed), dtype=np.int64)
+        self._stamp_id = 0
+        self._last_walk = (None, 0)
+        #: translation key -> (state, copy index, run, (slice mask, limit), accepting)
+        self._translated: dict = {}
+        #: masks read off an earlier state by translation (a count, for profiling)
+        self.translated_masks = 0
         if bdfa.initial == DEAD:
             raise UnsatisfiableConstraintError(f"the {what} matches no string")
 
@@ -631,14 +940,7 @@ class LazyTokenDFA:
         data = self._token_bytes[token]
         if not data:
             return DEAD
-        b = self.bdfa
-        for byte in data:
-            if not b.computed[state]:
-                b.row(state)
-            state = int(b.table[state, byte])
-            if state == DEAD:
-                return DEAD
-        return state
+        return self.bdfa.run_bytes(state, data)
 
     def run(self, tokens, state: int | None = None) -> int:
         q = self.initial if state is None else int(state)
@@ -664,12 +966,22 @@ class LazyTokenDFA:
             if self.eos_token_id is not None:
                 mask[self.eos_token_id] = True
         elif state != DEAD:
-            tok, nxt, loop = self._expand(state)
-            if loop is not None:
-                mask[loop] = True
-            mask[tok] = True
-            if self.eos_token_id is not None:
-                mask[self.eos_token_id] = bool(self.bdfa.accepting[state])
+            key = self._translation_key(state) if self.bdfa._nfa is not None else None
+            got = self._translated_mask(state, key) if key is not None else None
+            if got is not None:
+                mask = got
+                self.translated_masks += 1
+            else:
+                tok, _, loop = self._expand(state, counted=True)
+                if loop is not None and loop.dtype == np.bool_:
+                    mask[:len(loop)] = loop
+                elif loop is not None:
+                    mask[loop] = True
+                mask[tok] = True
+                if self.eos_token_id is not None:
+                    mask[self.eos_token_id] = bool(self.bdfa.accepting[state])
+                if key is not None and self._last_walk[0] is not None:
+                    self._register_translation(state, key, mask)
         mask.setflags(write=False)
         if len(self._masks) < self.max_cached_masks:
             self._masks[state] = mask
@@ -679,14 +991,19 @@ class LazyTokenDFA:
         """The ids of :meth:`mask` (int64, sorted)."""
         return np.flatnonzero(self.mask(state))
 
-    def _expand(self, q: int):
-        """``(tokens, next states, loop tokens or None)`` of live state ``q`` (EOS not treated)."""
+    def _expand(self, q: int, counted: bool = False):
+        """``(tokens, next states, allowed tokens or None)`` of live state ``q`` (EOS not
+        treated). The third part, tokens allowed from ``q`` whose successor is not listed, is a
+        loop slice (its tokens lead back to ``q``) or, with ``counted`` (masks only: the
+        successors are not needed), a counted slice (:meth:`_counted_slice`) as a read-only
+        bool mask over the trie's vocabulary."""
         b = self.bdfa
         row = b.row(q)
         loop = None
         loop_bytes = row == q
         seed_node = np.zeros(1, dtype=np.int64)
         seed_state = np.full(1, q, dtype=np.int64)
+        prune, limit = self._no_prune, -1
         if loop_bytes.sum() >= 2:
             tokens, exit_byte, exit_child = loop_slice(self.trie, loop_bytes)
             if len(tokens) >= SLICE_MIN_FRACTION * self.trie.vocab_size:
@@ -694,12 +1011,22 @@ class LazyTokenDFA:
                 nxt = row[exit_byte]
                 keep = nxt != DEAD
                 seed_node, seed_state = exit_child[keep], nxt[keep].astype(np.int64)
+        if loop is None and counted and np.count_nonzero(row) >= COUNTED_MIN_BYTES:
+            got = self._counted_slice(q)
+            if got is not None:
+                loop, prune, limit = got
         ptr, byte, child, tptr, ntok = self._trie_arrays
         nodes, states, record, n = seed_node, seed_state, True, 0
+        self._stamp_id += 1
+        self._last_walk = ((loop, limit) if prune is not self._no_prune else None,
+                           self._stamp_id)
         while True:      # resume from the pairs whose rows were missing until none is
+            if len(self._stamp) < len(b.computed):
+                self._stamp = np.concatenate(
+                    [self._stamp, np.zeros(len(b.computed) - len(self._stamp), np.int64)])
             n, m = _walk(b.table, b.computed, ptr, byte, child, tptr, ntok, nodes, states,
                          record, self._out_tok, self._out_next, n, self._miss_node,
-                         self._miss_state)
+                         self._miss_state, prune, limit, self._stamp, self._stamp_id)
             if not m:
                 break
             if m > len(self._miss_node):     # too many to resume from: build, start afresh
@@ -712,9 +1039,105 @@ class LazyTokenDFA:
         if self.eos_token_id is not None and len(tok):      # an EOS with bytes is only EOS
             keep = tok != self.eos_token_id
             tok, nxt = tok[keep], nxt[keep]
-        if loop is not None and self.eos_token_id is not None:
+        if loop is not None and loop.dtype != np.bool_ and self.eos_token_id is not None:
             loop = loop[loop != self.eos_token_id]
         return tok, nxt, loop
+
+    # ---------------------------------------------------------------- masks by translation
+    def _translation_key(self, q: int):
+        """``(key, c)`` of ``q`` when its NFA subset meets exactly one counted region
+        (:attr:`TemplateNFA.regions`), else None: ``c`` is the lowest copy index of the subset's
+        region states and ``key`` the subset with those moved back by ``c`` copies, so two
+        states with the same key differ by a translation ``σ^i`` (``i`` the difference of
+        their ``c``)."""
+        b = self.bdfa
+        regions = b._nfa.regions
+        S = b._sets[q]
+        if len(S) > _MAX_TRANSLATED_SUBSET:       # not a position inside a counter: not worth it
+            return None
+        k = -1
+        for y in S:
+            j = bisect.bisect_right(b._region_los, y) - 1
+            if j >= 0 and y < regions[j][1]:
+                if k >= 0 and j != k:
+                    return None
+                k = j
+        if k < 0:
+            return None
+        lo, hi, d = regions[k]
+        inside = [y - lo for y in S if lo <= y < hi]
+        c = min(inside) // d
+        return (k, frozenset([x - c * d for x in inside]),
+                frozenset([y for y in S if not lo <= y < hi])), c
+
+    def _translated_mask(self, q: int, key):
+        """The mask of ``q`` read off an earlier state ``p`` with ``σ^i(S_p) = S_q`` (same
+        translation key, ``i > 0``), or None. Exact when ``i`` is at most ``p``'s run (every NFA
+        state of every DFA state ``p``'s walk popped commutes with ``σ`` ``i`` times in a row,
+        :meth:`TemplateNFA.run_of`): then ``move`` and ``closure`` commute with ``σ^i`` along
+        the walk, whose pairs from ``q`` are those from ``p`` with states moved by ``σ^i``, so
+        the same tokens live — provided the walk is cut alike (the same counted slice and
+        count) and acceptance agrees."""
+        (k, *_), c = key
+        hit = self._translated.get(key[0])
+        if hit is None:
+            return None
+        p, c0, run, sig, accepting = hit
+        if not 0 < c - c0 <= run or bool(self.bdfa.accepting[q]) != accepting:
+            return None
+        mask = self._masks.get(p)
+        got = self._counted_slice(q) if mask is not None else None
+        if got is None or got[0] is not sig[0] or got[2] != sig[1]:
+            return None
+        return mask
+
+    def _register_translation(self, q: int, key, mask) -> None:
+        """Keep ``q`` (whose mask was just walked with a counted slice) as the base of later
+        states of its translation key: its run is the least :meth:`TemplateNFA.run_of` over
+        the NFA states of the DFA states its walk popped."""
+        b = self.bdfa
+        nfa = b._nfa
+        (k, *_), c = key
+        sig, sid = self._last_walk
+        visited = np.flatnonzero(self._stamp[:b.num_states] == sid).tolist()
+        ys = set()
+        for p in visited:
+            if p not in (DEAD, ENDED):
+                ys.update(b._sets[p])
+        run = MAX_LAZY_NFA_STATES
+        for y in ys:
+            run = min(run, nfa.run_of(k, y))
+            if run == 0:
+                return
+        old = self._translated.get(key[0])
+        if old is None or old[2] - (c - old[1]) < run:
+            self._translated[key[0]] = (q, c, run, sig, bool(b.accepting[q]))
+
+    def _counted_slice(self, q: int):
+        """``(tokens, prune, limit)`` of the best counted slice of ``q``, or None: an NFA state
+        of ``q``'s subset that starts a copy of a repeated item with char-set alternative ``C``
+        and ``r`` copies still possible (:attr:`TemplateNFA.counted`) gives
+        ``Pref(L(q)) ⊇ Pref(C^r)``, so every token spelled by a string of ``Pref(C^{≤r})``
+        (:func:`class_slice`, tokens of need ≤ r) is allowed; the walk skips the subtries made
+        of such tokens only (``prune[node] <= r``) and finds the others as before."""
+        notes_of = self.bdfa.notes_of
+        if notes_of is None:
+            return None
+        best, best_count = None, max(int(SLICE_MIN_FRACTION * self.trie.vocab_size) - 1, 0)
+        seen = set()
+        for s in self.bdfa._sets[q]:
+            for cls, r in notes_of(s):
+                if (cls, r) in seen or r is not None and r < COUNTED_MIN_COPIES:
+                    continue
+                seen.add((cls, r))
+                sl = class_slice(self.trie, cls)
+                k = len(sl.off) - 1 if r is None else min(r, len(sl.off) - 1)
+                if sl.off[k] > best_count:
+                    best, best_count = (sl, k), int(sl.off[k])
+        if best is None:
+            return None
+        sl, k = best
+        return sl.mask(k), sl.prune, (_PRUNE_NEVER - 1 if k == len(sl.off) - 1 else k)
 
     # ---------------------------------------------------------------- eager views
     def successors(self, state: int) -> np.ndarray:
