@@ -205,10 +205,12 @@ def test_prune_empty():
 
 
 def test_compile_builds_only_the_initial_closure():
-    """A pattern whose eager NFA has ~10⁵ states: compile creates a handful."""
+    """A pattern whose eager NFA has ~10⁵ states: compile creates a few hundred (a counter of
+    a small item reached by the initial closure is wired at once, its copies' edges filled in
+    on first use, so that masks deep inside it can be translated)."""
     nfa, s, a = lazy_thompson(parse(r"(?:[a-z]{0,100}x){0,100}y|\{(?:[0-9]{0,50},){0,200}\}"))
     d = LazyByteDFA(nfa, s, a)
-    assert len(nfa.edges) < 40
+    assert len(nfa.edges) < 200
     q = d.initial
     for b in b"abx":
         q = int(d.row(q)[b])

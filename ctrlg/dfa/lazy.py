@@ -500,8 +500,10 @@ class LazyByteDFA:
         self.notes_of = getattr(nfa, "notes_of", None)
         # masks by translation (:meth:`LazyTokenDFA._translated_mask`): for Thompson fragments of
         # non-empty languages (no liveness filter to commute with)
-        self._nfa = nfa if getattr(nfa, "regions", None) and not getattr(nfa, "has_empty", True) \
-            else None
+        # (an NFA built on demand, :mod:`ctrlg.dfa.lazy_nfa`, adds its regions as it grows)
+        grows = getattr(nfa, "grows_on_demand", False)
+        self._nfa = nfa if (getattr(nfa, "regions", None) or grows) \
+            and not getattr(nfa, "has_empty", True) else None
         self._region_los = [r[0] for r in nfa.regions] if self._nfa is not None else []
         self._closure: dict[int, frozenset] = {}
         self._index: dict[frozenset, int] = {}
@@ -1052,6 +1054,8 @@ class LazyTokenDFA:
         their ``c``)."""
         b = self.bdfa
         regions = b._nfa.regions
+        if len(b._region_los) != len(regions):   # regions added since (an NFA built on demand)
+            b._region_los = [r[0] for r in regions]
         S = b._sets[q]
         if len(S) > _MAX_TRANSLATED_SUBSET:       # not a position inside a counter: not worth it
             return None

@@ -31,7 +31,7 @@ language then reaches its end state, so every NFA state reaches acceptance.
 
 from __future__ import annotations
 
-from ctrlg.dfa.lazy import TemplateNFA
+from ctrlg.dfa.lazy import TemplateNFA, _item_class
 from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import RegexError
 
@@ -119,6 +119,8 @@ class LazyThompsonNFA(TemplateNFA):
     ``has_empty`` is False, so :class:`~ctrlg.dfa.lazy.LazyByteDFA` reads the edges through
     :meth:`edges_of` / :meth:`eps_of` and skips its liveness pass."""
 
+    grows_on_demand = True   # states and counted regions appear as the subset construction goes
+
     def __init__(self):
         super().__init__()
         self._pending: dict[int, list] = {}
@@ -188,12 +190,18 @@ class LazyThompsonNFA(TemplateNFA):
                     eps_s.append(a)
                     self._defer(a, item, b)
                     self.eps[b].append(end)
+            elif isinstance(node, Repeat) and _counter_of_small_item(node):
+                TemplateNFA.build(self, node, s, end)   # copies of one template at a fixed
+                #                                         stride: counted slices + translated masks
             elif isinstance(node, Repeat):
                 lo, hi = node.min, node.max
+                cls = _item_class(node.item) if hi is None or hi else None
                 if hi is None and lo == 0:          # x*: a loop between fresh states
                     a, b = self.add_state(), self.add_state()
                     eps_s.append(a)
                     self._defer(a, node.item, b)
+                    if cls is not None:             # a copy starts at a, unboundedly many follow
+                        self.counted.setdefault(a, []).append((cls, None))
                     self.eps[b].append(a)
                     self.eps[a].append(end)
                 elif hi == 0:
@@ -201,6 +209,8 @@ class LazyThompsonNFA(TemplateNFA):
                 else:                               # one copy of x, then x{lo-1,hi-1}
                     if lo == 0:
                         eps_s.append(end)
+                    if cls is not None:             # a copy starts at s, hi copies in all from s
+                        self.counted.setdefault(s, []).append((cls, hi))
                     t = self.add_state()
                     todo.append((node.item, t))
                     rest = Repeat(node.item, max(lo - 1, 0), None if hi is None else hi - 1)
@@ -220,6 +230,21 @@ class LazyThompsonNFA(TemplateNFA):
             self._pending[s] = [(node, end)]
         else:
             got.append((node, end))
+
+
+#: a bounded repetition of an item of at most this many character positions, with 3 copies or
+#: more, is wired up front from one template (the copies' edges are still filled in on first use)
+_SMALL_ITEM_POSITIONS = 64
+_MAX_WIRED_COPIES = 100_000
+
+
+def _counter_of_small_item(node: Repeat) -> bool:
+    """Whether ``node`` is a counter ``x{m,n}`` (3 ≤ n ≤ :data:`_MAX_WIRED_COPIES`) of a small
+    item with a char-set alternative (a string's character, a digit): such counters are wired
+    by :meth:`TemplateNFA.build`, whose copies sit at a fixed stride, so masks deep inside them
+    are translated (:meth:`~ctrlg.dfa.lazy.LazyTokenDFA`) rather than walked."""
+    return node.max is not None and 3 <= node.max <= _MAX_WIRED_COPIES \
+        and _item_class(node.item) is not None and positions(node.item) <= _SMALL_ITEM_POSITIONS
 
 
 def lazy_thompson(node: Node, max_positions: int | None = None):
