@@ -261,7 +261,7 @@ def test_iterative_widening_keeps_the_best_of_the_narrow_and_the_wide_search(tin
 @pytest.mark.parametrize("override, named", [
     ("generation.widen_factor=1", "widen_factor"),
     ("generation.widen_below_loglik=nan", "widen_below_loglik"),
-    ("rerank=mbr", "rerank=lm_loglik"),
+    ("rerank=none", "rerank=none"),
 ])
 def test_bad_widening_settings_are_named_before_the_lm_is_loaded(tmp_path, override, named):
     from experiments import commongen

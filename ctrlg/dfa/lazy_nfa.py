@@ -1,6 +1,6 @@
 """Thompson's construction on demand: an ε-NFA whose fragments are wired when first reached.
 
-:class:`~ctrlg.dfa.lazy.TemplateNFA` builds the whole Thompson NFA of a pattern before the first
+:class:`~ctrlg.dfa.template_nfa.TemplateNFA` builds the whole Thompson NFA of a pattern before the first
 token; for a JSON schema with ``$ref`` definitions inlined hundreds of times and ``{0,128}``
 counters that is hundreds of thousands of states (seconds in Python), nearly all of which a
 generation never visits. :class:`LazyThompsonNFA` builds the same kind of automaton one level at
@@ -31,7 +31,7 @@ language then reaches its end state, so every NFA state reaches acceptance.
 
 from __future__ import annotations
 
-from ctrlg.dfa.lazy import TemplateNFA, _item_class
+from ctrlg.dfa.template_nfa import MAX_LAZY_NFA_STATES, TemplateNFA, _item_class
 from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import RegexError
 
@@ -114,7 +114,7 @@ def has_empty_charset(node: Node) -> bool:
 
 
 class LazyThompsonNFA(TemplateNFA):
-    """:class:`~ctrlg.dfa.lazy.TemplateNFA` with fragments expanded on first use (module
+    """:class:`~ctrlg.dfa.template_nfa.TemplateNFA` with fragments expanded on first use (module
     docstring). ``build`` must be given an AST without empty char sets (:func:`prune_empty`);
     ``has_empty`` is False, so :class:`~ctrlg.dfa.lazy.LazyByteDFA` reads the edges through
     :meth:`edges_of` / :meth:`eps_of` and skips its liveness pass."""
@@ -252,10 +252,8 @@ def lazy_thompson(node: Node, max_positions: int | None = None):
     sets pruned first; an empty language gives an NFA with no edges and ``has_empty`` set, whose
     subset construction starts dead). RegexError when the expanded pattern has more than
     ``max_positions`` (default
-    :data:`~ctrlg.dfa.lazy.MAX_LAZY_NFA_STATES`) character positions — the bound the eager
+    :data:`~ctrlg.dfa.template_nfa.MAX_LAZY_NFA_STATES`) character positions — the bound the eager
     construction put on its states, checked here without building them."""
-    from ctrlg.dfa.lazy import MAX_LAZY_NFA_STATES
-
     limit = MAX_LAZY_NFA_STATES if max_positions is None else max_positions
     size = positions(node)
     if size > limit:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from ctrlg.dfa.lazy import LazyByteDFA
+from ctrlg.dfa.lazy_nfa import lazy_thompson
 from ctrlg.dfa.regex_syntax import (Alternation, Anchor, CharSet, Concat, Node, Repeat, parse,
                                     search_language)
 from ctrlg.errors import RegexError, UnsupportedSchemaError
@@ -315,8 +317,5 @@ def _product_finds(a: Node, b: Node, inside_b: bool) -> bool:
 def _lazy_dfa(node: Node):
     """The lazily determinised byte DFA of ``node`` (kept: a schema's patterns are compared
     pairwise, each many times)."""
-    from ctrlg.dfa.lazy import LazyByteDFA
-    from ctrlg.dfa.lazy_nfa import lazy_thompson
-
     nfa, start, accept = lazy_thompson(node)
     return LazyByteDFA(nfa, start, accept)

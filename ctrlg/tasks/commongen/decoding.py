@@ -132,15 +132,15 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
 
 def widen_low_scoring(decoded: list, widen: tuple[float, int], spec: dict, model, tokenizer,
                       prompts: list[list[int]], constraints, hmm, cfg, seed: int) -> set[int]:
-    """Iterative widening (:func:`widening`): the items whose kept candidate scores below τ are
+    """Iterative widening (:func:`widening`): the items whose best satisfying candidate (by
+    summed log p_lm, whatever the rerank rule) scores below τ are
     decoded again with W beams (W candidates), and their new candidates are appended to
     ``decoded`` in place. Returns the indices of the widened items."""
     threshold, width = widen
-    rule = rerank_rule(cfg)
     low = []
     for j, ((samples, scores), constraint) in enumerate(zip(decoded, constraints)):
         accepted = [constraint.accepts(s) for s in samples]
-        best = pick_candidate(scores, [len(s) for s in samples], accepted, rule)
+        best = pick_candidate(scores, [len(s) for s in samples], accepted, 0.0)   # max log p_lm
         if scores[best] < threshold:
             low.append(j)
     if low:

@@ -102,13 +102,16 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
 
 
 def widening(spec: dict, cfg) -> tuple[float, int] | None:
-    """(τ, W) when the items of this method whose kept candidate has log p_lm(y | prompt) < τ
-    are searched again with W = f × the search's width beams (``generation.widen_below_loglik`` τ,
+    """(τ, W) when the items of this method whose best satisfying candidate has
+    log p_lm(y | prompt) < τ (the LM-likelihood rerank's pick, whatever rule then chooses) are
+    searched again with W = f × the search's width beams (``generation.widen_below_loglik`` τ,
     null: off; ``generation.widen_factor`` f ≥ 2), else None. Iterative widening applies to Ctrl-G-guided
     beam search ranked by the LM likelihood: a kept beam far below the usual likelihood is one
     whose narrow search followed a fluent-looking prefix the HMM could not judge and then had to
     force the missing concepts in; the wider search adds candidates and the rerank's own rule
-    picks among all of them, so it never keeps a worse-scoring output. Logical masking is not
+    picks among all of them, so under ``lm_loglik`` it never keeps a lower-scoring output; with
+    ``mbr`` or a judge the same union is re-picked by that rule (so re-picking saved candidates
+    still equals decoding with the other rule). Logical masking is not
     widened: its outputs are long by construction and fall below any τ that singles out the
     guided search's failures, so it would be searched twice on nearly every item."""
     gen = cfg.generation
@@ -127,10 +130,10 @@ def widening(spec: dict, cfg) -> tuple[float, int] | None:
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
         raise ExperimentConfigError(f"generation.widen_factor must be an integer ≥ 2, got {factor!r}")
     width = factor * max(beams, int(gen.num_samples))
-    rule = rerank_rule(cfg)
-    if rule["rerank"] != "lm_loglik" or rule.get("judge_weight"):
-        raise ExperimentConfigError("generation.widen_below_loglik needs rerank=lm_loglik without a "
-                                    "judge (it compares the kept candidate's log p_lm with τ)")
+    if rerank_rule(cfg)["rerank"] == "none":
+        raise ExperimentConfigError("generation.widen_below_loglik needs the candidates' "
+                                    "log-likelihoods (rerank=lm_loglik or mbr); set it to null "
+                                    "with rerank=none")
     return float(threshold), width
 
 

@@ -188,6 +188,8 @@ def repick_record(record: dict, methods: Sequence[str], rule: dict, judge=None, 
                               judge_for(judge, cfg if cfg is not None else {}, record)
                               if rule.get("judge_weight") else None)
         out[method] = _output(candidates, best)
+        if "widened" in record[method]:       # the search's own record (iterative widening)
+            out[method]["widened"] = record[method]["widened"]
     return out
 
 
