@@ -249,7 +249,6 @@ class LazyByteDFA:
         grows = getattr(nfa, "grows_on_demand", False)
         self._nfa = nfa if (getattr(nfa, "regions", None) or grows) \
             and not getattr(nfa, "has_empty", True) else None
-        self._region_los = [r[0] for r in nfa.regions] if self._nfa is not None else []
         self._closure: dict[int, frozenset] = {}
         self._index: dict[frozenset, int] = {}
         self._sets: list[frozenset] = []
@@ -798,15 +797,13 @@ class LazyTokenDFA:
         states with the same key differ by a translation ``σ^i`` (``i`` the difference of
         their ``c``)."""
         b = self.bdfa
-        regions = b._nfa.regions
-        if len(b._region_los) != len(regions):   # regions added since (an NFA built on demand)
-            b._region_los = [r[0] for r in regions]
+        regions, region_los = b._nfa.regions, b._nfa.region_los
         S = b._sets[q]
         if len(S) > _MAX_TRANSLATED_SUBSET:       # not a position inside a counter: not worth it
             return None
         k = -1
         for y in S:
-            j = bisect.bisect_right(b._region_los, y) - 1
+            j = bisect.bisect_right(region_los, y) - 1
             if j >= 0 and y < regions[j][1]:
                 if k >= 0 and j != k:
                     return None

@@ -51,6 +51,8 @@ class TemplateNFA(ByteNFA):
         #: ``lo``: its copies' states ``[lo, hi)``, copy ``j + 1`` being copy ``j`` moved by ``d``
         #: (:meth:`translates`)
         self.regions: list[tuple[int, int, int]] = []
+        #: ``lo`` of each region, in order (for bisecting a state to its region)
+        self.region_los: list[int] = []
         self._translates: dict = {}
         self._runs: dict = {}
 
@@ -71,6 +73,7 @@ class TemplateNFA(ByteNFA):
                     all(b - a == d for a, b in zip(ends, ends[1:])) and \
                     (not self.regions or self.regions[-1][1] <= ends[0]):
                 self.regions.append((ends[0], len(self.edges), d))
+                self.region_los.append(ends[0])
         elif isinstance(node, Repeat) and (node.max is None or node.max):
             self._repeat(node, start, end,
                          self._noting(node, lambda s, e: self.build(node.item, s, e)))
