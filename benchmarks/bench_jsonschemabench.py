@@ -114,6 +114,101 @@ def run_forked(fn, timeout: float, memory_gb: float = 8.0) -> dict:
     return merged
 
 
+class EngineServer:
+    """One engine in a long-lived forked process that runs schema after schema, as a server
+    does (``--isolation server``): per-vocabulary and cross-schema caches stay warm, and
+    memory freed by one schema is reused by the next. :meth:`run` sends a schema to it and
+    merges what the runner emits, as :func:`run_forked`; at ``timeout`` seconds (or if the
+    process dies) the process is killed, and the next schema starts a fresh one."""
+
+    def __init__(self, engine: str, timeout: float, memory_gb: float = 8.0):
+        self.engine, self.timeout, self.memory_gb = engine, timeout, memory_gb
+        self.pid = None
+        self.restarts = 0
+
+    def _start(self):
+        task_r, task_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                   # the server: run schemas until EOF
+            os.close(task_w)
+            os.close(out_r)
+            try:
+                limit = int(self.memory_gb * (1 << 30))
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            except (ValueError, OSError):
+                pass
+            out = os.fdopen(out_w, "w")
+
+            def emit(d):
+                out.write(json.dumps(d) + "\n")
+                out.flush()
+            ctx, args = _WORKER["ctx"], _WORKER["args"]
+            runner = RUNNERS[self.engine]
+            for line in os.fdopen(task_r, "r"):
+                task = json.loads(line)
+                try:
+                    schema = json.loads((args.data / task["cat"] / task["name"]).read_text())
+                    runner(schema, ctx, args, args.seed + task["k"], emit)
+                except ValueError as exc:
+                    emit({"status": "refused", "error": f"{type(exc).__name__}: {exc}"[:400]})
+                except BaseException as exc:  # noqa: BLE001 - a crash is a result
+                    emit({"status": "crash", "error": f"{type(exc).__name__}: {exc}"[:400]})
+                emit({"__done__": True})
+            os._exit(0)
+        os.close(task_r)
+        os.close(out_w)
+        self.pid, self.task_w, self.out_r, self.buf = pid, task_w, out_r, b""
+
+    def run(self, k: int, cat: str, name: str) -> dict:
+        if self.pid is None:
+            self._start()
+        os.write(self.task_w, (json.dumps({"k": k, "cat": cat, "name": name}) + "\n").encode())
+        deadline = time.monotonic() + self.timeout
+        merged: dict = {}
+        timed_out = False
+        while True:
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                try:
+                    d = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if d.get("__done__"):
+                    merged.setdefault("status", "crash")
+                    return merged
+                merged.update(d)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([self.out_r], [], [], left)
+            if ready:
+                chunk = os.read(self.out_r, 1 << 20)
+                if not chunk:                          # the process died
+                    break
+                self.buf += chunk
+        self.stop(kill=True)
+        if timed_out:
+            merged["timed_out"] = True
+            merged.setdefault("status", "timeout")
+            if merged["status"] == "compiled":
+                merged["status"] = "ok"            # compiled; the walks ran out of time
+        merged.setdefault("status", "crash")
+        return merged
+
+    def stop(self, kill: bool = False):
+        if self.pid is None:
+            return
+        if kill:
+            os.kill(self.pid, signal.SIGKILL)
+        os.close(self.task_w)
+        os.close(self.out_r)
+        os.waitpid(self.pid, 0)
+        self.pid = None
+        self.restarts += kill
+
+
 # ---------------------------------------------------------------------- checking documents
 def checker(schema):
     """A function doc_text -> None (valid) or an error message (jsonschema, the schema's draft)."""
@@ -489,10 +584,19 @@ def _run_schema(task) -> dict:
         row["skipped"] = f"{type(exc).__name__}: {exc}"
         return row
     for e in engines:
+        if args.isolation == "server":
+            server = _SERVERS.get(e)
+            if server is None:
+                server = _SERVERS[e] = EngineServer(e, args.timeout)
+            row[e] = server.run(k, cat, name)
+            continue
         runner = RUNNERS[e]
         row[e] = run_forked(lambda emit: runner(schema, ctx, args, args.seed + k, emit),
                             args.timeout)
     return row
+
+
+_SERVERS: dict = {}   # engine -> EngineServer, per pool worker (--isolation server)
 
 
 def main(argv=None):
@@ -521,6 +625,11 @@ def main(argv=None):
     p.add_argument("--failures-of", type=Path, default=None,
                    help="a previous result JSON: run only the schemas (of this sample) that ctrlg "
                         "refused or crashed on there")
+    p.add_argument("--isolation", choices=("fork", "server"), default="fork",
+                   help="fork: every schema in a fresh child forked from the set-up process "
+                        "(cold: no cache or freed memory of an earlier schema); server: each "
+                        "engine in one long-lived process per job that runs schema after "
+                        "schema (as a serving process does), restarted after a timeout")
     p.add_argument("--jobs", type=int, default=1,
                    help="schemas run at once, one core each (run with OMP_NUM_THREADS=1)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_jsonschemabench.json")

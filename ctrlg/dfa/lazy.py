@@ -249,19 +249,23 @@ class LazyByteDFA:
         grows = getattr(nfa, "grows_on_demand", False)
         self._nfa = nfa if (getattr(nfa, "regions", None) or grows) \
             and not getattr(nfa, "has_empty", True) else None
-        self._closure: dict[int, frozenset] = {}
-        self._index: dict[frozenset, int] = {}
-        self._sets: list[frozenset] = []
-        self._move: dict[frozenset, int] = {}
+        # NFA state subsets are sorted tuples of ints: hashable, and untracked by the garbage
+        # collector after its first pass (frozensets stay tracked, and every collection walks
+        # their elements: with thousands of large subsets alive, a young-generation collection
+        # cost ~70 µs and an older one ~0.5 ms, inside the masks that triggered them)
+        self._closure: dict[int, tuple] = {}
+        self._index: dict[tuple, int] = {}
+        self._sets: list[tuple] = []
+        self._move: dict[tuple, int] = {}
         cap = 64
         self.table = np.zeros((cap, 256), dtype=np.int32)
         self.computed = np.zeros(cap, dtype=np.bool_)
         self.accepting = np.zeros(cap, dtype=np.bool_)
-        self._intern(frozenset())                    # 0: dead
-        self._intern(frozenset([-1]))                # 1: reserved (ENDED of the token DFA)
+        self._intern(())                             # 0: dead
+        self._intern((-1,))                          # 1: reserved (ENDED of the token DFA)
         self.computed[DEAD] = self.computed[ENDED] = True
         init = self._closure_of([start]) if self._live is None or self._live[start] \
-            else frozenset()
+            else ()
         self.initial = self._intern(init) if init else DEAD
 
     @property
@@ -269,25 +273,39 @@ class LazyByteDFA:
         """States interned so far (dead and the reserved id included)."""
         return len(self._sets)
 
-    def _closure_of(self, states) -> frozenset:
+    def _closure_of(self, states) -> tuple:
+        """The ε-closure of a set of NFA states: the union of their memoised closures."""
+        memo = self._closure
+        if len(states) == 1:
+            (s,) = states
+            c = memo.get(s)
+            return c if c is not None else self._closure_of_state(s)
         out: set = set()
-        live = self._live
         for s in states:
-            c = self._closure.get(s)
-            if c is None:
-                seen = {s}
-                stack = [s]
-                while stack:
-                    x = stack.pop()
-                    for t in self._eps_of(x):
-                        if t not in seen and (live is None or live[t]):
-                            seen.add(t)
-                            stack.append(t)
-                c = self._closure[s] = frozenset(seen)
-            out |= c
-        return frozenset(out)
+            c = memo.get(s)
+            out.update(c if c is not None else self._closure_of_state(s))
+        return tuple(sorted(out))
 
-    def _intern(self, subset: frozenset) -> int:
+    def _closure_of_state(self, s: int) -> tuple:
+        """ε-closure of one NFA state by depth-first search; a state met whose closure is
+        already memoised contributes that closure whole, without being searched again
+        (closures are transitive: ``u ∈ closure(t)`` ⇒ ``closure(u) ⊆ closure(t)``)."""
+        live, eps_of, memo = self._live, self._eps_of, self._closure
+        seen = {s}
+        stack = [s]
+        while stack:
+            for t in eps_of(stack.pop()):
+                if t not in seen and (live is None or live[t]):
+                    c = memo.get(t)
+                    if c is None:
+                        seen.add(t)
+                        stack.append(t)
+                    else:
+                        seen.update(c)
+        c = memo[s] = tuple(sorted(seen))
+        return c
+
+    def _intern(self, subset: tuple) -> int:
         q = self._index.get(subset)
         if q is None:
             q = len(self._sets)
@@ -301,8 +319,9 @@ class LazyByteDFA:
         return q
 
     def _grow(self, cap: int) -> None:
-        self.table = np.concatenate([self.table, np.zeros((cap - len(self.table), 256),
-                                                          dtype=np.int32)])
+        table = np.zeros((cap, 256), dtype=np.int32)     # calloc: the new rows cost no copy
+        table[:len(self.table)] = self.table
+        self.table = table
         self.computed = np.concatenate([self.computed,
                                         np.zeros(cap - len(self.computed), dtype=np.bool_)])
         self.accepting = np.concatenate([self.accepting,
@@ -324,8 +343,8 @@ class LazyByteDFA:
             if computed[q]:
                 q = int(table[q, byte])
             else:
-                M = frozenset([t for s in self._sets[q] for lo, hi, t in self._edges_of(s)
-                               if lo <= byte <= hi])
+                M = tuple(sorted({t for s in self._sets[q] for lo, hi, t in self._edges_of(s)
+                                  if lo <= byte <= hi}))
                 if not M:
                     return DEAD
                 r = self._move.get(M)
@@ -343,22 +362,46 @@ class LazyByteDFA:
                 self._build_row(int(q))
 
     def _build_row(self, q: int) -> None:
-        edges = set()
+        """``row(q)``: the NFA edges of ``q``'s subset grouped by byte range; when the ranges
+        are disjoint (the usual case) each range's targets are one transition, else the bytes
+        are cut at every range boundary and each piece gets the targets of the ranges covering
+        it (a sweep over the sorted ranges)."""
+        by_range: dict = {}
+        edges_of = self._edges_of
         for s in self._sets[q]:
-            edges.update(self._edges_of(s))
-        row = np.zeros(256, dtype=np.int32)
-        if edges:
-            edges = sorted(edges)
-            cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
-            for a, b in zip(cuts, cuts[1:]):
-                targets = frozenset(t for lo, hi, t in edges if lo <= a and b - 1 <= hi)
-                if not targets:
-                    continue
-                r = self._move.get(targets)
+            for lo, hi, t in edges_of(s):
+                got = by_range.get((lo, hi))
+                if got is None:
+                    by_range[(lo, hi)] = {t}
+                else:
+                    got.add(t)
+        row = self.table[q]
+        row[:] = 0
+        if by_range:
+            ranges = sorted(by_range)
+            disjoint = all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+            if disjoint:
+                pieces = [(lo, hi + 1, by_range[(lo, hi)]) for lo, hi in ranges]
+            else:
+                cuts = sorted({lo for lo, _ in ranges} | {hi + 1 for _, hi in ranges})
+                at = {c: i for i, c in enumerate(cuts)}
+                cover: list = [None] * (len(cuts) - 1)
+                for lo, hi in ranges:
+                    ts = by_range[(lo, hi)]
+                    for i in range(at[lo], at[hi + 1]):
+                        if cover[i] is None:
+                            cover[i] = set(ts)
+                        else:
+                            cover[i] |= ts
+                pieces = [(cuts[i], cuts[i + 1], ts) for i, ts in enumerate(cover) if ts]
+            move, intern, closure = self._move, self._intern, self._closure_of
+            for a, b, ts in pieces:
+                targets = tuple(sorted(ts))
+                r = move.get(targets)
                 if r is None:
-                    r = self._move[targets] = self._intern(self._closure_of(targets))
+                    r = move[targets] = intern(closure(targets))
+                    row = self.table[q]                     # the table may have grown
                 row[a:b] = r
-        self.table[q] = row
         self.computed[q] = True
 
 

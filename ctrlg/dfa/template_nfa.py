@@ -135,15 +135,21 @@ class TemplateNFA(ByteNFA):
             raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
         self.has_empty |= has_empty
 
-        def m(x):
-            return start if x == 0 else end if x == 1 else base + x
-        self.edges[start].extend([(lo, hi, m(t)) for lo, hi, t in edges[0]])
-        self.eps[start].extend([m(t) for t in eps[0]])
-        self.edges[end].extend([(lo, hi, m(t)) for lo, hi, t in edges[1]])
-        self.eps[end].extend([m(t) for t in eps[1]])
-        for x in (0, 1):
-            if x in notes:
-                self.counted.setdefault(m(x), []).extend(notes[x])
+        # renaming inlined (0 -> start, 1 -> end, x -> base + x)
+        if edges[0]:
+            self.edges[start].extend([(lo, hi, base + t if t > 1 else end if t else start)
+                                      for lo, hi, t in edges[0]])
+        if eps[0]:
+            self.eps[start].extend([base + t if t > 1 else end if t else start for t in eps[0]])
+        if edges[1]:
+            self.edges[end].extend([(lo, hi, base + t if t > 1 else end if t else start)
+                                    for lo, hi, t in edges[1]])
+        if eps[1]:
+            self.eps[end].extend([base + t if t > 1 else end if t else start for t in eps[1]])
+        if notes:
+            for x, y in ((0, start), (1, end)):
+                if x in notes:
+                    self.counted.setdefault(y, []).extend(notes[x])
         if inner:
             self._blocks.append((base + 2, tmpl, start, end))
             self.edges.extend([None] * inner)
@@ -155,11 +161,10 @@ class TemplateNFA(ByteNFA):
         first, (inner, edges, eps, _, _), start, end = self._blocks[k]
         base = first - 2
 
-        def m(x):
-            return start if x == 0 else end if x == 1 else base + x
-        local = s - base
-        self.edges[s] = [(lo, hi, m(t)) for lo, hi, t in edges[local]]
-        self.eps[s] = [m(t) for t in eps[local]]
+        local = s - base         # renaming inlined (0 -> start, 1 -> end, x -> base + x)
+        self.edges[s] = [(lo, hi, base + t if t > 1 else end if t else start)
+                         for lo, hi, t in edges[local]]
+        self.eps[s] = [base + t if t > 1 else end if t else start for t in eps[local]]
 
     def _block_starts(self) -> list:
         if len(self._starts) != len(self._blocks):
