@@ -263,3 +263,70 @@ def test_shared_group_parser_on_schema_regexes():
             except ValueError:
                 continue
         assert parse(text) == regex_syntax.parse(text), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_byte_rows_are_the_subset_construction(data):
+    """LazyByteDFA's rows against the textbook subset construction, byte by byte, on random
+    ε-NFAs whose edges carry overlapping byte ranges (the sweep) or disjoint ones (the fast
+    path): every reachable subset's successor on every byte of a small alphabet."""
+    from ctrlg.dfa.bytes_dfa import ByteNFA
+    from ctrlg.dfa.lazy import LazyByteDFA
+
+    n = data.draw(st.integers(2, 7))
+    nfa = ByteNFA()
+    for _ in range(n):
+        nfa.add_state()
+    ranges = st.tuples(st.integers(97, 101), st.integers(0, 2)).map(lambda t: (t[0], t[0] + t[1]))
+    for s in range(n):
+        for lo, hi in data.draw(st.lists(ranges, max_size=3)):
+            nfa.edges[s].append((lo, hi, data.draw(st.integers(0, n - 1))))
+        nfa.eps[s].extend(data.draw(st.lists(st.integers(0, n - 1), max_size=2)))
+    accept = n - 1
+
+    def closure(states):
+        seen, stack = set(states), list(states)
+        while stack:
+            for t in nfa.eps[stack.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        return frozenset(seen)
+
+    live = [bool(x) for x in __import__("ctrlg.dfa.lazy", fromlist=["_nfa_live"])._nfa_live(
+        nfa, accept, n)]
+
+    def live_part(S):
+        return frozenset(x for x in S if live[x])
+
+    b = LazyByteDFA(nfa, 0, accept)
+    start = live_part(closure([0])) if live[0] else frozenset()
+    todo, seen = [(start, b.initial)], {start}
+    while todo:
+        S, q = todo.pop()
+        assert (q == DEAD) == (not S)
+        if q == DEAD:
+            continue
+        assert bool(b.accepting[q]) == (accept in S)
+        row = b.row(q)
+        for byte in range(95, 104):
+            T = live_part(closure({t for x in S for lo, hi, t in nfa.edges[x] if lo <= byte <= hi}))
+            r = int(row[byte])
+            assert (r == DEAD) == (not T), (S, byte)
+            if T:
+                assert set(b._sets[r]) == set(T)
+                assert b.run_bytes(q, bytes([byte])) == r
+            if T not in seen:
+                seen.add(T)
+                todo.append((T, r))
+    fresh = LazyByteDFA(nfa, 0, accept)          # run_bytes without rows: the per-byte step
+    for word in data.draw(st.lists(st.binary(min_size=1, max_size=4).map(
+            lambda w: bytes(97 + x % 6 for x in w)), max_size=5)):
+        S, q = start, fresh.initial
+        for byte in word:
+            S = live_part(closure({t for x in S for lo, hi, t in nfa.edges[x] if lo <= byte <= hi}))
+        q = fresh.run_bytes(q, word) if q != DEAD else DEAD
+        assert (q == DEAD) == (not S)
+        if S:
+            assert set(fresh._sets[q]) == set(S)
