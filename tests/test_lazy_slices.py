@@ -272,3 +272,22 @@ def test_class_slice_masks_in_any_order(tiny):
         expect = np.zeros(trie.vocab_size, dtype=bool)
         expect[sl.tokens[:sl.off[r]]] = True
         assert np.array_equal(sl.mask(r), expect), r
+
+
+def test_slice_caches_stay_bounded_and_exact(tiny, monkeypatch):
+    """A serving process meets schema after schema: the per-vocabulary slice caches and each
+    class slice's memoised masks are cleared when full, and masks rebuilt after a clear are the
+    same sets (tokens of need ≤ r)."""
+    monkeypatch.setattr(lazy_mod, "MAX_MASKS_PER_SLICE", 2)
+    monkeypatch.setattr(lazy_mod, "MAX_CACHED_SLICES", 3)
+    trie = vocab_trie(tiny)
+    sl = class_slice(trie, CharSet(((97, 122),)))
+    for r in [1, 3, 2, 5, 4, 1, len(sl.off) - 1]:
+        got = sl.mask(r)
+        want = np.zeros(trie.vocab_size, dtype=bool)
+        want[sl.tokens[:sl.off[r]]] = True
+        assert (got == want).all()
+        assert len(sl.masks) <= 2
+    for lo in range(97, 103):
+        class_slice(trie, CharSet(((lo, lo + 3),)))
+        assert len(lazy_mod._CLASS_SLICES[trie]) <= 3

@@ -69,6 +69,10 @@ MAX_LAZY_STATES = 2_000_000
 #: a loop byte set is sliced (its tokens found once per vocabulary) when it spells at least
 #: this fraction of the vocabulary
 SLICE_MIN_FRACTION = 1 / 16
+#: loop slices and class slices kept per vocabulary at most, and memoised masks (V bytes each)
+#: per class slice (a serving process meets schema after schema: its caches stay bounded)
+MAX_CACHED_SLICES = 128
+MAX_MASKS_PER_SLICE = 32
 _STACK_PER_DEPTH = 256
 
 
@@ -519,6 +523,8 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
         starts = trie.tok_ptr[inner]
         idx = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         tokens = np.sort(trie.node_tokens[idx]).astype(np.int64)
+        if len(memo) >= MAX_CACHED_SLICES:        # a long-lived process meets many loops:
+            memo.clear()                          # bounded (recomputed on demand)
         got = memo[key] = (tokens, trie.child_byte[exits].astype(np.int64),
                            trie.child_node[exits].astype(np.int64))
     return got
@@ -571,6 +577,8 @@ class ClassSlice(NamedTuple):
                 lo, hi = sorted((int(self.off[near]), int(self.off[r])))
                 got[self.tokens[lo:hi]] = near < r
             got.setflags(write=False)
+            if len(self.masks) >= MAX_MASKS_PER_SLICE:
+                self.masks.clear()
             self.masks[r] = got
         return got
 
@@ -642,6 +650,8 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
     tokens, tneed = tokens[order], tneed[order]
     top = int(tneed[-1]) if len(tneed) else 0
     off = np.searchsorted(tneed, np.arange(top + 1), side="right").astype(np.int64)
+    if len(memo) >= MAX_CACHED_SLICES:
+        memo.clear()
     got = memo[cls.ranges] = ClassSlice(tokens, off, prune.astype(np.int32),
                                         trie.vocab_size, {})
     return got
