@@ -2,15 +2,20 @@
 
     nice -n 10 python -m benchmarks.bench_jsonschemabench --data /path/to/jsonschemabench/data \\
         [--per-category 30] [--seed 0] [--timeout 30] [--walks 3] [--budget 512] [--jobs 1]
+        [--isolation fork|server] [--outlines-compile-only]
         [--failures-of benchmarks/results/<earlier run>.json]
 
 Reads a local checkout of guidance-ai/jsonschemabench (``data/<category>/*.json``; not part of
 this repository) and takes every schema, or a seeded sample of ``--per-category`` schemas of
-each category. Each engine runs in one long-lived process that loaded the SmolLM2 tokenizer
-(and each library's vocabulary object, :func:`benchmarks.bench_regex._setup`) once; every
-schema runs in a child forked from it, killed after ``--timeout`` seconds (a timeout), whose
-exceptions are refusals (``ValueError`` and the libraries' own errors) or crashes (anything
-else, or a dead child).
+each category. One process loads the SmolLM2 tokenizer (and each library's vocabulary object,
+:func:`benchmarks.bench_regex._setup`) once. With ``--isolation fork`` (the default) every
+schema and engine runs in a child forked from it: a cold process, with no cache or freed memory
+left by an earlier schema (its first allocations are page faults). With ``--isolation server``
+each engine runs in one long-lived child per job (:class:`EngineServer`) that takes schema
+after schema, as a serving process (or MaskBench's single process) does: caches shared across
+schemas stay warm. Either way a schema is killed after ``--timeout`` seconds (a timeout; a
+server is then restarted), and its exceptions are refusals (``ValueError`` and the libraries'
+own errors) or crashes (anything else, or a dead child).
 
 * **ctrlg**: ``dfa.json_schema(schema, tokenizer)`` (a TokenDFA, or a grammar constraint for a
   recursive schema); compile time, states (of the regular automaton A). Then ``--walks``
@@ -357,6 +362,9 @@ def run_outlines(schema, ctx, args, seed, emit):
     t0 = time.perf_counter()
     index = ctx.Index(build_regex_from_schema(json.dumps(schema)), ctx.oc_vocab)
     emit({"status": "compiled", "compile_s": time.perf_counter() - t0})
+    if args.outlines_compile_only:      # its masks (~2 ms each) would dominate a large run
+        emit({"status": "ok", "walks": "skipped"})
+        return
     check = checker(schema)
 
     def mask_of(s):
@@ -625,6 +633,9 @@ def main(argv=None):
     p.add_argument("--failures-of", type=Path, default=None,
                    help="a previous result JSON: run only the schemas (of this sample) that ctrlg "
                         "refused or crashed on there")
+    p.add_argument("--outlines-compile-only", action="store_true",
+                   help="outlines-core: time the compile only, no walks (its masks take ~2 ms "
+                        "each, so its walks dominate a run over thousands of schemas)")
     p.add_argument("--isolation", choices=("fork", "server"), default="fork",
                    help="fork: every schema in a fresh child forked from the set-up process "
                         "(cold: no cache or freed memory of an earlier schema); server: each "
