@@ -68,22 +68,8 @@ def run_forked(fn, timeout: float, memory_gb: float = 8.0) -> dict:
     pid = os.fork()
     if pid == 0:                                   # child
         os.close(r)
-        try:
-            limit = int(memory_gb * (1 << 30))
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        except (ValueError, OSError):
-            pass
-        out = os.fdopen(w, "w")
-
-        def emit(d):
-            out.write(json.dumps(d) + "\n")
-            out.flush()
-        try:
-            fn(emit)
-        except ValueError as exc:
-            emit({"status": "refused", "error": f"{type(exc).__name__}: {exc}"[:400]})
-        except BaseException as exc:  # noqa: BLE001 - a crash is a result
-            emit({"status": "crash", "error": f"{type(exc).__name__}: {exc}"[:400]})
+        out, emit = _child_output(w, memory_gb)
+        _run_reporting(fn, emit)
         out.close()
         os._exit(0)
     os.close(w)
@@ -110,12 +96,42 @@ def run_forked(fn, timeout: float, memory_gb: float = 8.0) -> dict:
             merged.update(json.loads(line))
         except json.JSONDecodeError:
             pass
+    return _final_status(merged, timed_out)
+
+
+def _child_output(fd: int, memory_gb: float):
+    """In a forked child: cap its address space, and ``(file, emit)`` writing JSON lines to
+    ``fd``."""
+    try:
+        limit = int(memory_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ValueError, OSError):
+        pass
+    out = os.fdopen(fd, "w")
+
+    def emit(d):
+        out.write(json.dumps(d) + "\n")
+        out.flush()
+    return out, emit
+
+
+def _run_reporting(fn, emit) -> None:
+    """``fn(emit)``, its exceptions emitted as a refusal (ValueError) or a crash."""
+    try:
+        fn(emit)
+    except ValueError as exc:
+        emit({"status": "refused", "error": f"{type(exc).__name__}: {exc}"[:400]})
+    except BaseException as exc:  # noqa: BLE001 - a crash is a result
+        emit({"status": "crash", "error": f"{type(exc).__name__}: {exc}"[:400]})
+
+
+def _final_status(merged: dict, timed_out: bool) -> dict:
     if timed_out:
         merged["timed_out"] = True
         merged.setdefault("status", "timeout")
         if merged["status"] == "compiled":
             merged["status"] = "ok"            # compiled; the walks ran out of time
-    merged.setdefault("status", "crash")
+    merged.setdefault("status", "crash")       # no status: the child died
     return merged
 
 
@@ -138,27 +154,16 @@ class EngineServer:
         if pid == 0:                                   # the server: run schemas until EOF
             os.close(task_w)
             os.close(out_r)
-            try:
-                limit = int(self.memory_gb * (1 << 30))
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            except (ValueError, OSError):
-                pass
-            out = os.fdopen(out_w, "w")
-
-            def emit(d):
-                out.write(json.dumps(d) + "\n")
-                out.flush()
+            _, emit = _child_output(out_w, self.memory_gb)
             ctx, args = _WORKER["ctx"], _WORKER["args"]
             runner = RUNNERS[self.engine]
             for line in os.fdopen(task_r, "r"):
                 task = json.loads(line)
-                try:
+
+                def one(emit, task=task):
                     schema = json.loads((args.data / task["cat"] / task["name"]).read_text())
                     runner(schema, ctx, args, args.seed + task["k"], emit)
-                except ValueError as exc:
-                    emit({"status": "refused", "error": f"{type(exc).__name__}: {exc}"[:400]})
-                except BaseException as exc:  # noqa: BLE001 - a crash is a result
-                    emit({"status": "crash", "error": f"{type(exc).__name__}: {exc}"[:400]})
+                _run_reporting(one, emit)
                 emit({"__done__": True})
             os._exit(0)
         os.close(task_r)
@@ -194,13 +199,7 @@ class EngineServer:
                     break
                 self.buf += chunk
         self.stop(kill=True)
-        if timed_out:
-            merged["timed_out"] = True
-            merged.setdefault("status", "timeout")
-            if merged["status"] == "compiled":
-                merged["status"] = "ok"            # compiled; the walks ran out of time
-        merged.setdefault("status", "crash")
-        return merged
+        return _final_status(merged, timed_out)
 
     def stop(self, kill: bool = False):
         if self.pid is None:
