@@ -145,7 +145,6 @@ class EngineServer:
     def __init__(self, engine: str, timeout: float, memory_gb: float = 8.0):
         self.engine, self.timeout, self.memory_gb = engine, timeout, memory_gb
         self.pid = None
-        self.restarts = 0
 
     def _start(self):
         task_r, task_w = os.pipe()
@@ -185,8 +184,7 @@ class EngineServer:
                 except json.JSONDecodeError:
                     continue
                 if d.get("__done__"):
-                    merged.setdefault("status", "crash")
-                    return merged
+                    return _final_status(merged, timed_out=False)
                 merged.update(d)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -210,7 +208,6 @@ class EngineServer:
         os.close(self.out_r)
         os.waitpid(self.pid, 0)
         self.pid = None
-        self.restarts += kill
 
 
 # ---------------------------------------------------------------------- checking documents

@@ -523,10 +523,9 @@ def loop_slice(trie: VocabTrie, loop_bytes: np.ndarray):
         starts = trie.tok_ptr[inner]
         idx = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         tokens = np.sort(trie.node_tokens[idx]).astype(np.int64)
-        if len(memo) >= MAX_CACHED_SLICES:        # a long-lived process meets many loops:
-            memo.clear()                          # bounded (recomputed on demand)
-        got = memo[key] = (tokens, trie.child_byte[exits].astype(np.int64),
-                           trie.child_node[exits].astype(np.int64))
+        got = _bounded_put(memo, key, (tokens, trie.child_byte[exits].astype(np.int64),
+                                        trie.child_node[exits].astype(np.int64)),
+                           MAX_CACHED_SLICES)
     return got
 
 
@@ -541,6 +540,15 @@ COUNTED_MIN_BYTES = 8
 #: ... and a repetition this many copies left (tokens of one or two characters of a class are
 #: too few to pay for the class's slice)
 COUNTED_MIN_COPIES = 3
+
+
+def _bounded_put(memo: dict, key, value, cap: int):
+    """``memo[key] = value``, emptying ``memo`` first when it holds ``cap`` entries (a cache
+    that a long-lived process fills schema after schema; entries are recomputed on demand)."""
+    if len(memo) >= cap:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 class ClassSlice(NamedTuple):
@@ -577,9 +585,7 @@ class ClassSlice(NamedTuple):
                 lo, hi = sorted((int(self.off[near]), int(self.off[r])))
                 got[self.tokens[lo:hi]] = near < r
             got.setflags(write=False)
-            if len(self.masks) >= MAX_MASKS_PER_SLICE:
-                self.masks.clear()
-            self.masks[r] = got
+            _bounded_put(self.masks, r, got, MAX_MASKS_PER_SLICE)
         return got
 
 
@@ -650,10 +656,8 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
     tokens, tneed = tokens[order], tneed[order]
     top = int(tneed[-1]) if len(tneed) else 0
     off = np.searchsorted(tneed, np.arange(top + 1), side="right").astype(np.int64)
-    if len(memo) >= MAX_CACHED_SLICES:
-        memo.clear()
-    got = memo[cls.ranges] = ClassSlice(tokens, off, prune.astype(np.int32),
-                                        trie.vocab_size, {})
+    got = _bounded_put(memo, cls.ranges, ClassSlice(tokens, off, prune.astype(np.int32),
+                                                    trie.vocab_size, {}), MAX_CACHED_SLICES)
     return got
 
 

@@ -173,10 +173,7 @@ class LazyThompsonNFA(TemplateNFA):
         while todo:
             node, end = todo.pop()
             if isinstance(node, CharSet):
-                if node.ranges[-1][1] < 0x80:     # ASCII: one byte edge per range (what
-                    self.edges[s].extend([(lo, hi, end) for lo, hi in node.ranges])  # the
-                else:                             # template of an ASCII class holds)
-                    self._instantiate(self._template(node), s, end)
+                self._class(node, s, end)
             elif isinstance(node, (Concat, _Tail)):
                 items, i = (node.items, 0) if isinstance(node, Concat) else (node.items, node.i)
                 if i == len(items):

@@ -58,7 +58,7 @@ class TemplateNFA(ByteNFA):
 
     def build(self, node: Node, start: int, end: int) -> None:
         if isinstance(node, CharSet):
-            self._instantiate(self._template(node), start, end)
+            self._class(node, start, end)
         elif isinstance(node, Repeat) and (node.max is None or node.max) and \
                 (node.min + (0 if node.max is None else node.max - node.min)) >= 2:
             tmpl = self._template(node.item)
@@ -79,6 +79,14 @@ class TemplateNFA(ByteNFA):
                          self._noting(node, lambda s, e: self.build(node.item, s, e)))
         else:
             super().build(node, start, end)
+
+    def _class(self, node: CharSet, start: int, end: int) -> None:
+        """A char set between ``start`` and ``end``: an ASCII class as one byte edge per range
+        (all its template would hold), any other from its UTF-8 template."""
+        if node.ranges and node.ranges[-1][1] < 0x80:
+            self.edges[start].extend([(lo, hi, end) for lo, hi in node.ranges])
+        else:
+            self._instantiate(self._template(node), start, end)
 
     def _noting(self, node: Repeat, item):
         """``item`` (wires one copy of ``node.item``), also recording in :attr:`counted` the
@@ -135,17 +143,11 @@ class TemplateNFA(ByteNFA):
             raise RegexError(f"regex automaton exceeds {MAX_LAZY_NFA_STATES:,} NFA states")
         self.has_empty |= has_empty
 
-        # renaming inlined (0 -> start, 1 -> end, x -> base + x)
-        if edges[0]:
-            self.edges[start].extend([(lo, hi, base + t if t > 1 else end if t else start)
-                                      for lo, hi, t in edges[0]])
-        if eps[0]:
-            self.eps[start].extend([base + t if t > 1 else end if t else start for t in eps[0]])
-        if edges[1]:
-            self.edges[end].extend([(lo, hi, base + t if t > 1 else end if t else start)
-                                    for lo, hi, t in edges[1]])
-        if eps[1]:
-            self.eps[end].extend([base + t if t > 1 else end if t else start for t in eps[1]])
+        for x, y in ((0, start), (1, end)):
+            if edges[x]:
+                self.edges[y].extend(_renamed_edges(edges[x], base, start, end))
+            if eps[x]:
+                self.eps[y].extend(_renamed(eps[x], base, start, end))
         if notes:
             for x, y in ((0, start), (1, end)):
                 if x in notes:
@@ -161,10 +163,9 @@ class TemplateNFA(ByteNFA):
         first, (inner, edges, eps, _, _), start, end = self._blocks[k]
         base = first - 2
 
-        local = s - base         # renaming inlined (0 -> start, 1 -> end, x -> base + x)
-        self.edges[s] = [(lo, hi, base + t if t > 1 else end if t else start)
-                         for lo, hi, t in edges[local]]
-        self.eps[s] = [base + t if t > 1 else end if t else start for t in eps[local]]
+        local = s - base
+        self.edges[s] = _renamed_edges(edges[local], base, start, end)
+        self.eps[s] = _renamed(eps[local], base, start, end)
 
     def _block_starts(self) -> list:
         if len(self._starts) != len(self._blocks):
@@ -265,6 +266,17 @@ class TemplateNFA(ByteNFA):
         for s, e in enumerate(self.edges):
             if e is None:
                 self._resolve(s)
+
+
+def _renamed(targets: list, base: int, start: int, end: int) -> list:
+    """Template-local state ids as a copy's: 0 → ``start``, 1 → ``end``, x → ``base + x``
+    (written out inline: it runs once per edge of every state the subset construction meets)."""
+    return [base + t if t > 1 else end if t else start for t in targets]
+
+
+def _renamed_edges(edges: list, base: int, start: int, end: int) -> list:
+    """:func:`_renamed` on the targets of ``(lo, hi, target)`` edges."""
+    return [(lo, hi, base + t if t > 1 else end if t else start) for lo, hi, t in edges]
 
 
 def _item_class(item: Node) -> CharSet | None:
