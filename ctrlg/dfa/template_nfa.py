@@ -230,6 +230,12 @@ class TemplateNFA(ByteNFA):
         lo, hi, d = self.regions[k]
         if not lo <= y < hi:
             return MAX_LAZY_NFA_STATES if self.translates(k, y) else 0
+        got = self._runs.get((k, y))
+        if got is not None:
+            return got
+        blk = self._block_index(y)
+        if blk is not None:          # an inner state of a copy: its block's run
+            return self._block_run(k, blk)
         chain = []
         x = y
         while (k, x) not in self._runs:
@@ -243,6 +249,44 @@ class TemplateNFA(ByteNFA):
             n += 1
             self._runs[(k, x)] = n
         return self._runs[(k, y)]
+
+    def _block_index(self, s: int):
+        """The index in ``_blocks`` of the block whose inner states hold ``s``, or None."""
+        if not self._blocks or s < self._blocks[0][0]:
+            return None
+        i = bisect.bisect_right(self._block_starts(), s) - 1
+        blk = self._blocks[i]
+        return i if s < blk[0] + blk[1][0] else None
+
+    def _block_run(self, k: int, i: int) -> int:
+        """:meth:`run_of` of every inner state of block ``i`` at once: :meth:`translates`
+        holds at an inner state exactly when the block ``d`` later is a copy of the same
+        template between ``σ(start)`` and ``σ(end)`` (:meth:`_check_translates`), which does
+        not depend on the state's place in the block, so the run is counted block by block
+        (memoised per block; a region's copies are consecutive blocks)."""
+        lo, hi, d = self.regions[k]
+        memo = self._runs
+        chain = []
+        while (k, "b", i) not in memo:
+            f1, t1, s1, e1 = self._blocks[i]
+            y2 = f1 + d
+            j = self._block_index(y2) if y2 + t1[0] <= hi else None
+            ok = False
+            if j is not None:
+                f2, t2, s2, e2 = self._blocks[j]
+                ok = t1 is t2 and f2 == y2 and lo <= f1 and \
+                    s2 == (s1 + d if lo <= s1 < hi else s1) and \
+                    e2 == (e1 + d if lo <= e1 < hi else e1)
+            if not ok:
+                memo[(k, "b", i)] = 0
+                break
+            chain.append(i)
+            i = j
+        n = memo[(k, "b", i)]
+        for x in reversed(chain):
+            n += 1
+            memo[(k, "b", x)] = n
+        return n
 
     def _block_of(self, s: int):
         """The block ``(first, template, start, end)`` whose inner states hold ``s``, or None."""
