@@ -6,6 +6,7 @@ below, around and above the vocabulary's longest token, over the tiny BPE vocabu
 SmolLM2 vocabulary."""
 
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -280,6 +281,7 @@ def test_slice_caches_stay_bounded_and_exact(tiny, monkeypatch):
     same sets (tokens of need ≤ r)."""
     monkeypatch.setattr(lazy_mod, "MAX_MASKS_PER_SLICE", 2)
     monkeypatch.setattr(lazy_mod, "MAX_CACHED_SLICES", 3)
+    monkeypatch.setattr(lazy_mod, "_CLASS_SLICES", weakref.WeakKeyDictionary())
     trie = vocab_trie(tiny)
     sl = class_slice(trie, CharSet(((97, 122),)))
     for r in [1, 3, 2, 5, 4, 1, len(sl.off) - 1]:
@@ -291,3 +293,151 @@ def test_slice_caches_stay_bounded_and_exact(tiny, monkeypatch):
     for lo in range(97, 103):
         class_slice(trie, CharSet(((lo, lo + 3),)))
         assert len(lazy_mod._CLASS_SLICES[trie]) <= 3
+
+
+def _walked(lazy, rng, walks, steps):
+    """The states of ``walks`` uniform random walks of at most ``steps`` tokens."""
+    states = set()
+    for _ in range(walks):
+        q = lazy.initial
+        for _ in range(steps):
+            states.add(q)
+            ids = np.flatnonzero(lazy.mask(q))
+            if not len(ids):
+                break
+            q = lazy.step(q, int(ids[rng.integers(len(ids))]))
+    return states
+
+
+def _assert_rows_are_the_subset_construction(lazy):
+    """Every built row (translated ones included) equals the subset construction's row of the
+    same NFA subset (rebuilt here; subsets are interned, so equal rows have equal ids)."""
+    b = lazy.bdfa
+    built = [q for q in range(2, b.num_states) if b.computed[q]]
+    rows = {q: b.table[q].copy() for q in built}
+    for q in built:
+        b._subset_row(q)
+        assert np.array_equal(b.table[q], rows[q]), (q, sorted(b._sets[q]))
+    return len(built)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_translated_rows_are_the_subset_construction(tiny, tiny_max_len, data):
+    """Rows moved along a counter (:meth:`LazyByteDFA._translated_row`) are exactly the rows
+    the subset construction builds, and the masks over them match the eager automaton's."""
+    pattern = data.draw(st.sampled_from(_counted_patterns(tiny_max_len) + [
+        r'"[^"\\]{0,60}", ?[0-9]', r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]){3,50}"',
+        r"[a-z ]{0,40}\.(?:[a-z]{0,3},){0,2}", r"[ -~éα-ω]{5,45}(?:\n|yz)",
+        r'(?:"[a-z]{0,30}"|"ab[a-z]{0,3}x")', r"(?:ab|[a-z]){3,40}c"]))
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny, minimize=False)
+    masks = TokenMasks(eager)
+    seed = data.draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=60)
+    _assert_rows_are_the_subset_construction(lazy)
+
+
+def test_translated_rows_are_used(tiny):
+    lazy = lazy_regex(r'"[^"\\]{0,60}", ?[0-9]', tiny)
+    _walked(lazy, np.random.default_rng(1), 6, 60)
+    assert lazy.bdfa.translated_rows > 10
+    assert _assert_rows_are_the_subset_construction(lazy) > lazy.bdfa.translated_rows
+
+
+@pytest.mark.parametrize("max_len", [100, 300])
+def test_smollm2_translated_rows(smollm2_tokenizer, max_len):
+    """The real vocabulary, a JSON string of at most 100 / 300 characters: the rows moved
+    along the counter are the subset construction's, and the masks match the eager ones."""
+    trie = vocab_trie(smollm2_tokenizer)
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": max_len},
+        "n": {"type": "integer"}}, "required": ["name", "n"], "additionalProperties": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lazy = dfa.lazy_json_schema(schema, trie)
+        eager = dfa.json_schema(schema, trie, minimize=False) if max_len <= 100 else None
+    rng = np.random.default_rng(max_len)
+    if eager is not None:
+        masks = TokenMasks(eager, max_table_bytes=0)
+        for _ in range(3):
+            _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=60)
+    else:
+        _walked(lazy, rng, 3, 120)
+    assert lazy.bdfa.translated_rows > 0
+    _assert_rows_are_the_subset_construction(lazy)
+
+
+def _pure_class_tokens(trie, cls):
+    """``{token: need}`` of the tokens spelled by a string of ``Pref(C*)``."""
+    sl = class_slice(trie, cls)
+    return {int(t): k for k in range(len(sl.off))
+            for t in sl.tokens[(sl.off[k - 1] if k else 0):sl.off[k]]}
+
+
+@pytest.mark.parametrize("pattern", [r'"[^"\\]{0,40}", ?[0-9]',
+                                     r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]){2,30}"',
+                                     r"(?:ab|[a-c]){0,20}!", r"[a-z ]{0,25}[a-z0-9]*\.",
+                                     r"(?:[a-z ]{1,12},){0,3}\.", r"[ éα-ω]{0,20}(?:x|yz)"])
+def test_class_depth_bounds_the_live_need(tiny, pattern):
+    """:meth:`LazyByteDFA.class_depth`: wherever it gives a bound ``D``, no token of
+    ``Pref(C*)`` with need above ``D`` is live (brute force: the token's bytes run through the
+    automaton), for every class noted in the state; and the masks that use it (near a
+    counter's end) equal the eager automaton's."""
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny, minimize=False)
+    masks = TokenMasks(eager)
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=40)
+    trie = vocab_trie(tiny)
+    b = lazy.bdfa
+    bounded = 0
+    for q in range(2, b.num_states):
+        classes = {cls for s in b._sets[q] for cls, _ in b.notes_of(s)}
+        for cls in classes:
+            D = b.class_depth(q, cls, 40)
+            if D is None:
+                continue
+            bounded += 1
+            for t, need in _pure_class_tokens(trie, cls).items():
+                if need > D:
+                    assert b.run_bytes(q, bytes(trie.token_bytes[t])) == 0, (q, t, need, D)
+    if "*" not in pattern:
+        assert bounded > 0
+
+
+def test_depth_pruned_masks_are_used_and_exact(tiny, tiny_max_len, monkeypatch):
+    """Near a counter's end the walk skips every subtrie of ``Pref(C*)`` tokens (limit
+    ``_PRUNE_NEVER - 1`` below the longest token's need); the masks are the full walk's."""
+    pattern = rf'"[^"\\]{{0,{tiny_max_len + 6}}}", ?[0-9]'
+    lazy = lazy_regex(pattern, tiny)
+    states = set()
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        q = lazy.initial
+        for _ in range(40):
+            states.add(q)
+            ids = np.flatnonzero(lazy.mask(q))
+            if not len(ids):
+                break
+            q = lazy.step(q, int(ids[rng.integers(len(ids))]))
+    pruned = [q for q in states if q > 1 and (got := lazy._counted_slice(q)) is not None
+              and got[2] == _PRUNE_NEVER - 1 and got[0].sum() < len(class_slice(
+                  vocab_trie(tiny), CharSet(((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)))).tokens)]
+    assert pruned
+    monkeypatch.setattr(lazy_mod.LazyTokenDFA, "_counted_slice", lambda self, q: None)
+    for q in states:
+        if q in (0, 1):
+            continue
+        plain = np.zeros(lazy.vocab_size, dtype=bool)
+        tok, _, loop = lazy._expand(q)
+        plain[tok] = True
+        if loop is not None:
+            plain[loop] = True
+        if lazy.eos_token_id is not None:
+            plain[lazy.eos_token_id] = bool(lazy.bdfa.accepting[q])
+        assert np.array_equal(lazy.mask(q), plain), q

@@ -257,6 +257,15 @@ class LazyByteDFA:
         # collector after its first pass (frozensets stay tracked, and every collection walks
         # their elements: with thousands of large subsets alive, a young-generation collection
         # cost ~70 µs and an older one ~0.5 ms, inside the masks that triggered them)
+        #: translated rows (:meth:`_translated_row`): translation key -> row base; the
+        #: translation key of each state looked up so far; class depths and one-character
+        #: steps (:meth:`class_depth`), per class
+        self._row_bases: dict = {}
+        self._keys: dict = {}
+        self._depths: dict = {}
+        self._class_steps: dict = {}
+        #: rows built by translation (a count, for profiling and tests)
+        self.translated_rows = 0
         self._closure: dict[int, tuple] = {}
         self._index: dict[tuple, int] = {}
         self._sets: list[tuple] = []
@@ -366,6 +375,192 @@ class LazyByteDFA:
                 self._build_row(int(q))
 
     def _build_row(self, q: int) -> None:
+        if self._nfa is not None and self._nfa.regions:
+            if self._translated_row(q):
+                return
+            self._subset_row(q)
+            self._note_row_base(q)
+        else:
+            self._subset_row(q)
+
+    # ---------------------------------------------------------------- rows by translation
+    def translation_key(self, q: int):
+        """``(key, c)`` of state ``q`` when its NFA subset meets exactly one counted region
+        (:attr:`TemplateNFA.regions`), else None: ``c`` is the lowest copy index of the
+        subset's region states and ``key = (k, inside, outside)`` the subset with those moved
+        back by ``c`` copies (region ``k``'s states, relative to its start) and the others, so
+        two states with the same key differ by a translation ``σ^i`` (``i`` the difference of
+        their ``c``). Memoised per state while no region is added (an NFA built on demand adds
+        regions as it grows, and a state met before its region was added is looked at again)."""
+        nfa = self._nfa
+        regions, region_los = nfa.regions, nfa.region_los
+        memo = self._keys.get(q)
+        if memo is not None and (memo[0] is not None or memo[1] == len(regions)):
+            return memo[0]
+        S = self._sets[q]
+        got = None
+        if len(S) <= _MAX_TRANSLATED_SUBSET:     # larger: not a position inside a counter
+            k = -1
+            for y in S:
+                j = bisect.bisect_right(region_los, y) - 1
+                if j >= 0 and y < regions[j][1]:
+                    if k >= 0 and j != k:
+                        k = -2
+                        break
+                    k = j
+            if k >= 0:
+                lo, hi, d = regions[k]
+                inside = [y - lo for y in S if lo <= y < hi]
+                c = inside[0] // d                 # S is sorted
+                got = ((k, tuple([x - c * d for x in inside]),
+                        tuple([y for y in S if not lo <= y < hi])), c)
+        self._keys[q] = (got, len(regions))
+        return got
+
+    def _translated_row(self, q: int) -> bool:
+        """Build ``row(q)`` as the row of an earlier state ``p`` moved by ``σ^i``
+        (``S_q = σ^i(S_p)``: the same translation key, ``i > 0``), when ``i`` is at most
+        ``p``'s run (:meth:`_note_row_base`); False (nothing built) otherwise. Exact: every
+        NFA state ``y`` of ``S_p`` and of every target subset ``T = row(p)[b]`` has
+        ``edges(σ^j y) = σ(edges(σ^{j-1} y))`` and the same for ε-moves, ``j = 1..i``
+        (:meth:`TemplateNFA.run_of`), so ``move(S_q, b) = σ^i(move(S_p, b))`` and the
+        ε-closure of ``σ^i(M)`` is ``σ^i`` of that of ``M``: ``row(q)[b] = σ^i(T)``, the same
+        subsets the subset construction would intern."""
+        key = self.translation_key(q)
+        if key is None:
+            return False
+        base = self._row_bases.get(key[0])
+        if base is None:
+            return False
+        p, c0, run, parts, inverse = base
+        i = key[1] - c0
+        if not 0 < i <= run:
+            return False
+        shift = i * self._nfa.regions[key[0][0]][2]
+        ids = [self._intern(tuple(sorted([x + shift for x in inside] + outside)))
+               if inside is not None else DEAD for inside, outside in parts]
+        self.table[q] = np.asarray(ids, dtype=np.int32)[inverse]
+        self.computed[q] = True
+        self.translated_rows += 1
+        return True
+
+    def _note_row_base(self, q: int) -> None:
+        """Keep ``q`` (whose row was just built by the subset construction) as the base of
+        later rows of its translation key, with its *run*: the least
+        :meth:`TemplateNFA.run_of` over the NFA states of ``S_q`` and of its row's targets
+        (kept when it reaches further than the current base's)."""
+        key = self.translation_key(q)
+        if key is None:
+            return
+        (k, *_), c = key
+        old = self._row_bases.get(key[0])
+        if old is not None and old[2] - (c - old[1]) > 0:
+            return
+        nfa = self._nfa
+        lo, hi, _ = nfa.regions[k]
+        run = MAX_LAZY_NFA_STATES
+        for y in self._sets[q]:
+            run = min(run, nfa.run_of(k, y))
+            if run == 0:
+                return
+        uniq, inverse = np.unique(self.table[q], return_inverse=True)
+        parts = []
+        for t in uniq.tolist():
+            if t == DEAD:
+                parts.append((None, None))
+                continue
+            T = self._sets[t]
+            for y in T:
+                run = min(run, nfa.run_of(k, y))
+                if run == 0:
+                    return
+            parts.append(([y for y in T if lo <= y < hi], [y for y in T if not lo <= y < hi]))
+        if old is None or old[2] - (c - old[1]) < run:
+            self._row_bases[key[0]] = (q, c, run, parts, inverse.astype(np.int64))
+
+    # ---------------------------------------------------------------- class depth
+    def class_depth(self, q: int, cls: CharSet, cap: int):
+        """An upper bound ``D`` on the *need* (characters started, :class:`ClassSlice`) of
+        the strings of ``Pref(C*)`` that state ``q`` can read, when one ``≤ cap`` is found,
+        else None: every string of ``Pref(C*)`` of need greater than ``D`` is dead from ``q``.
+
+        By induction over the union of the NFA states a complete character of ``C`` can
+        lead to: ``D(X) = 0`` when no state of ``X`` reads a first byte of a character of
+        ``C``, else ``1 + D(R(X))`` with ``R(X)`` the ε-closure of every NFA state reached
+        from ``X`` by the bytes of one complete character of ``C`` (all characters at once:
+        the product with ``C``'s one-character byte DFA, :func:`_class_runs`). A string of
+        need ``> D(X)`` starts with a whole character (then its rest, of need ``> D(R(X))``,
+        must be read from a state of ``R(X)``) or is a cut first character (only when
+        ``D(X) = 0``, which reads none). ``R`` is computed over all edges (a superset of the
+        live ones), so the bound is sound. Memoised per NFA subset and class."""
+        memo = self._depths.setdefault(cls.ranges, {})   # exact D, or -(L+1): D > L
+        per_state = self._class_steps.setdefault(cls.ranges, {})
+        runs = _class_runs(cls)
+        chain: list = []       # X_0 = S_q, X_1 = R(X_0), ...: each reads a first byte
+        X = self._sets[q]
+        while True:
+            got = memo.get(X)
+            if got is not None and got >= 0:
+                base = got
+                break
+            low = -1 if got is None else -got - 1        # D(X) > low
+            if len(chain) + low >= cap or len(chain) > cap:   # D(S_q) > cap
+                n = len(chain)
+                for i, Y in enumerate(chain):
+                    bound = n - i + low                   # D(Y) > bound
+                    if memo.get(Y, -1) < 0 and -memo.get(Y, -1) - 1 < bound:
+                        memo[Y] = -(bound + 1)
+                return None
+            reads, R = False, set()
+            for y in X:          # paths from the states of X are independent: R is a union
+                got_y = per_state.get(y)
+                if got_y is None:
+                    got_y = per_state[y] = self._class_step(y, runs)
+                reads |= got_y[0]
+                R.update(got_y[1])
+            if not reads:
+                memo[X] = base = 0
+                break
+            chain.append(X)
+            X = tuple(sorted(R))
+        for Y in reversed(chain):
+            base += 1
+            memo[Y] = base
+        return base if base <= cap else None
+
+    def _class_step(self, y: int, runs) -> tuple:
+        """``(reads, R)``: whether NFA state ``y`` has an edge on a first byte of a character
+        of ``C``, and the ε-closure of the NFA states reached from ``y`` by the bytes of one
+        complete character of ``C`` (:meth:`class_depth`)."""
+        init, nexts, accepting, _ = runs
+        out: set = set()
+        cur = {init: (y,)}
+        reads = False
+        first = True
+        while cur:
+            nxt: dict = {}
+            for x, P in cur.items():
+                step = nexts[x]
+                for z in P:
+                    for lo, hi, t in self._edges_of(z):
+                        got = step.get((lo, hi))
+                        if got is None:
+                            got = step[(lo, hi)] = _class_targets(runs, x, lo, hi)
+                        for x2 in got:
+                            nxt.setdefault(x2, set()).add(t)
+            if first:
+                reads = bool(nxt)
+                first = False
+            cur = {}
+            for x2, T in nxt.items():
+                C = self._closure_of(T)
+                if accepting[x2]:
+                    out.update(C)
+                else:
+                    cur[x2] = C
+        return reads, tuple(sorted(out))
+
+    def _subset_row(self, q: int) -> None:
         """``row(q)``: the NFA edges of ``q``'s subset grouped by byte range; when the ranges
         are disjoint (the usual case) each range's targets are one transition, else the bytes
         are cut at every range boundary and each piece gets the targets of the ranges covering
@@ -540,6 +735,10 @@ COUNTED_MIN_BYTES = 8
 #: ... and a repetition this many copies left (tokens of one or two characters of a class are
 #: too few to pay for the class's slice)
 COUNTED_MIN_COPIES = 3
+#: ... and near a counter's end, at most this many copies left, the need bound of
+#: :meth:`LazyByteDFA.class_depth` is looked for (the walk would enter every subtrie with a
+#: token longer than the count)
+DEPTH_CHECK_COPIES = 16
 
 
 def _bounded_put(memo: dict, key, value, cap: int):
@@ -605,19 +804,8 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
     got = memo.get(cls.ranges)
     if got is not None:
         return got
-    nfa = ByteNFA()
-    s0, e0 = nfa.add_state(), nfa.add_state()
-    nfa._charset(cls, s0, e0)
-    cd = LazyByteDFA(nfa, s0, e0)
-    todo, seen = [cd.initial], {DEAD, cd.initial}
-    while todo:
-        for r in np.unique(cd.row(todo.pop())).tolist():
-            if r not in seen:
-                seen.add(r)
-                todo.append(r)
-    ctab = cd.table[:cd.num_states].astype(np.int64)
-    done_at = cd.accepting[:cd.num_states]
-    init = cd.initial
+    init, _, done_at, ctab = _class_runs(cls)       # C's one-character byte DFA
+    ctab = ctab.astype(np.int64)
     N = trie.num_nodes
     ptr, nch = trie.child_ptr, np.diff(trie.child_ptr)
     need = np.full(N, -1, dtype=np.int64)
@@ -659,6 +847,38 @@ def class_slice(trie: VocabTrie, cls: CharSet) -> ClassSlice:
     got = _bounded_put(memo, cls.ranges, ClassSlice(tokens, off, prune.astype(np.int32),
                                                     trie.vocab_size, {}), MAX_CACHED_SLICES)
     return got
+
+
+_CLASS_RUNS: dict = {}
+
+
+def _class_runs(cls: CharSet) -> tuple:
+    """``(initial, per-state memo dicts, accepting, table)`` of the one-character UTF-8 byte
+    DFA of char set ``cls`` (the subset construction of its byte-range trie, every state
+    built; :func:`_class_targets` reads its rows), memoised per class."""
+    got = _CLASS_RUNS.get(cls.ranges)
+    if got is None:
+        nfa = ByteNFA()
+        s0, e0 = nfa.add_state(), nfa.add_state()
+        nfa._charset(cls, s0, e0)
+        cd = LazyByteDFA(nfa, s0, e0)
+        todo, seen = [cd.initial], {DEAD, cd.initial}
+        while todo:
+            for r in np.unique(cd.row(todo.pop())).tolist():
+                if r not in seen:
+                    seen.add(r)
+                    todo.append(r)
+        n = cd.num_states
+        got = _bounded_put(_CLASS_RUNS, cls.ranges,
+                           (cd.initial, [dict() for _ in range(n)], cd.accepting[:n].copy(),
+                            cd.table[:n].copy()), MAX_CACHED_SLICES)
+    return got
+
+
+def _class_targets(runs: tuple, x: int, lo: int, hi: int) -> tuple:
+    """The states of a class DFA (:func:`_class_runs`) reached from ``x`` by a byte in
+    ``[lo, hi]``, dead excluded."""
+    return tuple(int(y) for y in np.unique(runs[3][x, lo:hi + 1]) if y != DEAD)
 
 
 # ---------------------------------------------------------------------- the token automaton
@@ -848,30 +1068,8 @@ class LazyTokenDFA:
 
     # ---------------------------------------------------------------- masks by translation
     def _translation_key(self, q: int):
-        """``(key, c)`` of ``q`` when its NFA subset meets exactly one counted region
-        (:attr:`TemplateNFA.regions`), else None: ``c`` is the lowest copy index of the subset's
-        region states and ``key`` the subset with those moved back by ``c`` copies, so two
-        states with the same key differ by a translation ``σ^i`` (``i`` the difference of
-        their ``c``)."""
-        b = self.bdfa
-        regions, region_los = b._nfa.regions, b._nfa.region_los
-        S = b._sets[q]
-        if len(S) > _MAX_TRANSLATED_SUBSET:       # not a position inside a counter: not worth it
-            return None
-        k = -1
-        for y in S:
-            j = bisect.bisect_right(region_los, y) - 1
-            if j >= 0 and y < regions[j][1]:
-                if k >= 0 and j != k:
-                    return None
-                k = j
-        if k < 0:
-            return None
-        lo, hi, d = regions[k]
-        inside = [y - lo for y in S if lo <= y < hi]
-        c = min(inside) // d
-        return (k, frozenset([x - c * d for x in inside]),
-                frozenset([y for y in S if not lo <= y < hi])), c
+        """:meth:`LazyByteDFA.translation_key` of ``q``."""
+        return self.bdfa.translation_key(q)
 
     def _translated_mask(self, q: int, key):
         """The mask of ``q`` read off an earlier state ``p`` with ``σ^i(S_p) = S_q`` (same
@@ -907,6 +1105,10 @@ class LazyTokenDFA:
         for p in visited:
             if p not in (DEAD, ENDED):
                 ys.update(b._sets[p])
+        lo, hi, _ = nfa.regions[k]
+        last = max((y for y in ys if lo <= y < hi), default=None)
+        if last is not None and nfa.run_of(k, last) == 0:   # the walk reached the last copy
+            return
         run = MAX_LAZY_NFA_STATES
         for y in ys:
             run = min(run, nfa.run_of(k, y))
@@ -922,25 +1124,45 @@ class LazyTokenDFA:
         and ``r`` copies still possible (:attr:`TemplateNFA.counted`) gives
         ``Pref(L(q)) ⊇ Pref(C^r)``, so every token spelled by a string of ``Pref(C^{≤r})``
         (:func:`class_slice`, tokens of need ≤ r) is allowed; the walk skips the subtries made
-        of such tokens only (``prune[node] <= r``) and finds the others as before."""
+        of such tokens only (``prune[node] <= r``) and finds the others as before. Near a
+        counter's end (``r`` below the longest token's need, at most
+        :data:`DEPTH_CHECK_COPIES`), when :meth:`LazyByteDFA.class_depth` shows that no string
+        of ``Pref(C*)`` of need above ``r`` is live from ``q``, the tokens of need ≤ r are
+        exactly the allowed tokens of ``Pref(C*)``: the walk then skips every subtrie made of
+        tokens of ``Pref(C*)`` (limit ``_PRUNE_NEVER - 1``), and a count below
+        :data:`COUNTED_MIN_COPIES` is used too."""
         notes_of = self.bdfa.notes_of
         if notes_of is None:
             return None
         best, best_count = None, max(int(SLICE_MIN_FRACTION * self.trie.vocab_size) - 1, 0)
         seen = set()
+        small = []
         for s in self.bdfa._sets[q]:
             for cls, r in notes_of(s):
-                if (cls, r) in seen or r is not None and r < COUNTED_MIN_COPIES:
+                if (cls, r) in seen:
                     continue
                 seen.add((cls, r))
+                if r is not None and r < COUNTED_MIN_COPIES:
+                    if r >= 1:
+                        small.append((r, cls))
+                    continue
                 sl = class_slice(self.trie, cls)
                 k = len(sl.off) - 1 if r is None else min(r, len(sl.off) - 1)
                 if sl.off[k] > best_count:
-                    best, best_count = (sl, k), int(sl.off[k])
+                    best, best_count = (sl, k, cls), int(sl.off[k])
         if best is None:
+            for r, cls in sorted(small, key=lambda x: -x[0]):
+                if self.bdfa.class_depth(q, cls, r) is not None:
+                    sl = class_slice(self.trie, cls)
+                    k = min(r, len(sl.off) - 1)
+                    return sl.mask(k), sl.prune, _PRUNE_NEVER - 1
             return None
-        sl, k = best
-        return sl.mask(k), sl.prune, (_PRUNE_NEVER - 1 if k == len(sl.off) - 1 else k)
+        sl, k, cls = best
+        if k == len(sl.off) - 1:
+            return sl.mask(k), sl.prune, _PRUNE_NEVER - 1
+        if k <= DEPTH_CHECK_COPIES and self.bdfa.class_depth(q, cls, k) is not None:
+            return sl.mask(k), sl.prune, _PRUNE_NEVER - 1
+        return sl.mask(k), sl.prune, k
 
     # ---------------------------------------------------------------- eager views
     def successors(self, state: int) -> np.ndarray:
