@@ -152,33 +152,44 @@ def test_counted_json_strings_match_the_eager_dfa(tiny, max_len):
         _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=80)
 
 
+def _walked(lazy, rng, walks, steps):
+    """The states of ``walks`` uniform random walks of at most ``steps`` tokens."""
+    states = set()
+    for _ in range(walks):
+        q = lazy.initial
+        for _ in range(steps):
+            states.add(q)
+            ids = np.flatnonzero(lazy.mask(q))
+            if not len(ids):
+                break
+            q = lazy.step(q, int(ids[rng.integers(len(ids))]))
+    return states
+
+
+def _plain_mask(lazy, q):
+    """The mask of live state ``q`` from :meth:`LazyTokenDFA._expand` (its loop slice, if
+    any, added; EOS where ``q`` accepts), built afresh rather than memoised."""
+    plain = np.zeros(lazy.vocab_size, dtype=bool)
+    tok, _, loop = lazy._expand(q)
+    plain[tok] = True
+    if loop is not None:
+        plain[loop] = True
+    if lazy.eos_token_id is not None:
+        plain[lazy.eos_token_id] = bool(lazy.bdfa.accepting[q])
+    return plain
+
+
 def test_counted_slice_off_matches_full_walk(tiny, tiny_max_len, monkeypatch):
     """Every state's mask is the same with and without counted slices."""
     pattern = rf'(?:"[^"\\]{{0,{tiny_max_len + 2}}}"|[a-z]{{2,{tiny_max_len - 1}}}) ?[0-9]{{0,3}}'
     with_slices = lazy_regex(pattern, tiny)
-    rng = np.random.default_rng(0)
-    states = set()
-    for _ in range(20):
-        q = with_slices.initial
-        for _ in range(30):
-            states.add(q)
-            ids = np.flatnonzero(with_slices.mask(q))
-            if not len(ids):
-                break
-            q = with_slices.step(q, int(ids[rng.integers(len(ids))]))
+    states = _walked(with_slices, np.random.default_rng(0), 20, 30)
     monkeypatch.setattr(lazy_mod.LazyTokenDFA, "_counted_slice", lambda self, q: None)
     used = 0
     for q in states:
-        plain = np.zeros(with_slices.vocab_size, dtype=bool)
-        tok, _, loop = with_slices._expand(q)
-        plain[tok] = True
-        if loop is not None:
-            plain[loop] = True
-        if with_slices.eos_token_id is not None and q not in (0, 1):
-            plain[with_slices.eos_token_id] = bool(with_slices.bdfa.accepting[q])
         if q in (0, 1):
             continue
-        assert np.array_equal(with_slices.mask(q), plain), q
+        assert np.array_equal(with_slices.mask(q), _plain_mask(with_slices, q)), q
         used += 1
     assert used >= 10
 
@@ -295,20 +306,6 @@ def test_slice_caches_stay_bounded_and_exact(tiny, monkeypatch):
         assert len(lazy_mod._CLASS_SLICES[trie]) <= 3
 
 
-def _walked(lazy, rng, walks, steps):
-    """The states of ``walks`` uniform random walks of at most ``steps`` tokens."""
-    states = set()
-    for _ in range(walks):
-        q = lazy.initial
-        for _ in range(steps):
-            states.add(q)
-            ids = np.flatnonzero(lazy.mask(q))
-            if not len(ids):
-                break
-            q = lazy.step(q, int(ids[rng.integers(len(ids))]))
-    return states
-
-
 def _assert_rows_are_the_subset_construction(lazy):
     """Every built row (translated ones included) equals the subset construction's row of the
     same NFA subset (rebuilt here; subsets are interned, so equal rows have equal ids)."""
@@ -415,16 +412,7 @@ def test_depth_pruned_masks_are_used_and_exact(tiny, tiny_max_len, monkeypatch):
     ``_PRUNE_NEVER - 1`` below the longest token's need); the masks are the full walk's."""
     pattern = rf'"[^"\\]{{0,{tiny_max_len + 6}}}", ?[0-9]'
     lazy = lazy_regex(pattern, tiny)
-    states = set()
-    rng = np.random.default_rng(5)
-    for _ in range(20):
-        q = lazy.initial
-        for _ in range(40):
-            states.add(q)
-            ids = np.flatnonzero(lazy.mask(q))
-            if not len(ids):
-                break
-            q = lazy.step(q, int(ids[rng.integers(len(ids))]))
+    states = _walked(lazy, np.random.default_rng(5), 20, 40)
     pruned = [q for q in states if q > 1 and (got := lazy._counted_slice(q)) is not None
               and got[2] == _PRUNE_NEVER - 1 and got[0].sum() < len(class_slice(
                   vocab_trie(tiny), CharSet(((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)))).tokens)]
@@ -433,11 +421,4 @@ def test_depth_pruned_masks_are_used_and_exact(tiny, tiny_max_len, monkeypatch):
     for q in states:
         if q in (0, 1):
             continue
-        plain = np.zeros(lazy.vocab_size, dtype=bool)
-        tok, _, loop = lazy._expand(q)
-        plain[tok] = True
-        if loop is not None:
-            plain[loop] = True
-        if lazy.eos_token_id is not None:
-            plain[lazy.eos_token_id] = bool(lazy.bdfa.accepting[q])
-        assert np.array_equal(lazy.mask(q), plain), q
+        assert np.array_equal(lazy.mask(q), _plain_mask(lazy, q)), q

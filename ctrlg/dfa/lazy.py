@@ -253,10 +253,6 @@ class LazyByteDFA:
         grows = getattr(nfa, "grows_on_demand", False)
         self._nfa = nfa if (getattr(nfa, "regions", None) or grows) \
             and not getattr(nfa, "has_empty", True) else None
-        # NFA state subsets are sorted tuples of ints: hashable, and untracked by the garbage
-        # collector after its first pass (frozensets stay tracked, and every collection walks
-        # their elements: with thousands of large subsets alive, a young-generation collection
-        # cost ~70 µs and an older one ~0.5 ms, inside the masks that triggered them)
         #: translated rows (:meth:`_translated_row`): translation key -> row base; the
         #: translation key of each state looked up so far; class depths and one-character
         #: steps (:meth:`class_depth`), per class
@@ -266,6 +262,10 @@ class LazyByteDFA:
         self._class_steps: dict = {}
         #: rows built by translation (a count, for profiling and tests)
         self.translated_rows = 0
+        # NFA state subsets are sorted tuples of ints: hashable, and untracked by the garbage
+        # collector after its first pass (frozensets stay tracked, and every collection walks
+        # their elements: with thousands of large subsets alive, a young-generation collection
+        # cost ~70 µs and an older one ~0.5 ms, inside the masks that triggered them)
         self._closure: dict[int, tuple] = {}
         self._index: dict[tuple, int] = {}
         self._sets: list[tuple] = []
@@ -375,6 +375,8 @@ class LazyByteDFA:
                 self._build_row(int(q))
 
     def _build_row(self, q: int) -> None:
+        """``row(q)``: translated from an earlier copy's row inside a counter
+        (:meth:`_translated_row`), else by the subset construction (:meth:`_subset_row`)."""
         if self._nfa is not None and self._nfa.regions:
             if self._translated_row(q):
                 return
