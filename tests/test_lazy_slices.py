@@ -152,6 +152,18 @@ def test_counted_json_strings_match_the_eager_dfa(tiny, max_len):
         _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=80)
 
 
+def _walked_against_eager(pattern, tiny, seed, walks, steps):
+    """The lazy automaton of ``pattern`` after ``walks`` seeded random walks of ``steps``
+    tokens, each mask and step compared with the eager automaton's (:func:`_compare_walk`)."""
+    lazy = lazy_regex(pattern, tiny)
+    eager = dfa.regex(pattern, tiny, minimize=False)
+    masks = TokenMasks(eager)
+    rng = np.random.default_rng(seed)
+    for _ in range(walks):
+        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=steps)
+    return lazy
+
+
 def _walked(lazy, rng, walks, steps):
     """The states of ``walks`` uniform random walks of at most ``steps`` tokens."""
     states = set()
@@ -221,12 +233,7 @@ def test_translated_masks_match_the_eager_dfa(tiny, pattern):
     """Deep inside a long counter a state's mask is read off an earlier position's
     (:meth:`LazyTokenDFA._translated_mask`); those masks, and the steps taken without rows
     (:meth:`LazyByteDFA.run_bytes`), agree with the eager automaton up to the counter's end."""
-    lazy = lazy_regex(pattern, tiny)
-    eager = dfa.regex(pattern, tiny, minimize=False)
-    masks = TokenMasks(eager)
-    rng = np.random.default_rng(7)
-    for _ in range(12):
-        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=70)
+    lazy = _walked_against_eager(pattern, tiny, seed=7, walks=12, steps=70)
     assert lazy.translated_masks > 0
 
 
@@ -384,12 +391,7 @@ def test_class_depth_bounds_the_live_need(tiny, pattern):
     ``Pref(C*)`` with need above ``D`` is live (brute force: the token's bytes run through the
     automaton), for every class noted in the state; and the masks that use it (near a
     counter's end) equal the eager automaton's."""
-    lazy = lazy_regex(pattern, tiny)
-    eager = dfa.regex(pattern, tiny, minimize=False)
-    masks = TokenMasks(eager)
-    rng = np.random.default_rng(3)
-    for _ in range(12):
-        _compare_walk(lazy, eager, masks, lambda n: int(rng.integers(n)), steps=40)
+    lazy = _walked_against_eager(pattern, tiny, seed=3, walks=12, steps=40)
     trie = vocab_trie(tiny)
     b = lazy.bdfa
     bounded = 0
