@@ -991,7 +991,7 @@ class LazyTokenDFA:
             if self.eos_token_id is not None:
                 mask[self.eos_token_id] = True
         elif state != DEAD:
-            key = self._translation_key(state) if self.bdfa._nfa is not None else None
+            key = self.bdfa.translation_key(state) if self.bdfa._nfa is not None else None
             got = self._translated_mask(state, key) if key is not None else None
             if got is not None:
                 mask = got
@@ -1069,10 +1069,6 @@ class LazyTokenDFA:
         return tok, nxt, loop
 
     # ---------------------------------------------------------------- masks by translation
-    def _translation_key(self, q: int):
-        """:meth:`LazyByteDFA.translation_key` of ``q``."""
-        return self.bdfa.translation_key(q)
-
     def _translated_mask(self, q: int, key):
         """The mask of ``q`` read off an earlier state ``p`` with ``σ^i(S_p) = S_q`` (same
         translation key, ``i > 0``), or None. Exact when ``i`` is at most ``p``'s run (every NFA

@@ -213,8 +213,7 @@ class TemplateNFA(ByteNFA):
         if b1 is not None and b2 is not None:
             # renaming: inner targets stay in the copies, which lie in [lo, hi) (allocated
             # during the repeat); start / end must be moved alike (σ(e1) ≥ hi never equals e2)
-            (f1, t1, s1, e1), (f2, t2, s2, e2) = b1, b2
-            return t1 is t2 and f2 == f1 + d and s2 == sigma(s1) and e2 == sigma(e1)
+            return self._copy_moved(k, b1, b2)
         if b1 is not None or b2 is not None:
             return False
         if any(lo <= t < hi and t + d >= hi for _, _, t in self.edges_of(y)) or \
@@ -268,16 +267,10 @@ class TemplateNFA(ByteNFA):
         memo = self._runs
         chain = []
         while (k, "b", i) not in memo:
-            f1, t1, s1, e1 = self._blocks[i]
+            f1, t1 = self._blocks[i][:2]
             y2 = f1 + d
             j = self._block_index(y2) if y2 + t1[0] <= hi else None
-            ok = False
-            if j is not None:
-                f2, t2, s2, e2 = self._blocks[j]
-                ok = t1 is t2 and f2 == y2 and lo <= f1 and \
-                    s2 == (s1 + d if lo <= s1 < hi else s1) and \
-                    e2 == (e1 + d if lo <= e1 < hi else e1)
-            if not ok:
+            if j is None or f1 < lo or not self._copy_moved(k, self._blocks[i], self._blocks[j]):
                 memo[(k, "b", i)] = 0
                 break
             chain.append(i)
@@ -288,12 +281,18 @@ class TemplateNFA(ByteNFA):
             memo[(k, "b", x)] = n
         return n
 
+    def _copy_moved(self, k: int, b1: tuple, b2: tuple) -> bool:
+        """Whether block ``b2`` is block ``b1`` moved by region ``k``'s translation ``σ``: a
+        copy of the same template placed ``d`` later, between ``σ(start)`` and ``σ(end)``."""
+        lo, hi, d = self.regions[k]
+        (f1, t1, s1, e1), (f2, t2, s2, e2) = b1, b2
+        return t1 is t2 and f2 == f1 + d and s2 == (s1 + d if lo <= s1 < hi else s1) and \
+            e2 == (e1 + d if lo <= e1 < hi else e1)
+
     def _block_of(self, s: int):
         """The block ``(first, template, start, end)`` whose inner states hold ``s``, or None."""
-        if not self._blocks or s < self._blocks[0][0]:
-            return None
-        blk = self._blocks[bisect.bisect_right(self._block_starts(), s) - 1]
-        return blk if s < blk[0] + blk[1][0] else None
+        i = self._block_index(s)
+        return None if i is None else self._blocks[i]
 
     def edges_of(self, s: int) -> list:
         if self.edges[s] is None:
