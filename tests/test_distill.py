@@ -9,9 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from ctrlg.data._files import bundled_path
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm import distill
 from ctrlg.hmm.em import EMHistory
+from ctrlg.hmm.sampling import read_prompts
 from helpers import random_hmm
 
 
@@ -132,6 +134,59 @@ def test_extra_training_texts_are_the_adapted_targets_eos_padded(tmp_path, smoll
     assert bundled.shape == (2, 32)
     with pytest.raises(CtrlgError, match="no file at"):
         distill.extra_training_tokens({"em": {"extra_texts": str(tmp_path / "nope")}}, tok, 8, eos)
+    human = distill.extra_training_tokens(
+        {"em": {"extra_texts": str(path), "extra_select": "sentence_case"}}, tok, 8, eos)
+    assert human.tolist() == out[:1].tolist()                   # only "A dog runs."
+
+
+def test_target_selection_keeps_the_sentence_case_lines_in_order():
+    from ctrlg.data.commongen_targets import selected_indices
+    lines = ["A man rides a horse.", "actor attends the premiere", "The dog sleeps", "illustration of a cat",
+             "\u00c9t\u00e9 in Paris", "3 dogs run"]
+    assert selected_indices(lines, "sentence_case") == [0, 2, 4]
+    assert selected_indices(lines, "all") == selected_indices(lines, None) == list(range(6))
+    with pytest.raises(CtrlgError, match="unknown target selection 'crowd'"):
+        selected_indices(lines, "crowd")
+    with pytest.raises(CtrlgError, match="keeps none of the 2 lines"):
+        selected_indices(["lower", "case"], "sentence_case")
+    bundled = read_prompts(bundled_path("commongen.train.tgt.txt"))
+    kept = selected_indices(bundled, "sentence_case")
+    assert len(kept) == 3302 and all(bundled[i][0].isupper() for i in kept)
+
+
+def test_adaptation_texts_keep_concepts_aligned_with_the_selected_targets(tmp_path, smollm2_tokenizer):
+    from ctrlg.tasks.commongen.adaptation import training_texts
+    targets, concepts = tmp_path / "tgt.txt", tmp_path / "src.txt"
+    targets.write_text("actor attends the premiere\nA dog runs in a field.\nThe cat sleeps.\n")
+    concepts.write_text("actor premiere\ndog run field\ncat sleep\n")
+    cfg = {"form": "supervised", "bos_token": "<|endoftext|>",
+           "data": {"targets": str(targets), "concepts": str(concepts), "select": "sentence_case"}}
+    prompts, texts = training_texts(cfg, smollm2_tokenizer)
+    eos = smollm2_tokenizer.eos_token
+    assert texts == [" A dog runs in a field." + eos, " The cat sleeps." + eos]
+    assert "dog, run, field" in prompts[0] and "cat, sleep" in prompts[1]
+    cfg["data"]["limit"] = 1
+    assert len(training_texts(cfg, smollm2_tokenizer)[1]) == 1   # the limit counts selected lines
+
+
+def test_warm_start_starts_em_from_the_given_hmm_and_checks_it(tmp_path, smollm2_tokenizer):
+    from ctrlg.hmm.model import HMM
+    tok = smollm2_tokenizer
+    V, eos = len(tok), tok.eos_token_id
+    generator = torch.Generator().manual_seed(0)
+    emission = torch.rand(4, V, generator=generator)
+    emission[0] = 0
+    emission[0, eos] = 1                                         # the padding state
+    hmm = HMM.from_params(torch.rand(4, generator=generator), torch.rand(4, 4, generator=generator),
+                          emission, normalize=True)
+    hmm.save(tmp_path / "hmm")
+    warm = distill._warm_start_hmm(str(tmp_path / "hmm"), tok, V, eos, {"training": {"x": 1}})
+    assert torch.equal(warm.transition, hmm.transition) and torch.equal(warm.emission, hmm.emission)
+    assert warm.config["init_hmm"] == str(tmp_path / "hmm") and warm.config["training"] == {"x": 1}
+    with pytest.raises(CtrlgError, match="vocabulary of"):
+        distill._warm_start_hmm(str(tmp_path / "hmm"), tok, V + 1, eos, {})
+    with pytest.raises(CtrlgError, match="padding token 5"):
+        distill._warm_start_hmm(str(tmp_path / "hmm"), tok, V, 5, {})
 
 
 def test_keyword_prompts_are_the_supervised_adapters_prompts(smollm2_tokenizer):

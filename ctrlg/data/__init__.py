@@ -1,6 +1,7 @@
 """Dataset readers (bundled offline copies, with the Hugging Face hub path kept for users) and the
 ILM-style hierarchical masking used by the infilling experiment; the CommonGen prompt formats
-(:mod:`ctrlg.data.commongen_prompts`) shared by distillation, adaptation and decoding.
+(:mod:`ctrlg.data.commongen_prompts`) shared by distillation, adaptation and decoding; which
+CommonGen train targets an LM is adapted on (:mod:`ctrlg.data.commongen_targets`).
 
 May import: :mod:`ctrlg.dfa` (keyword matching for CommonGen+), :mod:`ctrlg.errors`. Nothing that
 models text (lm, hmm, guide, sampler).

@@ -36,6 +36,7 @@ import torch
 from ctrlg.data._files import bundled_path, data_path
 from ctrlg.data.commongen_prompts import (DEFAULT_BOS_TOKEN, bos_text, commongen_prompts, prompt_text,
                                           target_text)
+from ctrlg.data.commongen_targets import selected_indices
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
@@ -270,7 +271,8 @@ def _load_samples(cfg: Mapping, samples: Path) -> tuple[dict, torch.Tensor, dict
 def extra_training_tokens(cfg: Mapping, tokenizer, length: int, pad_id: int) -> torch.Tensor | None:
     """``em.extra_texts``: texts the LM was adapted on, added to the EM data beside the LM's samples.
 
-    Each line of the file (``bundled:<name>`` for a file in ``ctrlg/data/bundled``, e.g. the
+    Each line of the file that ``em.extra_select`` keeps (:mod:`ctrlg.data.commongen_targets`;
+    ``bundled:<name>`` for a file in ``ctrlg/data/bundled``, e.g. the
     CommonGen train targets the adapter was trained on) becomes the continuation the adapted LM
     was taught to write after its BOS prompt (:func:`ctrlg.data.commongen_prompts.target_text`:
     " " + sentence + EOS), tokenised, cut to ``length`` tokens and EOS-padded like a sample.
@@ -286,6 +288,7 @@ def extra_training_tokens(cfg: Mapping, tokenizer, length: int, pad_id: int) -> 
     if not path.is_file():
         raise CtrlgError(f"em.extra_texts: no file at {str(path)!r}")
     lines = read_prompts(path)
+    lines = [lines[i] for i in selected_indices(lines, _get(cfg, "em.extra_select"))]
     limit = _get(cfg, "em.extra_limit")
     lines = lines[:int(limit)] if limit else lines
     out = torch.full((len(lines), length), pad_id, dtype=torch.long)
@@ -318,6 +321,25 @@ def _initial_hmm(cfg: Mapping, train: dict, vocab_size: int, eos_id: int, seed: 
                     pseudocount=float(_get(cfg, "lvd.pseudocount", _get(cfg, "em.pseudocount", 1.0))),
                     kmeans_iters=int(_get(cfg, "lvd.kmeans_iters", 20)), seed=seed, config=config,
                     emission_prior=_get(cfg, "em.emission_prior", "uniform"))
+
+
+def _warm_start_hmm(name_or_folder: str, tokenizer, vocab_size: int, eos_id: int, config: dict):
+    """Step 2 with ``init_hmm`` set: EM starts from an existing HMM instead of LVD (e.g. the
+    shipped HMM re-fitted to the samples of a re-adapted LM: its states keep what they learnt
+    from the larger sample they were distilled from, and EM moves them to the new LM's
+    distribution). Its hidden size replaces ``hidden_size``; a quantised emission matrix is
+    dequantised to float32 on load. Raises CtrlgError when its vocabulary differs from the LM's or its padding state
+    does not emit the samples' EOS padding token."""
+    hmm = _load_base_hmm(name_or_folder, tokenizer)
+    if hmm.vocab_size != vocab_size:
+        raise CtrlgError(f"init_hmm has a vocabulary of {hmm.vocab_size} tokens but the LM "
+                         f"has {vocab_size}")
+    padding_state = int(hmm.emission[:, eos_id].argmax())
+    if float(hmm.emission[padding_state, eos_id]) < 0.5:
+        raise CtrlgError(f"init_hmm has no state that emits the samples' padding token {eos_id} "
+                         "with probability ≥ 0.5; was it distilled with another EOS?")
+    hmm.config = {**config, "init_hmm": name_or_folder}
+    return hmm
 
 
 def _train_em(cfg: Mapping, hmm, train_tokens: torch.Tensor, valid: torch.Tensor, device, seed: int):
@@ -501,7 +523,10 @@ def distill(cfg: Mapping) -> dict:
     train, valid, test = _load_samples(cfg, samples)
     hmm_config = _hmm_config(cfg, model_name, tokenizer)
     with _timed(timings, "lvd_s"):
-        hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config, device)
+        if _get(cfg, "init_hmm"):
+            hmm = _warm_start_hmm(str(_get(cfg, "init_hmm")), tokenizer, V, eos_id, hmm_config)
+        else:
+            hmm = _initial_hmm(cfg, train, V, eos_id, seed, hmm_config, device)
     lvd_ll = heldout_ll_per_token(hmm, test["tokens"])
     if not _get(cfg, "head.enabled", True):
         del train["hidden"], train["lvd_tokens"]

@@ -33,6 +33,7 @@ import torch
 from ctrlg.data import load_commongen
 from ctrlg.data._files import bundled_path
 from ctrlg.data.commongen_prompts import prompt_text, target_text
+from ctrlg.data.commongen_targets import selected_indices
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm.sampling import read_prompts
 from ctrlg.lm import models
@@ -56,7 +57,8 @@ def _style(cfg: Mapping) -> str:
 
 
 def training_texts(cfg: Mapping, tokenizer) -> tuple[list[str], list[str]]:
-    """(prompts, targets) of the training examples in the form's text format."""
+    """(prompts, targets) of the training examples in the form's text format: the targets that
+    ``data.select`` keeps (:mod:`ctrlg.data.commongen_targets`), then the first ``data.limit``."""
     style, bos = _style(cfg), _get(cfg, "bos_token")
     targets = read_prompts(_get(cfg, "data.targets") or bundled_path("commongen.train.tgt.txt"))
     limit = _get(cfg, "data.limit")
@@ -69,6 +71,8 @@ def training_texts(cfg: Mapping, tokenizer) -> tuple[list[str], list[str]]:
         prompts = [prompt_text(c.split(), style, tokenizer, bos) for c in concepts]
     else:
         prompts = [prompt_text([], style, tokenizer, bos)] * len(targets)
+    kept = selected_indices(targets, _get(cfg, "data.select"))
+    prompts, targets = [prompts[i] for i in kept], [targets[i] for i in kept]
     if limit:
         prompts, targets = prompts[:int(limit)], targets[:int(limit)]
     return prompts, [target_text(t, tokenizer) for t in targets]
