@@ -25,6 +25,9 @@ EMBEDDED_HMMS = {
     "commongen-adapted-h512": "hmm_smollm2_commongen_adapted_h512",
     # h = 2,048 from 1M samples, distilled on one GPU (configs/distill_adapted_gpu.yaml); topk8-4096 storage
     "commongen-adapted-h2048": "hmm_smollm2_commongen_adapted_h2048",
+    # the LM adapted on the human-written train captions only (adapter commongen-human): the
+    # h = 512 HMM above re-fitted by EM to its samples (configs/distill_human.yaml); topk8-4096
+    "commongen-human-h512": "hmm_smollm2_commongen_human_h512",
 }
 # name -> folder under ctrlg/assets: prior heads saved apart from their HMM (HMM.attach_prior_head)
 EMBEDDED_PRIOR_HEADS = {

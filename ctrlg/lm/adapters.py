@@ -41,6 +41,8 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 # name -> folder under ctrlg/assets (made by `python -m experiments.adapt`, see docs/hmm.md)
 EMBEDDED_ADAPTERS = {
     "commongen": "adapter_smollm2_commongen",
+    # the same recipe on the 3,302 human-written (sentence-case) train captions, 3 epochs
+    "commongen-human": "adapter_smollm2_commongen_human",
     "commongen-supervised": "adapter_smollm2_commongen_supervised",
 }
 META_FILE = "ctrlg_adapter.json"
