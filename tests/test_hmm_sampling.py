@@ -237,6 +237,46 @@ def test_head_only_pipeline_keeps_the_base_hmm_and_saves_a_head_apart(tiny_lm, t
         HMM.load(tmp_path / "other").attach_prior_head(tmp_path / "out" / "prior_head")
 
 
+def test_warm_started_pipeline_starts_em_from_init_hmm_and_keeps_its_size(tiny_lm, tmp_path):
+    """init_hmm: no LVD; the curve's first point is the given HMM's validation LL, EM's kept step
+    is no worse than it, and the saved HMM keeps the given HMM's hidden size (not hidden_size)."""
+    from ctrlg.hmm.distill import distill
+    from ctrlg.hmm.em import heldout_ll_per_token
+    from ctrlg.vocab import tokenizer_fingerprint
+    from helpers import random_hmm
+
+    _, tokenizer, path = tiny_lm
+    base = random_hmm(5, 40, seed=3)
+    emission = base.emission.clone()
+    emission[4] = 0
+    emission[4, EOS] = 1                                        # the padding state
+    base = HMM.from_params(base.initial, base.transition, emission,
+                           config={"tokenizer_hash": tokenizer_fingerprint(tokenizer)})
+    base.save(tmp_path / "base")
+    cfg = {
+        "seed": 0, "device": "cpu", "threads": 1, "hidden_size": 9, "model": {"name": str(path)},
+        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
+                    "heldout_fraction": 0.2},
+        "sampling": {"num_sequences": 24, "heldout_sequences": 8, "length": 5, "batch_size": 8,
+                     "chunk_size": 8, "dir": str(tmp_path / "samples")},
+        "init_hmm": str(tmp_path / "base"),
+        "em": {"schedule": [[3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
+               "emission_prior": "unigram", "keep_best": True},
+        "head": {"enabled": False},
+        "output": {"dir": str(tmp_path / "out"), "dtype": "float32"},
+    }
+    metrics = distill(cfg)
+    heldout = load_chunks(tmp_path / "samples" / "heldout", ("tokens",))["tokens"]
+    ll = metrics["heldout_ll_per_token"]
+    assert ll["hmm_lvd_init"] == pytest.approx(heldout_ll_per_token(base, heldout[4:]), abs=1e-6)
+    curve = json.loads((tmp_path / "out" / "curve.json").read_text())
+    assert curve["heldout_ll"][0] == pytest.approx(heldout_ll_per_token(base, heldout[:4]), abs=1e-6)
+    assert max(curve["heldout_ll"]) == curve["heldout_ll"][curve["best_step"]]
+    saved = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
+    assert saved.hidden_size == 5 and saved.config["init_hmm"] == str(tmp_path / "base")
+    assert not torch.equal(saved.transition, base.transition) or curve["best_step"] == 0
+
+
 def test_distill_config_drives_the_pipeline(tiny_lm, tmp_path):
     """configs/distill.yaml (the Hydra config of `python -m experiments.distill`) with overrides."""
     from pathlib import Path

@@ -328,8 +328,9 @@ def _warm_start_hmm(name_or_folder: str, tokenizer, vocab_size: int, eos_id: int
     shipped HMM re-fitted to the samples of a re-adapted LM: its states keep what they learnt
     from the larger sample they were distilled from, and EM moves them to the new LM's
     distribution). Its hidden size replaces ``hidden_size``; a quantised emission matrix is
-    dequantised to float32 on load. Raises CtrlgError when its vocabulary differs from the LM's or its padding state
-    does not emit the samples' EOS padding token."""
+    dequantised to float32 on load; the metrics' ``hmm_lvd_init`` is then this HMM's held-out LL.
+    Raises CtrlgError when its vocabulary differs from the LM's or no state emits the samples'
+    EOS padding token."""
     hmm = _load_base_hmm(name_or_folder, tokenizer)
     if hmm.vocab_size != vocab_size:
         raise CtrlgError(f"init_hmm has a vocabulary of {hmm.vocab_size} tokens but the LM "
