@@ -156,23 +156,31 @@ def test_prompt_helpers(tmp_path):
         read_prompts(tmp_path / "empty.txt")
 
 
+def _tiny_distill_config(path, tmp_path, num_sequences: int = 24, **sections) -> dict:
+    """The distillation config the pipeline tests share (the tiny LM, 30 raw prompts, 5-token
+    samples in chunks of 8), with ``sections`` added or replaced."""
+    return {
+        "seed": 0, "device": "cpu", "threads": 1, "model": {"name": str(path)},
+        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
+                    "heldout_fraction": 0.2},
+        "sampling": {"num_sequences": num_sequences, "heldout_sequences": 8, "length": 5,
+                     "batch_size": 8, "chunk_size": 8, "dir": str(tmp_path / "samples")},
+        **sections,
+    }
+
+
 def test_distill_pipeline_end_to_end(tiny_lm, tmp_path):
     from ctrlg.hmm.distill import distill
 
     _, tokenizer, path = tiny_lm
-    cfg = {
-        "seed": 0, "device": "cpu", "threads": 1, "hidden_size": 6, "model": {"name": str(path)},
-        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
-                    "heldout_fraction": 0.2},
-        "sampling": {"num_sequences": 24, "heldout_sequences": 8, "length": 5, "batch_size": 8,
-                     "chunk_size": 8, "dir": str(tmp_path / "samples")},
-        "lvd": {"kmeans_iters": 5, "pseudocount": 0.5},
-        "em": {"schedule": [[2, 1], [3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
-               "emission_prior": "unigram", "keep_best": True},
-        "head": {"inner_size": 8, "epochs": 3, "batch_size": 16, "valid_fraction": 0.25,
-                 "prefix_lengths": [0, 2]},
-        "output": {"dir": str(tmp_path / "out"), "dtype": "float32"},
-    }
+    cfg = _tiny_distill_config(
+        path, tmp_path, hidden_size=6,
+        lvd={"kmeans_iters": 5, "pseudocount": 0.5},
+        em={"schedule": [[2, 1], [3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
+            "emission_prior": "unigram", "keep_best": True},
+        head={"inner_size": 8, "epochs": 3, "batch_size": 16, "valid_fraction": 0.25,
+              "prefix_lengths": [0, 2]},
+        output={"dir": str(tmp_path / "out"), "dtype": "float32"})
     metrics = distill(cfg)
     ll = metrics["heldout_ll_per_token"]
     assert ll["hmm"] == pytest.approx(ll["hmm_as_saved"], abs=1e-5)
@@ -207,17 +215,11 @@ def test_head_only_pipeline_keeps_the_base_hmm_and_saves_a_head_apart(tiny_lm, t
     base.config.update(tokenizer_hash=tokenizer_fingerprint(tokenizer))
     base.save(tmp_path / "base")
     base = HMM.load(tmp_path / "base")
-    cfg = {
-        "seed": 0, "device": "cpu", "threads": 1, "model": {"name": str(path)},
-        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
-                    "heldout_fraction": 0.2},
-        "sampling": {"num_sequences": 16, "heldout_sequences": 8, "length": 5, "batch_size": 8,
-                     "chunk_size": 8, "dir": str(tmp_path / "samples")},
-        "base_hmm": str(tmp_path / "base"),
-        "head": {"inner_size": 8, "epochs": 2, "batch_size": 16, "valid_fraction": 0.25,
-                 "prefix_lengths": [0, 2]},
-        "output": {"dir": str(tmp_path / "out"), "copy_to": str(tmp_path / "asset")},
-    }
+    cfg = _tiny_distill_config(
+        path, tmp_path, num_sequences=16, base_hmm=str(tmp_path / "base"),
+        head={"inner_size": 8, "epochs": 2, "batch_size": 16, "valid_fraction": 0.25,
+              "prefix_lengths": [0, 2]},
+        output={"dir": str(tmp_path / "out"), "copy_to": str(tmp_path / "asset")})
     metrics = distill(cfg)
     assert metrics["hmm_save_id"] == base.config["save_id"] and metrics["train_sequences"] == 16
     test_tokens = torch.cat([load_chunks(tmp_path / "samples" / "heldout", ("tokens",))["tokens"]])[4:]
@@ -253,18 +255,11 @@ def test_warm_started_pipeline_starts_em_from_init_hmm_and_keeps_its_size(tiny_l
     base = HMM.from_params(base.initial, base.transition, emission,
                            config={"tokenizer_hash": tokenizer_fingerprint(tokenizer)})
     base.save(tmp_path / "base")
-    cfg = {
-        "seed": 0, "device": "cpu", "threads": 1, "hidden_size": 9, "model": {"name": str(path)},
-        "prompts": {"list": [f"w{i} w{i + 2}" for i in range(3, 33)], "format": "raw",
-                    "heldout_fraction": 0.2},
-        "sampling": {"num_sequences": 24, "heldout_sequences": 8, "length": 5, "batch_size": 8,
-                     "chunk_size": 8, "dir": str(tmp_path / "samples")},
-        "init_hmm": str(tmp_path / "base"),
-        "em": {"schedule": [[3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
-               "emission_prior": "unigram", "keep_best": True},
-        "head": {"enabled": False},
-        "output": {"dir": str(tmp_path / "out"), "dtype": "float32"},
-    }
+    cfg = _tiny_distill_config(
+        path, tmp_path, hidden_size=9, init_hmm=str(tmp_path / "base"),
+        em={"schedule": [[3, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
+            "emission_prior": "unigram", "keep_best": True},
+        head={"enabled": False}, output={"dir": str(tmp_path / "out"), "dtype": "float32"})
     metrics = distill(cfg)
     heldout = load_chunks(tmp_path / "samples" / "heldout", ("tokens",))["tokens"]
     ll = metrics["heldout_ll_per_token"]
