@@ -7,10 +7,12 @@
 #                                                -> ctrlg/assets/hmm_smollm2_commongen_adapted
 #   4. the supervised LM's prior head for that HMM (after 3: a head is tied to its HMM's save_id)
 #                                                -> ctrlg/assets/prior_head_smollm2_commongen_supervised
-#   5. the pipeline's default adapter: the unsupervised recipe on the human-written train captions
+#   5. the unsupervised recipe on the human-written train captions
 #                                                -> ctrlg/assets/adapter_smollm2_commongen_human
 #   6. its HMM: the embedded h = 512 HMM (scripts/commongen_gpu.sh) re-fitted to its samples
 #                                                -> ctrlg/assets/hmm_smollm2_commongen_human_h512
+#   7. the pipeline's default adapter: stage 5 on those captions capped at 20 per concept (the
+#      stage-6 HMM guides it)                    -> ctrlg/assets/adapter_smollm2_commongen_human_balanced
 # Each stage resumes where it stopped when run again (training state, sample chunks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +29,6 @@ export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000   # no page faults
   output.dir=outputs/adapt/unsupervised_human output.copy_to=ctrlg/assets/adapter_smollm2_commongen_human
 "$PY" -m experiments.distill --config-name distill_human threads=2 \
   output.copy_to=ctrlg/assets/hmm_smollm2_commongen_human_h512
+"$PY" -m experiments.adapt threads=2 data.select=sentence_case_balanced train.epochs=3 \
+  output.dir=outputs/adapt/unsupervised_human_balanced \
+  output.copy_to=ctrlg/assets/adapter_smollm2_commongen_human_balanced

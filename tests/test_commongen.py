@@ -191,7 +191,7 @@ def test_prompt_styles_bos_alone_keywords_and_instruction(smollm2_tokenizer):
     tok = smollm2_tokenizer
     example = CommonGenExample(("dog", "catch"), ("NOUN", "VERB"), (), "k")
     adapted = compose("commongen", ["pipeline=adapted"])
-    assert adapted.model.prompt_style == "bos" and adapted.model.adapter == "commongen-human"
+    assert adapted.model.prompt_style == "bos" and adapted.model.adapter == "commongen-human-balanced"
     assert adapted.model.dtype == "auto"           # bfloat16 where the hardware multiplies it natively
     assert items.prompt_ids(example, tok, adapted.model) == [tok.convert_tokens_to_ids("<|endoftext|>")]
     supervised = compose("commongen", ["pipeline=supervised"]).model

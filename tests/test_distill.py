@@ -154,6 +154,34 @@ def test_target_selection_keeps_the_sentence_case_lines_in_order():
     assert len(kept) == 3302 and all(bundled[i][0].isupper() for i in kept)
 
 
+def test_balanced_selection_caps_every_concept_against_a_brute_force_count(monkeypatch):
+    from collections import Counter
+
+    from ctrlg.data import commongen_targets
+    from ctrlg.data.commongen_targets import CONCEPT_CAP, selected_indices
+    lines = ["A dog runs.", "a dog sleeps", "A dog eats.", "A cat and a dog.", "A cat sits."]
+    concepts = ["dog run", "dog sleep", "dog eat", "cat dog", "cat sit"]
+    with monkeypatch.context() as patch:
+        patch.setattr(commongen_targets, "CONCEPT_CAP", 2)
+        # greedy in file order: "dog" reaches 2 at line 2, so line 3 (cat, dog) is dropped
+        assert selected_indices(lines, "sentence_case_balanced", concepts) == [0, 2, 4]
+    with pytest.raises(CtrlgError, match="needs one concept line per target"):
+        selected_indices(lines, "sentence_case_balanced")
+    with pytest.raises(CtrlgError, match="needs one concept line per target"):
+        selected_indices(lines, "sentence_case_balanced", concepts[:2])
+    targets = read_prompts(bundled_path("commongen.train.tgt.txt"))
+    sets = read_prompts(bundled_path("commongen.train.src_alpha.txt"))
+    kept = selected_indices(targets, "sentence_case_balanced", sets)
+    human = selected_indices(targets, "sentence_case")
+    assert len(kept) == 1807 and set(kept) <= set(human) and kept == sorted(kept)
+    counts = Counter(w for i in kept for w in sets[i].split())
+    assert max(counts.values()) == CONCEPT_CAP
+    # maximal: every dropped caption has a concept already at the cap when it was reached
+    for i in set(human) - set(kept):
+        before = Counter(w for j in kept if j < i for w in sets[j].split())
+        assert any(before[w] >= CONCEPT_CAP for w in sets[i].split())
+
+
 def test_adaptation_texts_keep_concepts_aligned_with_the_selected_targets(tmp_path, smollm2_tokenizer):
     from ctrlg.tasks.commongen.adaptation import training_texts
     targets, concepts = tmp_path / "tgt.txt", tmp_path / "src.txt"

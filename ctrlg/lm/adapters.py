@@ -43,6 +43,8 @@ EMBEDDED_ADAPTERS = {
     "commongen": "adapter_smollm2_commongen",
     # the same recipe on the 3,302 human-written (sentence-case) train captions, 3 epochs
     "commongen-human": "adapter_smollm2_commongen_human",
+    # those captions capped at 20 per concept (1,807; data.select=sentence_case_balanced): the default
+    "commongen-human-balanced": "adapter_smollm2_commongen_human_balanced",
     "commongen-supervised": "adapter_smollm2_commongen_supervised",
 }
 META_FILE = "ctrlg_adapter.json"

@@ -61,17 +61,19 @@ def training_texts(cfg: Mapping, tokenizer) -> tuple[list[str], list[str]]:
     ``data.select`` keeps (:mod:`ctrlg.data.commongen_targets`), then the first ``data.limit``."""
     style, bos = _style(cfg), _get(cfg, "bos_token")
     targets = read_prompts(_get(cfg, "data.targets") or bundled_path("commongen.train.tgt.txt"))
-    limit = _get(cfg, "data.limit")
-    if style == "keywords":
+    limit, select = _get(cfg, "data.limit"), _get(cfg, "data.select")
+    concepts = None
+    if style == "keywords" or select == "sentence_case_balanced":
         concepts = read_prompts(_get(cfg, "data.concepts")
                                 or bundled_path("commongen.train.src_alpha.txt"))
         if len(concepts) != len(targets):
             raise CtrlgError(f"{len(concepts)} concept lines but {len(targets)} target lines; "
                              "data.concepts and data.targets must be line-aligned")
+    if style == "keywords":
         prompts = [prompt_text(c.split(), style, tokenizer, bos) for c in concepts]
     else:
         prompts = [prompt_text([], style, tokenizer, bos)] * len(targets)
-    kept = selected_indices(targets, _get(cfg, "data.select"))
+    kept = selected_indices(targets, select, concepts)
     prompts, targets = [prompts[i] for i in kept], [targets[i] for i in kept]
     if limit:
         prompts, targets = prompts[:int(limit)], targets[:int(limit)]
