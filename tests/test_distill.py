@@ -211,6 +211,8 @@ def test_warm_start_starts_em_from_the_given_hmm_and_checks_it(tmp_path, smollm2
     warm = distill._warm_start_hmm(str(tmp_path / "hmm"), tok, V, eos, {"training": {"x": 1}})
     assert torch.equal(warm.transition, hmm.transition) and torch.equal(warm.emission, hmm.emission)
     assert warm.config["init_hmm"] == str(tmp_path / "hmm") and warm.config["training"] == {"x": 1}
+    # the padding state is named as LVD names it: EM keeps its rows, the sampler checks the EOS
+    assert warm.config["eos_pad_state"] == 0 and warm.config["eos_token_id"] == eos
     with pytest.raises(CtrlgError, match="vocabulary of"):
         distill._warm_start_hmm(str(tmp_path / "hmm"), tok, V + 1, eos, {})
     with pytest.raises(CtrlgError, match="padding token 5"):

@@ -269,6 +269,7 @@ def test_warm_started_pipeline_starts_em_from_init_hmm_and_keeps_its_size(tiny_l
     assert max(curve["heldout_ll"]) == curve["heldout_ll"][curve["best_step"]]
     saved = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
     assert saved.hidden_size == 5 and saved.config["init_hmm"] == str(tmp_path / "base")
+    assert saved.config["eos_pad_state"] == 4 and saved.emission[4, EOS] == 1.0   # kept by EM
     assert not torch.equal(saved.transition, base.transition) or curve["best_step"] == 0
 
 

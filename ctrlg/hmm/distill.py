@@ -329,8 +329,10 @@ def _warm_start_hmm(name_or_folder: str, tokenizer, vocab_size: int, eos_id: int
     from the larger sample they were distilled from, and EM moves them to the new LM's
     distribution). Its hidden size replaces ``hidden_size``; a quantised emission matrix is
     dequantised to float32 on load; the metrics' ``hmm_lvd_init`` is then this HMM's held-out LL.
-    Raises CtrlgError when its vocabulary differs from the LM's or no state emits the samples'
-    EOS padding token."""
+    Its padding state (the one that emits the samples' EOS) is recorded as ``eos_pad_state`` /
+    ``eos_token_id``, as LVD records it, so EM keeps that state's rows fixed and the sampler can
+    check the EOS. Raises CtrlgError when its vocabulary differs from the LM's or no state emits
+    the samples' EOS padding token."""
     hmm = _load_base_hmm(name_or_folder, tokenizer)
     if hmm.vocab_size != vocab_size:
         raise CtrlgError(f"init_hmm has a vocabulary of {hmm.vocab_size} tokens but the LM "
@@ -339,7 +341,8 @@ def _warm_start_hmm(name_or_folder: str, tokenizer, vocab_size: int, eos_id: int
     if float(hmm.emission[padding_state, eos_id]) < 0.5:
         raise CtrlgError(f"init_hmm has no state that emits the samples' padding token {eos_id} "
                          "with probability ≥ 0.5; was it distilled with another EOS?")
-    hmm.config = {**config, "init_hmm": name_or_folder}
+    hmm.config = {**config, "init_hmm": name_or_folder, "eos_pad_state": padding_state,
+                  "eos_token_id": int(eos_id)}
     return hmm
 
 
