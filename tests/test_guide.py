@@ -90,8 +90,8 @@ def test_letters_evaluated_as_blocks_equal_brute_force(monkeypatch, S, V, h, n, 
         _check_against_brute_force(S, V, h, n, m, eos, suffix, seed)
 
 
-def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed):
-    hmm = random_hmm(h, V, seed)
+def _check_against_brute_force(S, V, h, n, m, eos, suffix, seed, hmm=None):
+    hmm = random_hmm(h, V, seed) if hmm is None else hmm
     for dfa_seed in range(3):
         make = random_letter_dfa if seed >= 6 else random_dfa
         dfa = make(S, V, 100 * seed + dfa_seed)

@@ -5,7 +5,9 @@ emission B [h, V] that depend on the HMM alone:
 
 * Bᵀ, contiguous [V, h] float32 — per-token columns as rows (gathers, the forward update);
 * Bᵀ in the product precision, packed once for oneDNN (:class:`PackedLinear`) — the dense
-  [R, h]·[h, V] product of every guided token;
+  [R, h]·[h, V] product of every guided token; over the support's columns only, plus a rank-1
+  term, when the emission's other columns share one profile (``topk8-K`` checkpoints;
+  :mod:`ctrlg.guide.factored_emission`);
 * min_v B[z, v] [h] — the underflow bound of :mod:`ctrlg.guide.token_weights`;
 * rowsum(B) [h] in float64 — the non-exception mass M_s of the backward recurrence.
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ctrlg.guide.factored_emission import FactoredProduct, emission_product
 from ctrlg.kernels.packed_linear import PackedLinear
 
 __all__ = ["EmissionOperands", "emission_operands"]
@@ -37,7 +40,7 @@ class EmissionOperands:
 
     emission_t: torch.Tensor       # Bᵀ [V, h] float32, contiguous
     emission_low: torch.Tensor     # Bᵀ in the product dtype (the same tensor for float32)
-    product: PackedLinear          # x ↦ x · B, packed once
+    product: PackedLinear | FactoredProduct   # x ↦ x · B, packed once (factored: a rank-1 tail)
     emission_min: torch.Tensor     # min_v B[z, v] [h] float32
     row_sum: torch.Tensor          # Σ_v B[z, v] [h] float64
 
@@ -51,7 +54,8 @@ def _build(emission: torch.Tensor, dtype: torch.dtype) -> EmissionOperands:
     B = emission.float()
     emission_t = B.T.contiguous()
     low = emission_t.to(dtype)
-    return EmissionOperands(emission_t=emission_t, emission_low=low, product=PackedLinear(low),
+    return EmissionOperands(emission_t=emission_t, emission_low=low,
+                            product=emission_product(low, emission_t),
                             emission_min=low.float().amin(0), row_sum=B.double().sum(1))
 
 

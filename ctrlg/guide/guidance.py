@@ -34,9 +34,9 @@ so a beam's summed score is log p_lm(x≤t) + w · log p_hmm(α | x≤t): the LM
 prefix plus how likely the HMM thinks it can still finish accepted. A finished accepted
 hypothesis has p_hmm(α | x) = 1 and scores exactly log p_lm(x). Softmax-normalised, these scores
 are the guided distribution again (the subtracted term is a per-row constant), so sampling is
-unchanged; they differ for beam search only. Cost: one more [R, h]·[h, V] product (the HMM's
-marginal p_hmm(v | x≤t), for the row's log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v | x≤t) +
-log p_hmm(α | x≤t, v))).
+unchanged; they differ for beam search only. Cost: two passes over [R, V] (the row's
+log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v | x≤t) + log p_hmm(α | x≤t, v)), with the HMM's
+marginal p_hmm(v | x≤t) read off the product that gave the ratio).
 
 Nothing here keeps state: the row bookkeeping is :mod:`ctrlg.guide.row_state`.
 """
@@ -58,11 +58,14 @@ __all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs", "lookahea
 
 def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
                        priors: torch.Tensor | None, remaining: int,
-                       device: torch.device | str = "cpu", *, shifted: bool = False) -> torch.Tensor:
+                       device: torch.device | str = "cpu", *, shifted: bool = False,
+                       log_marginal: list | None = None) -> torch.Tensor:
     """log p_hmm(α | x≤t, v), float32 [R, V], for rows using ``tables[table_of_row[i]]`` in DFA
     state ``states[i]`` with prior ``priors[i]`` (None: logical guidance) and ``remaining`` tokens
     left (including v). Rows whose state cannot reach acceptance get −inf everywhere. With
-    ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`)."""
+    ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`). A list
+    ``log_marginal`` receives log p_hmm(v | x≤t), float32 [R, V] (−inf on rows that cannot
+    reach acceptance), read off the same products."""
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = len(states), tables[0].vocab_size
@@ -76,12 +79,23 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
         rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
         queries.append((table, states[rows], None if priors is None else priors[rows_t], remaining))
         where.append(rows)
-    ratios = log_ratios(queries, shifted=shifted)   # one product with B per HMM, not per table
+    marginals = [] if log_marginal is not None else None
+    ratios = log_ratios(queries, shifted=shifted, marginals=marginals)   # one product per HMM
+    if log_marginal is not None:
+        log_marginal.append(_scatter_rows([m.float().log() for m in marginals], where, R, V, device))
+    return _scatter_rows(ratios, where, R, V, device)
+
+
+def _scatter_rows(parts: list, where: list, R: int, V: int, device) -> torch.Tensor:
+    """[R, V] float32 with ``parts[i]`` at rows ``where[i]`` and −inf elsewhere (one
+    concatenation when the parts tile the rows in order: a batch's items are row blocks)."""
     if len(where) == 1 and len(where[0]) == R:
-        return ratios[0].to(device)
+        return parts[0].to(device)
+    if sum(map(len, where)) == R and np.array_equal(np.concatenate(where), np.arange(R)):
+        return torch.cat(parts).to(device)
     out = torch.full((R, V), -math.inf, device=device)
-    for rows, ratio in zip(where, ratios):
-        out[torch.as_tensor(rows, device=device)] = ratio.to(device)
+    for rows, part in zip(where, parts):
+        out[torch.as_tensor(rows, device=device)] = part.to(device)
     return out
 
 
@@ -152,15 +166,17 @@ def lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], table_
     token generated yet). −inf exactly on infeasible tokens (for every w ≥ 0); not normalised.
     Rows that cannot finish accepted are all −inf (no fallback: beam search drops them)."""
     table_of_row, states = np.asarray(table_of_row), np.asarray(states)
-    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device)
-    finite = torch.isfinite(ratio)
+    log_marginal: list = []
+    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device,
+                               log_marginal=None if first else log_marginal)
     if first:
         prev = torch.zeros(len(states), device=scores.device)
-    else:
-        prev = log_prob_accept_rows(tables, table_of_row, states, priors, remaining, ratio)
+    else:   # log p_hmm(α | x≤t) from the marginal the ratio's product already gave
+        prev = torch.logsumexp(log_marginal[0].add_(ratio), 1)
         prev = torch.where(torch.isfinite(prev), prev, 0.0)
-    term = (ratio - prev[:, None]).mul_(strength) if strength else torch.zeros_like(ratio)
-    return torch.where(finite, scores.float() + term, -math.inf)
+    if strength:   # −inf (infeasible) stays −inf: ratio − prev and w · (−inf) are −inf, no NaN
+        return ratio.sub_(prev[:, None]).mul_(strength).add_(scores.float())
+    return torch.where(torch.isfinite(ratio), scores.float(), -math.inf)
 
 
 def _guide(lm_scores: torch.Tensor, log_ratio: torch.Tensor, strength: float,

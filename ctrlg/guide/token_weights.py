@@ -306,15 +306,21 @@ class TokenWeights:
         return ratio.masked_fill_(~mask, -math.inf)
 
 
-def log_ratios(queries, *, shifted: bool = False) -> list[torch.Tensor]:
+def log_ratios(queries, *, shifted: bool = False, marginals: list | None = None) -> list[torch.Tensor]:
     """:meth:`TokenWeights.log_ratio` of several queries ``(tables, states, priors, remaining)``,
     equal to asking each table alone, with one dense product per HMM: the left operands of
     the queries whose tables share the HMM's packed emission
     (:mod:`ctrlg.guide.emission_operands`) are stacked and multiplied by B together. The product
     reads all h·V entries of B whatever the number of rows, so with few rows per table (a batch
     of items at a few beams each) it is memory-bound, and one product per table read B once per
-    item and step."""
+    item and step.
+
+    With a list ``marginals``, it receives per query the product's P(v | x≤t) = p B [R, V] (in
+    the product dtype; None for logical queries), which the lookahead's log p_hmm(α | x≤t) needs
+    (:func:`ctrlg.guide.guidance.lookahead_scores`) and would otherwise compute again."""
     results: list = [None] * len(queries)
+    if marginals is not None:
+        marginals[:] = [None] * len(queries)
     groups: dict[int, list] = {}
     for i, (tables, states, priors, remaining) in enumerate(queries):
         if getattr(tables, "hmm", None) is None or priors is None:
@@ -331,6 +337,8 @@ def log_ratios(queries, *, shifted: bool = False) -> list[torch.Tensor]:
             rows = plan.operand.shape[0]
             ratio, safe = tables._from_dense(plan, both[start:start + rows])
             results[i] = tables._exact_ratio(ratio, safe, states, remaining)
+            if marginals is not None:
+                marginals[i] = both[start:start + len(states)]
             start += rows
     return results
 
