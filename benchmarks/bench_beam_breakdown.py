@@ -3,14 +3,16 @@ broken down by manual timers, beside the LM-only floor, measured in one process.
 
     python -m benchmarks.bench_beam_breakdown                       # float32, 8/32/128 beams
     python -m benchmarks.bench_beam_breakdown --dtype auto --beams 8 32 --repeats 3
-    python -m benchmarks.bench_beam_breakdown --variants before   # the code as it was only
+    python -m benchmarks.bench_beam_breakdown --variants before dense after   # all three codes
     python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
 
 Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instruct + the
-``commongen`` LoRA adapter, the h = 512 HMM ``commongen_adapted_h512``, prompt = BOS,
-``dfa.commongen_constraint`` with inflections, length_penalty 0.2, no_repeat_ngram_size 4,
-5–32 new tokens, every beam reranked by its LM log-likelihood summed during the search), method
-``ctrlg``, guidance products in float32, one torch thread. CommonGen dev items from
+``commongen-human-balanced`` LoRA adapter, the h = 512 HMM ``commongen_human_h512`` stored as
+``topk8-4096``, prompt = BOS, ``dfa.commongen_constraint`` with inflections, length_penalty 0.2,
+no_repeat_ngram_size 4, 5–32 new tokens, beams ranked by the lookahead score, every beam
+reranked by its LM log-likelihood summed during the search; no widening), method ``ctrlg``,
+guidance products in float32 (``--precision auto``: bfloat16 where the CPU has it), one torch
+thread. CommonGen dev items from
 ``--offset``; at each width ``--items`` of them are decoded together as the main job does (one
 ``generate`` call, K = B rows per item; ``--items-128`` at 128 beams).
 
@@ -23,8 +25,8 @@ rows add up to the batch's total):
 * ``guide_tables`` — building the guide's tables (``ConstraintLogitsProcessor._build_tables``);
 * ``guide_rows``   — per-step row bookkeeping (``RowStates.update``: parents, DFA step, prior
   advance = one [B, h]·[h, h] product);
-* ``guide_products`` — per-step guidance (``guided_log_probs``: the emission products and the
-  [B, V] combination);
+* ``guide_products`` — per-step guidance (``guided_log_probs``, or ``lookahead_scores`` when
+  beams are ranked by the lookahead: the emission products and the [B, V] combination);
 * ``guide_other``  — the rest of the processor's ``__call__``;
 * ``recorder``     — :class:`ctrlg.lm.beam_likelihood.BeamLogLikelihoods` (the rerank's sums);
 * ``hf_processors`` — transformers' own processors (no-repeat-n-gram, min-new-tokens);
@@ -116,6 +118,7 @@ def instrument(timers: Timers, model):
     undo = [timers.wrap(sampler.ConstraintLogitsProcessor, "_build_tables", "guide_tables"),
             timers.wrap(RowStates, "update", "guide_rows"),
             timers.wrap(sampler, "guided_log_probs", "guide_products"),
+            timers.wrap(sampler, "lookahead_scores", "guide_products"),
             timers.wrap(sampler.ConstraintLogitsProcessor, "__call__", "guide_other"),
             timers.wrap(BeamLogLikelihoods, "__call__", "recorder"),
             timers.wrap(LogitsProcessorList, "__call__", "hf_processors"),
@@ -203,30 +206,68 @@ def summarise(runs: list[dict], variant: str, beams: int, items: int, floor_step
 
 @contextlib.contextmanager
 def variant_code(variant: str):
-    """``before``: the guide tables' backward step as it was (``backward_step_reference``:
-    advanced-indexing gathers, the exceptions' emission rows gathered at every step)."""
-    import ctrlg.guide.tables as tables
+    """The code of each variant (:func:`set_variant` has their settings):
 
-    if variant != "before":
+    * ``before`` — the first round's code: the guide tables' backward step as it was
+      (``backward_step_reference``: advanced-indexing gathers, the exceptions' emission rows
+      gathered at every step), plus everything ``dense`` undoes;
+    * ``dense`` — the guide's product x · B over all V columns (``PackedLinear``, no rank-1
+      tail: ``ctrlg.guide.factored_emission``) and the lookahead's log p_hmm(α | x≤t) from a
+      second product (``log_prob_accept_rows``), as before the factored product;
+    * ``after`` — the code as it is."""
+    import ctrlg.guide.emission_operands as operands
+    import ctrlg.guide.tables as tables
+    import ctrlg.sampler as sampler
+    from ctrlg.kernels.packed_linear import PackedLinear
+
+    if variant == "after":
         yield
         return
-    saved = tables.GatheredBackwardStep
-    tables.GatheredBackwardStep = lambda *args: tables.backward_step_reference
+    saved = (tables.GatheredBackwardStep, operands.emission_product, sampler.lookahead_scores)
+    if variant == "before":
+        tables.GatheredBackwardStep = lambda *args: tables.backward_step_reference
+    operands.emission_product = lambda low, emission_t: PackedLinear(low)
+    sampler.lookahead_scores = _lookahead_scores_two_products
+    operands._CACHE.clear()          # operands are cached per HMM: build them the variant's way
     try:
         yield
     finally:
-        tables.GatheredBackwardStep = saved
+        tables.GatheredBackwardStep, operands.emission_product, sampler.lookahead_scores = saved
+        operands._CACHE.clear()
+
+
+def _lookahead_scores_two_products(scores, tables, table_of_row, states, priors, remaining,
+                                   strength=1.0, first=False):
+    """``ctrlg.guide.guidance.lookahead_scores`` as it was: log p_hmm(α | x≤t) from a second
+    [R, h]·[h, V] product (same values)."""
+    import math
+
+    import numpy as np
+
+    from ctrlg.guide.guidance import guidance_log_ratio, log_prob_accept_rows
+
+    table_of_row, states = np.asarray(table_of_row), np.asarray(states)
+    ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device)
+    finite = torch.isfinite(ratio)
+    if first:
+        prev = torch.zeros(len(states), device=scores.device)
+    else:
+        prev = log_prob_accept_rows(tables, table_of_row, states, priors, remaining, ratio)
+        prev = torch.where(torch.isfinite(prev), prev, 0.0)
+    term = (ratio - prev[:, None]).mul_(strength) if strength else torch.zeros_like(ratio)
+    return torch.where(finite, scores.float() + term, -math.inf)
 
 
 def set_variant(cfg, variant: str):
-    """Decoding settings of each variant: ``before`` (the code as it was: transformers'
-    no-repeat / min-new-tokens processors and one top-k, the reference backward step),
-    ``after`` (``generation.fast_search`` and the gathered backward step: identical beams)."""
+    """Decoding settings of each variant: ``before`` (the first round's code: transformers'
+    no-repeat / min-new-tokens processors and one top-k, plus :func:`variant_code`'s), ``dense``
+    and ``after`` (``generation.fast_search``; :func:`variant_code` sets the rest: identical
+    beams up to rounding)."""
     from omegaconf import OmegaConf
 
-    if variant not in ("before", "after"):
-        raise SystemExit(f"unknown variant {variant!r}: before | after")
-    return OmegaConf.merge(cfg, {"generation": {"fast_search": variant == "after"}})
+    if variant not in ("before", "dense", "after"):
+        raise SystemExit(f"unknown variant {variant!r}: before | dense | after")
+    return OmegaConf.merge(cfg, {"generation": {"fast_search": variant != "before"}})
 
 
 def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int) -> dict:
@@ -266,7 +307,7 @@ def format_rows(results: list[dict]) -> str:
 
 def main(argv=None) -> list[dict]:
     cg = _commongen()
-    from experiments.common import load_hmm, load_lm
+    from ctrlg.tasks.config import load_hmm, load_lm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--beams", type=int, nargs="+", default=[8, 32, 128])
@@ -277,8 +318,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats-128", type=int, default=1)
     parser.add_argument("--floor-repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", help="model.dtype: float32 | auto | bfloat16")
-    parser.add_argument("--variants", nargs="+", default=["before", "after"])
+    parser.add_argument("--variants", nargs="+", default=["dense", "after"])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="float32", help="generation.precision of the guidance "
+                        "products: float32 | auto")
     parser.add_argument("--out", default=None)
     parser.add_argument("--tables-only", action="store_true",
                         help="time only the guide tables of --items items (variants alternating)")
@@ -286,7 +329,7 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(1)
 
     cfg = compose([f"model.dtype={args.dtype}", f"device={args.device}",
-                   "generation.precision=float32"])
+                   f"generation.precision={args.precision}", "generation.widen_below_loglik=null"])
     model, tokenizer = load_lm(cfg.model, cfg.device)
     hmm = load_hmm(cfg.hmm, tokenizer).to(cfg.device)
     n_max = max(args.items, args.items_128)
@@ -318,9 +361,11 @@ def main(argv=None) -> list[dict]:
         if len({tuple(v) for v in outputs.values()}) > 1:
             print(f"OUTPUTS DIFFER between variants at {beams} beams: {outputs}")
     print(format_rows(results))
-    out = Path(args.out or f"benchmarks/results/bench_beam_breakdown_{args.dtype}.json")
+    suffix = "" if args.precision == "float32" else f"_products_{args.precision}"
+    out = Path(args.out or f"benchmarks/results/bench_beam_breakdown_{args.dtype}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"dtype": args.dtype, "cpu_threads": 1, "device": args.device,
+    out.write_text(json.dumps({"dtype": args.dtype, "precision": args.precision, "cpu_threads": 1,
+                               "device": args.device,
                                "results": results}, indent=1))
     return results
 
