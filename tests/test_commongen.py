@@ -192,7 +192,7 @@ def test_prompt_styles_bos_alone_keywords_and_instruction(smollm2_tokenizer):
     example = CommonGenExample(("dog", "catch"), ("NOUN", "VERB"), (), "k")
     adapted = compose("commongen", ["pipeline=adapted"])
     assert adapted.model.prompt_style == "bos" and adapted.model.adapter == "commongen-human-balanced"
-    assert adapted.model.dtype == "auto"           # bfloat16 where the hardware multiplies it natively
+    assert adapted.model.dtype == "float32"        # the held-out figures' dtype, on every machine
     assert items.prompt_ids(example, tok, adapted.model) == [tok.convert_tokens_to_ids("<|endoftext|>")]
     supervised = compose("commongen", ["pipeline=supervised"]).model
     assert items.prompt_ids(example, tok, supervised) == tok(
