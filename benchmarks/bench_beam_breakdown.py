@@ -48,6 +48,7 @@ import contextlib
 import json
 import statistics
 import time
+import weakref
 from collections import defaultdict
 from pathlib import Path
 
@@ -220,20 +221,24 @@ def variant_code(variant: str):
     import ctrlg.sampler as sampler
     from ctrlg.kernels.packed_linear import PackedLinear
 
-    if variant == "after":
-        yield
-        return
+    # The HMM's operands are cached per HMM (built once per process, as in a run): each variant
+    # keeps its own cache, so alternating variants rebuild nothing.
+    saved_cache = operands._CACHE
+    operands._CACHE = _VARIANT_CACHES.setdefault(variant, weakref.WeakKeyDictionary())
     saved = (tables.GatheredBackwardStep, operands.emission_product, sampler.lookahead_scores)
     if variant == "before":
         tables.GatheredBackwardStep = lambda *args: tables.backward_step_reference
-    operands.emission_product = lambda low, emission_t: PackedLinear(low)
-    sampler.lookahead_scores = _lookahead_scores_two_products
-    operands._CACHE.clear()          # operands are cached per HMM: build them the variant's way
+    if variant != "after":
+        operands.emission_product = lambda low, emission_t: PackedLinear(low)
+        sampler.lookahead_scores = _lookahead_scores_two_products
     try:
         yield
     finally:
         tables.GatheredBackwardStep, operands.emission_product, sampler.lookahead_scores = saved
-        operands._CACHE.clear()
+        operands._CACHE = saved_cache
+
+
+_VARIANT_CACHES: dict = {}
 
 
 def _lookahead_scores_two_products(scores, tables, table_of_row, states, priors, remaining,
@@ -338,6 +343,12 @@ def main(argv=None) -> list[dict]:
         medians = tables_only(cfg, tokenizer, hmm, examples[:args.items], args.variants, args.repeats)
         print("guide tables, seconds per item (median of", args.repeats, "):", medians)
         return [medians]
+    from ctrlg.guide.emission_operands import emission_operands
+    from ctrlg.guide.tables import PRECISIONS, resolve_precision
+
+    for variant in args.variants:      # the HMM's shared operands, built once per variant (as a run does)
+        with variant_code(variant):
+            emission_operands(hmm, PRECISIONS[resolve_precision(cfg.generation.precision)])
     results = []
     for beams in args.beams:
         items = examples[:args.items_128 if beams >= 128 else args.items]

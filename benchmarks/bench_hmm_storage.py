@@ -2,13 +2,19 @@
 
     python -m benchmarks.bench_hmm_storage --hmm commongen-adapted-h512 --formats log8 topk8-1024 topk8-4096
     python -m benchmarks.bench_hmm_storage --hmm outputs/.../hmm --samples outputs/.../samples/heldout
+    python -m benchmarks.bench_hmm_storage --hmm commongen-human-h512 --formats topk8-4096 topk8-4096@3 \
+        --support-samples outputs/distill_samples/<run>/train --samples outputs/distill_samples/<run>/heldout
 
 For each format the HMM is saved to a temporary folder (the file size is what ships), loaded
 back, and scored by the forward algorithm on (a) CommonGen dev references — the first reference of
 the first ``--refs`` items, as the adapted LM writes them (" " + sentence + EOS), EOS-padding
 masked — and (b) with ``--samples``, held-out LM samples (EOS-padded to their length, as the EM
 trained on them). Figures are mean log-likelihood per token in nats; "as loaded" is the HMM as it
-was read (its own format). Writes a markdown table to stdout and, with ``--out``, JSON.
+was read (its own format). ``topk8-K@m`` keeps each state's K tokens among those the training
+samples (``--support-samples``) hold ≥ m times (:func:`ctrlg.hmm.quantize.support_from_tokens`).
+"Guide product columns" is how many columns of B the guide's per-token product multiplies
+(:mod:`ctrlg.guide.factored_emission`). Writes a markdown table to stdout and, with ``--out``,
+JSON.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from pathlib import Path
 
 import torch
 
+from ctrlg.guide.factored_emission import rank_one_tail
 from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
 from ctrlg.hmm.model import HMM
+from ctrlg.hmm.quantize import support_from_tokens
 
 
 def reference_batch(tokenizer, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +55,30 @@ def per_token(hmm: HMM, ids: torch.Tensor, mask: torch.Tensor | None, batch: int
     return total / max(count, 1)
 
 
-def storage_round_trip(hmm: HMM, fmt: str, folder: Path) -> tuple[HMM, int]:
-    """The HMM after saving in ``fmt`` (float32 / bfloat16 / an emission scheme) and loading."""
-    if fmt in ("float32", "bfloat16"):
-        hmm.save(folder, dtype=getattr(torch, fmt))
+def storage_round_trip(hmm: HMM, fmt: str, folder: Path,
+                       support_tokens: torch.Tensor | None = None) -> tuple[HMM, int]:
+    """The HMM after saving in ``fmt`` (float32 / bfloat16 / an emission scheme; ``topk8-K@m``:
+    kept among the tokens ``support_tokens`` holds ≥ m times) and loading."""
+    scheme, _, min_count = fmt.partition("@")
+    support = None
+    if min_count:
+        if support_tokens is None:
+            raise SystemExit(f"format {fmt!r} needs --support-samples (the training samples)")
+        eos = hmm.config.get("eos_token_id")
+        support = support_from_tokens(support_tokens, hmm.vocab_size, int(min_count),
+                                      always=() if eos is None else (int(eos),))
+    if scheme in ("float32", "bfloat16"):
+        hmm.save(folder, dtype=getattr(torch, scheme))
     else:
-        hmm.save(folder, dtype=torch.bfloat16, emission_quantization=fmt)
+        hmm.save(folder, dtype=torch.bfloat16, emission_quantization=scheme, emission_support=support)
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     return HMM.load(folder), size
+
+
+def guide_support(hmm: HMM) -> int:
+    """Columns of the guide's dense product for ``hmm``: V, or the support of a rank-1 tail."""
+    tail = rank_one_tail(hmm.emission.float().T.contiguous())
+    return hmm.vocab_size if tail is None else len(tail.support)
 
 
 def main(argv=None) -> dict:
@@ -64,6 +88,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--refs", type=int, default=500)
     parser.add_argument("--samples", default=None, help="a folder of held-out sample chunks")
     parser.add_argument("--max-samples", type=int, default=4096)
+    parser.add_argument("--support-samples", default=None,
+                        help="a folder of training sample chunks: the counts behind topk8-K@m formats")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -78,11 +104,13 @@ def main(argv=None) -> dict:
     samples = None
     if args.samples:
         samples = load_chunks(args.samples, ("tokens",))["tokens"][:args.max_samples]
+    support_tokens = load_chunks(args.support_samples, ("tokens",))["tokens"] if args.support_samples else None
     rows = []
 
     def score(name: str, hmm: HMM, size: int | None) -> None:
         hmm = hmm.to(args.device)
-        row = {"format": name, "bytes": size, "dev_refs_ll": per_token(hmm, *refs)}
+        row = {"format": name, "bytes": size, "dev_refs_ll": per_token(hmm, *refs),
+               "guide_columns": guide_support(hmm)}
         if samples is not None:
             row["heldout_samples_ll"] = per_token(hmm, samples, None)
         rows.append(row)
@@ -91,14 +119,15 @@ def main(argv=None) -> dict:
     score(f"as loaded ({base.config.get('emission_quantization') or base.config.get('dtype')})", base, shipped)
     with tempfile.TemporaryDirectory() as tmp:
         for i, fmt in enumerate(args.formats):
-            hmm, size = storage_round_trip(base, fmt, Path(tmp) / str(i))
+            hmm, size = storage_round_trip(base, fmt, Path(tmp) / str(i), support_tokens)
             score(fmt, hmm, size)
     print(f"HMM {args.hmm}: h = {base.hidden_size}, V = {base.vocab_size}; log-likelihood per token (nats)")
-    head = "| format | size (MB) | dev references |" + (" held-out samples |" if samples is not None else "")
+    head = "| format | size (MB) | guide product columns | dev references |" + \
+        (" held-out samples |" if samples is not None else "")
     print(head)
-    print("|---|---|---|" + ("---|" if samples is not None else ""))
+    print("|---|---|---|---|" + ("---|" if samples is not None else ""))
     for row in rows:
-        line = f"| {row['format']} | {row['bytes'] / 1e6:.1f} | {row['dev_refs_ll']:.4f} |"
+        line = f"| {row['format']} | {row['bytes'] / 1e6:.1f} | {row['guide_columns']:,} | {row['dev_refs_ll']:.4f} |"
         if samples is not None:
             line += f" {row['heldout_samples_ll']:.4f} |"
         print(line)

@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 import ctrlg
 from ctrlg.errors import CheckpointError
-from ctrlg.hmm.quantize import LOG_RANGE, dequantize_emission, quantize_emission
+from ctrlg.guide.factored_emission import rank_one_tail
+from ctrlg.hmm.quantize import LOG_RANGE, dequantize_emission, quantize_emission, support_from_tokens
 
 
 def skewed_emission(h=6, V=300, seed=0):
@@ -131,3 +132,57 @@ def test_topk8_checkpoint_round_trip_and_size(tmp_path):
 def test_bad_topk_names_are_clear_errors(name):
     with pytest.raises(CheckpointError, match="topk8-K"):
         quantize_emission(skewed_emission(), name)
+
+
+def test_topk8_within_a_support_keeps_rows_there_and_leaves_one_profile_outside():
+    """Each row's K kept among the support tokens; every other token's column is one shared
+    profile, so the guide's product multiplies only the kept tokens' columns."""
+    B = skewed_emission(h=5, V=300, seed=6)
+    support = torch.zeros(300, dtype=torch.bool)
+    support[torch.arange(0, 300, 3)] = True                       # 100 tokens
+    q = quantize_emission(B, "topk8-20", support=support)
+    index = q["emission_topk_index"].long() & 0xFFFF
+    within = support.nonzero()[:, 0]
+    for row in range(5):                                          # the 20 largest within the support
+        want = within[torch.topk(B[row, within], 20).indices]
+        assert index[row].sort().values.equal(want.sort().values)
+    decoded = dequantize_emission(q, "topk8-20")
+    assert torch.allclose(decoded.sum(1), torch.ones(5, dtype=torch.float64))
+    kept = torch.zeros(300, dtype=torch.bool)
+    kept[index.flatten()] = True
+    tail = rank_one_tail(decoded.float().T.contiguous())
+    assert tail is not None and torch.equal(tail.support, kept.nonzero()[:, 0])
+    assert bool(support[tail.support].all())
+
+
+def test_a_support_needs_a_topk_scheme_and_a_vocabulary_sized_mask():
+    B = skewed_emission(h=3, V=50)
+    with pytest.raises(CheckpointError, match="needs a topk8-K scheme"):
+        quantize_emission(B, "log8", support=torch.ones(50, dtype=torch.bool))
+    with pytest.raises(CheckpointError, match="non-empty bool vector over the 50 tokens"):
+        quantize_emission(B, "topk8-4", support=torch.ones(49, dtype=torch.bool))
+    with pytest.raises(CheckpointError, match="non-empty"):
+        quantize_emission(B, "topk8-4", support=torch.zeros(50, dtype=torch.bool))
+
+
+def test_support_from_tokens_counts_by_enumeration():
+    tokens = torch.tensor([[1, 2, 2, 3], [3, 3, 7, 0]])
+    counts = {v: sum(int(t == v) for t in tokens.flatten()) for v in range(10)}
+    for m in (1, 2, 3):
+        got = support_from_tokens(tokens, 10, m, always=(9,))
+        assert got.tolist() == [counts[v] >= m or v == 9 for v in range(10)]
+    with pytest.raises(CheckpointError, match="min_count must be >= 1"):
+        support_from_tokens(tokens, 10, 0)
+
+
+def test_a_checkpoint_saved_within_a_support_records_its_size(tmp_path):
+    h, V = 4, 200
+    hmm = ctrlg.HMM.from_params(torch.full((h,), 1 / h), torch.full((h, h), 1 / h),
+                                skewed_emission(h, V, seed=7).float())
+    support = torch.zeros(V, dtype=torch.bool)
+    support[:80] = True
+    hmm.save(tmp_path / "s", emission_quantization="topk8-10", emission_support=support)
+    loaded = ctrlg.HMM.load(tmp_path / "s")
+    assert loaded.config["emission_support_size"] == 80
+    kept = load_file(str(tmp_path / "s" / "model.safetensors"))["emission_topk_index"].long() & 0xFFFF
+    assert int(kept.max()) < 80

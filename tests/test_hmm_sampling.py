@@ -370,3 +370,29 @@ def test_preallocated_layer_refuses_to_overflow():
         layer.update(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 4))
     with pytest.raises(CtrlgError, match="capacity 2 is smaller"):
         PreallocatedLayer.from_states(torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4), capacity=2)
+
+
+def test_distill_keeps_topk_rows_within_the_tokens_the_samples_hold(tiny_lm, tmp_path):
+    """output.emission_support_min_count: the saved topk8-K rows keep only tokens the training
+    samples hold at least m times (EOS always), and the checkpoint records the support's size."""
+    from safetensors.torch import load_file
+
+    from ctrlg.hmm.distill import distill
+
+    _, tokenizer, path = tiny_lm
+    cfg = _tiny_distill_config(
+        path, tmp_path, hidden_size=4,
+        lvd={"kmeans_iters": 3, "pseudocount": 0.5},
+        em={"schedule": [[1, 3]], "num_chunks": 3, "batch_size": 8, "pseudocount": 0.5,
+            "emission_prior": "unigram", "keep_best": True},
+        head={"enabled": False},
+        output={"dir": str(tmp_path / "out"), "dtype": "float32", "emission_quantization": "topk8-3",
+                "emission_support_min_count": 2})
+    distill(cfg)
+    train = load_chunks(tmp_path / "samples" / "train", ("tokens",))["tokens"]
+    counts = torch.bincount(train.flatten().long(), minlength=40)
+    support = {v for v in range(40) if counts[v] >= 2} | {EOS}
+    saved = HMM.load(tmp_path / "out" / "hmm", tokenizer=tokenizer)
+    assert saved.config["emission_support_size"] == len(support)
+    kept = load_file(str(tmp_path / "out" / "hmm" / "model.safetensors"))["emission_topk_index"].long()
+    assert set((kept & 0xFFFF).flatten().tolist()) <= support

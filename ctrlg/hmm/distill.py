@@ -44,6 +44,7 @@ from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
 from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.model import HMM
+from ctrlg.hmm.quantize import support_from_tokens
 from ctrlg.hmm.sampling import load_chunks, read_prompts, sample_to_disk
 from ctrlg.hmm.stream_sampling import stream_sample_to_disk
 from ctrlg.lm import models
@@ -419,6 +420,10 @@ def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, 
     HMM as written. Cost: the head's training epochs (:mod:`ctrlg.hmm.head_training`)."""
     dtype = getattr(torch, str(_get(cfg, "output.dtype", "float32")))
     storage = dict(dtype=dtype, emission_quantization=_get(cfg, "output.emission_quantization"))
+    min_count = _get(cfg, "output.emission_support_min_count")
+    if min_count is not None:   # topk8-K rows kept among the tokens the LM sampled ≥ min_count times
+        storage["emission_support"] = support_from_tokens(train["tokens"], hmm.vocab_size,
+                                                          int(min_count), always=tuple(eos_ids or ()))
     hmm.config["metrics"] = metrics["heldout_ll_per_token"]
     hmm.save(out_dir / "hmm", **storage)
     saved = type(hmm).load(out_dir / "hmm")

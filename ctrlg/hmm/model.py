@@ -224,22 +224,27 @@ class HMM(torch.nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
-             emission_quantization: str | None = None) -> Path:
+             emission_quantization: str | None = None,
+             emission_support: torch.Tensor | None = None) -> Path:
         """Write ``path/model.safetensors``, ``path/config.json`` and the attached ``prior_head``
         (if any) atomically: all are written into a staging folder that then replaces ``path``
         (:func:`ctrlg.checkpoint.atomic_folder`; a stale head in ``path`` disappears with it), and
         the HMM's two files carry the same save id, which :meth:`load` checks; the head records
         the hash of the weights it was saved with. ``dtype=torch.bfloat16`` halves the file
         (parameters are renormalised in float32 on load); ``emission_quantization="log8"`` or
-        ``"normq8"`` stores the emission matrix in 8 bits (:mod:`ctrlg.hmm.quantize`)."""
+        ``"normq8"`` stores the emission matrix in 8 bits (:mod:`ctrlg.hmm.quantize`);
+        ``"topk8-K"`` keeps each state's K most likely tokens, among ``emission_support`` (bool
+        [V]) when given."""
         path = Path(path)
         save_id = new_save_id()
         names = ("initial", "transition") + (() if emission_quantization else ("emission",))
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
                    for name in names}
         if emission_quantization:
-            tensors.update(quantize_emission(self.emission, emission_quantization))
+            tensors.update(quantize_emission(self.emission, emission_quantization, emission_support))
         config = dict(self.config)
+        if emission_support is not None:
+            config["emission_support_size"] = int(torch.as_tensor(emission_support).sum())
         config.update(format_version=FORMAT_VERSION, hidden_size=self.hidden_size,
                       vocab_size=self.vocab_size, dtype=str(dtype).replace("torch.", ""),
                       save_id=save_id, emission_quantization=emission_quantization)

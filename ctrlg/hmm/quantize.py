@@ -18,7 +18,12 @@ every decoded row is a distribution):
   distribution u (the mean emission row, stored once): B̂[i, v] = r_i · u_v / Σ_{w ∉ K_i} u_w.
   Emission rows of a distilled HMM are peaked (a state emits a few hundred tokens), so the mass
   outside the top K is small and the background keeps every token possible. The kept entries
-  are rescaled so the row sums to 1 exactly.
+  are rescaled so the row sums to 1 exactly. With a token ``support`` (e.g. the tokens the
+  distilled LM sampled at least m times, :func:`support_from_tokens`) each row keeps its K
+  largest entries *within the support*; a token outside it is then kept by no row, so its
+  column is r · u_v / Σ u — one shared profile, which the guide multiplies as a single rank-1
+  term (:mod:`ctrlg.guide.factored_emission`): the guide's product shrinks from V to the
+  support's columns. Same tensors, same decoder.
 
 Cost: O(h·V) to encode or decode; ``log8``/``normq8``: 1 byte per entry + 8 bytes per row (h = 512,
 V = 49,152: 25.2 MB against 50.3 MB in bfloat16); ``topk8-K``: 3 bytes per kept entry (2 for the
@@ -32,7 +37,8 @@ import torch
 
 from ctrlg.errors import CheckpointError
 
-__all__ = ["SCHEMES", "LOG_RANGE", "quantize_emission", "dequantize_emission", "topk_size"]
+__all__ = ["SCHEMES", "LOG_RANGE", "quantize_emission", "dequantize_emission", "topk_size",
+           "support_from_tokens"]
 
 SCHEMES = ("log8", "normq8", "topk8-K")
 LOG_RANGE = 30.0
@@ -59,11 +65,18 @@ def _log8(logs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return codes.to(torch.uint8), lo.float(), step.float()
 
 
-def _quantize_topk(B: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
-    """``topk8-K`` tensors of the float64 emission ``B`` [h, V] (module docstring)."""
+def _quantize_topk(B: torch.Tensor, k: int, support: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """``topk8-K`` tensors of the float64 emission ``B`` [h, V], each row's K kept among the
+    ``support`` tokens (bool [V]; None: all) (module docstring)."""
     h, V = B.shape
-    k = min(k, V)
-    values, index = torch.topk(B, k, dim=1)
+    if support is None:
+        k = min(k, V)
+        values, index = torch.topk(B, k, dim=1)
+    else:
+        within = support.nonzero()[:, 0]
+        k = min(k, len(within))
+        values, local = torch.topk(B[:, within], k, dim=1)
+        index = within[local]
     codes, lo, step = _log8(values.clamp_min(torch.finfo(torch.float64).tiny).log())
     if V <= 65536:  # int16 holds 0..65535 as two's complement; decoded with `& 0xFFFF`
         index = (index - 65536 * (index >= 32768)).to(torch.int16)
@@ -95,15 +108,26 @@ def _dequantize_topk(tensors: dict[str, torch.Tensor], scheme: str) -> torch.Ten
     return out / out.sum(1, keepdim=True)
 
 
-def quantize_emission(emission: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
+def quantize_emission(emission: torch.Tensor, scheme: str,
+                      support: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Codes (uint8 [h, V]) and per-row parameters (float32 [h]) of ``emission`` under
     ``scheme`` (``topk8-K``: the kept entries' indices and codes [h, K], the remaining mass and
-    the background); :func:`dequantize_emission` inverts it up to the rounding error (and, for
-    ``topk8-K``, the flattening of each row's tail onto the background)."""
+    the background; with ``support``, bool [V], the kept entries only among those tokens);
+    :func:`dequantize_emission` inverts it up to the rounding error (and, for ``topk8-K``, the
+    flattening of each row's tail onto the background)."""
     k = topk_size(scheme)
     B = emission.detach().to("cpu", torch.float64)
+    if support is not None:
+        support = torch.as_tensor(support, dtype=torch.bool).cpu()
+        if k is None:
+            raise CheckpointError(f"an emission support needs a topk8-K scheme (the dense {scheme} "
+                                  f"stores every token)")
+        if support.shape != (B.shape[1],) or not bool(support.any()):
+            raise CheckpointError(f"the emission support must be a non-empty bool vector over the "
+                                  f"{B.shape[1]} tokens, got shape {tuple(support.shape)} with "
+                                  f"{int(support.sum())} tokens")
     if k is not None:
-        return _quantize_topk(B, k)
+        return _quantize_topk(B, k, support)
     if scheme == "log8":
         codes, lo, step = _log8(B.clamp_min(torch.finfo(torch.float64).tiny).log())
         return {"emission_codes": codes, "emission_lo": lo, "emission_step": step}
@@ -136,3 +160,17 @@ def dequantize_emission(tensors: dict[str, torch.Tensor], scheme: str) -> torch.
     else:
         probs = codes.clamp_min(0.5) * step
     return probs / probs.sum(1, keepdim=True)
+
+
+def support_from_tokens(tokens: torch.Tensor, vocab_size: int, min_count: int,
+                        always: tuple[int, ...] = ()) -> torch.Tensor:
+    """Bool [V]: the tokens that occur at least ``min_count`` times in ``tokens`` (any shape, e.g.
+    the distillation's samples), plus ``always`` (e.g. EOS) — the ``support`` of
+    :func:`quantize_emission`. A token the LM never wrote in the samples has no emission
+    statistics of its own: EM left it at the prior's share."""
+    if min_count < 1:
+        raise CheckpointError(f"the support's min_count must be >= 1, got {min_count}")
+    counts = torch.bincount(tokens.reshape(-1).long().cpu(), minlength=vocab_size)[:vocab_size]
+    support = counts >= min_count
+    support[list(always)] = True
+    return support
