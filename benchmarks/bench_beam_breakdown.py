@@ -327,6 +327,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="float32", help="generation.precision of the guidance "
                         "products: float32 | auto")
+    parser.add_argument("--hmm", default=None, help="hmm.path: another HMM checkpoint folder "
+                        "(e.g. one saved with output.emission_support_min_count)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--tables-only", action="store_true",
                         help="time only the guide tables of --items items (variants alternating)")
@@ -334,7 +336,8 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(1)
 
     cfg = compose([f"model.dtype={args.dtype}", f"device={args.device}",
-                   f"generation.precision={args.precision}", "generation.widen_below_loglik=null"])
+                   f"generation.precision={args.precision}", "generation.widen_below_loglik=null",
+                   *([f"hmm.path={args.hmm}"] if args.hmm else [])])
     model, tokenizer = load_lm(cfg.model, cfg.device)
     hmm = load_hmm(cfg.hmm, tokenizer).to(cfg.device)
     n_max = max(args.items, args.items_128)
@@ -375,7 +378,8 @@ def main(argv=None) -> list[dict]:
     suffix = "" if args.precision == "float32" else f"_products_{args.precision}"
     out = Path(args.out or f"benchmarks/results/bench_beam_breakdown_{args.dtype}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"dtype": args.dtype, "precision": args.precision, "cpu_threads": 1,
+    out.write_text(json.dumps({"dtype": args.dtype, "precision": args.precision, "hmm": args.hmm,
+                               "cpu_threads": 1,
                                "device": args.device,
                                "results": results}, indent=1))
     return results

@@ -87,22 +87,32 @@ def test_log_ratios_of_several_tables_equal_each_table_alone(monkeypatch, inline
             torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
 
 
-def test_guidance_over_rows_of_several_tables_equals_each_row_alone(monkeypatch):
-    """guidance_log_ratio with rows of several DFAs (a batch of items) gives every row what its own
-    table gives it, including −inf rows for infeasible states."""
+@pytest.mark.parametrize("layout", ["mixed", "blocks", "blocks_all_feasible"])
+def test_guidance_over_rows_of_several_tables_equals_each_row_alone(monkeypatch, layout):
+    """guidance_log_ratio with rows of several DFAs (a batch of items: rows in any order, or one
+    block per item as beam search lays them out, written straight into one buffer) gives every
+    row what its own table gives it, including −inf rows for infeasible states, and its
+    log p_hmm(α | x≤t) equals the sum over tokens of p_hmm(v | x≤t) p_hmm(α | x≤t, v)."""
     monkeypatch.setattr("ctrlg.guide.tables.BLOCK_LETTER", 1)
     hmm = random_hmm(3, V, 30)
     tables = [build_tables(hmm, random_letter_dfa(5, V, 31 + i), N, eos_token_id=4) for i in range(3)]
     rng = np.random.default_rng(0)
-    table_of_row = rng.integers(0, 3, size=12)
-    states = np.array([rng.integers(tables[k].dfa.num_states) for k in table_of_row])
-    priors = torch.softmax(torch.randn(12, 3, generator=torch.Generator().manual_seed(1)), -1)
+    table_of_row = rng.integers(0, 3, size=12) if layout == "mixed" else np.repeat(np.arange(3), 4)
     remaining = 3
-    got = guidance_log_ratio(tables, table_of_row, states, priors, remaining)
+    states = np.array([rng.integers(tables[k].dfa.num_states) for k in table_of_row])
+    if layout == "blocks_all_feasible":   # table 1 accepts nothing: blocks of tables 0 and 2
+        table_of_row = np.repeat([0, 2], 6)
+        states = np.array([rng.choice(np.flatnonzero(tables[k].feasible[remaining])) for k in table_of_row])
+    priors = torch.softmax(torch.randn(12, 3, generator=torch.Generator().manual_seed(1)), -1)
+    accept: list = []
+    got = guidance_log_ratio(tables, table_of_row, states, priors, remaining, log_accept=accept)
     for i, k in enumerate(table_of_row):
         if not tables[k].feasible[remaining, states[i]]:
-            assert torch.isneginf(got[i]).all()
+            assert torch.isneginf(got[i]).all() and torch.isneginf(accept[0][i])
             continue
         alone = tables[k].log_ratio([states[i]], priors[i:i + 1], remaining)[0]
         assert torch.equal(torch.isinf(got[i]), torch.isinf(alone))
         torch.testing.assert_close(got[i], alone, rtol=1e-5, atol=1e-5)
+        _, log_marginal = tables[k].token_weights([states[i]], priors[i:i + 1], remaining)
+        want = torch.logsumexp(log_marginal[0] + alone, 0)
+        torch.testing.assert_close(accept[0][i], want, rtol=1e-5, atol=1e-5)

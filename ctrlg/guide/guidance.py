@@ -59,13 +59,16 @@ __all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs", "lookahea
 def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
                        priors: torch.Tensor | None, remaining: int,
                        device: torch.device | str = "cpu", *, shifted: bool = False,
-                       log_marginal: list | None = None) -> torch.Tensor:
+                       log_accept: list | None = None) -> torch.Tensor:
     """log p_hmm(α | x≤t, v), float32 [R, V], for rows using ``tables[table_of_row[i]]`` in DFA
     state ``states[i]`` with prior ``priors[i]`` (None: logical guidance) and ``remaining`` tokens
     left (including v). Rows whose state cannot reach acceptance get −inf everywhere. With
     ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`). A list
-    ``log_marginal`` receives log p_hmm(v | x≤t), float32 [R, V] (−inf on rows that cannot
-    reach acceptance), read off the same products."""
+    ``log_accept`` (not with ``shifted``) receives log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v |
+    x≤t) + log p_hmm(α | x≤t, v)), float32 [R] (−inf on rows that cannot reach acceptance), with
+    the marginal p_hmm(v | x≤t) read off the same products."""
+    if log_accept is not None and shifted:
+        raise ValueError("log_accept needs the exact (unshifted) ratio")
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = len(states), tables[0].vocab_size
@@ -79,22 +82,25 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
         rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
         queries.append((table, states[rows], None if priors is None else priors[rows_t], remaining))
         where.append(rows)
-    marginals = [] if log_marginal is not None else None
-    ratios = log_ratios(queries, shifted=shifted, marginals=marginals)   # one product per HMM
-    if log_marginal is not None:
-        log_marginal.append(_scatter_rows([m.float().log() for m in marginals], where, R, V, device))
-    return _scatter_rows(ratios, where, R, V, device)
-
-
-def _scatter_rows(parts: list, where: list, R: int, V: int, device) -> torch.Tensor:
-    """[R, V] float32 with ``parts[i]`` at rows ``where[i]`` and −inf elsewhere (one
-    concatenation when the parts tile the rows in order: a batch's items are row blocks)."""
+    marginals = [] if log_accept is not None else None
+    tiled = bool(where) and sum(map(len, where)) == R and \
+        np.array_equal(np.concatenate(where), np.arange(R))   # a batch's items are row blocks
+    buffer = torch.empty(R, V, device=priors.device) if tiled and len(where) > 1 and \
+        priors is not None else None
+    ratios = log_ratios(queries, shifted=shifted, marginals=marginals, out=buffer)   # one product per HMM
+    if log_accept is not None:
+        accept = torch.full((R,), -math.inf, device=device)
+        for rows, ratio, marginal in zip(where, ratios, marginals):
+            value = torch.logsumexp(marginal.float().log() + ratio, 1) if marginal is not None \
+                else torch.where(torch.isfinite(ratio).any(1), 0.0, -math.inf)
+            accept[torch.as_tensor(rows, device=device)] = value.to(device)
+        log_accept.append(accept)
+    if buffer is not None:
+        return buffer.to(device)
     if len(where) == 1 and len(where[0]) == R:
-        return parts[0].to(device)
-    if sum(map(len, where)) == R and np.array_equal(np.concatenate(where), np.arange(R)):
-        return torch.cat(parts).to(device)
+        return ratios[0].to(device)
     out = torch.full((R, V), -math.inf, device=device)
-    for rows, part in zip(where, parts):
+    for rows, part in zip(where, ratios):
         out[torch.as_tensor(rows, device=device)] = part.to(device)
     return out
 
@@ -166,14 +172,13 @@ def lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], table_
     token generated yet). −inf exactly on infeasible tokens (for every w ≥ 0); not normalised.
     Rows that cannot finish accepted are all −inf (no fallback: beam search drops them)."""
     table_of_row, states = np.asarray(table_of_row), np.asarray(states)
-    log_marginal: list = []
+    log_accept: list = []
     ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device,
-                               log_marginal=None if first else log_marginal)
+                               log_accept=None if first else log_accept)
     if first:
         prev = torch.zeros(len(states), device=scores.device)
     else:   # log p_hmm(α | x≤t) from the marginal the ratio's product already gave
-        prev = torch.logsumexp(log_marginal[0].add_(ratio), 1)
-        prev = torch.where(torch.isfinite(prev), prev, 0.0)
+        prev = torch.where(torch.isfinite(log_accept[0]), log_accept[0], 0.0)
     if strength:   # −inf (infeasible) stays −inf: ratio − prev and w · (−inf) are −inf, no NaN
         return ratio.sub_(prev[:, None]).mul_(strength).add_(scores.float())
     return torch.where(torch.isfinite(ratio), scores.float(), -math.inf)

@@ -116,7 +116,7 @@ class TokenWeights:
         return _DensePlan(states, remaining, exc, rows, k, block, inline, live, base, q_default,
                           block_terms, torch.cat(stacked), shifted)
 
-    def _from_dense(self, plan: "_DensePlan", both: torch.Tensor):
+    def _from_dense(self, plan: "_DensePlan", both: torch.Tensor, out: torch.Tensor | None = None):
         """The rest of :meth:`_weights`, from the dense product ``both`` = plan.operand · B:
         exception tokens of block letters by one [rows, h]·[h, |letter|] product per distinct
         letter (or, for few rows, from extra rows of the dense product), the others token by
@@ -126,7 +126,8 @@ class TokenWeights:
         to the default's scale c_default by scaling their q vectors by e^{c(t) − c_default}
         (O(h) per exception) and written into the joint rows *before* the quotient and log,
         so those run once over [R, V]. Exceptions whose scaled weights could underflow (or
-        overflow) keep their own scale and are written after the log instead."""
+        overflow) keep their own scale and are written after the log instead. ``out`` (ratio
+        mode): a float32 [R, V] buffer to write the result into."""
         exc, states, rows, k, block = plan.exc, plan.states, plan.rows, plan.k, plan.block
         R, ratio = len(states), exc.ratio
         fold = ratio and not plan.inline and bool(block.any())
@@ -137,7 +138,8 @@ class TokenWeights:
         if fold:
             late[late] = ~self._fold_block_letters(both[R:2 * R], exc, plan.base, rows[late], k[late])
         if ratio:  # the quotient in the product dtype (bfloat16: ≤ 0.4 % relative), log in float32
-            out = torch.empty(R, both.shape[1], device=exc.priors.device)
+            if out is None:
+                out = torch.empty(R, both.shape[1], device=exc.priors.device)
             torch.div(both[R:2 * R], exc.marginal, out=out).log_()
             log_marginal = None
         else:
@@ -306,7 +308,8 @@ class TokenWeights:
         return ratio.masked_fill_(~mask, -math.inf)
 
 
-def log_ratios(queries, *, shifted: bool = False, marginals: list | None = None) -> list[torch.Tensor]:
+def log_ratios(queries, *, shifted: bool = False, marginals: list | None = None,
+               out: torch.Tensor | None = None) -> list[torch.Tensor]:
     """:meth:`TokenWeights.log_ratio` of several queries ``(tables, states, priors, remaining)``,
     equal to asking each table alone, with one dense product per HMM: the left operands of
     the queries whose tables share the HMM's packed emission
@@ -317,14 +320,18 @@ def log_ratios(queries, *, shifted: bool = False, marginals: list | None = None)
 
     With a list ``marginals``, it receives per query the product's P(v | x≤t) = p B [R, V] (in
     the product dtype; None for logical queries), which the lookahead's log p_hmm(α | x≤t) needs
-    (:func:`ctrlg.guide.guidance.lookahead_scores`) and would otherwise compute again."""
+    (:func:`ctrlg.guide.guidance.lookahead_scores`) and would otherwise compute again. With
+    ``out`` (float32 [Σ rows, V]) the results are its consecutive row blocks, in query order (no
+    per-query buffers to concatenate afterwards)."""
     results: list = [None] * len(queries)
     if marginals is not None:
         marginals[:] = [None] * len(queries)
+    starts = np.cumsum([0] + [len(q[1]) for q in queries])
+    block = (lambda i: out[starts[i]:starts[i + 1]]) if out is not None else (lambda i: None)
     groups: dict[int, list] = {}
     for i, (tables, states, priors, remaining) in enumerate(queries):
         if getattr(tables, "hmm", None) is None or priors is None:
-            results[i] = tables.log_ratio(states, priors, remaining, shifted=shifted)
+            results[i] = _into(block(i), tables.log_ratio(states, priors, remaining, shifted=shifted))
             continue
         plan = tables._dense_plan(states, priors, remaining, True, shifted)
         groups.setdefault(id(tables._emission_product), []).append((i, tables, plan, states, remaining))
@@ -335,12 +342,19 @@ def log_ratios(queries, *, shifted: bool = False, marginals: list | None = None)
         start = 0
         for i, tables, plan, states, remaining in members:
             rows = plan.operand.shape[0]
-            ratio, safe = tables._from_dense(plan, both[start:start + rows])
-            results[i] = tables._exact_ratio(ratio, safe, states, remaining)
+            ratio, safe = tables._from_dense(plan, both[start:start + rows], block(i))
+            results[i] = _into(block(i), tables._exact_ratio(ratio, safe, states, remaining))
             if marginals is not None:
                 marginals[i] = both[start:start + len(states)]
             start += rows
     return results
+
+
+def _into(buffer: torch.Tensor | None, values: torch.Tensor) -> torch.Tensor:
+    """``values``, copied into ``buffer`` unless it is None or already holds them."""
+    if buffer is None or values.data_ptr() == buffer.data_ptr():
+        return values if buffer is None else buffer
+    return buffer.copy_(values)
 
 
 @dataclass
