@@ -214,7 +214,7 @@ def variant_code(variant: str):
       gathered at every step), plus everything ``dense`` undoes;
     * ``dense`` — the guide's product x · B over all V columns (``PackedLinear``, no rank-1
       tail: ``ctrlg.guide.factored_emission``) and the lookahead's log p_hmm(α | x≤t) from a
-      second product (``log_prob_accept_rows``), as before the factored product;
+      second product, as before the factored product;
     * ``after`` — the code as it is."""
     import ctrlg.guide.emission_operands as operands
     import ctrlg.guide.tables as tables
@@ -244,20 +244,25 @@ _VARIANT_CACHES: dict = {}
 def _lookahead_scores_two_products(scores, tables, table_of_row, states, priors, remaining,
                                    strength=1.0, first=False):
     """``ctrlg.guide.guidance.lookahead_scores`` as it was: log p_hmm(α | x≤t) from a second
-    [R, h]·[h, V] product (same values)."""
+    [R, h]·[h, V] product per HMM (same values), and isfinite / where over [R, V]."""
     import math
 
     import numpy as np
 
-    from ctrlg.guide.guidance import guidance_log_ratio, log_prob_accept_rows
+    from ctrlg.guide.guidance import guidance_log_ratio
 
     table_of_row, states = np.asarray(table_of_row), np.asarray(states)
     ratio = guidance_log_ratio(tables, table_of_row, states, priors, remaining, scores.device)
     finite = torch.isfinite(ratio)
-    if first:
-        prev = torch.zeros(len(states), device=scores.device)
-    else:
-        prev = log_prob_accept_rows(tables, table_of_row, states, priors, remaining, ratio)
+    prev = torch.zeros(len(states), device=scores.device)
+    if not first:
+        groups: dict = {}                       # the marginal p B again, one product per HMM
+        for k in np.unique(table_of_row):
+            groups.setdefault(tables[k]._emission_product, []).append(np.flatnonzero(table_of_row == k))
+        for product, parts in groups.items():
+            rows = torch.as_tensor(np.sort(np.concatenate(parts)), device=scores.device)
+            marginal = product(priors[rows]).float().log_()
+            prev[rows] = torch.logsumexp(marginal + ratio[rows], 1)
         prev = torch.where(torch.isfinite(prev), prev, 0.0)
     term = (ratio - prev[:, None]).mul_(strength) if strength else torch.zeros_like(ratio)
     return torch.where(finite, scores.float() + term, -math.inf)

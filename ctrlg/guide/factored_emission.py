@@ -55,33 +55,33 @@ def rank_one_tail(emission_t: torch.Tensor, rtol: float = TAIL_RTOL,
     ``min_fraction`` · V columns share one profile (module docstring). Each of the
     ``CANDIDATES`` columns of least mass is tried as the profile; the largest tail wins.
     O(CANDIDATES · V · h)."""
-    V, h = emission_t.shape
-    best = None
+    V = emission_t.shape[0]
+    best = None                                          # (tail size, in_tail, weight, profile)
     for reference in torch.topk(-emission_t.sum(1), min(CANDIDATES, V)).indices.tolist():
-        in_tail, weight, profile = _tail_of(emission_t, emission_t[reference].float(), rtol)
-        if in_tail is not None and (best is None or int(in_tail.sum()) > int(best[0].sum())):
-            best = (in_tail, weight, profile)
-    if best is None or int(best[0].sum()) < min_fraction * V:
+        profile = emission_t[reference].float()
+        found = _tail_of(emission_t, profile, rtol)
+        if found is not None and (best is None or int(found[0].sum()) > best[0]):
+            best = (int(found[0].sum()), *found, profile)
+    if best is None or best[0] < min_fraction * V:
         return None
-    in_tail, weight, profile = best
+    _, in_tail, weight, profile = best
     return RankOneTail(support=(~in_tail).nonzero()[:, 0], profile=profile,
                        weight=torch.where(in_tail, weight, 0.0))
 
 
 def _tail_of(emission_t: torch.Tensor, profile: torch.Tensor, rtol: float):
-    """(bool [V] the columns equal to ``profile`` · u_v, u [V], profile), or Nones for a zero
-    profile."""
+    """(bool [V] the columns equal to ``profile`` · u_v, u [V]), or None for a zero profile."""
     V = emission_t.shape[0]
     pivot = int(profile.argmax())
     if float(profile[pivot]) <= 0.0:
-        return None, None, None
+        return None
     weight = emission_t[:, pivot].float() / profile[pivot]
     in_tail = torch.empty(V, dtype=torch.bool, device=emission_t.device)
     for lo in range(0, V, _CHUNK):
         block = emission_t[lo:lo + _CHUNK].float()
         expected = weight[lo:lo + _CHUNK, None] * profile[None, :]
         in_tail[lo:lo + _CHUNK] = ((block - expected).abs() <= rtol * expected).all(1)
-    return in_tail, weight, profile
+    return in_tail, weight
 
 
 class FactoredProduct:

@@ -52,8 +52,7 @@ import torch
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.token_weights import log_ratios
 
-__all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs", "lookahead_scores",
-           "log_prob_accept_rows"]
+__all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs", "lookahead_scores"]
 
 
 def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
@@ -67,8 +66,8 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     ``log_accept`` (not with ``shifted``) receives log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v |
     x≤t) + log p_hmm(α | x≤t, v)), float32 [R] (−inf on rows that cannot reach acceptance), with
     the marginal p_hmm(v | x≤t) read off the same products."""
-    if log_accept is not None and shifted:
-        raise ValueError("log_accept needs the exact (unshifted) ratio")
+    if log_accept is not None and (shifted or priors is None):
+        raise ValueError("log_accept needs the exact (unshifted) ratio of HMM guidance (priors)")
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = len(states), tables[0].vocab_size
@@ -91,8 +90,7 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     if log_accept is not None:
         accept = torch.full((R,), -math.inf, device=device)
         for rows, ratio, marginal in zip(where, ratios, marginals):
-            value = torch.logsumexp(marginal.float().log() + ratio, 1) if marginal is not None \
-                else torch.where(torch.isfinite(ratio).any(1), 0.0, -math.inf)
+            value = torch.logsumexp(marginal.float().log() + ratio, 1)
             accept[torch.as_tensor(rows, device=device)] = value.to(device)
         log_accept.append(accept)
     if buffer is not None:
@@ -135,32 +133,6 @@ def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_
                                   remaining, scores.device, shifted=True)
 
     return _guide(scores, ratio, strength, ratio_again)
-
-
-def log_prob_accept_rows(tables: Sequence[Feasibility], table_of_row: np.ndarray,
-                         states: np.ndarray, priors: torch.Tensor, remaining: int,
-                         log_ratio: torch.Tensor) -> torch.Tensor:
-    """log p_hmm(α | x≤t) per row, float32 [R]: logsumexp_v(log p_hmm(v | x≤t) + ``log_ratio``),
-    ``log_ratio`` the exact (unshifted) :func:`guidance_log_ratio` of the same rows; p_hmm(v | x≤t)
-    = (p B)[v] from the tables' emission product (one [R, h]·[h, V] product per HMM). −inf for
-    rows that cannot finish accepted."""
-    table_of_row = np.asarray(table_of_row, dtype=np.int64)
-    out = torch.full((len(states),), -math.inf, device=log_ratio.device)
-    for product, rows in _rows_by_product(tables, table_of_row).items():
-        rows_t = torch.as_tensor(rows, device=priors.device)
-        marginal = product(priors[rows_t]).float().log_().to(log_ratio.device)
-        where = torch.as_tensor(rows, device=log_ratio.device)
-        out[where] = torch.logsumexp(marginal + log_ratio[where], 1)
-    return out
-
-
-def _rows_by_product(tables, table_of_row) -> dict:
-    groups: dict = {}
-    for k in np.unique(table_of_row):
-        rows = np.flatnonzero(table_of_row == k)
-        product = tables[k]._emission_product
-        groups[product] = np.concatenate([groups[product], rows]) if product in groups else rows
-    return {p: np.sort(r) for p, r in groups.items()}
 
 
 def lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
