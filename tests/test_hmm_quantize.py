@@ -181,6 +181,8 @@ def test_a_checkpoint_saved_within_a_support_records_its_size(tmp_path):
                                 skewed_emission(h, V, seed=7).float())
     support = torch.zeros(V, dtype=torch.bool)
     support[:80] = True
+    with pytest.raises(CheckpointError, match="needs a topk8-K emission_quantization"):
+        hmm.save(tmp_path / "dense", emission_support=support)
     hmm.save(tmp_path / "s", emission_quantization="topk8-10", emission_support=support)
     loaded = ctrlg.HMM.load(tmp_path / "s")
     assert loaded.config["emission_support_size"] == 80

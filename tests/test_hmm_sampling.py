@@ -396,3 +396,15 @@ def test_distill_keeps_topk_rows_within_the_tokens_the_samples_hold(tiny_lm, tmp
     assert saved.config["emission_support_size"] == len(support)
     kept = load_file(str(tmp_path / "out" / "hmm" / "model.safetensors"))["emission_topk_index"].long()
     assert set((kept & 0xFFFF).flatten().tolist()) <= support
+
+
+@pytest.mark.parametrize("quantization", [None, "log8"])
+def test_a_support_without_topk_storage_is_refused_before_sampling(tmp_path, quantization):
+    from ctrlg.hmm.distill import distill
+
+    cfg = _tiny_distill_config(tmp_path / "no-such-lm", tmp_path,
+                               output={"dir": str(tmp_path / "out"), "emission_quantization": quantization,
+                                       "emission_support_min_count": 2})
+    with pytest.raises(CtrlgError, match="emission_support_min_count needs output.emission_quantization"):
+        distill(cfg)
+    assert not (tmp_path / "samples").exists()

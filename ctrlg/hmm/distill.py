@@ -44,7 +44,7 @@ from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
 from ctrlg.hmm.head_training import prefix_loglik_table, train_prior_head
 from ctrlg.hmm.lvd import lvd_init
 from ctrlg.hmm.model import HMM
-from ctrlg.hmm.quantize import support_from_tokens
+from ctrlg.hmm.quantize import support_from_tokens, topk_size
 from ctrlg.hmm.sampling import load_chunks, read_prompts, sample_to_disk
 from ctrlg.hmm.stream_sampling import stream_sample_to_disk
 from ctrlg.lm import models
@@ -412,6 +412,15 @@ def _head_config(cfg: Mapping, hmm_config: dict) -> dict:
             "training": hmm_config["training"]}
 
 
+def _check_storage(cfg: Mapping) -> None:
+    """Refuse, before hours of sampling and EM, an ``output`` section the save would refuse."""
+    scheme = _get(cfg, "output.emission_quantization")
+    k = topk_size(str(scheme)) if scheme else None     # CheckpointError naming a bad scheme
+    if _get(cfg, "output.emission_support_min_count") is not None and k is None:
+        raise CtrlgError(f"output.emission_support_min_count needs output.emission_quantization "
+                         f"topk8-K (got {scheme!r})")
+
+
 def _save_checkpoint(cfg: Mapping, hmm, train: dict, test: dict, metrics: dict, *, eos_ids,
                      hmm_config: dict, out_dir: Path):
     """Steps 5–6 (checkpoint): save the HMM in ``output.dtype``, reload it and record its test
@@ -503,6 +512,7 @@ def train_head_for(cfg: Mapping, samples: Path, tokenizer, model_name, vocab_siz
 def distill(cfg: Mapping) -> dict:
     """Run the whole pipeline (module docstring); returns the metrics dictionary. With
     ``base_hmm`` set, only the prior head is trained (:func:`train_head_for`)."""
+    _check_storage(cfg)
     seed = int(_get(cfg, "seed", 0))
     torch.manual_seed(seed)
     threads = _get(cfg, "threads")

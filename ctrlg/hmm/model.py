@@ -236,6 +236,9 @@ class HMM(torch.nn.Module):
         ``"topk8-K"`` keeps each state's K most likely tokens, among ``emission_support`` (bool
         [V]) when given."""
         path = Path(path)
+        if emission_support is not None and not emission_quantization:
+            raise CheckpointError("an emission support needs a topk8-K emission_quantization "
+                                  "(without one every token is stored)")
         save_id = new_save_id()
         names = ("initial", "transition") + (() if emission_quantization else ("emission",))
         tensors = {name: getattr(self, name).detach().to("cpu", dtype).contiguous()
