@@ -1,9 +1,10 @@
-"""Adapt an LM to CommonGen with LoRA: ``python -m experiments.adapt [overrides]``.
+"""Adapt an LM with LoRA: ``python -m experiments.adapt [overrides]``.
 
-Trains LoRA factors on CommonGen train sentences (``form=unsupervised``, GeLaTo's setting) or
-concept → sentence pairs (``form=supervised``), measures the held-out NLL of dev references
-before and after, and saves the adapter (see configs/adapt.yaml and
-:func:`ctrlg.tasks.commongen.adaptation.adapt`).
+``task=commongen`` (default, configs/adapt.yaml): CommonGen train sentences (``form=unsupervised``,
+GeLaTo's setting) or concept → sentence pairs (``form=supervised``),
+:func:`ctrlg.tasks.commongen.adaptation.adapt`. ``--config-name adapt_stories``: the story tasks'
+LMs (``form=plain|continuation|ilm``), :func:`ctrlg.tasks.stories.adaptation.adapt`. Measures the
+held-out NLL before and after and saves the adapter.
 """
 
 import json
@@ -17,9 +18,12 @@ from experiments.common import report_errors
 @hydra.main(config_path="../configs", config_name="adapt", version_base=None)
 @report_errors
 def main(cfg: DictConfig) -> dict:
-    from ctrlg.tasks.commongen.adaptation import adapt
-
-    metrics = adapt(OmegaConf.to_container(cfg, resolve=True))
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if config.get("task", "commongen") == "stories":
+        from ctrlg.tasks.stories.adaptation import adapt
+    else:
+        from ctrlg.tasks.commongen.adaptation import adapt
+    metrics = adapt(config)
     print(json.dumps(metrics, indent=2))
     return metrics
 

@@ -19,7 +19,7 @@ pytest.importorskip("uvicorn")
 from app_fixtures import live_server, tiny_model  # noqa: E402
 from ctrlg import dfa  # noqa: E402
 from ctrlg.app import Limits, create_app  # noqa: E402
-from ctrlg.app.constraints import EditConstraint, build_constraint  # noqa: E402
+from ctrlg.dfa.edit_constraint import EditConstraint, build_constraint  # noqa: E402
 
 
 def call(base, path, body=None, raw: bytes | None = None):

@@ -117,7 +117,9 @@ def test_masked_document_reassembles_and_ratio():
         assert starts == sorted(starts)
         assert all(a.end <= b.start for a, b in zip(doc.spans, doc.spans[1:]))
         words_masked = sum(len(a.split()) for a in doc.answers)
-        assert mask_ratio(doc) == pytest.approx(words_masked / 12)
+        assert mask_ratio(doc, "words") == pytest.approx(words_masked / 12)
+        masked_chars = sum(len(a) for a in doc.answers)
+        assert mask_ratio(doc) == pytest.approx(masked_chars / len(TEXT.strip()))
     assert mask_document(TEXT, 0.3, 7) == mask_document(TEXT, 0.3, 7)
 
 

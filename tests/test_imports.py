@@ -160,11 +160,12 @@ LAYERS: dict[str, set[str]] = {
     "hmm": {"errors", "vocab", "validation", "checkpoint", "kernels", "data", "lm"},
     "guide": {"errors", "vocab", "validation", "memory", "dfa", "kernels"},
     "sampler": {"errors", "vocab", "validation", "memory", "dfa", "guide", "lm", "hmm"},
+    "fast_forward": {"errors", "dfa", "guide", "lm"},
     "relm": {"errors", "vocab", "validation", "dfa"},
     "app": {"errors", "vocab", "validation", "checkpoint", "metrics", "memory", "dfa", "lm", "data", "hmm",
             "guide", "sampler", "relm"},
     "tasks": {"errors", "vocab", "validation", "checkpoint", "metrics", "memory", "kernels", "dfa", "lm",
-              "data", "hmm", "guide", "sampler", "relm"},
+              "data", "hmm", "guide", "sampler", "relm", "fast_forward"},
     "ctrlg": {"errors", "vocab", "dfa", "hmm", "sampler"},
 }
 

@@ -3,7 +3,7 @@
 ``python -m ctrlg.app`` serves it on the embedded SmolLM2 + HMM (see docs/app.md);
 :func:`create_app` builds the FastAPI application around any LM / tokenizer / HMM.
 
-Modules: :mod:`~ctrlg.app.constraints` (request → token DFA), :mod:`~ctrlg.app.service`
+Modules: :mod:`~ctrlg.dfa.edit_constraint` (request → token DFA), :mod:`~ctrlg.app.service`
 (queueing, time budget, cancellation, text ↔ tokens), :mod:`~ctrlg.app.schemas` (the JSON API),
 :mod:`~ctrlg.app.server` (routes), :mod:`~ctrlg.app.examples` (CoAuthor example documents).
 

@@ -7,7 +7,7 @@ a continuation). The service
    ``suffix_tokens`` tokens of the suffix as the insertion suffix σ (Ctrl-G §5: the HMM's tables
    require σ to follow y; candidates are reranked by log p_lm(y ⊕ σ | prompt)). Logical masking
    has no model of what follows, so there σ only enters the reranking;
-2. builds the request's token DFA (:mod:`ctrlg.app.constraints`), memoised per constraint;
+2. builds the request's token DFA (:mod:`ctrlg.dfa.edit_constraint`), memoised per constraint;
 3. calls :func:`ctrlg.generate`, which builds a **fresh** ConstraintLogitsProcessor, so row states
    never mix between requests, and returns the accepted samples;
 4. trims each sample's tail of symbol-only tokens (spaces, ``#``, quotes ...; the tail's first
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ctrlg.app.constraints import EditConstraint, build_constraint
+from ctrlg.dfa.edit_constraint import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
 from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import generate as guided_generate

@@ -10,9 +10,10 @@ uniform in ``[1, max_ngram]`` (clipped at the sentence end); a length-1 n-gram i
 longer ones are NGRAM spans, and the walk continues after the n-gram. The result is a sorted list
 of non-overlapping :class:`MaskedSpan` objects, each tagged with its granularity.
 
-The mask ratio (:func:`mask_ratio`) is the fraction of whitespace-separated words covered by
-masked spans; :func:`calibrate_mask_probability` finds the ``p`` that gives a target average ratio
-on a corpus (bisection with common random numbers, so the result is deterministic per seed).
+The mask ratio (:func:`mask_ratio`) is the fraction of the document's characters inside masked
+spans (Ctrl-G's and ILM's definition; ``unit="words"``: of its whitespace-separated words);
+:func:`calibrate_mask_probability` finds the ``p`` that gives a target average ratio on a corpus
+(bisection with common random numbers, so the result is deterministic per seed).
 """
 
 from __future__ import annotations
@@ -170,8 +171,14 @@ def mask_document(text: str, p: float, seed: int, max_ngram: int = 8) -> MaskedD
                                                         max_ngram)))
 
 
-def mask_ratio(document: MaskedDocument) -> float:
-    """Fraction of the document's whitespace-separated words that lie inside masked spans."""
+def mask_ratio(document: MaskedDocument, unit: str = "chars") -> float:
+    """Fraction of the document's characters (``unit="chars"``: masked span characters over the
+    stripped document's length) or whitespace-separated words (``"words"``) inside masked spans."""
+    if unit == "chars":
+        length = len(document.text.strip())
+        return sum(s.end - s.start for s in document.spans) / length if length else 0.0
+    if unit != "words":
+        raise DatasetError(f"unit must be 'chars' or 'words', got {unit!r}")
     words = [(m.start(), m.end()) for m in _WORD.finditer(document.text)]
     if not words:
         return 0.0
@@ -180,7 +187,8 @@ def mask_ratio(document: MaskedDocument) -> float:
 
 
 def calibrate_mask_probability(texts: list[str], target_ratio: float, seed: int = 0,
-                               max_ngram: int = 8, iterations: int = 30) -> float:
+                               max_ngram: int = 8, iterations: int = 30,
+                               unit: str = "chars") -> float:
     """The ``p`` whose average :func:`mask_ratio` over ``texts`` is closest to ``target_ratio``.
 
     Bisection on p in [0, 1]; document i always uses seed ``seed + i`` (common random numbers),
@@ -193,7 +201,7 @@ def calibrate_mask_probability(texts: list[str], target_ratio: float, seed: int 
         raise DatasetError("calibrate_mask_probability needs at least one text")
 
     def average(p: float) -> float:
-        return float(np.mean([mask_ratio(mask_document(t, p, seed + i, max_ngram))
+        return float(np.mean([mask_ratio(mask_document(t, p, seed + i, max_ngram), unit)
                               for i, t in enumerate(texts)]))
 
     low, high = 0.0, 1.0

@@ -37,6 +37,7 @@ from ctrlg.data._files import bundled_path, data_path
 from ctrlg.data.commongen_prompts import (DEFAULT_BOS_TOKEN, bos_text, commongen_prompts, prompt_text,
                                           target_text)
 from ctrlg.data.commongen_targets import selected_indices
+from ctrlg.data.story_prompts import continuation_prompts
 from ctrlg.errors import CtrlgError
 from ctrlg.hmm import EMBEDDED_HMMS, embedded_hmm_path
 from ctrlg.hmm.em import baum_welch, heldout_ll_per_token, unigram_prior
@@ -62,10 +63,18 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     turns concept lines into chat-template instructions, ``keywords`` into the supervised
     adapter's prompts (BOS + "Concepts: a, b, c.\nSentence:",
     :func:`ctrlg.data.commongen_prompts.prompt_text`), ``raw`` uses each line as is; ``bos`` is
-    the single prompt "BOS" (``prompts.bos_token``) of unconditional sampling. Deduplicated in
-    order."""
+    the single prompt "BOS" (``prompts.bos_token``) of unconditional sampling; ``story_prefixes``
+    the continuation LM's prompts over prefixes of the story corpus's training passages
+    (:func:`ctrlg.data.story_prompts.continuation_prompts`; ``prompts.file``: another JSONL of
+    passages; ``prompts.per_passage`` cut points each). Deduplicated in order."""
     if _get(cfg, "prompts.format", "commongen") == "bos":
         return [bos_text(tokenizer, _get(cfg, "prompts.bos_token", DEFAULT_BOS_TOKEN))]
+    if _get(cfg, "prompts.format") == "story_prefixes":
+        prompts = continuation_prompts(tokenizer, int(_get(cfg, "prompts.per_passage", 1)),
+                                       int(_get(cfg, "seed", 0)), _get(cfg, "prompts.file"),
+                                       _get(cfg, "prompts.bos_token", DEFAULT_BOS_TOKEN))
+        limit = _get(cfg, "prompts.limit")
+        return prompts[:limit] if limit else prompts
     lines = list(_get(cfg, "prompts.list") or []) or read_prompts(
         _get(cfg, "prompts.file") or bundled_path("commongen.train.src_alpha.txt"))
     limit = _get(cfg, "prompts.limit")
@@ -79,7 +88,8 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     elif fmt == "raw":
         prompts = list(dict.fromkeys(lines))
     else:
-        raise CtrlgError(f"prompts.format must be 'commongen', 'keywords', 'raw' or 'bos', got {fmt!r}")
+        raise CtrlgError(f"prompts.format must be 'commongen', 'keywords', 'raw', 'bos' or "
+                         f"'story_prefixes', got {fmt!r}")
     return prompts[:limit] if limit else prompts
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -35,9 +36,12 @@ from tqdm.auto import tqdm
 
 from ctrlg.checkpoint import atomic_folder
 from ctrlg.errors import CheckpointError, CtrlgError
+from ctrlg.lm import models
+from ctrlg.lm.adapters import base_fingerprint, save_adapter
+from ctrlg.validation import config_value as get
 
 __all__ = ["LoraSettings", "Example", "encode_examples", "epoch_batches", "collate",
-           "mean_target_nll", "train_lora"]
+           "mean_target_nll", "train_lora", "settings_from_config", "run_adaptation"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _STATE_TENSORS = "training_state.safetensors"
@@ -269,3 +273,78 @@ def train_lora(model, examples: Sequence[Example], pad_id: int, settings: LoraSe
         bar.close()
     peft_model.eval()
     return peft_model, losses
+
+
+# ---------------------------------------------------------------------- one adaptation run
+def settings_from_config(cfg) -> LoraSettings:
+    """:class:`LoraSettings` from a config's ``lora.*``, ``train.*`` and ``seed``."""
+    lora, train = dict(get(cfg, "lora", {}) or {}), dict(get(cfg, "train", {}) or {})
+    return LoraSettings(rank=int(lora.get("rank", 8)), alpha=float(lora.get("alpha", 16)),
+                        dropout=float(lora.get("dropout", 0.0)),
+                        target_modules=tuple(lora.get("target_modules") or LoraSettings.target_modules),
+                        lr=float(train.get("lr", 2e-4)),
+                        weight_decay=float(train.get("weight_decay", 0.0)),
+                        warmup_fraction=float(train.get("warmup_fraction", 0.03)),
+                        epochs=int(train.get("epochs", 1)),
+                        batch_size=int(train.get("batch_size", 32)),
+                        max_steps=train.get("max_steps"), save_every=int(train.get("save_every", 100)),
+                        autocast=train.get("autocast", "bfloat16"),
+                        seed=int(get(cfg, "seed", 0))).check()
+
+
+def run_adaptation(cfg, make_texts, meta: dict) -> dict:
+    """One adaptation run, the same for every task (``python -m experiments.adapt``):
+
+    1. loads the base LM (``model.name``; weights in ``train.model_dtype``, attention
+       ``train.attention``) and its tokenizer;
+    2. ``make_texts(tokenizer)`` → ((train prompts, targets), (held-out prompts, targets)), encoded
+       by :func:`encode_examples` (the loss covers the targets);
+    3. measures the held-out NLL per target token, trains LoRA (:func:`train_lora`, resumable
+       from ``output.dir/state``), measures it again;
+    4. saves the adapter (:func:`ctrlg.lm.adapters.save_adapter`, with ``meta`` — the text format
+       — and these figures) to ``output.dir/adapter`` and ``output.copy_to``, ``metrics.json``
+       and ``losses.json``.
+
+    Returns the metrics dictionary."""
+    if get(cfg, "threads"):
+        torch.set_num_threads(int(get(cfg, "threads")))
+    settings = settings_from_config(cfg)
+    out_dir = Path(get(cfg, "output.dir", "outputs/adapt"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = get(cfg, "model.name")
+    kwargs = {"attn_implementation": get(cfg, "train.attention")} if get(cfg, "train.attention") else {}
+    model = models.load_model(name, dtype=getattr(torch, str(get(cfg, "train.model_dtype", "bfloat16"))),
+                              **kwargs)
+    tokenizer = models.load_tokenizer(name)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    fingerprint = base_fingerprint(model)
+    train_texts, heldout_texts = make_texts(tokenizer)
+    train, heldout = encode_examples(tokenizer, *train_texts), encode_examples(tokenizer, *heldout_texts)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    before = mean_target_nll(model, heldout, pad, autocast=settings.autocast)
+    timings["heldout_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    peft_model, losses = train_lora(model, train, pad, settings, state_dir=out_dir / "state")
+    timings["train_s"] = time.perf_counter() - start
+    after = mean_target_nll(peft_model, heldout, pad, autocast=settings.autocast)
+    metrics = {
+        **{k: meta[k] for k in ("form", "prompt_style") if k in meta},
+        "train_examples": len(train), "train_target_tokens": sum(len(e.ids) - e.start for e in train),
+        "train_tokens": sum(len(e.ids) for e in train),
+        "heldout_references": len(heldout),
+        "heldout_nll_per_token": {"base": before, "adapted": after},
+        "heldout_perplexity": {"base": math.exp(before), "adapted": math.exp(after)},
+        "steps": len(losses), "final_train_loss_50": sum(losses[-50:]) / max(len(losses[-50:]), 1),
+        "timings": timings,
+    }
+    full_meta = {**meta, "metrics": metrics, "training": json.loads(json.dumps(dict(cfg), default=str))}
+    base_name = name or models.EMBEDDED_NAME
+    save_adapter(peft_model, out_dir / "adapter", base_name=base_name, base_fingerprint=fingerprint,
+                 metadata=full_meta)
+    if get(cfg, "output.copy_to"):
+        save_adapter(peft_model, get(cfg, "output.copy_to"), base_name=base_name,
+                     base_fingerprint=fingerprint, metadata=full_meta)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out_dir / "losses.json").write_text(json.dumps(losses) + "\n")
+    return metrics

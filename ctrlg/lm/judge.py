@@ -16,7 +16,6 @@ changes a real token's logits).
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 from typing import Sequence
 
@@ -24,6 +23,7 @@ import torch
 
 from ctrlg.errors import ConstraintError, CtrlgError
 from ctrlg.lm.adapters import base_fingerprint
+from ctrlg.lm.models import cache_keyword, returned_cache
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]
@@ -43,18 +43,6 @@ def judge_identity(model, tokenizer, text_prefix: str = "") -> str:
     return identity + (f" prefix {json.dumps(text_prefix)}" if text_prefix else "")
 
 
-def _cache_keyword(model) -> str:
-    """The name under which ``model.forward`` takes a key/value cache: ``cache`` (transformers
-    ≥ 5.x) or ``past_key_values`` (earlier releases)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def _returned_cache(output):
-    cache = output.get("cache")
-    return cache if cache is not None else output.get("past_key_values")
-
-
 @torch.no_grad()
 def judge_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
                           batch_size: int = 32) -> list[float]:
@@ -66,7 +54,7 @@ def judge_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence
     device = next(model.parameters()).device
     prompt_tensor = torch.tensor([prompt], device=device)
     start = model(input_ids=prompt_tensor, use_cache=True)
-    prompt_cache, keyword = _returned_cache(start), _cache_keyword(model)
+    prompt_cache, keyword = returned_cache(start), cache_keyword(model)
     first = torch.log_softmax(start.logits[0, -1].float(), -1)
     scores: list[float] = []
     for lo in range(0, len(candidates), batch_size):

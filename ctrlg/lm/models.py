@@ -25,6 +25,7 @@ killed conversions are removed by the next conversion (:mod:`ctrlg.checkpoint`).
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -48,6 +49,8 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "resolve_model_dir",
+    "cache_keyword",
+    "returned_cache",
 ]
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
@@ -348,3 +351,16 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
 def load(name: str | os.PathLike | None = None, **kwargs):
     """``(model, tokenizer)`` for ``name``."""
     return load_model(name, **kwargs), load_tokenizer(name)
+
+
+def cache_keyword(model) -> str:
+    """The name under which ``model.forward`` takes a key/value cache: ``cache`` (transformers
+    ≥ 5.x) or ``past_key_values`` (earlier releases)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def returned_cache(output):
+    """The key/value cache a forward returned (``cache`` or ``past_key_values``)."""
+    cache = output.get("cache")
+    return cache if cache is not None else output.get("past_key_values")

@@ -34,8 +34,11 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ctrlg import dfa
+from ctrlg.dfa.builders import banned_phrases, eos, universal
 from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.ops import complement, intersect
+from ctrlg.dfa.regex import regex
+from ctrlg.dfa.words import keywords, word_count
 from ctrlg.errors import ConstraintError
 from ctrlg.vocab import token_bytes
 
@@ -102,25 +105,25 @@ def _build(tokenizer, spec: EditConstraint, vocab_size: int, eos_ids: tuple[int,
     V = vocab_size
     parts: list[TokenDFA] = []
     if spec.keyphrases:
-        parts.append(dfa.keywords([[k] for k in spec.keyphrases], tokenizer, vocab_size=V))
+        parts.append(keywords([[k] for k in spec.keyphrases], tokenizer, vocab_size=V))
     for word in spec.banned:
-        contains = dfa.regex(banned_word_pattern(word), tokenizer, "all",
+        contains = regex(banned_word_pattern(word), tokenizer, "all",
                              eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V)
-        parts.append(dfa.complement(contains))
+        parts.append(complement(contains))
     if spec.min_words is not None or spec.max_words is not None:
-        parts.append(dfa.word_count(spec.min_words or 0, spec.max_words, tokenizer, vocab_size=V))
+        parts.append(word_count(spec.min_words or 0, spec.max_words, tokenizer, vocab_size=V))
     # valid UTF-8 text only: the banned-word automata judge characters, so a sequence with a
     # stray partial UTF-8 byte would otherwise escape them (and display as U+FFFD)
-    parts.append(dfa.regex(r"[\s\S]*", tokenizer, "all",
+    parts.append(regex(r"[\s\S]*", tokenizer, "all",
                            eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V))
     banned_tokens = _banned_tokens(tokenizer, V, eos_ids, spec.allow_newlines)
     if banned_tokens:
-        parts.append(dfa.banned_phrases([[t] for t in banned_tokens], V))
+        parts.append(banned_phrases([[t] for t in banned_tokens], V))
     if eos_ids:
-        parts.append(dfa.eos(eos_ids[0], V))
+        parts.append(eos(eos_ids[0], V))
     if not parts:
-        return dfa.universal(V)
-    return parts[0] if len(parts) == 1 else dfa.intersect(*parts)
+        return universal(V)
+    return parts[0] if len(parts) == 1 else intersect(*parts)
 
 
 def build_constraint(tokenizer, spec: EditConstraint, vocab_size: int,
