@@ -1,11 +1,12 @@
-"""experiments.infill robustness: each finished passage is kept when a run is interrupted,
-resume=true reproduces the uninterrupted run, a resume folder with other settings is refused, and
-a passage whose constraint cannot be met is reported and skipped while the others go on."""
+"""experiments.infill: the benchmark's masks, records, resume and bad input, on a tiny random LM."""
 
 import json
 
+import numpy as np
 import pytest
 
+from ctrlg.data import DatasetError
+from ctrlg.data.infill_mask import mask_ratio
 from ctrlg.errors import ExperimentConfigError
 from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
@@ -14,9 +15,10 @@ STORIES = ["Tom had a red kite. It flew over the hill.\n\nThen the wind stopped 
 
 
 def overrides(lm_dir, hmm_dir, stories_path, *extra):
-    return [f"model.name={lm_dir}", f"hmm.path={hmm_dir}", f"data.path={stories_path}",
-            "data.offset=0", "data.limit=2", "data.calibration_docs=1", "data.mask_ratios=[0.3]",
-            "generation.num_samples=1", *extra]
+    return [f"model.name={lm_dir}", "model.adapter=null", f"ilm_model.name={lm_dir}",
+            "ilm_model.adapter=null", f"hmm.path={hmm_dir}", f"data.path={stories_path}",
+            "data.limit=2", "ratios=[0.3]", "generation.num_samples=2", "ilm.seeds=2",
+            "bootstrap.resamples=20", *extra]
 
 
 def write_stories(folder, stories):
@@ -29,49 +31,76 @@ def read_records(folder):
     return [json.loads(line) for line in (folder / "generations.jsonl").read_text().splitlines()]
 
 
-def test_interrupted_run_keeps_finished_passages_and_resume_reproduces_it(
-        tiny_lm_dir, tiny_hmm_dir, tmp_path):
+def test_a_run_records_every_method_and_resume_reproduces_it(tiny_lm_dir, tiny_hmm_dir, tmp_path):
     from experiments import infill
 
     settings = overrides(tiny_lm_dir, tiny_hmm_dir, write_stories(tmp_path, STORIES))
     full = tmp_path / "full"
-    infill.run(compose("infill", settings), full)
+    table = infill.run(compose("infill", settings), full)
+    records = read_records(full)
+    assert [r["index"] for r in records] == [0, 1]
+    for r in records:
+        assert {"original", "masked", "mask_ratio", "logical", "ilm", "ctrlg", "ilm_seeds"} <= set(r)
+        assert 0 < r["mask_ratio"] <= 1 and "___" in r["masked"]
+        for method in ("logical", "ctrlg"):
+            assert r[method]["accepted"] and set(r[method]) == {"text", "accepted"}
+    assert table["0.3/ctrlg"]["success"] == table["0.3/logical"]["success"] == 100.0
+    assert "bleu4_sd" in table["0.3/ilm"]
+    saved = json.loads((full / "metrics.json").read_text())
+    assert {b["pair"] for b in saved["bootstrap"]} == {"ctrlg − logical", "ctrlg − ilm"}
 
     runs = tmp_path / "runs"
-    run_interrupted(infill, "infill_item", 2,  # on the second passage
+    from ctrlg.tasks.infill import pipeline
+    run_interrupted(pipeline, "guided_completion", 3,  # the second passage's first guided method
                     lambda: infill.run(compose("infill", settings), runs / "2026-01-01_00-00-00"))
     assert [r["index"] for r in read_records(runs / "2026-01-01_00-00-00")] == [0]
-
-    table = infill.run(compose("infill", settings + ["resume=true"]), runs / "2026-01-02_00-00-00")
-    resumed, reference = read_records(runs / "2026-01-02_00-00-00"), read_records(full)
+    infill.run(compose("infill", settings + ["resume=true"]), runs / "2026-01-02_00-00-00")
+    resumed = read_records(runs / "2026-01-02_00-00-00")
     assert [r["index"] for r in resumed] == [0, 1]
-    for got, want in zip(resumed, reference):  # same masks, same seeds: same outputs
-        assert got["blanked"] == want["blanked"]
-        assert [got[m] for m in infill.METHODS] == [want[m] for m in infill.METHODS]
-    assert all(row["success"] == 100.0 for row in table.values())
-
-    # a resume folder made with other generation settings is refused, naming what differs
+    for got, want in zip(resumed, records):   # same masks, same seeds: same outputs
+        assert got["masked"] == want["masked"]
+        assert [got[m] for m in ("logical", "ilm", "ctrlg")] == [want[m] for m in ("logical", "ilm", "ctrlg")]
     with pytest.raises(ExperimentConfigError, match="generation"):
-        infill.run(compose("infill", settings + ["generation.num_samples=2", f"resume={full}"]),
+        infill.run(compose("infill", settings + ["generation.num_samples=3", f"resume={full}"]),
                    tmp_path / "x")
-    # resume=true with no earlier run of these settings is refused too
-    with pytest.raises(ExperimentConfigError, match="no earlier run"):
-        infill.run(compose("infill", settings + ["seed=5", "resume=true"]),
-                   runs / "2026-01-03_00-00-00")
 
 
-def test_unsatisfiable_passage_is_reported_and_the_others_go_on(tiny_lm_dir, tiny_hmm_dir,
-                                                                 tmp_path, capsys):
-    """A token cap shorter than the long passage's fixed fragments makes its constraint
-    unsatisfiable: that passage is skipped by index, the short one is still completed."""
+@pytest.mark.parametrize("extra, message", [
+    (["ratios=[1.2]"], "ratios"),
+    (["ratios=[0]"], "ratios"),
+    (["methods=[ctrlg,magic]"], "unknown method"),
+])
+def test_bad_settings_are_refused_before_any_model_loads(tmp_path, monkeypatch, extra, message):
     from experiments import infill
 
-    stories = ["The cat sat.", STORIES[1] + " " + STORIES[1] + " " + STORIES[1]]
-    settings = overrides(tiny_lm_dir, tiny_hmm_dir, write_stories(tmp_path, stories),
-                         "generation.max_new_tokens_cap=24")
-    table = infill.run(compose("infill", settings), tmp_path / "run")
-    assert "ratio 0.3 item 1: skipped" in capsys.readouterr().err
-    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert [s["index"] for s in saved["skipped"]] == [1]
-    assert all(row["success"] == 100.0 for row in table.values())
-    assert [r["index"] for r in read_records(tmp_path / "run") if "skipped" not in r] == [0]
+    monkeypatch.setattr(infill, "load_lm", lambda *a, **k: pytest.fail("a model was loaded"))
+    settings = overrides("nowhere", "nowhere", write_stories(tmp_path, STORIES), *extra)
+    with pytest.raises(ExperimentConfigError, match=message):
+        infill.run(compose("infill", settings), tmp_path / "run")
+
+
+@pytest.mark.parametrize("content, error, message", [
+    ('{"text": "Fine. Text."}\n{"text": "   "}\n', DatasetError, "passage 1 .* empty"),
+    ('{"text": "Fine."}\n{"text": "... !!! ?"}\n', ExperimentConfigError, "passage 1 has no word"),
+    (b'{"text": "caf\xe9"}\n', DatasetError, "not valid UTF-8"),
+])
+def test_bad_passages_are_named_before_any_model_loads(tmp_path, monkeypatch, content, error, message):
+    from experiments import infill
+
+    monkeypatch.setattr(infill, "load_lm", lambda *a, **k: pytest.fail("a model was loaded"))
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(error, match=message):
+        infill.run(compose("infill", overrides("x", "y", path)), tmp_path / "run")
+
+
+def test_calibrated_masks_reach_each_target_ratio_of_characters():
+    from ctrlg.data.stories import load_stories
+    from ctrlg.tasks.infill import pipeline
+
+    texts = [s.text for s in load_stories("eval", limit=40)]
+    for target in (0.13, 0.40):
+        p = pipeline.calibrate(texts, target, seed=0, iterations=14)
+        reached = np.mean([mask_ratio(pipeline.mask_passage(t, p, i)) for i, t in enumerate(texts)])
+        assert reached == pytest.approx(target, abs=0.01)
+        assert all(pipeline.mask_passage(t, p, i).spans for i, t in enumerate(texts))

@@ -42,10 +42,15 @@ def read_jsonl(path, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise DatasetError(f"data file {str(path)!r} does not exist")
     rows: list[dict] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
             if limit is not None and len(rows) >= limit:
                 break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DatasetError(f"{path}:{line_number} is not valid UTF-8 text (byte "
+                                   f"{raw[error.start]:#04x} at column {error.start + 1})") from None
             if not line.strip():
                 continue
             try:

@@ -1,0 +1,85 @@
+"""Infilling with the ILM-style supervised baseline: sample the answers after x̃ [sep].
+
+ILM (Donahue et al. 2020) decodes by sampling: the fine-tuned LM reads the masked passage and its
+separator (:func:`ctrlg.tasks.stories.ilm.ilm_example`) and writes y_1 [answer] y_2 [answer] …;
+the i-th answer fills the i-th blank (:func:`ctrlg.tasks.stories.ilm.complete`). Sampling is plain
+(temperature 1, no top-k / top-p), with the format's markers other than [answer] and every EOS
+suppressed, and stops for a row once it has written k answers. A row that spends its budget
+first is completed with the answers it has (the rest empty) and counted as failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from ctrlg.data.infill_mask import MaskedDocument
+from ctrlg.tasks.infill.constraint import completion_ok
+from ctrlg.data.story_prompts import bos_text
+from ctrlg.tasks.stories.ilm import IlmTokens, complete, ilm_example, split_answers
+
+__all__ = ["IlmFill", "ilm_fill"]
+
+
+@dataclass
+class IlmFill:
+    """One ILM completion: the passage, its answers and whether all k were written and each fits
+    its blank's granularity (:func:`ctrlg.tasks.infill.constraint.completion_ok`)."""
+
+    text: str
+    answers: list[str]
+    complete: bool
+    accepted: bool
+    tokens: int
+
+
+class _AnswersWritten(StoppingCriteria):
+    def __init__(self, answer_id: int, count: int, prompt_length: int):
+        self.answer_id, self.count, self.prompt_length = answer_id, count, prompt_length
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+        written = (input_ids[:, self.prompt_length:] == self.answer_id).sum(1)
+        return written >= self.count
+
+
+@torch.no_grad()
+def ilm_fill(model, tokenizer, document: MaskedDocument, *, max_new_tokens: int, seed: int,
+             num_samples: int = 1, temperature: float = 1.0, tokens: IlmTokens | None = None,
+             bos_token: str | None = "<|endoftext|>", eos_ids=()) -> list[IlmFill]:
+    """``num_samples`` ILM completions of ``document`` (module docstring)."""
+    tokens = tokens or IlmTokens()
+    ids = tokens.check(tokenizer)
+    answer_id = ids[tokens.answer]
+    prompt, _ = ilm_example(document, tokens, bos_text(tokenizer, bos_token))
+    prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    k = len(document.spans)
+    suppressed = sorted({i for m, i in ids.items() if m != tokens.answer} | {int(e) for e in eos_ids}
+                        | {i for i in (tokenizer.bos_token_id, tokenizer.eos_token_id) if i is not None})
+    torch.manual_seed(int(seed))
+    device = next(model.parameters()).device
+    out = model.generate(prompt_ids.to(device), attention_mask=torch.ones_like(prompt_ids).to(device),
+                         do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0,
+                         max_new_tokens=int(max_new_tokens), num_return_sequences=int(num_samples),
+                         suppress_tokens=suppressed, pad_token_id=answer_id,
+                         stopping_criteria=StoppingCriteriaList(
+                             [_AnswersWritten(answer_id, k, prompt_ids.shape[1])]))
+    fills = []
+    for row in out[:, prompt_ids.shape[1]:].tolist():
+        answers_ids = split_answers(row, answer_id, k)
+        written = answers_ids is not None
+        if answers_ids is None:                      # the budget ran out: keep what was answered
+            partial, current = [], []
+            for t in row:
+                if t == answer_id:
+                    partial.append(current)
+                    current = []
+                else:
+                    current.append(t)
+            answers_ids = partial
+        answers = [tokenizer.decode(a) for a in answers_ids]
+        text = complete(document, answers)
+        used = len(row) if not written else sum(len(a) + 1 for a in answers_ids)
+        fills.append(IlmFill(text, answers, written, written and completion_ok(document, text), used))
+    return fills

@@ -1,0 +1,219 @@
+"""Text infilling as Ctrl-G ran it (§4.2, Table 2): masks, methods, records and scores.
+
+Items. Each evaluated passage is masked once per target ratio with ILM's hierarchical mask
+function (:func:`ctrlg.data.mask_document`); the per-unit probability p of each ratio is the one
+whose mean masked-*character* ratio over the evaluated passages equals the target
+(:func:`calibrate`: bisection with common random numbers; a draw that masks nothing is redrawn
+with the next seed, in calibration as in use). The mask function is part of the benchmark, not of
+any method, so calibrating on the evaluated passages themselves is what makes the reached ratio
+hold on any corpus.
+
+Methods (:data:`METHODS`), all completing the same masked passages:
+
+* ``ctrlg`` — the story LM (plain LM on passages, prompt = BOS) writes the whole passage under the
+  infilling constraint (:mod:`ctrlg.tasks.infill.constraint`), guided by the HMM distilled from it;
+  ``generation.num_samples`` samples drawn with :func:`ctrlg.fast_forward.sample_fast_forward`
+  (forced fragment tokens fed in one LM pass), the one the LM finds most likely kept;
+* ``logical`` — the same LM, constraint and sampling, with logical masking (no HMM);
+* ``ilm`` — the ILM-style supervised model (:mod:`ctrlg.tasks.infill.ilm_decoding`), one sample
+  per seed for ``ilm.seeds`` seeds (the record's ``ilm`` is seed 0's; ``ilm_seeds`` holds all).
+
+Scores: BLEU-4 and ROUGE-L (× 100, :mod:`ctrlg.metrics`) of the completed passage against the
+original, per ratio; ILM's as mean ± sd over its seeds; paired bootstrap intervals of ctrlg −
+baseline (against ILM: the mean over seeds of its corpus score in each resample, :class:`SeedMean`).
+Success: the completion checked with Python's ``re`` (:func:`~ctrlg.tasks.infill.constraint.completion_ok`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ctrlg import metrics
+from ctrlg.data.infill_mask import MaskedDocument, mask_document, mask_ratio
+from ctrlg.errors import ExperimentConfigError
+from ctrlg.fast_forward import build_guide, sample_fast_forward
+from ctrlg.tasks.infill.constraint import build_constraint, completion_ok
+from ctrlg.tasks.infill.ilm_decoding import ilm_fill
+from ctrlg.data.story_prompts import bos_text
+
+__all__ = ["METHODS", "METRICS", "mask_passage", "calibrate", "check_passages",
+           "guided_completion", "ilm_completions", "score_rows", "SeedMean", "interval_rows"]
+
+METHODS = ("logical", "ilm", "ctrlg")
+METRICS = ("bleu4", "rouge_l")
+MAX_REDRAWS = 64
+
+
+def mask_passage(text: str, p: float, seed: int, max_ngram: int = 8) -> MaskedDocument:
+    """ILM's mask of ``text`` with probability ``p`` and ``seed``; a draw that masks nothing is
+    redrawn with the next seeds (at most :data:`MAX_REDRAWS` times, then the last draw)."""
+    for attempt in range(MAX_REDRAWS):
+        document = mask_document(text, p, seed + 7_919 * attempt, max_ngram)
+        if document.spans:
+            return document
+    return document
+
+
+def calibrate(texts: Sequence[str], target: float, seed: int, max_ngram: int = 8,
+              iterations: int = 18) -> float:
+    """The p whose mean masked-character ratio of :func:`mask_passage` over ``texts`` (passage i
+    with seed ``seed + i``) is closest to ``target`` (bisection)."""
+    if not 0 < target < 1:
+        raise ExperimentConfigError(f"a mask ratio must lie in (0, 1), got {target}")
+
+    def mean_ratio(p: float) -> float:
+        return float(np.mean([mask_ratio(mask_passage(t, p, seed + i, max_ngram))
+                              for i, t in enumerate(texts)]))
+
+    low, high = 1e-4, 1.0
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        low, high = (middle, high) if mean_ratio(middle) < target else (low, middle)
+    return (low + high) / 2
+
+
+def check_passages(texts: Sequence[str], indices: Sequence[int], source: str) -> None:
+    """ExperimentConfigError naming a passage that cannot be masked: empty, not valid text (a lone
+    surrogate), or without a word."""
+    for index, text in zip(indices, texts):
+        if not text.strip():
+            raise ExperimentConfigError(f"{source}: passage {index} is empty")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ExperimentConfigError(f"{source}: passage {index} is not valid UTF-8 text") from None
+        if not any(ch.isalnum() for ch in text):
+            raise ExperimentConfigError(f"{source}: passage {index} has no word to mask")
+
+
+@dataclass
+class Completion:
+    text: str
+    accepted: bool
+    seconds: float
+    samples: int = 1
+    lm_calls: int = 0
+    lm_log_likelihood: float = float("nan")
+
+
+def guided_completion(model, tokenizer, document: MaskedDocument, *, hmm, eos_token_id: int,
+                      num_samples: int, seed: int, temperature: float = 1.0, strength: float = 1.0,
+                      precision: str = "float32", bos_token: str | None = "<|endoftext|>",
+                      vocab_size: int | None = None) -> Completion:
+    """``num_samples`` samples of the whole passage under its constraint (``hmm=None``: logical
+    masking), the one with the highest log p_lm kept."""
+    start = time.perf_counter()
+    V = vocab_size or len(tokenizer)
+    constraint = build_constraint(document, tokenizer, V, eos_token_id)
+    prompt = tokenizer(bos_text(tokenizer, bos_token), add_special_tokens=False)["input_ids"]
+    table = build_guide(constraint.dfa, constraint.budget, hmm=hmm, eos_token_id=eos_token_id,
+                        precision=precision)
+    samples = sample_fast_forward(model, prompt, constraint.dfa, hmm=hmm,
+                                  num_samples=num_samples, max_new_tokens=constraint.budget,
+                                  eos_token_id=eos_token_id, strength=strength,
+                                  temperature=temperature, seed=seed, table=table)
+    best = max(samples, key=lambda s: s.lm_log_likelihood)
+    ids = best.token_ids[:-1] if best.token_ids and best.token_ids[-1] == eos_token_id else best.token_ids
+    text = tokenizer.decode(ids)
+    ok = best.accepted and completion_ok(document, text)
+    return Completion(text, ok, time.perf_counter() - start, num_samples,
+                      sum(s.lm_calls for s in samples), best.lm_log_likelihood)
+
+
+def ilm_completions(model, tokenizer, document: MaskedDocument, *, seeds: Sequence[int],
+                    max_new_tokens: int, temperature: float = 1.0, eos_ids=()) -> list[Completion]:
+    """One ILM sample per seed."""
+    out = []
+    for seed in seeds:
+        start = time.perf_counter()
+        (fill,) = ilm_fill(model, tokenizer, document, max_new_tokens=max_new_tokens, seed=seed,
+                           temperature=temperature, eos_ids=eos_ids)
+        out.append(Completion(fill.text, fill.accepted, time.perf_counter() - start))
+    return out
+
+
+class SeedMean:
+    """A :class:`ctrlg.metrics.CorpusScorer`-like object scoring the mean over several seeds'
+    corpus scores of the same items (ILM's mean over seeds, inside each bootstrap resample)."""
+
+    def __init__(self, scorers: Sequence[metrics.CorpusScorer]):
+        self.scorers = list(scorers)
+        self.size = self.scorers[0].size
+        self.metrics = self.scorers[0].metrics
+
+    def score(self, indices) -> dict[str, float]:
+        scores = [s.score(indices) for s in self.scorers]
+        return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+
+
+def _texts(records: Sequence[dict], method: str, seed: int | None = None) -> list[str]:
+    if seed is None:
+        return [r[method]["text"] for r in records]
+    return [r[f"{method}_seeds"][seed]["text"] for r in records]
+
+
+def score_rows(records: Sequence[dict], ratios: Sequence[float], methods: Sequence[str]) -> list[dict]:
+    """One row per (ratio, method): BLEU-4 / ROUGE-L (ILM: mean and sd over seeds), success %,
+    seconds per passage, the reached mask ratio."""
+    rows = []
+    for target in ratios:
+        done = [r for r in records if r["target_ratio"] == float(target) and "skipped" not in r]
+        if not done:
+            continue
+        references = [[r["original"]] for r in done]
+        reached = 100 * float(np.mean([r["mask_ratio"] for r in done]))
+        for method in methods:
+            if method == "ilm":
+                seeds = len(done[0]["ilm_seeds"])
+                per_seed = [metrics.CorpusScorer(_texts(done, "ilm", k), references, METRICS)
+                            .score(range(len(done))) for k in range(seeds)]
+                row = {m: float(np.mean([s[m] for s in per_seed])) for m in METRICS}
+                row.update({f"{m}_sd": float(np.std([s[m] for s in per_seed], ddof=1))
+                            if seeds > 1 else 0.0 for m in METRICS})
+                ok = [c["accepted"] for r in done for c in r["ilm_seeds"]]
+            else:
+                row = metrics.CorpusScorer(_texts(done, method), references, METRICS).score(
+                    range(len(done)))
+                ok = [r[method]["accepted"] for r in done]
+            rows.append({"target_ratio": float(target), "mask_ratio": reached,
+                         "passages": len(done), "method": method, **row,
+                         "success": 100 * float(np.mean(ok)),
+                         "seconds": float(np.mean([r["seconds"][method] for r in done]))})
+    return rows
+
+
+def interval_rows(records: Sequence[dict], ratios: Sequence[float], methods: Sequence[str],
+                  baselines: Sequence[str], resamples: int, seed: int = 0,
+                  confidence: float = 0.95) -> list[dict]:
+    """Paired bootstrap intervals of ctrlg − each baseline per ratio (module docstring)."""
+    if "ctrlg" not in methods or not resamples:
+        return []
+    rows = []
+    for target in ratios:
+        done = [r for r in records if r["target_ratio"] == float(target) and "skipped" not in r]
+        if not done:
+            continue
+        references = [[r["original"]] for r in done]
+        ctrlg_scorer = metrics.CorpusScorer(_texts(done, "ctrlg"), references, METRICS)
+        for baseline in baselines:
+            if baseline not in methods or baseline == "ctrlg":
+                continue
+            if baseline == "ilm":
+                base = SeedMean([metrics.CorpusScorer(_texts(done, "ilm", k), references, METRICS)
+                                 for k in range(len(done[0]["ilm_seeds"]))])
+            else:
+                base = metrics.CorpusScorer(_texts(done, baseline), references, METRICS)
+            ci = metrics.paired_bootstrap(ctrlg_scorer, base, num_resamples=int(resamples),
+                                          seed=int(seed), confidence=float(confidence))
+            rows.append({"target_ratio": float(target), "passages": len(done),
+                         "pair": f"ctrlg − {baseline}", **ci})
+    return rows
+
+
+def finite_or_none(value: float):
+    return value if math.isfinite(value) else None
