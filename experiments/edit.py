@@ -46,7 +46,7 @@ def _examples(cfg: DictConfig):
     kinds = list(cfg.kinds)
     if not kinds or set(kinds) - set(KINDS):
         raise ExperimentConfigError(f"kinds must be a non-empty subset of {list(KINDS)}, got {kinds}")
-    stories = load_stories("eval", cfg.data.path, offset=int(cfg.data.offset), limit=cfg.data.limit)
+    stories = load_stories(str(cfg.data.split), cfg.data.path, offset=int(cfg.data.offset), limit=cfg.data.limit)
     examples, skipped = build_examples(stories, int(cfg.seed), kinds)
     if not examples:
         raise ExperimentConfigError(f"no passage of {cfg.data.path or 'the story corpus'} "

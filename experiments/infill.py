@@ -49,7 +49,7 @@ def _check(cfg: DictConfig) -> None:
 def _passages(cfg: DictConfig):
     from ctrlg.data.stories import load_stories
 
-    stories = load_stories("eval", cfg.data.path, offset=int(cfg.data.offset), limit=cfg.data.limit)
+    stories = load_stories(str(cfg.data.split), cfg.data.path, offset=int(cfg.data.offset), limit=cfg.data.limit)
     if not stories:
         raise ExperimentConfigError(f"data.offset={cfg.data.offset}, data.limit={cfg.data.limit}: "
                                     "no passage selected")

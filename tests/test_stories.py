@@ -93,3 +93,13 @@ def test_continuation_prompt_has_no_trailing_space(smollm2_tokenizer):
     span = formats.choose_span("It was late. The rain had not stopped all day.",
                                np.random.default_rng(0))
     assert span is not None and span.words == 7
+
+
+def test_the_tune_split_is_what_the_adapters_hold_out():
+    from ctrlg.tasks.stories.adaptation import split_passages
+
+    tune = [s.text for s in load_stories("tune")]
+    trained, heldout = split_passages({"data": {}})
+    assert heldout == tune and len(tune) == 200
+    assert not set(tune) & set(trained)
+    assert [s.index for s in load_stories("train")][-200:] == [s.index for s in load_stories("tune")]

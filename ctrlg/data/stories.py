@@ -8,6 +8,9 @@ They are split **by index, once for every story task**:
   the supervised infilling baseline, mask calibration for training);
 * ``eval`` — passages 4000–5152: evaluation only. Nothing trained may see them.
 
+``tune`` names the last :data:`TUNE_PASSAGES` passages of ``train``: the story adapters hold them
+out (their held-out NLL) and the story tasks choose decoding settings on them, never on ``eval``.
+
 LAMBADA's passages are windows of novels, and some windows overlap: 24 pairs of an evaluation and
 a training passage (23 training passages) share a run of 12 words or more (e.g. passages 2678 and 4303, one continuing
 the other). The training split therefore leaves out every passage that shares a 12-word run
@@ -28,13 +31,14 @@ from typing import Iterable, Sequence
 
 from ctrlg.data._files import DatasetError, bundled_path, read_jsonl
 
-__all__ = ["SPLITS", "TRAIN_RANGE", "EVAL_RANGE", "SHINGLE_WORDS", "Story", "load_stories",
+__all__ = ["SPLITS", "TRAIN_RANGE", "EVAL_RANGE", "SHINGLE_WORDS", "TUNE_PASSAGES", "Story", "load_stories",
            "normalise", "shingles", "leaking_train_indices", "check_disjoint"]
 
 TRAIN_RANGE = range(0, 4000)
 EVAL_RANGE = range(4000, 5153)
 SPLITS = {"train": TRAIN_RANGE, "eval": EVAL_RANGE}
 SHINGLE_WORDS = 12
+TUNE_PASSAGES = 200
 
 _QUOTES = str.maketrans({"“": '"', "”": '"', "„": '"', "‘": "'", "’": "'", "‚": "'",
                          "—": "-", "–": "-", "…": "..."})
@@ -89,19 +93,23 @@ def _read(path) -> list[str]:
 
 def load_stories(split: str = "eval", path=None, *, offset: int = 0,
                  limit: int | None = None) -> list[Story]:
-    """Passages ``offset`` … ``offset + limit − 1`` of ``split`` (``"train"`` | ``"eval"``) of the
+    """Passages ``offset`` … ``offset + limit − 1`` of ``split`` (``"train"`` | ``"tune"`` |
+    ``"eval"``) of the
     bundled corpus, or of the JSONL file ``path`` (rows ``{"text": …}``; read whole, ``split``
     ignored). Empty passages are refused with a :class:`DatasetError` that names them."""
-    if split not in SPLITS:
-        raise DatasetError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+    if split not in (*SPLITS, "tune"):
+        raise DatasetError(f"split must be one of {sorted(SPLITS) + ['tune']}, got {split!r}")
     if offset < 0 or (limit is not None and limit < 0):
         raise DatasetError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
     texts = _read(path)
     if path is not None:
         indices = list(range(len(texts)))
     else:
-        leaking = leaking_train_indices() if split == "train" else frozenset()
-        indices = [i for i in SPLITS[split] if i < len(texts) and i not in leaking]
+        leaking = leaking_train_indices() if split != "eval" else frozenset()
+        indices = [i for i in SPLITS["eval" if split == "eval" else "train"]
+                   if i < len(texts) and i not in leaking]
+        if split == "tune":
+            indices = indices[-TUNE_PASSAGES:]
     end = None if limit is None else offset + limit
     stories = [Story(i, texts[i]) for i in indices[offset:end]]
     for story in stories:

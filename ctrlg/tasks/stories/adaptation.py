@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from ctrlg.data.infill_mask import calibrate_mask_probability, mask_document
-from ctrlg.data.stories import check_disjoint, load_stories
+from ctrlg.data.stories import TUNE_PASSAGES, check_disjoint, load_stories
 from ctrlg.errors import CtrlgError
 from ctrlg.guide import resolve_precision
 from ctrlg.lm.adaptation import run_adaptation
@@ -40,8 +40,9 @@ __all__ = ["adapt", "form_examples", "split_passages"]
 
 
 def split_passages(cfg: Mapping) -> tuple[list[str], list[str]]:
-    """(training texts, held-out texts) of the story corpus's training split."""
-    heldout = int(_get(cfg, "data.heldout", 200))
+    """(training texts, held-out texts) of the story corpus's training split: the held-out texts
+    are its last ``data.heldout`` passages (the corpus's ``tune`` split by default)."""
+    heldout = int(_get(cfg, "data.heldout", TUNE_PASSAGES))
     stories = [s.text for s in load_stories("train", _get(cfg, "data.path"))]
     limit = _get(cfg, "data.limit")
     train = stories[:len(stories) - heldout]
