@@ -208,11 +208,133 @@ def test_logical_only_server_and_pages(tiny):
         assert len(examples) == 20 and {"domain", "code", "text"} == set(examples[0])
 
 
-def test_cli_binds_loopback_by_default():
+def test_cli_binds_loopback_and_serves_the_editing_lm_by_default():
     from ctrlg.app.__main__ import parse_args
 
     args = parse_args([])
-    assert (args.host, args.port, args.model, args.hmm) == ("127.0.0.1", 8000, None, None)
+    assert (args.host, args.port, args.model) == ("127.0.0.1", 8000, None)
+    assert (args.adapter, args.hmm) == ("stories-continue", "stories-continue-h512")
+
+
+def raw_request(base, method, path, headers, body=b""):
+    import http.client
+
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+    for key, value in headers.items():
+        connection.putheader(key, value)
+    connection.endheaders()
+    if isinstance(body, list):                      # chunked
+        for chunk in body:
+            connection.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        connection.send(b"0\r\n\r\n")
+    elif body:
+        connection.send(body)
+    response = connection.getresponse()
+    return response.status, json.loads(response.read() or b"null")
+
+
+def test_requests_for_another_host_are_refused(server):
+    """A page on another site whose name resolves to this address (DNS rebinding) sends its own
+    Host header: refused before anything runs."""
+    port = server.rsplit(":", 1)[1]
+    for host in ("evil.example", "evil.example:" + port, "127.0.0.2:" + port):
+        status, body = raw_request(server, "GET", "/api/health", {"Host": host})
+        assert status == 400 and "not served here" in body["error"], host
+    for host in ("127.0.0.1:" + port, "localhost:" + port, "localhost"):
+        assert raw_request(server, "GET", "/api/health", {"Host": host})[0] == 200
+    from ctrlg.app.server import host_name
+    assert host_name("[::1]:8000") == "::1" and host_name("LocalHost:80") == "localhost"
+    assert host_name("::1") == "::1"
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(server):
+    host = server.removeprefix("http://")
+    huge = 200 * 2**20
+    status, body = raw_request(server, "POST", "/api/generate",
+                               {"Host": host, "Content-Type": "application/json",
+                                "Content-Length": str(huge)})      # nothing follows
+    assert status == 413 and "exceeds" in body["error"]
+    chunks = [b"x" * 65536] * 8                                      # 512 KiB, chunked
+    status, body = raw_request(server, "POST", "/api/generate",
+                               {"Host": host, "Content-Type": "application/json",
+                                "Transfer-Encoding": "chunked"}, chunks)
+    assert status == 413
+    assert call(server, "/api/generate", {"prefix": "a", "max_new_tokens": 2})[0] == 200
+
+
+def test_refused_requests_never_evict_a_running_job(tiny, monkeypatch):
+    """A flood of requests refused with 429 leaves the running job's progress and cancel working."""
+    from ctrlg.app import service as service_module
+
+    model, tokenizer, hmm = tiny
+    release, real = threading.Event(), service_module.guided_generate
+
+    def held(*args, **kwargs):                 # the running request holds the model until released
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service_module, "guided_generate", held)
+    limits = Limits(max_queue=1, max_jobs_kept=4)
+    with live_server(create_app(model, tokenizer, hmm, limits=limits)) as base:
+        body = {"prefix": "The cat sat.", "max_new_tokens": 8, "num_candidates": 2}
+        workers = [threading.Thread(target=call, args=(base, "/api/generate", {**body, "request_id": name}))
+                   for name in ("long-one", "waiting-one")]
+        workers[0].start()
+        deadline = time.monotonic() + 60
+        while (call(base, "/api/progress/long-one")[1].get("state") != "generating"
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        workers[1].start()                      # takes the one queue place
+        while call(base, "/api/health")[1]["queued"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = [call(base, "/api/generate", {**body, "request_id": f"flood-{i}"})[0]
+                   for i in range(12)]
+        assert refused == [429] * 12
+        status, progress = call(base, "/api/progress/long-one")
+        assert status == 200 and progress["state"] == "generating"
+        assert call(base, "/api/progress/waiting-one")[0] == 200
+        assert call(base, "/api/cancel/long-one", raw=b"")[1]["cancelled"] is True
+        release.set()
+        for worker in workers:
+            worker.join(60)
+        assert call(base, "/api/progress/long-one")[1]["state"] == "cancelled"
+
+
+def test_constraint_building_honours_the_deadline_and_leaves_the_model_free(tiny, monkeypatch):
+    """Building a constraint runs outside the model lock and stops at the request's deadline."""
+    from ctrlg.app import service as service_module
+
+    model, tokenizer, hmm = tiny
+    real = service_module.build_constraint
+    started = threading.Event()
+
+    def slow_build(*args, check=None, **kwargs):
+        started.set()
+        for _ in range(400):             # a build that would take 20 s
+            time.sleep(0.05)
+            check()
+        return real(*args, check=check, **kwargs)
+
+    monkeypatch.setattr(service_module, "build_constraint", slow_build)
+    app = create_app(model, tokenizer, hmm, limits=Limits(time_budget_s=1.0))
+    with live_server(app) as base:
+        start = time.monotonic()
+        status, response = call(base, "/api/generate", {"prefix": "a", "keyphrases": ["tree"],
+                                                        "max_new_tokens": 4})
+        assert status == 408 and "building its constraint" in response["error"]
+        assert time.monotonic() - start < 5
+        assert not app.state.service._model_lock.locked()
+
+
+def test_a_keyphrase_longer_than_the_word_range_is_refused_at_once(server):
+    start = time.monotonic()
+    status, response = call(server, "/api/generate", {
+        "prefix": "a", "keyphrases": ["one two three four five six seven eight nine ten"] * 1 +
+        ["a b c d e f g h i j"], "banned": [f"w{i}" for i in range(12)], "max_words": 5})
+    assert status == 422 and "at most 5 words" in response["error"]
+    assert time.monotonic() - start < 5
 
 
 def test_trim_drops_a_symbol_tail_only_while_the_dfa_still_accepts(tiny):

@@ -1,9 +1,14 @@
-"""``python -m ctrlg.app [--host 127.0.0.1] [--port 8000] [--model NAME] [--hmm PATH]``
+"""``python -m ctrlg.app [--host 127.0.0.1] [--port 8000] [--model NAME] [--adapter NAME] [--hmm NAME]``
 
-Serves the editor on the embedded SmolLM2-135M-Instruct and the embedded HMM (offline, CPU) by
-default. ``--model`` takes what :func:`ctrlg.lm.models.load` takes (a local folder, a ``.gguf`` file,
-a hub id); ``--hmm`` a checkpoint folder written by ``HMM.save`` (checked against the tokenizer),
-or ``none`` for logical masking only. Binds to 127.0.0.1 unless ``--host`` says otherwise.
+Serves the editor offline on the CPU. By default the LM is the embedded SmolLM2-135M-Instruct with
+the ``stories-continue`` adapter (fine-tuned to continue story text, Ctrl-G §5's recipe) and the
+HMM ``stories-continue-h512`` distilled from its samples (docs/models.md); the LM reads its
+instruction before the writer's text. ``--model`` takes what :func:`ctrlg.lm.models.load_model`
+takes (a local folder, a ``.gguf`` file, a hub id); ``--adapter`` an embedded adapter's name, a
+folder, or ``none``; ``--hmm`` an embedded HMM's name, a checkpoint folder written by
+``HMM.save`` (checked against the tokenizer), or ``none`` for logical masking only. Binds to
+127.0.0.1 unless ``--host`` says otherwise, and answers only requests addressed to the bound
+host or to loopback names (``--allowed-hosts`` adds others).
 """
 
 from __future__ import annotations
@@ -11,13 +16,20 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from pathlib import Path
 
 import torch
 import uvicorn
 
 from ctrlg.app import Limits, create_app
-from ctrlg.hmm import HMM, load_default_hmm
+from ctrlg.app.server import LOOPBACK_HOSTS
+from ctrlg.data.story_prompts import continuation_prompt
+from ctrlg.hmm import EMBEDDED_HMMS, HMM, load_embedded_hmm
+from ctrlg.lm.adapters import adapter_info
 from ctrlg.lm.models import load_model, load_tokenizer
+
+DEFAULT_ADAPTER = "stories-continue"
+DEFAULT_HMM = "stories-continue-h512"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -25,9 +37,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", default=None, help="LM (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--hmm", default=None,
-                        help="HMM checkpoint folder (default: the embedded HMM); 'none' for logical masking only")
+    parser.add_argument("--model", default=None, help="base LM (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--adapter", default=DEFAULT_ADAPTER,
+                        help=f"LoRA adapter merged into the LM (default: {DEFAULT_ADAPTER}; 'none': the base alone)")
+    parser.add_argument("--hmm", default=DEFAULT_HMM,
+                        help=f"HMM: an embedded name or a checkpoint folder (default: {DEFAULT_HMM}); "
+                             "'none' for logical masking only")
+    parser.add_argument("--allowed-hosts", nargs="*", default=[],
+                        help="more host names the editor answers to (e.g. the machine's name when "
+                             "binding to 0.0.0.0); '*' for any")
     parser.add_argument("--time-budget", type=float, default=120.0,
                         help="seconds per request, queueing included (default 120)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -41,6 +59,25 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def load_editor(model_name=None, adapter: str | None = DEFAULT_ADAPTER, hmm_name: str | None = DEFAULT_HMM):
+    """(model, tokenizer, HMM or None, prompt header, description) for the editor's settings."""
+    adapter = None if adapter is None or str(adapter).lower() == "none" else adapter
+    model, tokenizer = load_model(model_name, adapter=adapter), load_tokenizer(model_name)
+    model.eval()
+    header = ""
+    if adapter is not None and adapter_info(adapter).get("prompt_style") == "story_continuation":
+        header = continuation_prompt("", tokenizer, adapter_info(adapter).get("bos_token"))
+    if hmm_name is None or str(hmm_name).lower() == "none":
+        hmm = None
+    elif hmm_name in EMBEDDED_HMMS:
+        hmm = load_embedded_hmm(hmm_name, tokenizer=tokenizer)
+    else:
+        hmm = HMM.load(Path(hmm_name), tokenizer=tokenizer)
+    description = (model_name or "SmolLM2-135M-Instruct (embedded)") + \
+        (f" + adapter {adapter}" if adapter else "") + (f", HMM {hmm_name}" if hmm is not None else "")
+    return model, tokenizer, hmm, header, description
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
@@ -49,15 +86,10 @@ def main(argv=None) -> None:
         print(f"warning: binding to {args.host}: anyone who can reach this address can use the "
               "editor (there is no authentication)", file=sys.stderr)
     print("loading the LM and the HMM ...", file=sys.stderr)
-    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
-    if args.hmm is None:
-        hmm = load_default_hmm(tokenizer=tokenizer)
-    elif args.hmm.lower() == "none":
-        hmm = None
-    else:
-        hmm = HMM.load(args.hmm, tokenizer=tokenizer)
+    model, tokenizer, hmm, header, description = load_editor(args.model, args.adapter, args.hmm)
+    allowed = (*LOOPBACK_HOSTS, args.host, *args.allowed_hosts)
     app = create_app(model, tokenizer, hmm, limits=Limits(time_budget_s=args.time_budget),
-                     model_name=args.model or "SmolLM2-135M-Instruct (embedded)")
+                     model_name=description, prompt_header=header, allowed_hosts=allowed)
     print(f"ctrlg editor: http://{args.host}:{args.port}/", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,9 +41,77 @@ from ctrlg.app.schemas import ErrorResponse, GenerateRequest, GenerateResponse, 
 from ctrlg.app.service import EditorError, EditorService, Limits
 from ctrlg.errors import CtrlgError, InsufficientMemoryError
 
-__all__ = ["create_app", "background_server", "STATIC_DIR"]
+__all__ = ["create_app", "background_server", "STATIC_DIR", "LOOPBACK_HOSTS", "MAX_BODY_BYTES",
+           "RequestGuard"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+MAX_BODY_BYTES = 256 * 1024          # the largest valid request is about 2 × 20,000 characters
+
+
+def host_name(header: str) -> str:
+    """The host of a ``Host`` header without its port: ``[::1]:8000`` → ``::1``,
+    ``localhost:8000`` → ``localhost`` (lower-cased)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class RequestGuard:
+    """ASGI middleware in front of the editor: the ``Host`` header must name an allowed host, and
+    a body may not exceed ``max_body_bytes`` (refused from its ``Content-Length`` before reading,
+    or as soon as a chunked body passes the limit: the guard reads the body, then hands it on). Starlette's TrustedHostMiddleware splits an
+    IPv6 literal's ``[::1]:8000`` at its first colon, hence this small guard."""
+
+    def __init__(self, app, allowed_hosts: Sequence[str], max_body_bytes: int):
+        self.app = app
+        self.allowed = {h.lower() for h in allowed_hosts}
+        self.max_body_bytes = int(max_body_bytes)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = host_name(headers.get("host", ""))
+        if "*" not in self.allowed and host not in self.allowed:
+            return await self._refuse(send, 400, f"host {host!r} is not served here (allowed: "
+                                                 f"{sorted(self.allowed)}); open the editor at its own address")
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await self._refuse(send, 413, f"request body of {length} bytes exceeds the "
+                                                 f"limit of {self.max_body_bytes} bytes")
+        chunks, size = [], 0
+        while True:                      # read the body here, at most max_body_bytes of it
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([message], receive), send)
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                return await self._refuse(send, 413, f"request body exceeds the limit of "
+                                                     f"{self.max_body_bytes} bytes")
+            chunks.append(message)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(chunks, receive), send)
+
+    @staticmethod
+    async def _refuse(send, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list, receive):
+    """An ASGI ``receive`` that returns ``messages`` first, then defers to ``receive``."""
+    pending = list(messages)
+
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
 _ERRORS = {code: {"model": ErrorResponse} for code in (404, 408, 409, 422, 429, 503)}
 
 
@@ -55,16 +125,25 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def create_app(model, tokenizer, hmm=None, *, limits: Limits | None = None,
-               model_name: str = "custom") -> FastAPI:
+               model_name: str = "custom", prompt_header: str = "",
+               allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The editor app serving ``model`` / ``tokenizer`` / ``hmm`` (``hmm=None``: logical only).
 
-    Tests pass tiny models; ``python -m ctrlg.app`` passes the embedded SmolLM2 and HMM."""
-    service = EditorService(model, tokenizer, hmm, limits=limits, model_name=model_name)
+    ``prompt_header``: what the LM reads before the writer's text (:class:`EditorService`).
+    Requests whose ``Host`` header names no host of ``allowed_hosts`` (any port; ``"*"``: any
+    host) are refused with 400 — a page on another site that resolves its own name to this
+    address (DNS rebinding) cannot drive the editor. A body over ``max_body_bytes`` is refused
+    with 413 before it is read. Tests pass tiny models; ``python -m ctrlg.app`` passes the
+    editing LM and HMM."""
+    service = EditorService(model, tokenizer, hmm, limits=limits, model_name=model_name,
+                            prompt_header=prompt_header)
     app = FastAPI(title="ctrlg editor",
                   description="Constrained text editing with Ctrl-G: continue, insert or rewrite "
                               "text with keyphrases, banned words and a word range.",
                   version="1")
     app.state.service = service
+    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):

@@ -3,7 +3,9 @@
 A request asks for the text y that goes between a ``prefix`` and a ``suffix`` (an empty suffix is
 a continuation). The service
 
-1. tokenises the last ``prompt_tokens`` tokens of the prefix as the LM prompt and the first
+1. tokenises the LM's ``prompt_header`` (the continuation LM's BOS and instruction,
+   :func:`ctrlg.data.story_prompts.continuation_prompt`) and the last tokens of the prefix, at
+   most ``prompt_tokens`` in all, as the LM prompt and the first
    ``suffix_tokens`` tokens of the suffix as the insertion suffix σ (Ctrl-G §5: the HMM's tables
    require σ to follow y; candidates are reranked by log p_lm(y ⊕ σ | prompt)). Logical masking
    has no model of what follows, so there σ only enters the reranking;
@@ -100,8 +102,9 @@ class Limits:
     prompt_tokens: int = 512         # the LM sees at most this many prefix tokens (the last ones)
     suffix_tokens: int = 32          # the HMM and reranker see at most this many suffix tokens
     max_table_mb: float = 512.0      # guide tables: states × (n + 1) × h × 4 bytes
-    max_queue: int = 8               # requests waiting for the model
+    max_queue: int = 8               # requests building their constraint or waiting for the model
     max_jobs_kept: int = 64          # finished jobs kept for progress queries
+    max_constraint_states: int = 200_000   # the most states a step of the constraint's product may reach
 
 
 @dataclass
@@ -146,14 +149,20 @@ class EditorService:
     """Serves generation requests on one LM / tokenizer / HMM (``hmm=None``: logical mode only)."""
 
     def __init__(self, model, tokenizer, hmm=None, *, limits: Limits | None = None,
-                 model_name: str = "custom"):
+                 model_name: str = "custom", prompt_header: str = ""):
         self.model, self.tokenizer, self.hmm = model, tokenizer, hmm
+        # what the LM reads before the writer's text: the continuation LM's BOS + instruction
+        # (ctrlg.data.story_prompts.continuation_prompt); "" for a plain LM
+        self.prompt_header = prompt_header
+        self._header_ids = list(tokenizer(prompt_header, add_special_tokens=False).input_ids) \
+            if prompt_header else []
         self.limits = limits or Limits()
         self.model_name = model_name
         self.vocab_size = lm_vocab_size(model)
         self.eos_id = next(iter(eos_token_ids(tokenizer, model)), None)   # the first EOS ends y
         self._token_bytes = token_bytes(tokenizer)
         self._model_lock = threading.Lock()
+        self._memo_lock = threading.Lock()
         self._jobs_lock = threading.Lock()
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._waiting = 0
@@ -168,8 +177,10 @@ class EditorService:
                 raise EditorError(f"request_id {job.id!r} is already running; use a new id")
             self._jobs[job.id] = job
             self._jobs.move_to_end(job.id)
-            while len(self._jobs) > self.limits.max_jobs_kept:
-                self._jobs.popitem(last=False)
+            finished = [key for key, kept in self._jobs.items()
+                        if kept.state not in ("queued", "building", "generating")]
+            for key in finished[:max(0, len(self._jobs) - self.limits.max_jobs_kept)]:
+                del self._jobs[key]          # oldest finished first; a running job is never dropped
         return job
 
     def job(self, request_id: str) -> Job:
@@ -195,7 +206,7 @@ class EditorService:
         prompt_text = prefix.rstrip(" \t")
         drop_space = len(prompt_text) < len(prefix)
         prompt_ids = list(tok(prompt_text, add_special_tokens=False).input_ids) if prompt_text else []
-        prompt_ids = prompt_ids[-self.limits.prompt_tokens:]
+        prompt_ids = self._header_ids + prompt_ids[-max(1, self.limits.prompt_tokens - len(self._header_ids)):]
         if not prompt_ids:
             start = tok.bos_token_id if tok.bos_token_id is not None else self.eos_id
             if start is None:
@@ -241,16 +252,22 @@ class EditorService:
         return text
 
     # ------------------------------------------------------------------ constraint
-    def constraint(self, spec: EditConstraint):
-        """The request's DFA (memoised: the last 16 constraints)."""
-        if spec in self._constraints:
-            self._constraints.move_to_end(spec)
-            return self._constraints[spec]
+    def constraint(self, spec: EditConstraint, job: Job | None = None):
+        """The request's DFA (memoised: the last 16 constraints). Built outside the model lock;
+        the job's deadline and cancel flag are checked between its parts
+        (:func:`ctrlg.dfa.edit_constraint.build_constraint`)."""
+        with self._memo_lock:
+            if spec in self._constraints:
+                self._constraints.move_to_end(spec)
+                return self._constraints[spec]
+        check = None if job is None else (lambda: self._raise_if_stopped(job, "while building its constraint"))
         built = build_constraint(self.tokenizer, spec, self.vocab_size,
-                                 [] if self.eos_id is None else [self.eos_id])
-        self._constraints[spec] = built
-        while len(self._constraints) > 16:
-            self._constraints.popitem(last=False)
+                                 [] if self.eos_id is None else [self.eos_id], check=check,
+                                 max_states=self.limits.max_constraint_states)
+        with self._memo_lock:
+            self._constraints[spec] = built
+            while len(self._constraints) > 16:
+                self._constraints.popitem(last=False)
         return built
 
     def _check_table_size(self, constraint, max_new_tokens: int, mode: str) -> None:
@@ -273,18 +290,29 @@ class EditorService:
                 "tokens: allow more tokens, or ask for fewer words or keyphrases") from None
 
     # ------------------------------------------------------------------ the model call
-    def _acquire(self, job: Job) -> None:
+    def _reserve(self, job: Job) -> None:
+        """A place among the ``max_queue`` requests that build their constraint or wait for the
+        model; ServerBusyError (429) when none is free. Released by :meth:`_acquire` (or on
+        failure, :meth:`_release_slot`)."""
         with self._jobs_lock:
             if self._waiting >= self.limits.max_queue:
+                job.state = "failed"
                 raise ServerBusyError(f"{self._waiting} requests are already waiting for the "
                                       "model; try again later")
             self._waiting += 1
+
+    def _release_slot(self) -> None:
+        with self._jobs_lock:
+            self._waiting -= 1
+
+    def _acquire(self, job: Job) -> None:
+        """The model lock, waited for with the job's deadline and cancel flag checked; frees the
+        job's queue place either way."""
         try:
             while not self._model_lock.acquire(timeout=0.05):
                 self._raise_if_stopped(job, "while queued")
         finally:
-            with self._jobs_lock:
-                self._waiting -= 1
+            self._release_slot()
 
     @staticmethod
     def _raise_if_stopped(job: Job, when: str) -> None:
@@ -323,16 +351,22 @@ class EditorService:
                                f"max_new_tokens={request.max_new_tokens}, a "
                                f"{len(prompt_ids)}-token prompt)",
                           advice="ask for fewer candidates or tokens, or try again later")
-            self._acquire(job)
+            self._reserve(job)
             try:
                 job.state = "building"
                 try:
-                    constraint = self.constraint(spec)
+                    constraint = self.constraint(spec, job)
                 except UnsatisfiableConstraintError as err:
                     raise EditorError(f"no text satisfies these constraints together ({spec.describe()}):"
                                       f" {err}") from None
                 self._check_table_size(constraint, request.max_new_tokens, request.mode)
-                self._raise_if_stopped(job, "while building its constraint")
+            except BaseException:
+                self._release_slot()
+                raise
+            job.state = "queued"
+            self._acquire(job)
+            try:
+                self._raise_if_stopped(job, "while queued")
                 job.state = "generating"
                 stopper = _JobStopper(job, len(prompt_ids))
                 results = self._sample(

@@ -32,17 +32,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ctrlg.dfa.builders import banned_phrases, eos, universal
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import complement, intersect
 from ctrlg.dfa.regex import regex
-from ctrlg.dfa.words import keywords, word_count
-from ctrlg.errors import ConstraintError
+from ctrlg.dfa.words import count_words, keywords, word_count
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.vocab import token_bytes
 
-__all__ = ["EditConstraint", "build_constraint", "banned_word_pattern"]
+__all__ = ["EditConstraint", "build_constraint", "banned_word_pattern", "MAX_EDIT_STATES"]
 
 
 @dataclass(frozen=True)
@@ -101,36 +101,60 @@ def _banned_tokens(tokenizer, vocab_size: int, eos_ids: Sequence[int],
         i >= len(data) or not data[i] or (not allow_newlines and breaks.search(data[i])))]
 
 
-def _build(tokenizer, spec: EditConstraint, vocab_size: int, eos_ids: tuple[int, ...]) -> TokenDFA:
-    V = vocab_size
-    parts: list[TokenDFA] = []
-    if spec.keyphrases:
-        parts.append(keywords([[k] for k in spec.keyphrases], tokenizer, vocab_size=V))
-    for word in spec.banned:
-        contains = regex(banned_word_pattern(word), tokenizer, "all",
-                             eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V)
-        parts.append(complement(contains))
+MAX_EDIT_STATES = 200_000     # the most states a product step of the editor's constraint may reach
+
+
+def _parts(tokenizer, spec: EditConstraint, V: int, eos_ids: tuple[int, ...]):
+    """The automata whose intersection is the constraint, as thunks, cheapest and most
+    restrictive first (the word range and the keyphrases decide most unsatisfiable requests)."""
+    eos_id = eos_ids[0] if eos_ids else None
     if spec.min_words is not None or spec.max_words is not None:
-        parts.append(word_count(spec.min_words or 0, spec.max_words, tokenizer, vocab_size=V))
-    # valid UTF-8 text only: the banned-word automata judge characters, so a sequence with a
-    # stray partial UTF-8 byte would otherwise escape them (and display as U+FFFD)
-    parts.append(regex(r"[\s\S]*", tokenizer, "all",
-                           eos_token_id=eos_ids[0] if eos_ids else None, vocab_size=V))
+        yield lambda: word_count(spec.min_words or 0, spec.max_words, tokenizer, vocab_size=V)
+    if spec.keyphrases:
+        yield lambda: keywords([[k] for k in spec.keyphrases], tokenizer, vocab_size=V)
     banned_tokens = _banned_tokens(tokenizer, V, eos_ids, spec.allow_newlines)
     if banned_tokens:
-        parts.append(banned_phrases([[t] for t in banned_tokens], V))
+        yield lambda: banned_phrases([[t] for t in banned_tokens], V)
     if eos_ids:
-        parts.append(eos(eos_ids[0], V))
-    if not parts:
-        return universal(V)
-    return parts[0] if len(parts) == 1 else intersect(*parts)
+        yield lambda: eos(eos_ids[0], V)
+    # valid UTF-8 text only: the banned-word automata judge characters, so a sequence with a
+    # stray partial UTF-8 byte would otherwise escape them (and display as U+FFFD)
+    yield lambda: regex(r"[\s\S]*", tokenizer, "all", eos_token_id=eos_id, vocab_size=V)
+    for word in spec.banned:
+        yield lambda word=word: complement(regex(banned_word_pattern(word), tokenizer, "all",
+                                                 eos_token_id=eos_id, vocab_size=V))
+
+
+def _check_lengths(spec: EditConstraint) -> None:
+    """A keyphrase longer than the word range allows makes the request unsatisfiable: say so at
+    once instead of after building its automata."""
+    if spec.max_words is None:
+        return
+    for phrase in spec.keyphrases:
+        if count_words(phrase) > spec.max_words:
+            raise UnsatisfiableConstraintError(
+                f"the keyphrase {phrase!r} has {count_words(phrase)} words but at most "
+                f"{spec.max_words} words are allowed")
 
 
 def build_constraint(tokenizer, spec: EditConstraint, vocab_size: int,
-                     eos_ids: Sequence[int] = ()) -> TokenDFA:
+                     eos_ids: Sequence[int] = (), *, check: Callable[[], None] | None = None,
+                     max_states: int = MAX_EDIT_STATES) -> TokenDFA:
     """The token DFA of ``spec`` over ``vocab_size`` ids (module docstring).
 
-    Raises ConstraintError (a ValueError) for an inverted word range or a keyphrase the tokenizer
-    cannot encode; an empty language (e.g. a keyphrase that is also banned) is reported as
-    UnsatisfiableConstraintError when the guide's tables are built."""
-    return _build(tokenizer, spec, int(vocab_size), tuple(int(e) for e in eos_ids))
+    The parts are built and intersected one at a time; ``check()`` (e.g. a request's deadline or
+    cancel flag, which raises to stop) is called before each, and a product step that reaches
+    more than ``max_states`` states raises :class:`ConstraintError`. Raises ConstraintError (a
+    ValueError) for an inverted word range or a keyphrase the tokenizer cannot encode, and
+    UnsatisfiableConstraintError when no text satisfies the request (found while the parts are
+    intersected, or at once for a keyphrase longer than the word range)."""
+    V, eos_ids = int(vocab_size), tuple(int(e) for e in eos_ids)
+    tick = check or (lambda: None)
+    _check_lengths(spec)
+    result = None
+    for make in _parts(tokenizer, spec, V, eos_ids):
+        tick()
+        part = make()
+        tick()
+        result = part if result is None else intersect(result, part, max_states=max_states)
+    return universal(V) if result is None else result
