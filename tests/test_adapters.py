@@ -149,3 +149,24 @@ def test_bad_adapters_get_clear_errors(tmp_path):
         merge_adapter(tiny_llama(), tmp_path / "a")
     with pytest.raises(CtrlgError, match="rank"):
         LoraSettings(rank=0).check()
+
+
+def test_the_loss_skips_the_output_layer_before_the_first_target_and_is_unchanged():
+    """_target_nll_sum keeps only the logits from the first target onwards (logits_to_keep); the
+    summed NLL equals the full-logits cross-entropy, on right-padded rows of different lengths."""
+    import torch
+
+    from ctrlg.lm.adaptation import Example, _target_nll_sum, collate
+    from helpers import tiny_llama
+
+    model = tiny_llama(40, seed=0)
+    examples = [Example(tuple(range(2, 12)), 6), Example(tuple(range(5, 9)), 1),
+                Example(tuple(range(3, 16)), 10)]
+    batch = collate(examples, 1)
+    nll, count = _target_nll_sum(model, batch, None)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    full = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 40),
+                                             batch["labels"][:, 1:].reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+    assert count == 4 + 3 + 3
+    assert torch.allclose(nll, full, rtol=1e-5)
