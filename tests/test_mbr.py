@@ -1,5 +1,6 @@
-"""ctrlg.lm.mbr: BLEU+1 against sacrebleu's sentence BLEU, the MBR pick against an explicit
-expected-utility search, the limits in T, and the errors."""
+"""ctrlg.lm.mbr: BLEU+1 against sacrebleu's sentence BLEU, the matrix of utilities against it pair
+by pair, the MBR pick against an explicit expected-utility search, the limits in T, and the
+errors."""
 
 import math
 
@@ -7,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from sacrebleu.metrics.bleu import BLEU
 
-from ctrlg.lm.mbr import MBRInputError, NgramStatistics, expected_utilities, mbr_pick, sentence_bleu_plus_one
+from ctrlg.lm.mbr import (MBRInputError, NgramStatistics, expected_utilities, mbr_pick,
+                          sentence_bleu_plus_one, utility_matrix)
 
 WORDS = st.lists(st.sampled_from(["a", "dog", "runs", "the", "field", "in", "green"]), min_size=1, max_size=9)
 SACREBLEU = BLEU(smooth_method="add-k", smooth_value=1, effective_order=True, tokenize="none")
@@ -19,6 +21,23 @@ def test_bleu_plus_one_equals_sacrebleus_sentence_bleu(hypothesis, reference):
     ours = sentence_bleu_plus_one(NgramStatistics(hypothesis), NgramStatistics(reference))
     theirs = SACREBLEU.sentence_score(" ".join(hypothesis), [" ".join(reference)]).score / 100
     assert ours == pytest.approx(theirs, abs=1e-12)
+
+
+REPEATING = st.lists(st.sampled_from(["a", "dog", "a dog"]), max_size=5).map(
+    lambda parts: " ".join(parts).split())     # repeated n-grams: clipped counts above 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(WORDS, REPEATING), min_size=1, max_size=5),
+       st.lists(st.one_of(WORDS, REPEATING), min_size=1, max_size=5))
+def test_the_utility_matrix_is_bleu_plus_one_of_every_pair(hypotheses, references):
+    hyps = [NgramStatistics(h) for h in hypotheses]
+    refs = [NgramStatistics(r) for r in references]
+    matrix = utility_matrix(hyps, refs)
+    assert matrix.shape == (len(hyps), len(refs))
+    for i, h in enumerate(hyps):
+        for j, r in enumerate(refs):
+            assert matrix[i, j] == pytest.approx(sentence_bleu_plus_one(h, r), abs=1e-12)
 
 
 def test_an_identical_sentence_has_utility_one_and_an_empty_one_zero():
