@@ -430,8 +430,8 @@ class _Siblings:
 
 
 def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batch_size: int = 8,
-           context_ids: Sequence[int] | None = None, max_expansions: int = 100_000
-           ) -> Iterator[QueryResult]:
+           context_ids: Sequence[int] | None = None, max_expansions: int = 100_000,
+           stats: dict | None = None) -> Iterator[QueryResult]:
     """Yield matches of ``query`` in non-increasing probability (Dijkstra; module docstring).
 
     The children of an expanded node enter the priority queue lazily, cheapest first: the
@@ -444,6 +444,9 @@ def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batc
         batch_size: frontier nodes expanded per LM call.
         context_ids: tokens the LM conditions on (default: BOS, else EOS).
         max_expansions: stop after this many LM-expanded nodes.
+        stats: when given, filled as the search runs: ``expansions`` (LM-expanded nodes so far)
+            and ``budget_spent`` (True once the search stopped at ``max_expansions`` rather
+            than with its language exhausted or ``num_results`` reached).
 
     Arguments are checked and the query compiled when ``search`` is called (not at the first
     ``next``): bad counts raise ConstraintError and a query with no match within
@@ -457,11 +460,11 @@ def search(model, tokenizer, query: Query, *, num_results: int | None = 10, batc
     if query.require_eos and eos is None:
         raise ConstraintError("require_eos=True but the tokenizer has no eos_token_id")
     return _search(model, tokenizer, query, autom, context, eos, num_results, batch_size,
-                   max_expansions)
+                   max_expansions, {} if stats is None else stats)
 
 
 def _search(model, tokenizer, query: Query, autom: _Automata, context: list[int], eos,
-            num_results: int | None, batch_size: int, max_expansions: int
+            num_results: int | None, batch_size: int, max_expansions: int, stats: dict
             ) -> Iterator[QueryResult]:
     """The Dijkstra traversal behind :func:`search` (a generator)."""
     scorer = _ContextScorer(model, context)
@@ -491,6 +494,7 @@ def _search(model, tokenizer, query: Query, autom: _Automata, context: list[int]
     push(0.0, _NODE, ((), _initial(autom), 0))
     emitted: set[tuple[int, ...]] = set()
     produced = expansions = 0
+    stats.update(expansions=0, budget_spent=False)
     while heap:
         batch = []
         while heap and len(batch) < batch_size:
@@ -516,7 +520,9 @@ def _search(model, tokenizer, query: Query, autom: _Automata, context: list[int]
         if not batch:
             continue
         expansions += len(batch)
+        stats["expansions"] = expansions
         if expansions > max_expansions:
+            stats["budget_spent"] = True
             return
         log_probs = scorer([payload[0] for _, payload in batch])
         for (cost, (tokens, configs, plen)), lp in zip(batch, log_probs):
