@@ -1,56 +1,52 @@
-"""ReLM-style experiments (Kuchnik et al., MLSys 2023) with the embedded LM.
+"""ReLM's validation tasks (Kuchnik et al., MLSys 2023, §4) with the embedded LM.
 
-    python -m experiments.relm task=lambada     [lambada.limit=500]
-    python -m experiments.relm task=bias        [bias.num_samples=200]
-    python -m experiments.relm task=extraction
+    python -m experiments.relm task=lambada       [lambada.limit=500]
+    python -m experiments.relm task=bias          [bias.num_samples=5000]
+    python -m experiments.relm task=memorization  [memorization.num_results=2000 ...]
+    python -m experiments.relm task=toxicity      [toxicity.limit=null toxicity.max_results=1000]
 
-* **lambada** — zero-shot LAMBADA last-word prediction (accuracy: exact match of the target), on
-  the first ``lambada.limit`` passages, four variants:
-  ``baseline``: greedy decoding of ``max_tokens`` tokens, the first word of the continuation;
-  ``words``: the most likely (shortest-path, :func:`ctrlg.relm.search`) string of the form
-  ``" <letters>"``; ``terminated``: the most likely ``" <letters><terminator>"`` (punctuation or
-  space, so the word is complete), terminator dropped; ``no_stop``: ``terminated`` with English
-  stop words excluded (LAMBADA targets are content words).
-* **bias** — for each gender g the LM continues ``"The g was trained in"`` with a profession from
-  ``bias.professions`` (:func:`ctrlg.relm.sample`: the LM restricted to the regex
-  ``" (art|science|…)"``), with the tokenizer's canonical encodings or all encodings, and with
-  the language widened by ±``edit_distance`` character edits (each sample is mapped back to the
-  nearest profession). A χ² test of independence (``scipy.stats.chi2_contingency``) on the
-  gender × profession counts tells whether the profession distribution depends on the gender.
-* **extraction** — how fast valid structured strings (URLs by default) come out: shortest-path
-  enumeration of the regex after a context vs plain ancestral sampling from the same context at
-  several stop lengths (matches found with Python's ``re``); reported as unique valid matches per
-  second.
+* **lambada** (§4.4) — zero-shot LAMBADA last word on the first ``lambada.limit`` passages, four
+  variants (:mod:`ctrlg.tasks.lambada`): ``baseline`` (greedy decoding), ``words``,
+  ``terminated``, ``no_stop`` (shortest-path queries). Each finished passage is appended to
+  ``predictions.jsonl``; ``resume=true`` (or a run folder) continues an interrupted run, and a
+  passage whose query raises a ctrlg error is reported by index and skipped.
+* **bias** (§4.2) — "The man/woman was trained in" + a profession sampled by
+  :func:`ctrlg.relm.sample`, per configuration (prefix or not × canonical or all encodings ×
+  edits), and a χ² test of independence (:mod:`ctrlg.relm.bias`); ``bias.png``.
+* **memorization** (§4.1) — windows of well-known integer sequences, verified offline:
+  shortest-path enumeration vs top-k sampling at fixed stop lengths, verified unique results
+  per second and duplicate rates (:mod:`ctrlg.relm.memorization`); ``memorization.png``.
+* **toxicity** (§4.3) — sentences of the corpus with an insult from a packaged word list
+  (:mod:`ctrlg.data.insults`), extracted prompted and unprompted under canonical encodings vs all
+  encodings + 1 edit (:mod:`ctrlg.relm.toxicity`); ``attempts.jsonl``, ``toxicity.png``.
 
-Writes ``results.json`` (+ ``predictions.jsonl`` / ``samples.jsonl``) and ``config.yaml``.
-For ``lambada`` each finished passage is appended to ``predictions.jsonl`` at once,
-``resume=true`` (the newest earlier run with the same settings) or ``resume=<run dir>``
-continues an interrupted run, and a passage whose query raises a ctrlg error is reported by
-index and skipped.
+Writes ``results.json`` and ``config.yaml`` (and the files named above) in the run folder.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
 
 import hydra
-import numpy as np
-import torch
 from omegaconf import DictConfig
 
+from ctrlg.data import load_lambada, load_lambada_passages
+from ctrlg.data.insults import find_insult_sentences, load_insult_words
 from ctrlg.errors import CtrlgError, ExperimentConfigError
+from ctrlg.relm.bias import BiasConfiguration, sample_configuration
+from ctrlg.relm.memorization import Verifier, run_sampling, run_shortest_path
+from ctrlg.relm.plots import plot_bias, plot_memorization, plot_toxicity
+from ctrlg.relm.toxicity import Configuration, attempt, ratios, summarise
 from ctrlg.tasks.config import generation_config, load_lm
 from ctrlg.tasks.lambada import lambada_query, predict_baseline, predict_query
 from ctrlg.tasks.records import (RecordWriter, format_table, progress, read_records, write_json,
                                  write_jsonl)
-from ctrlg.validation import check_context_length
 from experiments.common import (find_resume_dir, hydra_output_dir, report_errors,
                                 save_resolved_config, seed_everything)
 
-TASKS = ("lambada", "bias", "extraction")
+TASKS = ("lambada", "bias", "memorization", "toxicity")
 PREDICTIONS = "predictions.jsonl"
 # the configuration keys that decide the LAMBADA predictions: a resumed run must agree on them
 LAMBADA_KEYS = ("task", "seed", "model", "lambada", "batch_size")
@@ -85,8 +81,6 @@ def run_lambada(cfg, model, tokenizer, out_dir: Path, previous: list[dict] = ())
     """Each finished passage is appended to ``predictions.jsonl`` at once (after the
     ``previous`` rows of a resumed run, whose passages are not redone); a passage whose query
     raises a :class:`ctrlg.errors.CtrlgError` is reported by index and skipped."""
-    from ctrlg.data import load_lambada
-
     lcfg = cfg.lambada
     examples = load_lambada(lcfg.path, limit=lcfg.limit)
     variants = list(lcfg.variants)
@@ -121,122 +115,114 @@ def run_lambada(cfg, model, tokenizer, out_dir: Path, previous: list[dict] = ())
     return {"examples": len(scored), "skipped": skipped, "variants": table}
 
 
+# ---------------------------------------------------------------------- shared
+def document_start(cfg, tokenizer) -> int:
+    """The token that starts a document (``model.bos_token``; for an instruct LM not the chat
+    turn's BOS), else the tokenizer's BOS."""
+    name = cfg.model.get("bos_token")
+    tid = tokenizer.convert_tokens_to_ids(name) if name else None
+    return int(tid if tid is not None else tokenizer.bos_token_id)
+
+
+def print_table(title: str, rows, columns, headers) -> None:
+    print(title)
+    print(format_table(rows, columns, headers))
+
+
 # ---------------------------------------------------------------------- bias
-def nearest(text: str, options: list[str]) -> str:
-    """The option at the smallest Levenshtein distance from ``text`` (first on ties)."""
-    def distance(a: str, b: str) -> int:
-        previous = list(range(len(b) + 1))
-        for i, ca in enumerate(a, 1):
-            current = [i]
-            for j, cb in enumerate(b, 1):
-                current.append(min(previous[j] + 1, current[j - 1] + 1,
-                                   previous[j - 1] + (ca != cb)))
-            previous = current
-        return previous[-1]
-
-    return min(options, key=lambda option: distance(text, option))
-
-
 def run_bias(cfg, model, tokenizer, out_dir: Path) -> dict:
-    from scipy.stats import chi2_contingency
-
-    from ctrlg.relm import Query, sample
-
     bcfg = cfg.bias
-    professions = list(bcfg.professions)
-    pattern = " (" + "|".join(re.escape(p) for p in professions) + ")"
-    results, samples_out = [], []
-    configs = [(e, k) for e in bcfg.encodings for k in bcfg.edit_distances]
-    for encodings, edits in progress(configs, desc="bias"):
-        query = Query(pattern=pattern, encodings=encodings, edit_distance=int(edits),
-                      max_tokens=int(bcfg.max_tokens))
-        counts = np.zeros((len(bcfg.genders), len(professions)), dtype=np.int64)
-        start = time.perf_counter()
-        for g, gender in enumerate(bcfg.genders):
-            context = tokenizer(bcfg.template.format(gender=gender),
-                                add_special_tokens=False)["input_ids"]
-            if tokenizer.bos_token_id is not None:
-                context = [tokenizer.bos_token_id] + context
-            drawn = sample(model, tokenizer, query, int(bcfg.num_samples),
-                           seed=cfg.seed + 1000 * g + 17 * int(edits), batch_size=cfg.batch_size,
-                           context_ids=context)
-            for result in drawn:
-                profession = nearest(result.text.strip(), professions)
-                counts[g, professions.index(profession)] += 1
-                samples_out.append({"encodings": encodings, "edit_distance": int(edits),
-                                    "gender": gender, "text": result.text,
-                                    "profession": profession})
-        keep = counts.sum(0) > 0  # professions never drawn carry no information
-        chi2, p_value, dof, _ = chi2_contingency(counts[:, keep])
-        results.append({"encodings": encodings, "edit_distance": int(edits), "chi2": float(chi2),
-                        "p_value": float(p_value), "dof": int(dof),
-                        "counts": {gender: dict(zip(professions, counts[g].tolist()))
-                                   for g, gender in enumerate(bcfg.genders)},
-                        "seconds": time.perf_counter() - start})
-    write_jsonl(out_dir / "samples.jsonl", samples_out)
-    print(f"Gender bias: '{bcfg.template}' + profession, {bcfg.num_samples} samples per gender "
-          f"→ {out_dir}")
-    print(format_table(results, ["encodings", "edit_distance", "chi2", "dof", "p_value",
-                                 "seconds"],
-                       ["encodings", "edits", "χ²", "dof", "p-value", "time s"]))
+    configs = [BiasConfiguration(bool(p), e, int(k)) for p in bcfg.prefix
+               for e in bcfg.encodings for k in bcfg.edit_distances]
+    results, samples = [], []
+    for config in progress(configs, desc="bias"):
+        row = sample_configuration(model, tokenizer, bcfg.template, list(bcfg.genders),
+                                   list(bcfg.professions), config,
+                                   num_samples=int(bcfg.num_samples),
+                                   bos_id=document_start(cfg, tokenizer), seed=cfg.seed,
+                                   batch_size=int(bcfg.batch_size),
+                                   max_tokens=int(bcfg.max_tokens))
+        samples += [{"configuration": config.name, **s} for s in row.pop("samples")]
+        results.append(row)
+    write_jsonl(out_dir / "samples.jsonl", samples)
+    plot_bias(results, out_dir / "bias.png")
+    print_table(f"Gender bias: '{bcfg.template}' + profession, {bcfg.num_samples} samples per "
+                f"gender → {out_dir}", results,
+                ["configuration", "chi2", "dof", "p_value", "seconds"],
+                ["configuration", "χ²", "dof", "p-value", "time s"])
     for row in results:
-        print(f"  {row['encodings']}, ±{row['edit_distance']} edit: " + "; ".join(
+        print(f"  {row['configuration']}: " + "; ".join(
             f"{g}: " + ", ".join(f"{p} {c}" for p, c in row["counts"][g].items() if c)
             for g in bcfg.genders))
     return {"configurations": results}
 
 
-# ---------------------------------------------------------------------- extraction
-@torch.no_grad()
-def run_extraction(cfg, model, tokenizer, out_dir: Path) -> dict:
-    from ctrlg.relm import Query, search
+# ---------------------------------------------------------------------- memorisation
+def run_memorization(cfg, model, tokenizer, out_dir: Path) -> dict:
+    mcfg = cfg.memorization
+    verifier = Verifier(int(mcfg.window), int(mcfg.digits))
+    context = [document_start(cfg, tokenizer)] + tokenizer(
+        mcfg.context, add_special_tokens=False)["input_ids"]
+    rows = [run_shortest_path(model, tokenizer, context, mcfg.pattern, verifier,
+                              num_results=int(mcfg.num_results), top_k=mcfg.top_k,
+                              encodings=mcfg.encodings, max_tokens=int(mcfg.max_tokens),
+                              batch_size=int(mcfg.batch_size),
+                              max_expansions=int(mcfg.max_expansions))]
+    for length in progress(list(mcfg.stop_lengths), desc="sampling"):
+        rows.append(run_sampling(model, tokenizer, context, verifier, stop_length=int(length),
+                                 num_samples=int(mcfg.num_samples), top_k=mcfg.top_k,
+                                 batch_size=int(mcfg.batch_size), seed=cfg.seed))
+    plot_memorization(rows, out_dir / "memorization.png")
+    print_table(f"Verified extraction of {verifier.window}-term windows of known sequences "
+                f"after {mcfg.context!r} → {out_dir}", rows,
+                ["method", "stop_length", "attempts", "candidates", "unique", "verified",
+                 "duplicate_rate", "seconds", "verified_per_second"],
+                ["method", "stop length", "attempts", "candidates", "unique", "verified",
+                 "duplicates", "time s", "verified / s"])
+    return {"rows": rows}
 
-    ecfg = cfg.extraction
-    context = tokenizer(ecfg.context, add_special_tokens=False)["input_ids"]
-    if tokenizer.bos_token_id is not None:
-        context = [tokenizer.bos_token_id] + context
-    matcher = re.compile(ecfg.pattern.strip())
-    rows = []
-    query = Query(pattern=ecfg.pattern, max_tokens=24, encodings=ecfg.encodings)
-    start = time.perf_counter()
-    found = set()
-    for result in search(model, tokenizer, query, num_results=int(ecfg.num_results),
-                         batch_size=cfg.batch_size, context_ids=context,
-                         max_expansions=int(ecfg.max_expansions)):
-        if matcher.fullmatch(result.text.strip()):
-            found.add(result.text.strip())
-    elapsed = time.perf_counter() - start
-    rows.append({"method": "shortest path", "stop_length": None, "attempts": int(ecfg.num_results),
-                 "unique_valid": len(found), "seconds": elapsed,
-                 "per_second": len(found) / elapsed})
-    examples = {"shortest path": sorted(found)[:10]}
-    ids = torch.tensor([context])
-    for length in ecfg.stop_lengths:
-        torch.manual_seed(cfg.seed)
-        start = time.perf_counter()
-        matches = set()
-        remaining = int(ecfg.num_samples)
-        while remaining > 0:
-            batch = min(cfg.batch_size, remaining)
-            remaining -= batch
-            check_context_length(model, len(context), int(length), what="the context")
-            out = model.generate(ids.repeat(batch, 1), attention_mask=torch.ones_like(ids).repeat(batch, 1),
-                                 do_sample=True, top_k=0, max_new_tokens=int(length),
-                                 pad_token_id=tokenizer.eos_token_id)
-            for row in out[:, len(context):]:
-                text = tokenizer.decode(row, skip_special_tokens=True)
-                matches.update(m.group(0) for m in matcher.finditer(text))
-        elapsed = time.perf_counter() - start
-        rows.append({"method": "sampling", "stop_length": int(length),
-                     "attempts": int(ecfg.num_samples), "unique_valid": len(matches),
-                     "seconds": elapsed, "per_second": len(matches) / elapsed})
-        examples[f"sampling {length}"] = sorted(matches)[:10]
-    print(f"Extraction of {ecfg.pattern!r} after {ecfg.context!r} → {out_dir}")
-    print(format_table(rows, ["method", "stop_length", "attempts", "unique_valid", "seconds",
-                              "per_second"],
-                       ["method", "stop length", "attempts", "unique valid", "time s",
-                        "valid / s"]))
-    return {"rows": rows, "examples": examples}
+
+# ---------------------------------------------------------------------- toxicity
+def run_toxicity(cfg, model, tokenizer, out_dir: Path) -> dict:
+    tcfg = cfg.toxicity
+    configs = [Configuration(c.encodings, int(c.edits)) for c in tcfg.configurations]
+    try:
+        words = load_insult_words(None if tcfg.words is None else list(tcfg.words))
+        items = find_insult_sentences(load_lambada_passages(tcfg.corpus), words)
+    except CtrlgError as error:
+        print(f"toxicity: {error}; nothing to extract", file=sys.stderr)
+        return {"inputs": 0, "message": str(error), "rows": [], "ratios": {}}
+    if not items:
+        message = (f"no sentence of the corpus contains one of the {len(words)} insult words; "
+                   f"nothing to extract")
+        print(f"toxicity: {message}", file=sys.stderr)
+        return {"inputs": 0, "message": message, "rows": [], "ratios": {}}
+    items = items[:tcfg.limit] if tcfg.limit is not None else items
+    attempts = []
+    jobs = [(a, c, i) for a in tcfg.attacks for c in configs for i in items]
+    for attack, config, item in progress(jobs, desc="toxicity"):
+        attempts.append(attempt(model, tokenizer, item, attack, config, top_k=tcfg.top_k,
+                                max_results=int(tcfg.max_results),
+                                batch_size=int(tcfg.batch_size),
+                                max_expansions=int(tcfg.max_expansions),
+                                bos_id=document_start(cfg, tokenizer)))
+    rows = summarise(attempts, configs)
+    gain = ratios(rows, configs[0].name, configs[-1].name)
+    write_jsonl(out_dir / "attempts.jsonl", attempts)
+    plot_toxicity(rows, attempts, out_dir / "toxicity.png")
+    print_table(f"Toxic content: {len(items)} corpus sentences with an insult, top-"
+                f"{tcfg.top_k} → {out_dir}", rows,
+                ["attack", "configuration", "inputs", "successes", "success_pct",
+                 "success_kept_pct", "per_input", "per_input_kept", "seconds"],
+                ["attack", "configuration", "inputs", "with a match", "success %",
+                 "insult kept %", "matches / input", "kept / input", "time s"])
+    print(f"{configs[-1].name} over {configs[0].name}: prompted success ×"
+          f"{gain.get('prompted')}, unprompted matches per input ×{gain.get('unprompted')} "
+          f"(ReLM, GPT-2 XL: ×2.5 and ×93)")
+    return {"inputs": len(items), "words": words, "rows": rows, "ratios": gain,
+            "per_input": [{"attack": a["attack"], "configuration": a["configuration"],
+                           "target": a["target"], "matches": len(a["matches"]),
+                           "message": a["message"]} for a in attempts]}
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
@@ -253,7 +239,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         previous = read_records(resume_dir, PREDICTIONS) if resume_dir is not None else []
         result = run_lambada(cfg, model, tokenizer, out_dir, previous)
     else:
-        runner = {"bias": run_bias, "extraction": run_extraction}[cfg.task]
+        runner = {"bias": run_bias, "memorization": run_memorization,
+                  "toxicity": run_toxicity}[cfg.task]
         result = runner(cfg, model, tokenizer, out_dir)
     write_json(out_dir / "results.json", {"task": cfg.task, **result})
     return result

@@ -186,33 +186,6 @@ def test_relm_lambada_smoke(tiny_lm_dir, tmp_path, capsys):
     assert "accuracy" in capsys.readouterr().out
 
 
-def test_relm_bias_smoke(tiny_lm_dir, tmp_path):
-    from experiments import relm
-
-    cfg = compose("relm", [f"model.name={tiny_lm_dir}", "task=bias", "bias.num_samples=4",
-                           "bias.professions=[art,math,business]", "bias.encodings=[canonical]",
-                           "bias.edit_distances=[0,1]"])
-    result = relm.run(cfg, tmp_path)
-    assert [c["edit_distance"] for c in result["configurations"]] == [0, 1]
-    exact = result["configurations"][0]
-    assert sum(sum(c.values()) for c in exact["counts"].values()) == 8
-    assert 0.0 <= exact["p_value"] <= 1.0
-
-
-def test_relm_extraction_smoke(tiny_lm_dir, tmp_path):
-    from experiments import relm
-
-    cfg = compose("relm", [f"model.name={tiny_lm_dir}", "task=extraction",
-                           "extraction.num_results=3", "extraction.max_expansions=30",
-                           "extraction.stop_lengths=[4]",
-                           "extraction.num_samples=2"])
-    result = relm.run(cfg, tmp_path)
-    shortest = result["rows"][0]
-    assert shortest["method"] == "shortest path" and shortest["unique_valid"] <= 3
-    assert all(re.fullmatch(r"https://www\.[a-z]+\.(com|org|net)", url)
-               for url in result["examples"]["shortest path"])
-
-
 def test_commongen_plus_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path):
     """`data=commongen_plus` runs CommonGen+ items (here one of 9 concepts) end to end."""
     from experiments import commongen
