@@ -228,3 +228,13 @@ def test_bad_queries():
         within_edit_distance(compile_bytes_dfa("a"), -1)
     with pytest.raises(ConstraintError, match="edit symbols"):
         within_edit_distance(compile_bytes_dfa("a"), 1, symbols="é")
+
+
+def test_search_stats_say_whether_the_expansion_budget_stopped_it(lm, tok):
+    stats = {}
+    results = list(search(lm, tok, Query(WORDS[0]), num_results=None, stats=stats))
+    assert len(results) == 12 and stats["budget_spent"] is False and stats["expansions"] > 1
+    stats = {}
+    assert list(search(lm, tok, Query(WORDS[0]), num_results=None, max_expansions=1,
+                       batch_size=1, stats=stats)) == []
+    assert stats == {"expansions": 2, "budget_spent": True}
