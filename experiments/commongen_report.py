@@ -9,7 +9,9 @@ Reads ``RUN_DIR/generations.jsonl`` and ``config.yaml`` (e.g. the folder written
 metric table and the paired-bootstrap intervals of every Ctrl-G-guided method − ``--baseline``
 (:func:`ctrlg.tasks.commongen.scoring.score_methods`, the same code as the main job), so a tuning range
 and a reported range are scored apart; ``--examples N`` prints N side-by-side outputs of the
-first range as a Markdown table. ``--openings N`` diagnoses mode collapse on the first range: the
+first range as a Markdown table. ROUGE-L is printed twice: rouge-score's in the table (the
+project's metric) and pycocoevalcap's below it (the CommonGen evaluation's,
+:func:`ctrlg.tasks.commongen.scoring.coco_rouge_l`). ``--openings N`` diagnoses mode collapse on the first range: the
 N most common first words of each method's outputs and of the references (share of each), and
 each method's BLEU-4 / CIDEr apart on the outputs that open with a word that opens under 1 % of
 the references ("rare openings") and on the rest. Writes ``RUN_DIR/report.json``.
@@ -27,7 +29,7 @@ from omegaconf import OmegaConf
 from ctrlg import metrics
 from ctrlg.errors import ExperimentConfigError
 from ctrlg.tasks.commongen.methods import method_spec
-from ctrlg.tasks.commongen.scoring import print_tables, reference_words, score_methods
+from ctrlg.tasks.commongen.scoring import coco_rouge_l, print_tables, reference_words, score_methods
 from ctrlg.tasks.records import read_records, write_json
 from experiments.common import index_range
 
@@ -68,11 +70,16 @@ def report_ranges(run_dir: Path, ranges, *, baseline: str | None = None, resampl
         if not chosen:
             raise ExperimentConfigError(f"no scored item of {run_dir} lies in [{start}, {stop})")
         table, intervals = score_methods(chosen, methods, specs, cfg)
+        for method in methods:   # the CommonGen evaluation's own ROUGE-L beside rouge-score's
+            table[method]["rouge_l_coco"] = coco_rouge_l([r[method]["text"] for r in chosen],
+                                                         [r["references"] for r in chosen])
         ref_words = reference_words(chosen)
         out[f"{start}:{stop}"] = {"items": len(chosen), "reference_words": ref_words,
                                   "methods": table, "intervals": intervals}
         print(f"items [{start}, {stop}): {len(chosen)} scored")
         print_tables(table, intervals, methods, cfg, ref_words)
+        print("ROUGE-L as pycocoevalcap computes it: "
+              + ", ".join(f"{m} {table[m]['rouge_l_coco']:.2f}" for m in methods))
     return out
 
 

@@ -108,6 +108,7 @@ def test_report_scores_each_range_apart_like_the_main_job(tmp_path, capsys):
     assert result["0:2"]["items"] == 2 and abs(result["0:2"]["methods"]["ctrlg"]["bleu4"] - 100.0) < 1e-6
     assert result["2:4"]["methods"]["ctrlg"]["bleu4"] == result["2:4"]["methods"]["logical"]["bleu4"]
     assert result["0:2"]["intervals"]["ctrlg"]["bleu4"]["low"] > 0
+    assert result["0:2"]["methods"]["ctrlg"]["rouge_l_coco"] == pytest.approx(100.0)
     with pytest.raises(ExperimentConfigError, match="no scored item"):
         report_ranges(folder, [(10, 20)])
     table = side_by_side(folder, 1)
@@ -117,6 +118,23 @@ def test_report_scores_each_range_apart_like_the_main_job(tmp_path, capsys):
     OmegaConf.save(config, folder / "config.yaml")
     report_ranges(folder, [(0, 4)])
     assert "decoded with different generation.num_beams: logical 32, ctrlg 128" in capsys.readouterr().out
+
+
+def test_coco_rouge_l_takes_the_best_precision_and_recall_over_the_references():
+    from ctrlg.tasks.commongen.scoring import coco_rouge_l
+
+    def f_beta(precision, recall, beta=1.2):
+        return (1 + beta ** 2) * precision * recall / (recall + beta ** 2 * precision)
+
+    # LCS("a b c d", "a c d e") = "a c d": P = R = 3/4
+    assert coco_rouge_l(["A b, c d."], [["a c d e"]]) == pytest.approx(75.0)
+    # the best precision (3/4, from the long reference) and the best recall (1, from "a b") come
+    # from different references
+    assert coco_rouge_l(["a b c d"], [["a b", "a b c x y z w v"]]) == pytest.approx(
+        100 * f_beta(3 / 4, 1.0))
+    assert coco_rouge_l(["zzz", "a b"], [["a b"], ["a b"]]) == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="same non-zero number"):
+        coco_rouge_l(["a"], [])
 
 
 def test_opening_words_counts_first_words_and_scores_rare_openings_apart():

@@ -16,7 +16,8 @@ from ctrlg.tasks.commongen.items import word_count
 from ctrlg.tasks.records import (METRIC_NAMES, format_table, interval_cell, interval_header,
                                  paired_intervals)
 
-__all__ = ["TABLE_COLUMNS", "TABLE_HEADERS", "score_methods", "format_intervals", "reference_words", "print_tables"]
+__all__ = ["TABLE_COLUMNS", "TABLE_HEADERS", "score_methods", "format_intervals", "reference_words", "print_tables",
+           "coco_rouge_l"]
 
 TABLE_COLUMNS = ["method", "bleu4", "rouge_l", "cider", "meteor", "success", "keywords", "words",
                  "seconds"]
@@ -66,6 +67,23 @@ def format_intervals(intervals: dict, baseline: str, confidence: float) -> str:
     columns = ["pair", *METRIC_NAMES]
     headers = ["paired bootstrap", *(interval_header(m, confidence) for m in METRIC_NAMES)]
     return format_table(rows, columns, headers)
+
+
+def coco_rouge_l(hypotheses: list[str], references: list[list[str]]) -> float:
+    """ROUGE-L as the CommonGen evaluation computes it (pycocoevalcap's ``Rouge``: the LCS
+    F-measure with β = 1.2 of the highest precision and the highest recall over the references, on
+    the metrics' tokens, :func:`ctrlg.metrics.tokenize_for_eval`), × 100. ``ctrlg.metrics.rouge_l``
+    is rouge-score's (best-reference F1); on CommonGen outputs the two agree to a few tenths."""
+    from pycocoevalcap.rouge.rouge import Rouge  # optional metrics dependency, imported only when this metric runs
+
+    if len(hypotheses) != len(references) or not hypotheses:
+        raise metrics.MetricInputError(f"got {len(hypotheses)} hypotheses and {len(references)} "
+                                       f"reference lists; need the same non-zero number")
+    scorer = Rouge()
+    total = sum(scorer.calc_score([metrics.tokenize_for_eval(h) or "<empty>"],
+                                  [metrics.tokenize_for_eval(r) for r in refs])
+                for h, refs in zip(hypotheses, references))
+    return 100.0 * total / len(hypotheses)
 
 
 def reference_words(records: list[dict]) -> float:
