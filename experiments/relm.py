@@ -144,6 +144,8 @@ def run_bias(cfg, model, tokenizer, out_dir: Path) -> dict:
                                    max_tokens=int(bcfg.max_tokens))
         samples += [{"configuration": config.name, **s} for s in row.pop("samples")]
         results.append(row)
+        write_json(out_dir / "results.json", {"task": "bias", "configurations": results,
+                                              "finished": False})   # kept if interrupted
     write_jsonl(out_dir / "samples.jsonl", samples)
     plot_bias(results, out_dir / "bias.png")
     print_table(f"Gender bias: '{bcfg.template}' + profession, {bcfg.num_samples} samples per "
@@ -235,6 +237,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     seed_everything(cfg.seed)
     save_resolved_config(cfg, out_dir)
     model, tokenizer = load_lm(cfg.model)
+    wall, cpu = time.perf_counter(), time.process_time()
     if cfg.task == "lambada":
         previous = read_records(resume_dir, PREDICTIONS) if resume_dir is not None else []
         result = run_lambada(cfg, model, tokenizer, out_dir, previous)
@@ -242,7 +245,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         runner = {"bias": run_bias, "memorization": run_memorization,
                   "toxicity": run_toxicity}[cfg.task]
         result = runner(cfg, model, tokenizer, out_dir)
-    write_json(out_dir / "results.json", {"task": cfg.task, **result})
+    # CPU seconds (all threads) beside wall seconds: on a shared machine the wall time measures
+    # the load, the CPU time the work
+    timing = {"wall_seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu}
+    print(f"{cfg.task}: {timing['wall_seconds']:.0f} s wall, {timing['cpu_seconds']:.0f} s CPU "
+          f"(after loading the LM)")
+    write_json(out_dir / "results.json", {"task": cfg.task, **result, **timing})
     return result
 
 
