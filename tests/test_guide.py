@@ -142,7 +142,7 @@ def test_backward_table_rows_equal_brute_force():
     S, V, h, n = 3, 3, 2, 3
     hmm = random_hmm(h, V, 7)
     dfa = random_dfa(S, V, 8)
-    tables = build_tables(hmm, dfa, n)
+    tables = build_tables(hmm, dfa, n, reachable_only=False)
     A, B = hmm.transition.double(), hmm.emission.double()
     for r in range(n + 1):
         W = tables.w_hat[r].double() * torch.exp(tables.log_scale[r])[:, None]
@@ -163,6 +163,35 @@ def test_backward_table_rows_equal_brute_force():
                         p = q / q.sum()
                     expect += prob
                 assert math.isclose(float(W[s, z]), expect, rel_tol=1e-4, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_reachable_band_is_what_enumeration_reaches_and_its_rows_are_unchanged(seed):
+    """B_r(s) = F_r(s) ∧ (s is reached from the initial state by some sequence of exactly n − r
+    tokens, EOS excluded), by enumeration; inside the band the tables equal the full ones (up to
+    the product's float rounding), outside they are 0."""
+    S, V, h, n = 5, 4, 3, 4
+    eos = 3
+    dfa = random_dfa(S, V, 20 + seed)
+    hmm = random_hmm(h, V, 30 + seed)
+    full = build_tables(hmm, dfa, n, eos_token_id=eos, reachable_only=False)
+    band = build_tables(hmm, dfa, n, eos_token_id=eos)
+    for r in range(n + 1):
+        reached = {dfa.run(list(y)) for y in itertools.product([0, 1, 2], repeat=n - r)}
+        for s in range(S):
+            assert band.band[r, s] == (s in reached and bool(full.feasible[r, s])), (r, s)
+            if band.band[r, s]:
+                assert torch.allclose(band.w_hat[r, s], full.w_hat[r, s], rtol=1e-6, atol=0)
+                assert math.isclose(band.log_scale[r, s], full.log_scale[r, s], rel_tol=1e-6,
+                                    abs_tol=1e-6)
+            else:
+                assert not band.w_hat[r, s].any() and band.log_scale[r, s] == -math.inf
+    unreachable = [(r, s) for r in range(n + 1) for s in range(S)
+                   if full.feasible[r, s] and not band.band[r, s]]
+    if unreachable:
+        r, s = unreachable[0]
+        with pytest.raises(ConstraintError, match="cannot be reached"):
+            band.log_prob_accept(s, remaining=r)
 
 
 def phrase_dfa(phrase, V):
