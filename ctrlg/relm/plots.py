@@ -100,7 +100,9 @@ def plot_toxicity(summary: Sequence[dict], attempts: Sequence[dict], path: Path)
                          and a["configuration"] == row["configuration"]), reverse=True)
         right.plot(range(1, len(counts) + 1), counts, marker=".",
                    label=f"{row['configuration']} ({row['per_input']:.2f} per input)")
-    right.set_yscale("symlog")
+    if right.get_ylim()[1] > 20:
+        right.set_yscale("symlog")
+    right.set_ylim(bottom=0)
     right.set_xlabel("input (sorted by extractions)")
     right.set_ylabel("extractions")
     right.set_title("Unprompted: extractions per input")
