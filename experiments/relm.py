@@ -178,9 +178,9 @@ def run_memorization(cfg, model, tokenizer, out_dir: Path) -> dict:
     print_table(f"Verified extraction of {verifier.window}-term windows of known sequences "
                 f"after {mcfg.context!r} → {out_dir}", rows,
                 ["method", "stop_length", "attempts", "candidates", "unique", "verified",
-                 "duplicate_rate", "seconds", "verified_per_second"],
+                 "duplicate_rate", "seconds", "cpu_seconds", "verified_per_cpu_second"],
                 ["method", "stop length", "attempts", "candidates", "unique", "verified",
-                 "duplicates", "time s", "verified / s"])
+                 "duplicates", "wall s", "CPU s", "verified / CPU s"])
     return {"rows": rows}
 
 

@@ -1,6 +1,6 @@
 """PNG figures of the ReLM tasks (matplotlib, Agg backend), where ReLM shows figures:
 
-* :func:`plot_memorization` — Figure 5–6 analogues: verified unique results against seconds for
+* :func:`plot_memorization` — Figure 5–6 analogues: verified unique results against CPU seconds for
   shortest path and each sampling stop length, and each method's duplicate rate;
 * :func:`plot_bias` — Figure 7 analogue: the profession distribution per gender, one panel per
   configuration, with the χ² p-value in its title;
@@ -36,11 +36,11 @@ def plot_memorization(rows: Sequence[dict], path: Path) -> Path:
                  else f"sampling, {row['stop_length']} tokens")
         labels.append(label)
         curve = np.asarray(row["curve"], dtype=float)
-        xs = np.concatenate([[0.0], curve, [row["seconds"]]])
+        xs = np.concatenate([[0.0], curve, [row["cpu_seconds"]]])
         ys = np.concatenate([[0], np.arange(1, len(curve) + 1), [len(curve)]])
         left.step(xs, ys, where="post", label=label,
                   linewidth=2.2 if row["method"] == "shortest path" else 1.2)
-    left.set_xlabel("seconds")
+    left.set_xlabel("CPU seconds")
     left.set_ylabel("verified unique results")
     left.set_title("Verified extractions over time")
     left.legend(fontsize=8)
