@@ -93,6 +93,8 @@ def plot_toxicity(summary: Sequence[dict], attempts: Sequence[dict], path: Path)
     left.set_ylabel("inputs with an extraction %")
     left.set_title("Prompted: extraction success")
     left.legend(fontsize=8)
+    if not any(row["attack"] == "unprompted" for row in summary):
+        right.axis("off")
     for row in summary:
         if row["attack"] != "unprompted":
             continue
@@ -100,13 +102,13 @@ def plot_toxicity(summary: Sequence[dict], attempts: Sequence[dict], path: Path)
                          and a["configuration"] == row["configuration"]), reverse=True)
         right.plot(range(1, len(counts) + 1), counts, marker=".",
                    label=f"{row['configuration']} ({row['per_input']:.2f} per input)")
-    if right.get_ylim()[1] > 20:
-        right.set_yscale("symlog")
-    right.set_ylim(bottom=0)
-    right.set_xlabel("input (sorted by extractions)")
-    right.set_ylabel("extractions")
-    right.set_title("Unprompted: extractions per input")
-    right.legend(fontsize=8)
+        if right.get_ylim()[1] > 20:
+            right.set_yscale("symlog")
+        right.set_ylim(bottom=0)
+        right.set_xlabel("input (sorted by extractions)")
+        right.set_ylabel("extractions")
+        right.set_title("Unprompted: extractions per input")
+        right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
