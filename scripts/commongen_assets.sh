@@ -14,6 +14,9 @@
 #   7. the pipeline's default adapter: stage 5 on those captions capped at 20 per concept (the
 #      stage-6 HMM guides it)                    -> ctrlg/assets/adapter_smollm2_commongen_human_balanced
 # Each stage resumes where it stopped when run again (training state, sample chunks).
+# Stages 1 and 5 make adapters that are not shipped (their LMs are what stages 3 and 6 sample);
+# stage 6 starts from the h = 512 HMM `commongen-adapted-h512`, not shipped either: make it on a
+# GPU first (docs/models.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -17,11 +17,12 @@ __all__ = ["HMM", "PriorHead", "tokenizer_fingerprint", "default_hmm_path", "loa
            "prior_head_path"]
 
 DEFAULT_HMM_NAME = "hmm_smollm2_commongen"
-# name -> folder under ctrlg/assets: the HMM of each CommonGen pipeline (docs/hmm.md)
+# name -> folder under ctrlg/assets: the HMM of each pipeline (docs/models.md)
 EMBEDDED_HMMS = {
     "instruct": DEFAULT_HMM_NAME,                         # SmolLM2-135M-Instruct, instruction prompts
     "commongen-adapted": "hmm_smollm2_commongen_adapted",  # the CommonGen-adapted LM, BOS prompt
-    # the same LM, 5x the samples, h = 512 (distilled on a GPU; docs/hmm.md, docs/experiments.md)
+    # not shipped (used by no default; re-create them with their commands in docs/models.md):
+    # the same LM, 5x the samples, h = 512 (distilled on a GPU)
     "commongen-adapted-h512": "hmm_smollm2_commongen_adapted_h512",
     # h = 2,048 from 1M samples, distilled on one GPU (configs/distill_adapted_gpu.yaml); topk8-4096 storage
     "commongen-adapted-h2048": "hmm_smollm2_commongen_adapted_h2048",
@@ -49,11 +50,17 @@ def load_default_hmm(*, tokenizer=None, device="cpu") -> HMM:
 
 
 def embedded_hmm_path(name: str) -> Path:
-    """Directory of the embedded HMM ``name`` (:data:`EMBEDDED_HMMS`)."""
+    """Directory of the embedded HMM ``name`` (:data:`EMBEDDED_HMMS`); a registered HMM that is
+    not in ``ctrlg/assets`` (not shipped, or not made yet) is an error that says how to make it."""
     if name not in EMBEDDED_HMMS:
         raise CheckpointError(f"unknown embedded HMM {name!r}; choose one of {sorted(EMBEDDED_HMMS)} "
                               "or give a checkpoint folder (hmm.path=...)")
-    return Path(__file__).resolve().parent.parent / "assets" / EMBEDDED_HMMS[name]
+    folder = Path(__file__).resolve().parent.parent / "assets" / EMBEDDED_HMMS[name]
+    if not folder.is_dir():
+        raise CheckpointError(f"the embedded HMM {name!r} is not in {folder}: it is not shipped; "
+                              "re-create it with its command in docs/models.md (it writes the "
+                              "folder), or give a checkpoint folder (hmm.path=...)")
+    return folder
 
 
 def load_embedded_hmm(name: str, *, tokenizer=None, device="cpu") -> HMM:

@@ -38,10 +38,12 @@ __all__ = ["AdapterMismatchError", "EMBEDDED_ADAPTERS", "adapter_info", "base_fi
            "merge_adapter", "resolve_adapter", "save_adapter"]
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-# name -> folder under ctrlg/assets (made by `python -m experiments.adapt`, see docs/hmm.md)
+# name -> folder under ctrlg/assets (made by `python -m experiments.adapt`; each one's command and
+# which pipeline uses it: docs/models.md)
 EMBEDDED_ADAPTERS = {
+    # not shipped (used by no default; re-create with their commands in docs/models.md): all
+    # 39,069 train targets, 1 epoch; the 3,302 human-written (sentence-case) ones, 3 epochs
     "commongen": "adapter_smollm2_commongen",
-    # the same recipe on the 3,302 human-written (sentence-case) train captions, 3 epochs
     "commongen-human": "adapter_smollm2_commongen_human",
     # those captions capped at 20 per concept (1,807; data.select=sentence_case_balanced): the default
     "commongen-human-balanced": "adapter_smollm2_commongen_human_balanced",
@@ -95,8 +97,8 @@ def resolve_adapter(name: str | Path) -> Path:
     if isinstance(name, str) and name in EMBEDDED_ADAPTERS:
         folder = ASSETS / EMBEDDED_ADAPTERS[name]
         if not (folder / META_FILE).is_file():
-            raise CheckpointError(f"the embedded adapter {name!r} is missing from {folder}; "
-                                  "re-create it with `python -m experiments.adapt` (docs/hmm.md)")
+            raise CheckpointError(f"the embedded adapter {name!r} is not in {folder}: it is not "
+                                  "shipped; re-create it with its command in docs/models.md")
         return folder
     folder = Path(name).expanduser()
     if not folder.is_dir():
