@@ -4,8 +4,8 @@ finished beam (:func:`ctrlg.sampler.rerank`), measured in one process.
 
     python -m benchmarks.bench_beam_rerank                 # 32 and 128 beams, 2 rounds
 
-Setting: the adapted CommonGen pipeline (SmolLM2-135M-Instruct + the ``commongen`` adapter in
-bfloat16, the adapted HMM), prompt = BOS, ``dfa.commongen_constraint`` of one dev concept set,
+Setting: the adapted CommonGen pipeline (SmolLM2-135M-Instruct + the ``commongen-human-balanced``
+adapter in bfloat16; the recorded run used the earlier ``commongen`` adapter; the h = 256 adapted HMM), prompt = BOS, ``dfa.commongen_constraint`` of one dev concept set,
 5–32 new tokens, length_penalty 0.2, no_repeat_ngram_size 4, one torch thread. Per round and
 width, in turn: ``ctrlg.generate(..., rank_by_lm=True)`` (recorded sums; the recorder copies the
 [B, V] scores once per step) and ``rank_by_lm=False`` followed by ``ctrlg.sampler.rerank`` (a
@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
 
     tokenizer = load_tokenizer(None)
-    model = load_model(None, dtype=torch.bfloat16, adapter="commongen").eval()
+    model = load_model(None, dtype=torch.bfloat16, adapter="commongen-human-balanced").eval()
     hmm = load_embedded_hmm("commongen-adapted")
     eos = eos_token_ids(tokenizer, model)
     constraint = dfa.commongen_constraint(CONCEPTS, tokenizer, min_words=1, eos_token_id=eos[0],

@@ -1,6 +1,6 @@
 """Held-out log-likelihood and checkpoint size of an HMM under each storage format.
 
-    python -m benchmarks.bench_hmm_storage --hmm commongen-adapted-h512 --formats log8 topk8-1024 topk8-4096
+    python -m benchmarks.bench_hmm_storage --hmm commongen-adapted --formats log8 topk8-1024 topk8-4096
     python -m benchmarks.bench_hmm_storage --hmm outputs/.../hmm --samples outputs/.../samples/heldout
     python -m benchmarks.bench_hmm_storage --hmm commongen-human-h512 --formats topk8-4096 topk8-4096@3 \
         --support-samples outputs/distill_samples/<run>/train --samples outputs/distill_samples/<run>/heldout
@@ -83,7 +83,7 @@ def guide_support(hmm: HMM) -> int:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hmm", default="commongen-adapted-h512", help="embedded name or folder")
+    parser.add_argument("--hmm", default="commongen-human-h512", help="embedded name or folder")
     parser.add_argument("--formats", nargs="*", default=["log8", "topk8-1024", "topk8-4096"])
     parser.add_argument("--refs", type=int, default=500)
     parser.add_argument("--samples", default=None, help="a folder of held-out sample chunks")

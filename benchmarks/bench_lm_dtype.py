@@ -4,7 +4,8 @@ that dominates beam search in the CommonGen pipelines, measured in one process.
     python -m benchmarks.bench_lm_dtype                  # rows 8 / 32 / 128, 3 rounds
 
 The LM is the adapted CommonGen pipeline's (the embedded SmolLM2-135M-Instruct with the
-``commongen`` LoRA adapter merged), one torch thread. A step is one token for each of R rows on
+``commongen-human-balanced`` LoRA adapter merged; the recorded run used the earlier ``commongen``
+adapter, of the same shapes), one torch thread. A step is one token for each of R rows on
 top of a 16-token KV cache (transformers' own cache and attention, as the decoder uses them),
 ≈ 2 · 135M · R FLOPs. The dtypes run round-robin ``--repeats`` times; each ratio is the median
 over rounds of (float32 seconds) / (bfloat16 seconds) in the same round. The script also records
@@ -59,7 +60,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    models = {d: load_model(None, adapter="commongen", dtype=getattr(torch, d)) for d in DTYPES}
+    models = {d: load_model(None, adapter="commongen-human-balanced", dtype=getattr(torch, d)) for d in DTYPES}
     seconds = {(d, r): [] for d in DTYPES for r in args.rows}
     for _ in range(args.repeats):
         for rows in args.rows:

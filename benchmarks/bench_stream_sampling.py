@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
 
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
     tokenizer = models.load_tokenizer(None)
-    model = models.load_model(None, device=args.device, dtype=dtype, adapter="commongen")
+    model = models.load_model(None, device=args.device, dtype=dtype, adapter="commongen-human-balanced")
     prompt = bos_text(tokenizer, "<|endoftext|>")
     eos = eos_token_ids(tokenizer, model)
     N, L = args.sequences, args.length
