@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The search options of issue 41 part 2 against the default `ctrlg` beam search, on CommonGen dev
+# The search options against the default `ctrlg` beam search, on CommonGen dev
 # items [OFFSET, OFFSET + ITEMS) with the adapted pipeline at BEAMS beams (docs/experiments.md,
-# "Search options"): one run each for
+# "Search options"; the runs: docs/notes/commongen_results.md): one run each for
 #   base       logical + ctrlg (the default: guided beam scores)
 #   lookahead  ctrlg_lookahead  generation.beam_score=lookahead
 #   sampleK    ctrlg_sampleK    generation.num_beams=1 generation.num_samples=K (K guided samples + rerank)

@@ -12,7 +12,7 @@ to tell apart:
 
 CommonGen's dev and test references are crowd-written sentences of the first kind. An LM
 adapted on all targets writes the second kind whenever its HMM's lookahead is vague (the caption
-templates of docs/experiments.md); ``sentence_case`` keeps only the first kind.
+templates of docs/notes/commongen_adapter.md); ``sentence_case`` keeps only the first kind.
 
 The sentence-case captions are skewed by subject: MSCOCO's pictures give 405 of them the
 concept "pizza", 193 "zebra", 135 "giraffe", and an LM adapted on them writes "A zebra standing in a
