@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from ctrlg import dfa
+from ctrlg.dfa.bytes_dfa import Budget
+from ctrlg.dfa.cfg import approximation
 from ctrlg.dfa.cfg.approximation import regular_superset
 from ctrlg.dfa.cfg.grammar_ir import reduce, with_ignored
 from ctrlg.dfa.cfg.lark_syntax import from_lark
@@ -74,17 +76,25 @@ def test_a_grammar_lark_accepts_is_read():
     assert g.matches("(,,12") and g.matches("(") and not g.matches("(,,,")
 
 
-def test_bad_arguments_are_clear_errors(tiny):
+def test_bad_arguments_are_clear_errors(tiny, monkeypatch):
     with pytest.raises(ConstraintError, match="syntax must be"):
         dfa.grammar('start: "a"', tiny, syntax="ebnf")
     with pytest.raises(ConstraintError, match="depth must be"):
         dfa.grammar('start: "a"', tiny, depth=0)
+    # two kinds of bracket: the automaton doubles per level, past the (here small) budget
+    monkeypatch.setattr(approximation, "SUPERSET_BUDGET", Budget(states=3_000, work=100_000))
     with pytest.raises(ConstraintError, match="use a smaller depth"):
-        dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny, depth=4)
+        dfa.grammar('start: x\nx: "1" | "(" x ")" | "[" x "]"', tiny, depth=12)
+    monkeypatch.undo()
     with pytest.raises(GrammarError, match="no rule 'root'"):
         dfa.grammar('start ::= "a"', tiny, syntax="gbnf")
-    # depth="auto" keeps the last depth whose automaton did not explode (it raised RegexError)
-    assert dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny).depth == 2
+    # the ambiguous 'x x' is a loop (x = α (α)*, α = "1" | "(" x ")"): only the parentheses
+    # spend depth, so "auto" reaches its deepest level and the superset keeps the brackets
+    # balanced there
+    g = dfa.grammar('start: x\nx: "1" | "(" x ")" | x x', tiny)
+    bnf = with_ignored(reduce(from_lark('start: x\nx: "1" | "(" x ")" | x x')))
+    superset, _, _ = regular_superset(bnf, g.depth)
+    assert g.depth == 12 and superset.fullmatch(b"(1)((1)1)") and not superset.fullmatch(b")1(")
     with pytest.raises(UnsupportedGrammarError, match="line 2: a token reference"):
         dfa.grammar('root ::= "a"\nx ::= <[1]>', tiny, syntax="gbnf")
     g = dfa.grammar(ALL["arithmetic"], tiny)

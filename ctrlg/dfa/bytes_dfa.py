@@ -24,7 +24,8 @@ from ctrlg.dfa.minimize import hopcroft_refine
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, parse
 from ctrlg.errors import RegexError
 
-__all__ = ["ByteDFA", "ByteNFA", "compile_bytes_dfa", "utf8_sequences", "DEAD"]
+__all__ = ["ByteDFA", "ByteNFA", "compile_bytes_dfa", "utf8_sequences", "DEAD", "Budget",
+           "AutomatonTooLarge"]
 
 DEAD = 0
 MAX_NFA_STATES = 500_000
@@ -96,7 +97,7 @@ class ByteNFA:
 
     def add_state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:
-            raise RegexError(f"regex automaton exceeds {MAX_NFA_STATES} NFA states; "
+            raise AutomatonTooLarge(f"regex automaton exceeds {MAX_NFA_STATES} NFA states; "
                              "reduce repetition bounds")
         self.edges.append([])
         self.eps.append([])
@@ -257,9 +258,36 @@ def _closure(nfa: ByteNFA, states) -> frozenset[int]:
     return frozenset(seen)
 
 
-def determinize(nfa: ByteNFA, start: int, accept: int) -> ByteDFA:
-    """Subset construction; state 0 is the dead state (the empty set)."""
+class AutomatonTooLarge(RegexError):
+    """A subset construction that ran past its state bound or its :class:`Budget`."""
+
+
+@dataclass
+class Budget:
+    """What a sequence of subset constructions may still spend, fixed before the first starts:
+    ``states`` DFA states in all and ``work`` NFA-state entries summed over their subsets (the
+    memory the subsets hold and the time their ε-closures take). :func:`determinize` charges
+    each new DFA state against it and raises :class:`AutomatonTooLarge` once either runs out,
+    so the whole sequence is bounded in time and memory however large its automata would grow."""
+
+    states: int
+    work: int
+
+    def charge(self, subset_size: int, states: int = 1) -> None:
+        """Spend ``states`` DFA states and ``subset_size`` work (NFA states built or held)."""
+        self.states -= states
+        self.work -= subset_size
+        if self.states < 0 or self.work < 0:
+            raise AutomatonTooLarge("the subset construction ran out of its budget of states "
+                                    "and work")
+
+
+def determinize(nfa: ByteNFA, start: int, accept: int, budget: Budget | None = None) -> ByteDFA:
+    """Subset construction; state 0 is the dead state (the empty set). With ``budget``, every
+    new state is charged to it (:class:`Budget`)."""
     init = _closure(nfa, [start])
+    if budget is not None:
+        budget.charge(len(init))
     index: dict[frozenset[int], int] = {frozenset(): DEAD, init: 1}
     order = [frozenset(), init]
     rows = [np.zeros(256, dtype=np.int32)]
@@ -280,7 +308,9 @@ def determinize(nfa: ByteNFA, start: int, accept: int) -> ByteDFA:
                 if q is None:
                     q = len(order)
                     if q >= MAX_DFA_STATES:
-                        raise RegexError(f"regex byte DFA exceeds {MAX_DFA_STATES} states")
+                        raise AutomatonTooLarge(f"regex byte DFA exceeds {MAX_DFA_STATES} states")
+                    if budget is not None:
+                        budget.charge(len(target))
                     index[target] = q
                     order.append(target)
                 row[a:b] = q

@@ -41,13 +41,15 @@ def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str 
         eos_token_id: EOS allowed after a sentence; default the tokenizer's.
         vocab_size: V (default the tokenizer's size); larger when the LM's output is padded.
         depth: nesting depth d of the regular superset that carries Ctrl-G's look-ahead, or
-            ``"auto"`` (the deepest d ≤ 12 whose byte automaton stays ≤ 1,024 states).
+            ``"auto"`` (the deepest d ≤ 12 whose byte automaton stays ≤ 1,024 states and
+            within the construction's budget, :mod:`ctrlg.dfa.cfg.approximation`).
 
     Raises:
         GrammarError / UnsupportedGrammarError: invalid grammar, or a construct outside the
             supported subset (named, with its line).
         UnsatisfiableConstraintError: no token sequence spells a sentence.
-        ConstraintError: bad ``syntax`` or ``depth``.
+        ConstraintError: bad ``syntax`` or ``depth``, or a depth whose superset exceeds the
+            construction's budget (fixed before it starts: bounded time and memory).
     """
     if isinstance(text, Grammar):
         g, what = text, f"grammar (start {text.nonterminals[text.start]!r})"
