@@ -12,6 +12,7 @@ import numpy as np
 
 from ctrlg.dfa.bytes_dfa import ByteDFA
 from ctrlg.dfa.core import TokenDFA
+from ctrlg.dfa.regex_syntax import surrogate_hint
 from ctrlg.dfa.vocab_trie import VocabTrie, token_transformations, walk_with_loops
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 
@@ -71,7 +72,7 @@ def token_dfa_from_bytes_dfa(bdfa: ByteDFA, trie: VocabTrie, *, eos_token_id=_AU
     V = resolve_vocab_size(trie, vocab_size, eos)
     live = bdfa.live()
     if not live[bdfa.initial]:
-        raise UnsatisfiableConstraintError(f"the {what} matches no string")
+        raise UnsatisfiableConstraintError(f"the {what} matches no string{surrogate_hint(what)}")
     Q = bdfa.num_states
     byte_class, _ = byte_classes(bdfa.table, live)
     C = int(byte_class.max()) + 1

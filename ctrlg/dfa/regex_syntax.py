@@ -21,7 +21,9 @@ Supported syntax (the language is what Python's ``re.fullmatch`` matches, with f
   ``\\012``, ``\\101``; in a class also ``[\\1]``), ``\\xhh``, ``\\uhhhh``, ``\\Uhhhhhhhh``,
   ``\\N{NAME}``, and any escaped punctuation (``\\. \\* \\[`` ...);
 * classes ``[...]`` with ranges, negation ``[^...]`` and the escapes above inside;
-* groups ``(...)``, ``(?:...)``, ``(?P<name>...)`` and comments ``(?#...)``;
+* groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, comments ``(?#...)`` and the scoped flag
+  groups ``(?i:...)`` / ``(?-i:...)`` (case-insensitive as ``re.IGNORECASE`` reads it,
+  :func:`ignore_case`; how Lark joins a terminal's parts with different flags);
 * alternation ``|`` (a true union: ``a|ab`` matches both ``a`` and ``ab``);
 * quantifiers ``* + ? {m} {m,} {,n} {m,n} {,}`` (``{,}`` is ``{0,}``, as in ``re``; a brace that
   is not a quantifier, such as ``{}``, ``{,`` or ``{1,x}``, is literal text); lazy variants
@@ -35,7 +37,7 @@ Rejected with :class:`~ctrlg.errors.UnsupportedRegexError` naming the construct 
 regular, or need context the automaton does not see): backreferences (``\\1``, ``(?P=name)``,
 ``\\k<name>``), lookahead/lookbehind (``(?=``, ``(?!``, ``(?<=``, ``(?<!``), atomic groups
 ``(?>``, possessive quantifiers (``*+`` ...), conditionals ``(?(``, word boundaries ``\\b \\B``,
-inline flags ``(?i)`` ..., Unicode properties ``\\p{..}`` and anchors in the middle of a pattern.
+other inline flags (``(?i)``, ``(?s:...)`` ...), Unicode properties ``\\p{..}`` and anchors in the middle of a pattern.
 Syntax errors and empty patterns raise :class:`~ctrlg.errors.RegexError`.
 """
 
@@ -52,8 +54,8 @@ from ctrlg.errors import RegexError, UnsupportedRegexError
 
 __all__ = [
     "Node", "CharSet", "Concat", "Alternation", "Repeat", "EMPTY", "Anchor",
-    "parse", "search_language", "MAX_CODE_POINT", "class_ranges", "map_charsets", "matches_empty", "positions",
-    "repeat_copies",
+    "parse", "search_language", "MAX_CODE_POINT", "class_ranges", "matches_empty", "positions",
+    "repeat_copies", "ignore_case", "surrogate_hint"
 ]
 
 MAX_CODE_POINT = 0x10FFFF
@@ -68,8 +70,15 @@ class Node:
 
 @dataclass(frozen=True)
 class CharSet(Node):
-    """One code point from a union of inclusive ranges ``((lo, hi), ...)``, sorted, disjoint."""
+    """One code point from a union of inclusive ranges ``((lo, hi), ...)``, sorted, disjoint.
+    Never a surrogate (U+D800–U+DFFF: no UTF-8 encoding, so never part of a match): ranges
+    given with one are stored without it, wherever the set was built (a pattern character, an
+    escape, a class, a JSON Schema value, a grammar literal)."""
     ranges: tuple[tuple[int, int], ...]
+
+    def __post_init__(self):
+        if any(lo <= SURROGATES[1] and hi >= SURROGATES[0] for lo, hi in self.ranges):
+            object.__setattr__(self, "ranges", normalize_ranges(self.ranges))
 
 
 @dataclass(frozen=True)
@@ -100,19 +109,6 @@ class Anchor(Node):
     written (``$`` also matches before a final newline, ``\\Z`` only at the very end)."""
     at: str
     symbol: str = ""
-
-
-def map_charsets(node: Node, fn) -> Node:
-    """``node`` with every CharSet ``c`` replaced by ``fn(c)`` (the tree rebuilt around them)."""
-    if isinstance(node, CharSet):
-        return fn(node)
-    if isinstance(node, Concat):
-        return Concat(tuple(map_charsets(x, fn) for x in node.items))
-    if isinstance(node, Alternation):
-        return Alternation(tuple(map_charsets(x, fn) for x in node.items))
-    if isinstance(node, Repeat):
-        return Repeat(map_charsets(node.item, fn), node.min, node.max)
-    raise TypeError(f"unknown regex node {node!r}")  # pragma: no cover
 
 
 def positions(node: Node) -> int:
@@ -223,6 +219,67 @@ def _class_escape(letter: str) -> tuple[tuple[int, int], ...] | None:
     return None
 
 
+@lru_cache(maxsize=1)
+def _case_related() -> tuple[int, ...]:
+    """Every code point whose matching under ``re.IGNORECASE`` can differ from plain matching:
+    the cased ones (a lower, upper or folded form other than themselves) and every code point of
+    those forms. ``re`` relates a character only to its simple lower case, that form's upper
+    case and its own table of extra equivalences (``ſ``/``s``, ``K``/Kelvin sign, ...), all
+    cased, so any other code point matches an atom under IGNORECASE iff it does without.
+    Computed by ``str.lower`` / ``upper`` / ``casefold`` over blocks of 4,096 code points (one
+    character at a time in a block where a form is longer than its character)."""
+    out: set[int] = set()
+    block = 4096
+    for base in range(0, MAX_CODE_POINT + 1, block):
+        cps = [cp for cp in range(base, min(base + block, MAX_CODE_POINT + 1))
+               if not SURROGATES[0] <= cp <= SURROGATES[1]]
+        if not cps:
+            continue
+        text = "".join(map(chr, cps))
+        forms = (text.lower(), text.upper(), text.casefold())
+        if all(len(f) == len(text) for f in forms):
+            plain = np.array(cps, dtype=np.uint32)
+            for f in forms:
+                mapped = np.frombuffer(f.encode("utf-32-le"), dtype=np.uint32)
+                differ = mapped != plain
+                out.update(plain[differ].tolist())
+                out.update(mapped[differ].tolist())
+            continue
+        for cp in cps:
+            c = chr(cp)
+            forms_of_c = c.lower() + c.upper() + c.casefold()
+            if forms_of_c != c * 3:
+                out.add(cp)
+                out.update(map(ord, forms_of_c))
+    return tuple(sorted(out))
+
+
+@lru_cache(maxsize=4096)
+def ignore_case(ranges: tuple[tuple[int, int], ...], source: str) -> tuple[tuple[int, int], ...]:
+    """The code points Python's ``re`` matches, under ``re.IGNORECASE``, at one atom whose
+    source text is ``source`` (a character, an escape, a class or ``.``) and whose plain set is
+    ``ranges``: Unicode case-insensitive matching as Lark's ``"…"i`` / ``/…/i`` (and so
+    ``re``) reads it — ``"é"i`` matches ``É``, ``"s"i`` the long s ``ſ``, ``/k/i`` the Kelvin
+    sign. ``re`` itself decides every case-related code point (:func:`_case_related`, ~3,000:
+    exact, quirks of its classes included); every other one keeps its plain membership."""
+    related = _case_related()
+    compiled = re.compile(source, re.IGNORECASE)
+    keep, k = [], 0
+    for lo, hi in ranges:                    # ranges minus the case-related points
+        while k < len(related) and related[k] < lo:
+            k += 1
+        start = lo
+        while k < len(related) and related[k] <= hi:
+            if related[k] > start:
+                keep.append((start, related[k] - 1))
+            start = related[k] + 1
+            k += 1
+        if start <= hi:
+            keep.append((start, hi))
+    keep += [(cp, cp) for cp in related if compiled.fullmatch(chr(cp))]
+    return normalize_ranges(keep)
+
+
 DOT_RANGES = complement_ranges([(ord("\n"), ord("\n"))])
 _BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")   # a brace quantifier, as Python's re reads one
 _GROUP_NAME = re.compile(r"\?P<([A-Za-z_]\w*)>")
@@ -236,10 +293,18 @@ SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "a": "\
 
 # ---------------------------------------------------------------------- parser
 class _Parser:
-    def __init__(self, pattern: str, anchors: bool = False):
+    def __init__(self, pattern: str, anchors: bool = False, ignore_case: bool = False):
         self.p = pattern
         self.i = 0
         self.anchors = anchors   # keep every anchor as an Anchor node (search_language)
+        self.ignore_case = ignore_case   # every atom as re.IGNORECASE reads it
+        self.group_names: set[str] = set()
+
+    def _atom_set(self, ranges: tuple[tuple[int, int], ...], start: int) -> CharSet:
+        """The CharSet of the atom ``self.p[start:self.i]`` whose plain set is ``ranges``."""
+        if self.ignore_case:
+            ranges = ignore_case(ranges, self.p[start:self.i])
+        return CharSet(ranges)
 
     # -- helpers
     def error(self, message: str, cls=RegexError):
@@ -277,7 +342,11 @@ class _Parser:
                 end = m.end()
                 if end < n and p[end] in "*+?{":
                     end -= 1      # the last one may carry a quantifier: repeat() reads it
-                items.extend([_literal(c) for c in p[self.i:end]])
+                if self.ignore_case:
+                    items.extend([CharSet(ignore_case(_point(ord(c)), re.escape(c)))
+                                  for c in p[self.i:end]])
+                else:
+                    items.extend([_literal(c) for c in p[self.i:end]])
                 self.i = end
                 if self.i >= n or p[self.i] in "|)":
                     break
@@ -340,13 +409,14 @@ class _Parser:
 
     def atom(self, top: bool) -> Node | None:
         c = self.peek()
+        start = self.i
         if c == "(":
             return self.group()
         if c == "[":
-            return CharSet(self.char_class())
+            return self._atom_set(self.char_class(), start)
         if c == ".":
             self.i += 1
-            return CharSet(DOT_RANGES)
+            return self._atom_set(DOT_RANGES, start)
         if c in "^$" and self.anchors:
             self.i += 1
             return Anchor("start" if c == "^" else "end", c)
@@ -382,9 +452,9 @@ class _Parser:
                                UnsupportedRegexError)
                 self.i += 2
                 return None
-            return CharSet(self.escape(in_class=False))
+            return self._atom_set(self.escape(in_class=False), start)
         self.i += 1
-        return CharSet(((ord(c), ord(c)),))
+        return self._atom_set(_point(ord(c)), start)
 
     def group(self) -> Node | None:
         start = self.i
@@ -400,8 +470,21 @@ class _Parser:
                     self.i = start
                     self.error(f"{name} is not supported (not a regular construct)",
                                UnsupportedRegexError)
+            scoped = next((f for f in ("?i:", "?-i:") if p.startswith(f, i)), None)
             if p.startswith("?:", i):
                 self.i += 2
+            elif scoped is not None:     # (?i:...) / (?-i:...): Lark joins terminals so
+                self.i += len(scoped)
+                outer, self.ignore_case = self.ignore_case, scoped == "?i:"
+                try:
+                    node = self.alternation()
+                finally:
+                    self.ignore_case = outer
+                if self.peek() != ")":
+                    self.i = start
+                    self.error("missing ), unterminated subpattern")
+                self.i += 1
+                return node
             elif p.startswith("?#", i):
                 end = self.p.find(")", self.i)
                 if end < 0:
@@ -416,6 +499,12 @@ class _Parser:
                 m = _GROUP_NAME.match(p, i)
                 if m is None:
                     self.error("bad group name")
+                name = m.group(1)
+                if name in self.group_names:
+                    self.i = start
+                    self.error(f"redefinition of group name {name!r} (a name may name one "
+                               f"group only, as in Python's re)")
+                self.group_names.add(name)
                 self.i = m.end()
             else:
                 self.i = start
@@ -534,7 +623,8 @@ class _Parser:
                     self.error("bad character range (a class escape cannot end a range)")
                 lo, hi = lo_ranges[0][0], hi_ranges[0][0]
                 if hi < lo:
-                    self.error(f"bad character range {chr(lo)!r}-{chr(hi)!r}")
+                    self.error(f"bad character range {chr(lo)!r}-{chr(hi)!r} (its end comes "
+                               f"before its start)")
                 ranges.append((lo, hi))
             else:
                 ranges.extend(lo_ranges)
@@ -556,13 +646,29 @@ def _literal(c: str) -> CharSet:
 
 
 def _point(cp: int) -> tuple[tuple[int, int], ...]:
-    return normalize_ranges([(cp, cp)])
+    """The one code point ``cp`` as written (a surrogate too: a class range may start or end
+    at one; :class:`CharSet` and :func:`normalize_ranges` leave surrogates out)."""
+    return ((cp, cp),)
 
 
-def parse(pattern: str, *, anchors: bool = False) -> Node:
+_SURROGATE_ESCAPE = re.compile(r"\\[uU]0{0,4}[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def surrogate_hint(text: str) -> str:
+    """A note for a message about ``text`` (a pattern, or its ``repr``) that names a
+    surrogate, as a character or an escape: surrogates never match (:class:`CharSet`)."""
+    if any(SURROGATES[0] <= ord(c) <= SURROGATES[1] for c in text) or \
+            _SURROGATE_ESCAPE.search(text):
+        return (" (it names surrogate code points U+D800-U+DFFF, which UTF-8 text never "
+                "contains, so they match nothing)")
+    return ""
+
+
+def parse(pattern: str, *, anchors: bool = False, ignore_case: bool = False) -> Node:
     """Parse ``pattern`` into an AST (see the module docstring for the supported syntax). With
     ``anchors``, every ``^ $ \\A \\Z`` (anywhere) becomes an :class:`Anchor` node, for
-    :func:`search_language`.
+    :func:`search_language`; with ``ignore_case``, every atom matches what it matches under
+    ``re.IGNORECASE`` (:func:`ignore_case`).
 
     Raises:
         RegexError: the pattern is empty, not a string, or syntactically invalid.
@@ -572,7 +678,7 @@ def parse(pattern: str, *, anchors: bool = False) -> Node:
         raise RegexError(f"regex pattern must be a str, got {type(pattern).__name__}")
     if pattern == "":
         raise RegexError("regex pattern is empty")
-    return _Parser(pattern, anchors).parse()
+    return _Parser(pattern, anchors, ignore_case).parse()
 
 
 def search_language(node: Node, free: Node) -> Node:

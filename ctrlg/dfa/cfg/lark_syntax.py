@@ -5,7 +5,8 @@ Lark (``lark.Lark(text, parser="earley")``) parses the grammar, resolves ``%impo
 ``?rule`` inlining, ``|``, ``*``, ``+``, ``?``, ``[ ]``, ``~ m..n`` — into BNF rules; each terminal
 is then one regular expression (strings and regexes joined). This module turns that BNF into
 ours: every terminal's pattern through ctrlg's regex parser (:mod:`ctrlg.dfa.regex_syntax`), the
-``i`` flag as ASCII case folding.
+``i`` flag as Python's ``re.IGNORECASE`` reads it (Unicode: ``"é"i`` matches ``É``, ``"s"i`` the
+long s ``ſ``, ``/k/i`` the Kelvin sign; :func:`~ctrlg.dfa.regex_syntax.ignore_case`).
 
 Unsupported, with :class:`~ctrlg.errors.UnsupportedGrammarError` naming the terminal and its
 line: lookaround and backreferences in terminals (not regular), regex flags other than ``i``,
@@ -23,13 +24,13 @@ import re
 
 import lark
 
-from ctrlg.dfa.cfg.anchors import Branch, check_branches, has_anchor, terminal_branches
+from ctrlg.dfa.cfg.anchors import check_branches, has_anchor, terminal_branches
 from ctrlg.dfa.cfg.grammar_ir import Grammar, Terminal, terminal_symbol
-from ctrlg.dfa.regex_syntax import (Alternation, CharSet, Concat, Node, map_charsets,
+from ctrlg.dfa.regex_syntax import (Alternation, CharSet, Concat, Node, ignore_case,
                                     matches_empty, normalize_ranges, parse)
 from ctrlg.errors import GrammarError, RegexError, UnsupportedGrammarError
 
-__all__ = ["from_lark", "fold_case", "line_of"]
+__all__ = ["from_lark", "line_of"]
 
 try:                     # Lark measures a terminal's width with the `regex` module when present
     import regex as _regex_module
@@ -50,60 +51,52 @@ def line_of(text: str, needle: str) -> str:
     return f" (line {text.count(chr(10), 0, m.start()) + 1})" if m else ""
 
 
-def fold_case(node: Node) -> Node:
-    """``node`` with every ASCII letter matching both cases (Lark's ``i`` flag)."""
-    def both_cases(charset: CharSet) -> CharSet:
-        extra = []
-        for lo, hi in charset.ranges:
-            for a, b, shift in ((65, 90, 32), (97, 122, -32)):
-                x, y = max(lo, a), min(hi, b)
-                if x <= y:
-                    extra.append((x + shift, y + shift))
-        return CharSet(normalize_ranges(list(charset.ranges) + extra))
-    return map_charsets(node, both_cases)
-
-
-def _literal(value: str) -> Node:
-    return Concat(tuple(CharSet(((ord(c), ord(c)),)) for c in value))
+def _literal(value: str, folded: bool) -> Node:
+    """A string terminal: each character, or with Lark's ``i`` flag every character ``re``
+    matches it with under ``re.IGNORECASE`` (Unicode: ``"é"i`` also matches ``É``)."""
+    return Concat(tuple(CharSet(ignore_case(((ord(c), ord(c)),), re.escape(c)) if folded
+                                else normalize_ranges([(ord(c), ord(c))])) for c in value))
 
 
 def _terminal(defn, text: str) -> Terminal:
     """One Lark TerminalDef as a :class:`Terminal` (module docstring for what is refused)."""
     name, pattern = defn.name, defn.pattern
     where = line_of(text, name if not name.startswith("__") else pattern.value)
+    shown = _printable(pattern.value)
     flags = set(pattern.flags) - {"i"}
     if flags:
         raise UnsupportedGrammarError(
             f"terminal {name}{where} uses the regex flag(s) {sorted(flags)}; only 'i' is supported")
     if pattern.type == "str":
-        node = _literal(pattern.value)
+        node = _literal(pattern.value, "i" in pattern.flags)
         if not pattern.value:
             raise GrammarError(f"terminal {name}{where} is the empty string")
     else:
         source = pattern.value.replace(_ESCAPED_INNER, _ESCAPED_REGULAR)
         try:
-            node = parse(source, anchors=True)
+            node = parse(source, anchors=True, ignore_case="i" in pattern.flags)
         except RegexError as err:
             raise UnsupportedGrammarError(
-                f"terminal {name}{where}: /{pattern.value}/ is not a supported regular "
+                f"terminal {name}{where}: /{shown}/ is not a supported regular "
                 f"expression: {err}") from None
     branches = ()
     if pattern.type == "re" and has_anchor(node):
-        what = f"terminal {name}{where} /{pattern.value}/"
+        what = f"terminal {name}{where} /{shown}/"
         branches = terminal_branches(node, what)
-        if "i" in pattern.flags:
-            branches = tuple(Branch(b.start, b.end, fold_case(b.body)) for b in branches)
         check_branches(branches, what)
         bodies = [b.body for b in branches]
         node = bodies[0] if len(bodies) == 1 else Alternation(tuple(bodies))
-    elif "i" in pattern.flags:
-        node = fold_case(node)
     if matches_empty(node):
         raise UnsupportedGrammarError(
             f"terminal {name}{where} matches the empty string; make it match at least one "
             f"character and write the occurrence as optional ({name}?) in the rules")
-    return Terminal(name, node, f"{name}: /{pattern.value}/" if pattern.type == "re"
-                    else f'{name}: "{pattern.value}"', branches)
+    return Terminal(name, node, f"{name}: /{shown}/" if pattern.type == "re"
+                    else f'{name}: "{shown}"', branches)
+
+
+def _printable(value: str) -> str:
+    """``value`` for a message: a surrogate (no UTF-8 encoding) as its ``\\udxxx`` escape."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _load(text: str, start: str) -> lark.Lark:

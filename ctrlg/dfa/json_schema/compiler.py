@@ -9,7 +9,6 @@ by its type(s).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from itertools import combinations
@@ -22,7 +21,7 @@ from ctrlg.dfa.json_schema.merge import (ANNOTATIONS, KNOWN, TYPES, canonical, d
                                          fails, merge, normalize, type_set)
 from ctrlg.dfa.json_schema.numbers import Bounds, integer_range, multiples, number_range
 from ctrlg.dfa.json_schema.strings import (FORMATS, STRING, escape, fit_length, disjoint,
-                                           included,
+                                           included, json_text,
                                            ast_to_regex, length_range, names_except, pattern_ast)
 from ctrlg.dfa.regex_syntax import MAX_REPEAT, parse, positions, repeat_copies
 from ctrlg.errors import SchemaError, UnsupportedSchemaError
@@ -455,7 +454,7 @@ class Compiler:
                 raise UnsupportedSchemaError(f"'{key}' next to a recursive schema at {path}")
             matcher = compile_bytes_dfa(f"(?:{others})")
             values = [v for v in values if any(
-                matcher.fullmatch(json.dumps(v, ensure_ascii=False, separators=sep).encode())
+                matcher.fullmatch(json_text(v, separators=sep).encode())
                 for sep in ((",", ":"), (", ", ": ")))]
             if not values:
                 raise SchemaError(f"no value of '{key}' at {path}/{key} satisfies the other "
@@ -468,10 +467,10 @@ class Compiler:
         if isinstance(value, list):
             return rf"\[{ws}" + f"{ws},{ws}".join(self.literal(v) for v in value) + rf"{ws}\]"
         if isinstance(value, dict):
-            pairs = [escape(json.dumps(str(k), ensure_ascii=False)) + f"{ws}:{ws}"
+            pairs = [escape(json_text(str(k))) + f"{ws}:{ws}"
                      + self.literal(v) for k, v in value.items()]
             return rf"\{{{ws}" + f"{ws},{ws}".join(pairs) + rf"{ws}\}}"
-        return escape(json.dumps(value, ensure_ascii=False))
+        return escape(json_text(value))
 
     # ------------------------------------------------------------------ scalars
     def t_null(self, s, path, refs) -> str:
@@ -722,7 +721,7 @@ class Compiler:
                                    f"{path}/propertyNames", refs)
             matcher = compile_bytes_dfa(key_regex)
             for name in list(props):
-                if not matcher.fullmatch(json.dumps(name, ensure_ascii=False).encode()):
+                if not matcher.fullmatch(json_text(name).encode()):
                     if name in required:
                         raise SchemaError(f"required property {name!r} at {path}/required "
                                           f"does not satisfy 'propertyNames'")
@@ -732,7 +731,7 @@ class Compiler:
         for name, sub in props.items():
             if name in forbidden:
                 continue
-            key = escape(json.dumps(name, ensure_ascii=False))
+            key = escape(json_text(name))
             try:
                 frag = self.value(sub, f"{path}/properties/{_pointer(name)}", refs)
             except SchemaError:     # an optional property we cannot (or may never) write

@@ -18,7 +18,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from functools import lru_cache
 
 from ctrlg.dfa.lazy import LazyByteDFA
@@ -69,6 +71,17 @@ FORMATS = {
 for _alias, _of in {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
                     "iri-reference": "uri-reference", "uri-template": "uri-reference"}.items():
     FORMATS[_alias] = FORMATS[_of]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value, separators=None) -> str:
+    """``json.dumps(value, ensure_ascii=False)`` with every lone surrogate in a string written
+    as its ``\\udxxx`` escape: the only JSON text of that string that is UTF-8 (a surrogate
+    has no UTF-8 encoding); ``json.loads`` reads the escape back as the same value."""
+    text = json.dumps(value, ensure_ascii=False, separators=separators)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def escape(text: str) -> str:
