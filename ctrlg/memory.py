@@ -8,7 +8,8 @@ The estimates (bytes; rows R = sequences decoded together, prompt P, budget n, s
 vocabulary V = the LM's logits width, float32 logits):
 
 * guide tables (:class:`ctrlg.guide.tables.GuideTables`): Ŵ float32 [n+1, S, h], c float64
-  [n+1, S] and F bool [n+1, S] → (n+1)·S·(4h + 9) for S DFA states and h hidden states;
+  [n+1, S] and F bool [n+1, S] → (n+1)·S·(4h + 9) for S DFA states and h hidden states; with
+  logical masking (no HMM) F alone, (n+1)·S — checked by the processor before either is built;
 * decoding (``model.generate``): the KV cache 2·L·R·(P+n)·kv_heads·head_dim·(dtype bytes) for
   L layers, plus :data:`STEP_COPIES` float32 [R, V] per step (logits, processed scores,
   probabilities, the top-p sort) and, for an LM that computes logits at every prompt position,
@@ -32,7 +33,7 @@ import torch
 
 from ctrlg.errors import InsufficientMemoryError
 
-__all__ = ["available_bytes", "guide_table_bytes", "lm_generation_bytes", "Estimate",
+__all__ = ["available_bytes", "guide_table_bytes", "feasibility_bytes", "lm_generation_bytes", "Estimate",
            "check_fits", "check_lm_fits", "check_tables_fit", "format_bytes", "STEP_COPIES",
            "SCORE_CHUNK"]
 
@@ -99,6 +100,11 @@ class Estimate:
 
     def describe(self) -> str:
         return ", ".join(f"{label} {format_bytes(size)}" for label, size, _ in self.parts)
+
+
+def feasibility_bytes(num_states: int, max_new_tokens: int) -> int:
+    """(n+1)·S: the feasibility table F (bool) that logical masking keeps."""
+    return (int(max_new_tokens) + 1) * int(num_states)
 
 
 def guide_table_bytes(num_states: int, hidden_size: int, max_new_tokens: int) -> int:
@@ -185,12 +191,19 @@ def check_lm_fits(model, *, rows: int, prompt_length: int, max_new_tokens: int, 
                         alternatives=(("decoding", "rescoring"),)), what, advice)
 
 
-def check_tables_fit(num_states: int, hidden_size: int, max_new_tokens: int,
-                     device: str | torch.device) -> None:
-    """:func:`check_fits` for the guide tables of one DFA (:func:`guide_table_bytes`)."""
-    size = guide_table_bytes(num_states, hidden_size, max_new_tokens)
-    check_fits(Estimate([("guide tables", size, str(device))]),
-               f"the guide tables of a {num_states}-state DFA with an h = {hidden_size} HMM and "
-               f"max_new_tokens={max_new_tokens}",
-               "use a smaller constraint (fewer DFA states), a smaller max_new_tokens or an HMM "
-               "with fewer hidden states")
+def check_tables_fit(num_states: int, hidden_size: int | None, max_new_tokens: int,
+                     device: str | torch.device = "cpu") -> None:
+    """:func:`check_fits` for the guide tables of one DFA (:func:`guide_table_bytes`); with
+    ``hidden_size=None`` (logical masking, no HMM) for its feasibility table alone, bool
+    [n+1, S] (:func:`feasibility_bytes`)."""
+    if hidden_size is None:
+        size, what = feasibility_bytes(num_states, max_new_tokens), "feasibility table"
+        advice = "use a smaller constraint (fewer DFA states) or a smaller max_new_tokens"
+    else:
+        size, what = guide_table_bytes(num_states, hidden_size, max_new_tokens), "guide tables"
+        advice = ("use a smaller constraint (fewer DFA states), a smaller max_new_tokens or an "
+                  "HMM with fewer hidden states")
+    check_fits(Estimate([(what, size, str(device))]),
+               f"the {what} of a {num_states}-state DFA"
+               + ("" if hidden_size is None else f" with an h = {hidden_size} HMM")
+               + f" and max_new_tokens={max_new_tokens}", advice)

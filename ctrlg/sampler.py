@@ -77,9 +77,9 @@ from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
 from ctrlg.guide.tables import GuideTables, resolve_precision
-from ctrlg.memory import check_lm_fits
+from ctrlg.memory import check_lm_fits, check_tables_fit
 from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, check_generation,
-                              check_vocab_width)
+                              check_seed, check_vocab_width)
 from ctrlg.vocab import _as_id_list, eos_token_ids, lm_vocab_size
 
 __all__ = ["ConstraintLogitsProcessor", "Generation", "generate", "rerank", "lm_log_likelihood",
@@ -198,6 +198,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             if id(original) not in built:
                 d = _within_budget(regular_automaton(original, self.max_new_tokens),
                                    self.max_new_tokens)
+                check_tables_fit(d.num_states, None if self.hmm is None else self.hmm.hidden_size,
+                                 self.max_new_tokens,
+                                 "cpu" if self.hmm is None else self.hmm.emission.device)
                 if self.hmm is None and self.suffix_ids is None:
                     t = Feasibility(d, self.max_new_tokens, min_new_tokens=self.min_new_tokens,
                                     eos_token_id=self.eos_ids or None)
@@ -335,15 +338,22 @@ def _renamed(old_names: dict, old: str, new: str, value, where: str):
     return value
 
 
+#: the largest guidance strength w: the guided log-scores are w · log p_hmm(α | ·) in float32,
+#: whose ratios span at most ~10^2 nats, so a larger w gives the same argmax-like masks
+#: (and w near 3.4e38 overflowed float32)
+MAX_STRENGTH = 1e6
+
+
 def check_strength(strength) -> float:
-    """The guidance strength w as a float, or ConstraintError unless it is finite and ≥ 0."""
+    """The guidance strength w as a float, or ConstraintError unless it is a finite number in
+    [0, :data:`MAX_STRENGTH`]."""
     try:
         value = float(strength)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConstraintError(f"strength must be a number ≥ 0, got {strength!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConstraintError(f"strength must be finite and ≥ 0 (0 = logical masking, 1 = Ctrl-G), "
-                              f"got {strength!r}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_STRENGTH:
+        raise ConstraintError(f"strength must be a finite number in [0, {MAX_STRENGTH:g}] (0 = "
+                              f"logical masking, 1 = Ctrl-G), got {strength!r}")
     return value
 
 
@@ -488,7 +498,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     check_count("num_samples", num_samples, minimum=1)
     check_count("num_beams", num_beams, minimum=1)
     check_count("max_new_tokens", max_new_tokens, minimum=1)
-    check_count("seed", seed)
+    check_seed(seed)
     if check_count("min_new_tokens", min_new_tokens) > max_new_tokens:
         raise ConstraintError(f"min_new_tokens={min_new_tokens} exceeds max_new_tokens={max_new_tokens}")
     _check_vocab_fits(model, tokenizer, hmm, constraint)

@@ -38,7 +38,7 @@ import torch
 from ctrlg.errors import ConstraintError, ContextLengthError, VocabularyMismatchError
 from ctrlg.vocab import lm_vocab_size
 
-__all__ = ["MAX_PADDING", "config_value", "check_count", "check_vocab_width", "as_token_ids", "check_float_scores",
+__all__ = ["MAX_PADDING", "MAX_SEED", "config_value", "check_count", "check_seed", "check_vocab_width", "as_token_ids", "check_float_scores",
            "lm_max_positions", "check_context_length", "check_decoding_options",
            "check_generation"]
 
@@ -69,6 +69,21 @@ def check_count(name: str, value, *, minimum: int = 0, error=ConstraintError) ->
     if value < minimum:
         raise error(f"{name} must be an int ≥ {minimum}, got {value}")
     return int(value)
+
+
+#: seeds are 64-bit: torch's generators take [0, 2**64) (a larger int overflowed inside torch)
+MAX_SEED = 2**64 - 1
+
+
+def check_seed(value, name: str = "seed", *, error=ConstraintError) -> int:
+    """``value`` as an int in [0, :data:`MAX_SEED`] (what torch's and numpy's generators
+    take), or ``error`` naming it: a bool, float or string, a negative seed or one of more
+    than 64 bits is refused here, not as torch's ``RuntimeError: Overflow``."""
+    seed = check_count(name, value, error=error)
+    if seed > MAX_SEED:
+        raise error(f"{name} must be an int in [0, 2**64), got {seed} (a {seed.bit_length()}-bit "
+                    f"number); reduce it, e.g. {name} % 2**64")
+    return seed
 
 
 def check_vocab_width(vocab_size: int, lm_width: int, *, tokenizer_size: int | None = None,

@@ -44,6 +44,7 @@ a dict look-up (memoised, read-only arrays).
 from __future__ import annotations
 
 import bisect
+import operator
 import weakref
 from typing import NamedTuple
 
@@ -52,7 +53,7 @@ import numpy as np
 from ctrlg.dfa.bytes_dfa import ByteDFA, ByteNFA
 from ctrlg.dfa.core import TokenDFA, ragged_indices
 from ctrlg.dfa.regex_index import AUTO, resolve_eos, resolve_vocab_size, token_dfa_from_bytes_dfa
-from ctrlg.dfa.regex_syntax import Alternation, CharSet, Node, Repeat, _Parser
+from ctrlg.dfa.regex_syntax import Alternation, CharSet, Node, Repeat, _Parser, surrogate_hint
 from ctrlg.dfa.template_nfa import MAX_LAZY_NFA_STATES, TemplateNFA, _item_class
 from ctrlg.dfa.lazy_nfa import lazy_thompson
 from ctrlg.dfa.vocab_trie import VocabTrie, _subtrie, vocab_trie
@@ -937,7 +938,7 @@ class LazyTokenDFA:
         #: masks read off an earlier state by translation (a count, for profiling)
         self.translated_masks = 0
         if bdfa.initial == DEAD:
-            raise UnsatisfiableConstraintError(f"the {what} matches no string")
+            raise UnsatisfiableConstraintError(f"the {what} matches no string{surrogate_hint(what)}")
 
     # ---------------------------------------------------------------- TokenDFA's questions
     @property
@@ -949,13 +950,28 @@ class LazyTokenDFA:
         """States discovered so far (the automaton grows as it is explored)."""
         return self.bdfa.num_states
 
+    def _state(self, state) -> int:
+        """``state`` as an int, or ConstraintError unless it is an id handed out so far
+        (``0 ≤ state < num_states``: a negative id must not read another state's row)."""
+        try:
+            if isinstance(state, (bool, float)):
+                raise TypeError
+            value = operator.index(state)
+        except TypeError:
+            raise ConstraintError(f"a state id must be an int, got {state!r}") from None
+        if not 0 <= value < self.num_states:
+            raise ConstraintError(f"state {value} out of range [0, {self.num_states}) (the "
+                                  f"states this lazy automaton has built so far)")
+        return value
+
     def is_accepting(self, state: int) -> bool:
+        state = self._state(state)
         return state == ENDED and self.eos_token_id is not None or (
             state != ENDED and bool(self.bdfa.accepting[state]))
 
     def step(self, state: int, token: int) -> int:
         """δ(state, token): the byte DFA run over the token's bytes (rows built as needed)."""
-        state, token = int(state), int(token)
+        state, token = self._state(state), int(token)
         if not 0 <= token < self.vocab_size:
             raise ConstraintError(f"token id {token} out of range [0, {self.vocab_size})")
         if token == self.eos_token_id:
@@ -968,7 +984,7 @@ class LazyTokenDFA:
         return self.bdfa.run_bytes(state, data)
 
     def run(self, tokens, state: int | None = None) -> int:
-        q = self.initial if state is None else int(state)
+        q = self.initial if state is None else self._state(state)
         for t in tokens:
             q = self.step(q, t)
             if q == DEAD:
@@ -982,7 +998,7 @@ class LazyTokenDFA:
     def mask(self, state: int) -> np.ndarray:
         """Read-only bool [V]: the tokens whose successor from ``state`` is not dead (every
         non-dead state can still reach acceptance). Built on the first call per state."""
-        state = int(state)
+        state = self._state(state)
         got = self._masks.get(state)
         if got is not None:
             return got

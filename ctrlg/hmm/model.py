@@ -32,7 +32,7 @@ from ctrlg.errors import (CheckpointError, ConstraintError, HMMParameterError,
                           VocabularyMismatchError)
 from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, PriorHead, has_prior_head
 from ctrlg.hmm.quantize import dequantize_emission, quantize_emission
-from ctrlg.validation import as_token_ids, check_count
+from ctrlg.validation import as_token_ids, check_count, check_seed
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["HMM", "tokenizer_fingerprint"]
@@ -196,7 +196,7 @@ class HMM(torch.nn.Module):
         if generator is None:
             generator = torch.Generator(device=self.emission.device)
             if seed is not None:
-                generator.manual_seed(int(seed))
+                generator.manual_seed(check_seed(seed))
         out = torch.empty(num_samples, length, dtype=torch.long, device=self.emission.device)
         z = torch.multinomial(self.initial.expand(num_samples, -1), 1, generator=generator)[:, 0]
         for t in range(length):
