@@ -225,16 +225,16 @@ def variant_code(variant: str):
     # keeps its own cache, so alternating variants rebuild nothing.
     saved_cache = operands._CACHE
     operands._CACHE = _VARIANT_CACHES.setdefault(variant, weakref.WeakKeyDictionary())
-    saved = (tables.GatheredBackwardStep, operands.emission_product, sampler.lookahead_scores)
+    saved = (tables.compiled, operands.emission_product, sampler.lookahead_scores)
     if variant == "before":
-        tables.GatheredBackwardStep = lambda *args: tables.backward_step_reference
+        tables.compiled = lambda: False
     if variant != "after":
         operands.emission_product = lambda low, emission_t: PackedLinear(low)
         sampler.lookahead_scores = _lookahead_scores_two_products
     try:
         yield
     finally:
-        tables.GatheredBackwardStep, operands.emission_product, sampler.lookahead_scores = saved
+        tables.compiled, operands.emission_product, sampler.lookahead_scores = saved
         operands._CACHE = saved_cache
 
 

@@ -1,7 +1,8 @@
-"""Triton kernels, installed as ``ctrlg.kernels`` (a top-level ``kernels`` package would shadow
-Hugging Face's ``kernels``, which transformers probes for). Each kernel has a plain-torch
+"""Kernels, installed as ``ctrlg.kernels`` (a top-level ``kernels`` package would shadow
+Hugging Face's ``kernels``, which transformers probes for): Triton kernels, each with a plain-torch
 reference (:mod:`ctrlg.kernels.reference`) and an equivalence test run on the CPU under
-``TRITON_INTERPRET=1``.
+``TRITON_INTERPRET=1``; the CPU's own loops compiled with numba (:mod:`ctrlg.kernels.backward_table_cpu`,
+tested against the torch code they replace); the oneDNN-packed product (:mod:`ctrlg.kernels.packed_linear`).
 
-May import: its own modules and third-party packages (torch, triton); nothing else of ctrlg.
+May import: its own modules and third-party packages (torch, triton, numba); nothing else of ctrlg.
 """

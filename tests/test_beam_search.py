@@ -1,10 +1,9 @@
 """Beam scores by enumeration (guided: the telescoping relation; lookahead: log p_lm + w log
-p_hmm(α | prefix)), and the search's cheaper pieces (ctrlg.lm.beam_search, the gathered backward
-step) against the code they replace: same values, same beams."""
+p_hmm(α | prefix)), and the search's cheaper pieces (ctrlg.lm.beam_search) against the code they
+replace: same values, same beams."""
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
@@ -12,8 +11,6 @@ from transformers.generation.logits_process import (MinNewTokensLengthLogitsProc
 
 from ctrlg import dfa
 from ctrlg.lm.beam_search import InPlaceBans, SiblingRankPenalty, two_stage_topk, two_stage_topk_values
-from ctrlg.guide import tables as guide_tables
-from ctrlg.guide.tables import GatheredBackwardStep, GuideTables, backward_step_reference
 from ctrlg.lm.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor
 from helpers import random_dfa, random_hmm, tiny_llama
@@ -194,21 +191,3 @@ def test_fast_search_gives_the_same_beams(seed):
     assert "_get_top_k_continuations" not in model.__dict__       # the override is removed
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_gathered_backward_step_is_bit_identical_to_the_reference(seed, monkeypatch):
-    hmm = random_hmm(8, 20, seed=seed)
-    d = random_dfa(9, 20, seed=seed)
-    new = GuideTables(d, hmm, 6, eos_token_id=[19], precision="float32")
-    monkeypatch.setattr(guide_tables, "GatheredBackwardStep", lambda *a: backward_step_reference)
-    old = GuideTables(d, hmm, 6, eos_token_id=[19], precision="float32")
-    assert torch.equal(new.w_hat, old.w_hat) and torch.equal(new.log_scale, old.log_scale)
-
-
-def test_gathered_backward_step_without_precomputed_emissions(monkeypatch):
-    hmm = random_hmm(8, 20, seed=1)
-    d = random_dfa(9, 20, seed=1)
-    want = GuideTables(d, hmm, 6, precision="float32")
-    monkeypatch.setattr(GatheredBackwardStep, "PRECOMPUTE_FLOATS", 0)
-    got = GuideTables(d, hmm, 6, precision="float32")
-    assert torch.equal(got.w_hat, want.w_hat)
-    assert np.array_equal(got.feasible, want.feasible)
