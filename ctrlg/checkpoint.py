@@ -3,7 +3,7 @@
 A checkpoint is a folder of several files (weights, a JSON config, optional extras such as a
 prior head). Writing them one by one in place leaves a *mixed* checkpoint when the process fails
 or is killed half-way (new weights beside the old config). :func:`atomic_folder` instead writes
-every file into a fresh staging folder next to the target and then swaps the folders with two
+every file into a fresh staging folder next to the target and then swaps the folders with
 ``rename`` calls (atomic on one filesystem)::
 
     with atomic_folder(path, owned={"model.safetensors", "config.json"}) as staging:
@@ -15,16 +15,28 @@ the previous folder that the writer does not own (a user's notes, logs, sub-fold
 Files it owns but did not write this time are dropped (so a stale companion file never pairs with
 new weights). A failure inside the block leaves the previous checkpoint untouched.
 
-Writers stamp every file with the same random :func:`new_save_id`; loaders compare the stamps
-(:func:`check_same_save`) and reject a folder whose files come from different saves.
+**Publishing survives a SIGKILL at any point** (:func:`publish`): (1) the staged files are
+fsynced; (2) the files of the old folder that are kept are *hard-linked* into the staging folder
+(copied where links are impossible), so the originals stay where they were; (3) the staging
+folder is renamed ``.<target>.ready-<pid>-<random>``: a complete new checkpoint; (4) the old
+folder is renamed ``.<target>.retired-<pid>-<random>``; (5) the ready folder becomes the target;
+(6) the retired folder is removed. Killed anywhere, the path holds the old or the new complete
+checkpoint, or neither between (4) and (5): then the next save or load puts the ready folder
+(else the newest retired one) back at the path (:func:`recover`) before anything is removed.
+Leftovers of processes that no longer run are removed only while a checkpoint is at the path:
+a staging folder (never complete), and ready or retired folders (complete copies, but the path
+holds one), so the clean-up never deletes the only complete copy and never a user's file (the
+originals stay in the old folder until it is retired whole).
 
-Staging folders are named ``.<target>.staging-<pid>-<random>``; those of processes that no longer
-run (killed saves or conversions) are removed by :func:`remove_stale_staging`, which
-:func:`atomic_folder` calls before each save.
+Writers stamp every file with the same random :func:`new_save_id`; loaders compare the stamps
+(:func:`check_same_save`) and reject a folder whose files come from different saves. They also
+record a SHA-256 per tensor file (:func:`file_sha256`) and :func:`check_checksums` compares it
+on load, so a flipped bit is a clear error instead of silently different weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -36,10 +48,12 @@ from typing import Iterable, Iterator
 from ctrlg.errors import CheckpointError, CheckpointWriteError
 
 __all__ = ["atomic_folder", "new_save_id", "check_same_save", "remove_stale_staging",
-           "staging_folder"]
+           "staging_folder", "recover", "publish", "file_sha256", "check_checksums"]
 
 _STAGING = ".staging-"
+_READY = ".ready-"
 _RETIRED = ".retired-"
+_MARKERS = (_STAGING, _READY, _RETIRED)
 
 
 def new_save_id() -> str:
@@ -60,6 +74,37 @@ def check_same_save(folder, stamps: dict[str, str | None]) -> None:
             "or a save was interrupted outside ctrlg — save it again")
 
 
+def file_sha256(path) -> str:
+    """The SHA-256 of a file's bytes, in hex (read in blocks of 1 MiB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_checksums(folder, checksums) -> None:
+    """CheckpointError unless each file named in ``checksums`` (file name → SHA-256 hex, as
+    recorded in a config at save time) has that checksum; a checkpoint saved before checksums
+    existed (``checksums`` None) passes."""
+    if checksums is None:
+        return
+    if not isinstance(checksums, dict):
+        raise CheckpointError(f"{folder}: 'checksums' in its config must map file names to "
+                              f"SHA-256 digests, got {checksums!r}")
+    for name, expected in sorted(checksums.items()):
+        path = Path(folder) / str(name)
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing, although the checkpoint's config records "
+                                  f"its checksum; save the checkpoint again")
+        got = file_sha256(path)
+        if got != expected:
+            raise CheckpointError(
+                f"{path} does not match the SHA-256 its config records ({str(expected)[:16]}… "
+                f"recorded, {got[:16]}… found): the file is corrupt or was changed after the "
+                f"save; restore it or save the checkpoint again")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -71,28 +116,67 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _owner_pid(name: str) -> int | None:
-    for marker in (_STAGING, _RETIRED):
+    for marker in _MARKERS:
         if marker in name:
             head = name.split(marker, 1)[1].split("-", 1)[0]
             return int(head) if head.isdigit() else None
     return None
 
 
-def remove_stale_staging(parent, target_name: str) -> list[Path]:
-    """Remove the staging / retired folders of ``target_name`` in ``parent`` whose writing process
-    no longer runs (a killed save or model conversion). Returns the removed paths."""
-    parent = Path(parent)
-    removed = []
-    if not parent.is_dir():
-        return removed
+def _leftovers(parent: Path, target_name: str) -> dict[str, list[Path]]:
+    """The staging / ready / retired folders of ``target_name`` in ``parent`` whose writing
+    process no longer runs (ours and live ones' are a save in progress), newest first."""
+    found: dict[str, list[Path]] = {m: [] for m in _MARKERS}
     prefix = f".{target_name}"
     for entry in parent.iterdir():
-        if not entry.name.startswith(prefix + _STAGING) and \
-                not entry.name.startswith(prefix + _RETIRED):
+        marker = next((m for m in _MARKERS if entry.name.startswith(prefix + m)), None)
+        if marker is None:
             continue
         pid = _owner_pid(entry.name)
         if pid is not None and (pid == os.getpid() or _pid_alive(pid)):
-            continue                     # a save in progress (ours or another process's)
+            continue
+        found[marker].append(entry)
+    for entries in found.values():
+        entries.sort(key=lambda e: e.stat().st_mtime if e.exists() else 0, reverse=True)
+    return found
+
+
+def recover(target) -> Path | None:
+    """When no checkpoint is at ``target`` but a killed save left a complete copy beside it,
+    put that copy back (the ready folder: the new checkpoint, else the newest retired one: the
+    old; module docstring) and return the folder it came from; None when there was nothing to
+    do. CheckpointError naming the copy when it cannot be moved."""
+    target = Path(target)
+    if target.exists() or not target.parent.is_dir():
+        return None
+    found = _leftovers(target.parent, target.name)
+    for source in (*found[_READY], *found[_RETIRED]):
+        try:
+            source.rename(target)
+        except FileNotFoundError:       # another process recovered it first
+            continue
+        except OSError as err:
+            raise CheckpointError(
+                f"{target} is missing, but an interrupted save left a complete copy in {source} "
+                f"that cannot be moved back ({err.strerror or err}); rename it to {target}") from None
+        return source
+    return None
+
+
+def remove_stale_staging(parent, target_name: str) -> list[Path]:
+    """Recover ``parent / target_name`` (:func:`recover`), then remove the staging / ready /
+    retired folders of it whose writing process no longer runs (a killed save or model
+    conversion) — ready and retired ones only while a folder is at the path, so never the only
+    complete copy. Returns the removed paths."""
+    parent = Path(parent)
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    target = parent / target_name
+    recover(target)
+    found = _leftovers(parent, target_name)
+    doomed = found[_STAGING] + ((found[_READY] + found[_RETIRED]) if target.exists() else [])
+    for entry in doomed:
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     return removed
@@ -114,24 +198,77 @@ def staging_folder(target) -> Path:
             f"({err.strerror or err}); choose a folder you can write to") from None
 
 
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder`` and the folders themselves (the data is on disk before
+    a rename makes it the checkpoint)."""
+    for root, dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """``source`` (a file, a symlink or a folder) at ``dest``, by hard links (a copy where a link
+    is impossible): the original stays where it is."""
+    if source.is_symlink():
+        os.symlink(os.readlink(source), dest)
+    elif source.is_dir():
+        dest.mkdir()
+        for entry in source.iterdir():
+            _link_tree(entry, dest / entry.name)
+    else:
+        try:
+            os.link(source, dest)
+        except OSError:
+            shutil.copy2(source, dest)
+
+
+def _sibling(target: Path, marker: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}{marker}{os.getpid()}-", dir=target.parent))
+    path.rmdir()                          # a free name beside the target, for a rename
+    return path
+
+
 def publish(staging: Path, target: Path, owned: Iterable[str] = ()) -> None:
-    """Replace ``target`` by ``staging`` (two renames), carrying over the files of the old
-    ``target`` that are not in ``owned`` and were not written into ``staging``."""
+    """Replace ``target`` by ``staging``, carrying over the files of the old ``target`` that are
+    not in ``owned`` and were not written into ``staging`` (module docstring: safe against a
+    kill at any point)."""
     owned = set(owned)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target} exists and is not a folder; choose another path")
-    if not target.exists():
-        staging.rename(target)
-        return
-    for entry in target.iterdir():
-        if entry.name not in owned and not (staging / entry.name).exists():
-            entry.rename(staging / entry.name)
-    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}{_RETIRED}{os.getpid()}-",
-                                    dir=target.parent))
-    retired.rmdir()
-    target.rename(retired)
-    staging.rename(target)
-    shutil.rmtree(retired, ignore_errors=True)
+    _fsync_tree(staging)
+    if target.exists():
+        for entry in target.iterdir():
+            if entry.name not in owned and not os.path.lexists(staging / entry.name):
+                _link_tree(entry, staging / entry.name)
+    ready = _sibling(target, _READY)
+    staging.rename(ready)
+    retired = None
+    try:
+        if target.exists():
+            retired = _sibling(target, _RETIRED)
+            target.rename(retired)
+        ready.rename(target)
+    except OSError:
+        if target.exists():               # the old folder is still (or again) in place
+            shutil.rmtree(ready, ignore_errors=True)
+        elif retired is not None and retired.exists():
+            retired.rename(target)        # put the old folder back
+            shutil.rmtree(ready, ignore_errors=True)
+        raise
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
 
 
 @contextmanager

@@ -151,10 +151,15 @@ def test_truncated_or_missing_checkpoint_raises(tmp_path):
 def test_checkpoint_with_unnormalised_rows_raises(tmp_path):
     from safetensors.torch import save_file
 
+    from ctrlg.checkpoint import file_sha256
+
     hmm = random_hmm(h=3, V=4)
     path = hmm.save(tmp_path / "c")
     save_id = json.loads((path / "config.json").read_text())["save_id"]
     save_file({"initial": hmm.initial, "transition": hmm.transition * 2, "emission": hmm.emission},
               str(path / "model.safetensors"), metadata={"save_id": save_id})
+    config = json.loads((path / "config.json").read_text())      # a deliberate edit: its
+    config["checksums"] = {"model.safetensors": file_sha256(path / "model.safetensors")}  # sum
+    (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="transition"):
         HMM.load(path)

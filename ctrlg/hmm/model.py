@@ -10,14 +10,14 @@ Parameters are probabilities in float32: ``initial`` [h], ``transition`` [h, h] 
 normaliser is accumulated, so it is numerically safe for any length.
 
 Checkpoints are a safetensors file (``model.safetensors``) plus ``config.json`` (hidden size,
-vocab size, tokenizer identity, training config); never pickle. An optional LM-conditioned prior
+vocab size, tokenizer identity, training config, the SHA-256 of each tensor file); never pickle.
+An optional LM-conditioned prior
 (:class:`ctrlg.hmm.prior_head.PriorHead`) lives in the same folder; ``HMM.load`` attaches it as
 ``hmm.prior_head`` (None when the folder has none) and ``HMM.save`` writes it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,11 +27,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ctrlg.checkpoint import atomic_folder, check_same_save, new_save_id
+from ctrlg.checkpoint import (atomic_folder, check_checksums, check_same_save, file_sha256,
+                              new_save_id, recover)
 from ctrlg.errors import (CheckpointError, ConstraintError, HMMParameterError,
                           VocabularyMismatchError)
 from ctrlg.hmm.prior_head import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, PriorHead, has_prior_head
-from ctrlg.hmm.quantize import dequantize_emission, quantize_emission
+from ctrlg.hmm.quantize import dequantize_emission, quantize_emission, topk_size
 from ctrlg.validation import as_token_ids, check_count, check_seed
 from ctrlg.vocab import tokenizer_fingerprint
 
@@ -44,14 +45,6 @@ FORMAT_VERSION = 1
 CHECKPOINT_FILES = (WEIGHTS_NAME, CONFIG_NAME, HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME)
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def _load_head(path: Path, hmm: "HMM", tokenizer, device):
     """The PriorHead saved beside the HMM in ``path`` (None when there is none), checked against
     the HMM's size, the tokenizer and the HMM weights it was saved with."""
@@ -59,7 +52,7 @@ def _load_head(path: Path, hmm: "HMM", tokenizer, device):
         return None
     head = PriorHead.load(path, tokenizer=tokenizer, hidden_size=hmm.hidden_size, device=device)
     expected = head.config.get("hmm_sha256")
-    if expected and expected != _file_sha256(path / WEIGHTS_NAME):
+    if expected and expected != file_sha256(path / WEIGHTS_NAME)[:16]:
         raise CheckpointError(
             f"the prior head in {path} was saved with other HMM weights than {path / WEIGHTS_NAME}; "
             f"re-save the HMM together with its head (hmm.prior_head = head; hmm.save(path))")
@@ -230,12 +223,16 @@ class HMM(torch.nn.Module):
         (if any) atomically: all are written into a staging folder that then replaces ``path``
         (:func:`ctrlg.checkpoint.atomic_folder`; a stale head in ``path`` disappears with it), and
         the HMM's two files carry the same save id, which :meth:`load` checks; the head records
-        the hash of the weights it was saved with. ``dtype=torch.bfloat16`` halves the file
+        the hash of the weights it was saved with, and ``config.json`` the SHA-256 of every
+        tensor file (``checksums``), which :meth:`load` verifies. A kill at any point leaves
+        the old or the new checkpoint at ``path`` (:mod:`ctrlg.checkpoint`). ``dtype=torch.bfloat16`` halves the file
         (parameters are renormalised in float32 on load); ``emission_quantization="log8"`` or
         ``"normq8"`` stores the emission matrix in 8 bits (:mod:`ctrlg.hmm.quantize`);
         ``"topk8-K"`` keeps each state's K most likely tokens, among ``emission_support`` (bool
         [V]) when given."""
         path = Path(path)
+        if emission_quantization is not None:
+            topk_size(emission_quantization)       # CheckpointError for a bad scheme (5, ["log8"])
         if emission_support is not None and not emission_quantization:
             raise CheckpointError("an emission support needs a topk8-K emission_quantization "
                                   "(without one every token is stored)")
@@ -254,16 +251,24 @@ class HMM(torch.nn.Module):
         with atomic_folder(path, owned=CHECKPOINT_FILES) as staging:
             save_file(tensors, str(staging / WEIGHTS_NAME),
                       metadata={"format": "ctrlg-hmm", "save_id": save_id})
-            (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+            checksums = {WEIGHTS_NAME: file_sha256(staging / WEIGHTS_NAME)}
             if self.prior_head is not None:
-                self.prior_head.config["hmm_sha256"] = _file_sha256(staging / WEIGHTS_NAME)
+                self.prior_head.config["hmm_sha256"] = checksums[WEIGHTS_NAME][:16]
                 self.prior_head.save(staging)
+                checksums[HEAD_WEIGHTS_NAME] = file_sha256(staging / HEAD_WEIGHTS_NAME)
+            config["checksums"] = checksums
+            (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, tokenizer=None, device: str | torch.device = "cpu") -> "HMM":
-        """Load a checkpoint written by :meth:`save`. With ``tokenizer``, check it matches."""
+        """Load a checkpoint written by :meth:`save`. With ``tokenizer``, check it matches.
+        CheckpointError for a missing, truncated, corrupt (a tensor file whose SHA-256 differs
+        from the one ``config.json`` records; checkpoints saved before checksums load without)
+        or inconsistent checkpoint (bad quantised data or scheme). A save killed between its
+        two renames is recovered first (:func:`ctrlg.checkpoint.recover`)."""
         path = Path(path)
+        recover(path)                         # a save killed between its two renames
         config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
         if not config_file.is_file() or not weights_file.is_file():
             raise CheckpointError(f"{path} is not an HMM checkpoint: expected {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -275,11 +280,12 @@ class HMM(torch.nn.Module):
             raise CheckpointError(f"{config_file} must hold a JSON object (hidden_size, vocab_size, "
                                   f"...), got a {type(config).__name__}; save the HMM again")
         try:
+            _check_same_save(path, config, weights_file)      # the clearest error for a mix
+            check_checksums(path, config.get("checksums"))
             tensors = load_file(str(weights_file))
         except (SafetensorError, OSError, RuntimeError) as err:
             raise CheckpointError(f"{weights_file} is truncated or corrupt ({err})") from None
-        _check_same_save(path, config, weights_file)
-        if config.get("emission_quantization"):
+        if config.get("emission_quantization") is not None:
             tensors["emission"] = dequantize_emission(tensors, config["emission_quantization"])
         missing = {"initial", "transition", "emission"} - tensors.keys()
         if missing:

@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ctrlg.checkpoint import check_checksums, file_sha256
 from ctrlg.errors import CheckpointError, VocabularyMismatchError
 from ctrlg.vocab import tokenizer_fingerprint
 
@@ -141,7 +142,8 @@ class PriorHead(torch.nn.Module):
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Write ``folder/prior_head.safetensors`` and ``folder/prior_head.json`` (float32), each
-        by an atomic rename; the config is also stored in the safetensors metadata."""
+        by an atomic rename; the config is also stored in the safetensors metadata, and the JSON
+        records the weights' SHA-256 (``weights_sha256``), which :meth:`load` verifies."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config_text = json.dumps(json.loads(json.dumps(self._full_config(), default=str)),
@@ -149,7 +151,9 @@ class PriorHead(torch.nn.Module):
         tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
         _atomic_write(folder / HEAD_WEIGHTS_NAME,
                       lambda tmp: save_file(tensors, tmp, metadata={"format": HEAD_FORMAT, "config": config_text}))
-        _atomic_write(folder / HEAD_CONFIG_NAME, lambda tmp: Path(tmp).write_text(config_text))
+        with_sum = dict(json.loads(config_text), weights_sha256=file_sha256(folder / HEAD_WEIGHTS_NAME))
+        _atomic_write(folder / HEAD_CONFIG_NAME,
+                      lambda tmp: Path(tmp).write_text(json.dumps(with_sum, indent=2, sort_keys=True)))
         return folder
 
     @classmethod
@@ -171,6 +175,9 @@ class PriorHead(torch.nn.Module):
         if not isinstance(config, dict) or config.get("format") != HEAD_FORMAT:
             raise CheckpointError(f"{config_file} is not a prior-head config (format "
                                   f"{config.get('format') if isinstance(config, dict) else None!r})")
+        checksum = config.pop("weights_sha256", None)        # heads saved before: none
+        if checksum is not None:
+            check_checksums(folder, {HEAD_WEIGHTS_NAME: checksum})
         try:
             tensors = {}
             with safe_open(str(weights_file), "pt") as handle:

@@ -46,7 +46,11 @@ _LEVELS = 255
 
 
 def topk_size(scheme: str) -> int | None:
-    """K of a ``topk8-K`` scheme name; None for the dense schemes; CheckpointError otherwise."""
+    """K of a ``topk8-K`` scheme name; None for the dense schemes; CheckpointError otherwise
+    (a scheme that is not one of these names, or not a string at all: ``5``, ``["log8"]``)."""
+    if not isinstance(scheme, str):
+        raise CheckpointError(f"emission quantization must be one of log8, normq8 or topk8-K "
+                              f"(a string), got {scheme!r}")
     if scheme in ("log8", "normq8"):
         return None
     prefix, _, k = scheme.partition("-")
@@ -148,12 +152,60 @@ def _row_codes(tensors: dict[str, torch.Tensor], scheme: str, extra: tuple[str, 
             tensors["emission_step"].to(torch.float64)[:, None])
 
 
+def _check_stored(tensors: dict[str, torch.Tensor], scheme: str) -> None:
+    """CheckpointError naming the tensor unless the stored tensors of ``scheme`` fit together:
+    codes uint8 [h, n]; ``emission_lo`` / ``_step`` (and ``_rest``) finite float [h], the step
+    positive; for
+    ``topk8-K`` the indices int16 / int32 / int64 [h, n] naming tokens in [0, V) with no token
+    twice in a row, and the background a finite non-negative float [V]."""
+    codes = tensors["emission_codes"]
+    if codes.dim() != 2 or codes.dtype != torch.uint8 or codes.shape[0] == 0 or codes.shape[1] == 0:
+        raise CheckpointError(f"a {scheme} checkpoint's emission_codes must be uint8 [h, n], got "
+                              f"{codes.dtype} {tuple(codes.shape)}")
+    h = codes.shape[0]
+    rows = ("emission_lo", "emission_step") + (("emission_rest",) if "emission_rest" in tensors
+                                               else ())
+    for name in rows:
+        t = tensors[name]
+        if t.shape != (h,) or not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"a {scheme} checkpoint's {name} must be finite float [h={h}], "
+                                  f"got {t.dtype} {tuple(t.shape)}")
+    if not bool((tensors["emission_step"] > 0).all()):
+        raise CheckpointError(f"a {scheme} checkpoint's emission_step must be positive (the "
+                              f"quantiser never writes a step of 0 or less)")
+    if topk_size(scheme) is None:
+        return
+    index, background = tensors["emission_topk_index"], tensors["emission_background"]
+    if background.dim() != 1 or not background.is_floating_point() or \
+            not bool(torch.isfinite(background).all()) or bool((background < 0).any()):
+        raise CheckpointError(f"a {scheme} checkpoint's emission_background must be a finite "
+                              f"non-negative float [V], got {background.dtype} "
+                              f"{tuple(background.shape)}")
+    V = background.shape[0]
+    if index.shape != codes.shape or index.dtype not in (torch.int16, torch.int32, torch.int64):
+        raise CheckpointError(f"a {scheme} checkpoint's emission_topk_index must be an int16 / "
+                              f"int32 / int64 tensor of emission_codes' shape {tuple(codes.shape)}, "
+                              f"got {index.dtype} {tuple(index.shape)}")
+    tokens = index.long() & 0xFFFF if index.dtype == torch.int16 else index.long()
+    if index.shape[1] > V or bool((tokens < 0).any()) or bool((tokens >= V).any()):
+        raise CheckpointError(f"a {scheme} checkpoint's emission_topk_index names tokens outside "
+                              f"[0, {V}) (or more than V per row)")
+    ordered = tokens.sort(1).values
+    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+        raise CheckpointError(f"a {scheme} checkpoint's emission_topk_index keeps a token twice "
+                              f"in one row")
+
+
 def dequantize_emission(tensors: dict[str, torch.Tensor], scheme: str) -> torch.Tensor:
     """The float64 emission matrix [h, V] (rows sum to 1) decoded from :func:`quantize_emission`'s
-    tensors."""
+    tensors; CheckpointError when the scheme is unknown or the tensors do not fit together
+    (:func:`_check_stored`)."""
     if topk_size(scheme) is not None:
+        _row_codes(tensors, scheme, ("emission_topk_index", "emission_rest", "emission_background"))
+        _check_stored(tensors, scheme)
         return _dequantize_topk(tensors, scheme)
     codes, lo, step = _row_codes(tensors, scheme)
+    _check_stored(tensors, scheme)
     if scheme == "log8":
         logs = lo + codes * step
         probs = (logs - logs.max(1, keepdim=True).values).exp()
