@@ -4,6 +4,7 @@ broken down by manual timers, beside the LM-only floor, measured in one process.
     python -m benchmarks.bench_beam_breakdown                       # float32, 8/32/128 beams
     python -m benchmarks.bench_beam_breakdown --dtype auto --beams 8 32 --repeats 3
     python -m benchmarks.bench_beam_breakdown --variants before dense after   # all three codes
+    python -m benchmarks.bench_beam_breakdown --variants after kept   # keep_top against all scores
     python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
 
 Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instruct + the
@@ -26,7 +27,8 @@ rows add up to the batch's total):
 * ``guide_rows``   — per-step row bookkeeping (``RowStates.update``: parents, DFA step, prior
   advance = one [B, h]·[h, h] product);
 * ``guide_products`` — per-step guidance (``guided_log_probs``, or ``lookahead_scores`` when
-  beams are ranked by the lookahead: the emission products and the [B, V] combination);
+  beams are ranked by the lookahead: the emission products and the [B, V] combination; in the
+  ``kept`` variant ``top_lookahead_scores``, the scores of the entries the search can keep);
 * ``guide_other``  — the rest of the processor's ``__call__``;
 * ``recorder``     — :class:`ctrlg.lm.beam_likelihood.BeamLogLikelihoods` (the rerank's sums);
 * ``hf_processors`` — transformers' own processors (no-repeat-n-gram, min-new-tokens);
@@ -120,6 +122,7 @@ def instrument(timers: Timers, model):
             timers.wrap(RowStates, "update", "guide_rows"),
             timers.wrap(sampler, "guided_log_probs", "guide_products"),
             timers.wrap(sampler, "lookahead_scores", "guide_products"),
+            timers.wrap(sampler, "top_lookahead_scores", "guide_products"),
             timers.wrap(sampler.ConstraintLogitsProcessor, "__call__", "guide_other"),
             timers.wrap(BeamLogLikelihoods, "__call__", "recorder"),
             timers.wrap(LogitsProcessorList, "__call__", "hf_processors"),
@@ -206,7 +209,7 @@ def summarise(runs: list[dict], variant: str, beams: int, items: int, floor_step
 
 
 @contextlib.contextmanager
-def variant_code(variant: str):
+def variant_code(variant: str, beams: int = 1):
     """The code of each variant (:func:`set_variant` has their settings):
 
     * ``before`` — the first round's code: the guide tables' backward step as it was
@@ -215,7 +218,12 @@ def variant_code(variant: str):
     * ``dense`` — the guide's product x · B over all V columns (``PackedLinear``, no rank-1
       tail: ``ctrlg.guide.factored_emission``) and the lookahead's log p_hmm(α | x≤t) from a
       second product, as before the factored product;
-    * ``after`` — the code as it is."""
+    * ``after`` — the code as it is;
+    * ``kept`` — ``after`` with the processor's ``keep_top`` (4 · ``beams``: transformers keeps
+      max(2, 1 + #EOS) · beams, and the later steps read the exact number) and the search's
+      running scores recorded (:func:`ctrlg.lm.beam_scores.record_beam_scores` around
+      ``generate``): only the entries the search can keep are scored
+      (:mod:`ctrlg.guide.beam_candidates`)."""
     import ctrlg.guide.emission_operands as operands
     import ctrlg.guide.tables as tables
     import ctrlg.sampler as sampler
@@ -226,16 +234,46 @@ def variant_code(variant: str):
     saved_cache = operands._CACHE
     operands._CACHE = _VARIANT_CACHES.setdefault(variant, weakref.WeakKeyDictionary())
     saved = (tables.compiled, operands.emission_product, sampler.lookahead_scores)
+    undo_kept = _keep_top_code(beams) if variant == "kept" else (lambda: None)
     if variant == "before":
         tables.compiled = lambda: False
-    if variant != "after":
+    if variant not in ("after", "kept"):
         operands.emission_product = lambda low, emission_t: PackedLinear(low)
         sampler.lookahead_scores = _lookahead_scores_two_products
     try:
         yield
     finally:
+        undo_kept()
         tables.compiled, operands.emission_product, sampler.lookahead_scores = saved
         operands._CACHE = saved_cache
+
+
+def _keep_top_code(beams: int):
+    """The ``kept`` variant's code (:func:`variant_code`): the CommonGen decoder's processors
+    get ``keep_top`` = 4 · ``beams``, and its ``generate`` call records the running beam scores.
+    Returns an undo callable."""
+    import ctrlg.tasks.commongen.decoding as decoding
+    import ctrlg.tasks.search_options as search_options
+    from ctrlg.lm.beam_scores import record_beam_scores
+
+    processor, topk = decoding.ConstraintLogitsProcessor, search_options.two_stage_topk
+
+    def kept_processor(*args, **kwargs):
+        proc = processor(*args, **kwargs)
+        proc.keep_top = None if proc.beam_score != "lookahead" else 4 * beams
+        return proc
+
+    @contextlib.contextmanager
+    def topk_and_record(model):
+        with topk(model), record_beam_scores(model):
+            yield
+
+    decoding.ConstraintLogitsProcessor = kept_processor
+    search_options.two_stage_topk = topk_and_record
+
+    def undo():
+        decoding.ConstraintLogitsProcessor, search_options.two_stage_topk = processor, topk
+    return undo
 
 
 _VARIANT_CACHES: dict = {}
@@ -270,13 +308,13 @@ def _lookahead_scores_two_products(scores, tables, table_of_row, states, priors,
 
 def set_variant(cfg, variant: str):
     """Decoding settings of each variant: ``before`` (the first round's code: transformers'
-    no-repeat / min-new-tokens processors and one top-k, plus :func:`variant_code`'s), ``dense``
-    and ``after`` (``generation.fast_search``; :func:`variant_code` sets the rest: identical
+    no-repeat / min-new-tokens processors and one top-k, plus :func:`variant_code`'s), ``dense``,
+    ``after`` and ``kept`` (``generation.fast_search``; :func:`variant_code` sets the rest: identical
     beams up to rounding)."""
     from omegaconf import OmegaConf
 
-    if variant not in ("before", "dense", "after"):
-        raise SystemExit(f"unknown variant {variant!r}: before | dense | after")
+    if variant not in ("before", "dense", "after", "kept"):
+        raise SystemExit(f"unknown variant {variant!r}: before | dense | after | kept")
     return OmegaConf.merge(cfg, {"generation": {"fast_search": variant != "before"}})
 
 
@@ -366,7 +404,7 @@ def main(argv=None) -> list[dict]:
         for _ in range(repeats):           # variants and the floor alternate: the same machine state
             floors += lm_floor_samples(model, len(items) * beams, args.floor_repeats)
             for variant in args.variants:
-                with variant_code(variant):
+                with variant_code(variant, beams):
                     seconds, texts = decode_once(set_variant(cfg, variant), model, tokenizer, hmm,
                                                  items, beams)
                 runs[variant].append(seconds)

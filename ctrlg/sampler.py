@@ -67,11 +67,13 @@ import torch
 from transformers import LogitsProcessor
 
 from ctrlg.lm.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
+from ctrlg.lm.beam_scores import latest_beam_scores
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide.canonical_masks import restrict_to_mask
 from ctrlg.guide.feasibility import Feasibility
+from ctrlg.guide.beam_candidates import top_lookahead_scores
 from ctrlg.guide.guidance import guided_log_probs, lookahead_scores
 from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token_mask
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
@@ -133,6 +135,17 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             finished accepted beam by log p_lm(x) (:func:`ctrlg.guide.guidance.lookahead_scores`;
             one more [R, h]·[h, V] product per step). Sampling draws from the same guided
             distribution either way.
+        keep_top: beam search with ``beam_score="lookahead"`` only (ConstraintError
+            otherwise), the processor being the last one: the number K of continuations the
+            search keeps per input (transformers: max(2, 1 + #EOS) · num_beams; a larger K is
+            safe). The returned scores are then exact only where an entry can be among the K
+            picked — its row's K best, or, inside
+            :func:`ctrlg.lm.beam_scores.record_beam_scores` (which also tells the exact K; one
+            above ``keep_top`` is a ConstraintError), its input's K best running scores — and −inf
+            elsewhere (:mod:`ctrlg.guide.beam_candidates`): the same beams and scores, without
+            the [R, h]·[h, V] product on the rows that settle. Ignored for constraints whose
+            exact mask refines their automaton (grammars, the canonical filter). None: every
+            score.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -148,7 +161,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                  min_new_tokens: int = 0, eos_token_id=None, mode: str = "ctrlg",
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
                  progress: bool | None = None, prior=None, precision: str = "auto",
-                 strength: float = 1.0, beam_score: str = "guided",
+                 strength: float = 1.0, beam_score: str = "guided", keep_top: int | None = None,
                  **old_names):
         constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
         if constraint is None:
@@ -165,6 +178,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if beam_score not in BEAM_SCORES:
             raise ConstraintError(f"beam_score must be one of {BEAM_SCORES}, got {beam_score!r}")
         self.beam_score = beam_score
+        self.keep_top = None if keep_top is None else check_count("keep_top", keep_top, minimum=1)
+        if keep_top is not None and beam_score != "lookahead":
+            raise ConstraintError(f"keep_top needs beam_score='lookahead' (the guided scores are "
+                                  f"normalised over every token), got beam_score={beam_score!r}")
         self.hmm = hmm if mode == "ctrlg" else None
         self.mode = mode
         self.vocab_size = self.dfas[0].vocab_size
@@ -250,8 +267,12 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if self.hmm is None or self.strength == 0:   # w = 0 is logical masking: no HMM products
             priors = None
         if self.beam_score == "lookahead" and priors is not None:
-            guided = lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
-                                      self.strength, first=generated.shape[1] == 0)
+            if self.keep_top is not None and self.rows.cursors is None:
+                guided = self._kept_lookahead(lm, table_of_row, states, priors, remaining,
+                                              input_ids, generated.shape[1], active)
+            else:
+                guided = lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
+                                          self.strength, first=generated.shape[1] == 0)
         else:
             guided = guided_log_probs(lm, self.tables, table_of_row, states, priors, remaining,
                                       self.strength if priors is not None else 1.0)
@@ -259,6 +280,49 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             cursors = self.rows.cursors if every else [self.rows.cursors[i] for i in active]
             guided = self._exact_rows(guided, cursors, table_of_row, states, remaining)
         return self._write(scores, guided, active_t)
+
+    def _kept_lookahead(self, lm: torch.Tensor, table_of_row: np.ndarray, states: np.ndarray,
+                        priors: torch.Tensor, remaining: int, input_ids: torch.Tensor,
+                        length: int, active: np.ndarray) -> torch.Tensor:
+        """Lookahead scores on the entries a beam search keeping :attr:`keep_top` continuations
+        can pick (:func:`ctrlg.guide.beam_candidates.top_lookahead_scores`), with the search's
+        running scores when :func:`ctrlg.lm.beam_scores.record_beam_scores` recorded this very
+        step of a search over these rows (the same token ids). At the first step the rows of an
+        input are copies (transformers repeats each input once per beam): each distinct row is
+        scored once. Raises ConstraintError when the record shows that the search keeps more
+        than ``keep_top`` continuations (the first step's scores may then have missed some)."""
+        first = length == 0
+        record = latest_beam_scores()
+        running = groups = None
+        keep = self.keep_top
+        if not first and record is not None and record.steps == length and \
+                record.describes(input_ids):
+            if record.keep > self.keep_top:
+                raise ConstraintError(
+                    f"keep_top={self.keep_top} but the beam search keeps {record.keep} continuations "
+                    f"per input (max(2, 1 + #EOS) · num_beams): pass keep_top ≥ {record.keep}")
+            keep = record.keep
+            running = record.running[torch.as_tensor(active)].to(lm.device)
+            groups = active // record.beams
+
+        def full(rows):
+            rows_t = torch.as_tensor(rows, device=lm.device)
+            return lookahead_scores(lm[rows_t], self.tables, table_of_row[rows], states[rows],
+                                    priors[rows_t.to(priors.device)], remaining, self.strength,
+                                    first=first)
+
+        if not first:
+            return top_lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
+                                        self.strength, first, keep, running, groups, full)
+        copy = _copies_of_previous(lm, table_of_row, states, priors)
+        distinct = np.flatnonzero(~copy)
+        source = np.cumsum(~copy) - 1                     # each row's distinct original
+        rows_t = torch.as_tensor(distinct, device=lm.device)
+        out = top_lookahead_scores(lm[rows_t], self.tables, table_of_row[distinct],
+                                   states[distinct], priors[rows_t.to(priors.device)], remaining,
+                                   self.strength, first, keep,
+                                   full=lambda rows: full(distinct[rows]))
+        return out[torch.as_tensor(source, device=lm.device)]
 
     def _exact_rows(self, guided: torch.Tensor, cursors: list, table_of_row: np.ndarray,
                     states: np.ndarray, remaining: int) -> torch.Tensor:
@@ -323,6 +387,17 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         out[rows, :V] = guided.to(out.dtype)
         out[rows, V:] = -math.inf
         return out
+
+
+def _copies_of_previous(lm: torch.Tensor, table_of_row: np.ndarray, states: np.ndarray,
+                        priors: torch.Tensor) -> np.ndarray:
+    """Bool [R]: row i has the same table, state, prior and LM scores as row i − 1."""
+    same = np.zeros(len(states), dtype=bool)
+    if len(states) > 1:
+        equal = (lm[1:] == lm[:-1]).all(1) & (priors[1:] == priors[:-1]).all(1).to(lm.device)
+        same[1:] = equal.cpu().numpy() & (table_of_row[1:] == table_of_row[:-1]) & \
+            (states[1:] == states[:-1])
+    return same
 
 
 def _renamed(old_names: dict, old: str, new: str, value, where: str):

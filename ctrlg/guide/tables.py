@@ -76,6 +76,7 @@ from ctrlg.dfa.core import TokenDFA
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.guide.feasibility import Feasibility, as_token_list, renamed_budget
 from ctrlg.guide.emission_operands import emission_operands
+from ctrlg.guide.entry_weights import EntryWeights
 from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.backward_table_cpu import compiled, recurrence_step_cpu
 from ctrlg.kernels.reference import backward_step_reference
@@ -128,7 +129,7 @@ def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch
     return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
 
 
-class GuideTables(TokenWeights, Feasibility):
+class GuideTables(TokenWeights, EntryWeights, Feasibility):
     """Backward tables W_r (r = 0..n) for one DFA and one HMM, on top of the exact feasibility F_r
     (:class:`ctrlg.guide.feasibility.Feasibility`, which is all logical mode needs).
 
@@ -219,11 +220,8 @@ class GuideTables(TokenWeights, Feasibility):
         """Steps r ∈ ``steps`` of the recurrence on the CPU with the compiled loops of
         :mod:`ctrlg.kernels.backward_table_cpu` (the same arithmetic as :meth:`_recurrence_step`),
         writing into ``w_hat`` / ``log_scale`` (zeros / −inf outside the band)."""
-        S = self.dfa.num_states
-        pair_src = self._pair_src_t.numpy()
-        pair_ptr = np.searchsorted(pair_src, np.arange(S + 1)).astype(np.int64)   # sorted by source
         fixed = dict(default=self.dfa.default.astype(np.int64), has_default=self.has_default,
-                     mass=self._nonexc_mass.numpy(), pair_ptr=pair_ptr,
+                     mass=self._nonexc_mass.numpy(), pair_ptr=self._pair_ptr,
                      pair_dst=self._pair_dst_t.numpy(), pair_emission=self._pair_emission.numpy(),
                      eos_term=self._eos_term.float().contiguous().numpy(),
                      eos_live=self._eos_live.numpy(), eos_log=self._eos_log,
@@ -305,7 +303,8 @@ class GuideTables(TokenWeights, Feasibility):
 
     def _recurrence_pairs(self, rows: torch.Tensor) -> torch.Tensor:
         """The exceptions grouped by (source, successor) pair, sorted by source: sets
-        ``_pair_src_t``, ``_pair_dst_t`` and returns Ē [P, h] float64, Ē_{s,t} = Σ_{exceptional
+        ``_pair_src_t``, ``_pair_dst_t``, ``_pair_ptr`` (CSR over sources) and returns Ē [P, h]
+        float64, Ē_{s,t} = Σ_{exceptional
         letters a of s with δ(s, a) = t} B̄[:, a], as a sparse 0/1 [P, A] matrix times ``rows`` =
         B̄ᵀ [A, h] (Bᵀ without letters; products in its dtype). The recurrence's exception term
         Σ_{v ∈ exc(s)} B[:, v] ⊙ W(δ(s, v)) is Σ_t Ē_{s,t} ⊙ W(t): one gather and one
@@ -315,6 +314,7 @@ class GuideTables(TokenWeights, Feasibility):
         pairs, of_exception = np.unique(key, return_inverse=True)
         self._pair_src_t = torch.as_tensor(pairs // S, device=device)
         self._pair_dst_t = torch.as_tensor(pairs % S, device=device)
+        self._pair_ptr = np.searchsorted(pairs // S, np.arange(S + 1)).astype(np.int64)
         sums = grouped_sums(of_exception.reshape(-1), exc.tok, rows, len(pairs)).double()
         return sums
 
