@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ctrlg.errors import CtrlgError, ExperimentConfigError
+from ctrlg.tasks.record_files import lock_run_folder
 from ctrlg.tasks.records import records_path
 
 __all__ = [
@@ -82,7 +83,9 @@ def save_resolved_config(cfg: DictConfig, out_dir: Path) -> Path:
 
 def start_run(cfg: DictConfig, out_dir: Path, known_methods: Sequence[str]) -> list[str]:
     """Seed everything, save the resolved config, and return ``cfg.methods`` after checking that
-    each is one of ``known_methods``."""
+    each is one of ``known_methods``. A folder another run is writing to (its records writer
+    holds the folder's lock) is refused first, naming that run, before its config is touched."""
+    lock_run_folder(out_dir).release()
     seed_everything(cfg.seed)
     save_resolved_config(cfg, out_dir)
     methods = list(cfg.methods)

@@ -46,8 +46,8 @@ from omegaconf import DictConfig
 
 from ctrlg.tasks.commongen.items import select_items
 from ctrlg.tasks.commongen.methods import check_config, generation_settings
-from ctrlg.tasks.commongen.pipeline import decode_items, load_judge, load_models, report
-from ctrlg.tasks.records import read_records
+from ctrlg.tasks.commongen.pipeline import (decode_items, load_judge, load_models, report,
+                                            resume_records)
 from experiments.common import find_resume_dir, hydra_output_dir, report_errors, start_run
 
 
@@ -57,7 +57,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     resume_dir = find_resume_dir(cfg, out_dir, generation_settings)
     methods = start_run(cfg, out_dir, list(specs))
     items = select_items(cfg)
-    previous = read_records(resume_dir) if resume_dir is not None else []
+    previous = resume_records(resume_dir, items, methods) if resume_dir is not None else []
     model, tokenizer, hmm = load_models(cfg, specs)
     judge = load_judge(cfg)
     records = decode_items(items, previous, methods, specs, model, tokenizer, hmm, cfg, out_dir,

@@ -1,9 +1,11 @@
 """Run records and their tables, shared by the task pipelines and the experiments.
 
 * a run's item records: ``generations.jsonl``, one JSON object per finished item, appended and
-  flushed at once (:class:`RecordWriter`), read back whole or from a gzip-compressed copy
-  (:func:`read_records`); a torn or corrupt line is skipped with a warning and set aside when the
-  file is resumed, never deleted (:mod:`ctrlg.tasks.record_files`);
+  flushed at once by the one writer the run folder's lock admits (:class:`RecordWriter`), read
+  back whole or from a gzip-compressed copy (:func:`read_records`); a torn or corrupt line, and
+  on a resume a record of the wrong shape, of an item the run does not select or repeating one,
+  is skipped with a warning and set aside when the file is resumed, never deleted
+  (:mod:`ctrlg.tasks.record_files`);
 * result files (:func:`write_json`, :func:`write_jsonl`; numpy / torch scalars and paths as JSON);
 * printed tables: a GitHub-markdown table (:func:`format_table`), paired-bootstrap intervals of
   one method against a baseline on corpus metrics (:func:`paired_intervals`,
@@ -66,18 +68,24 @@ def records_path(folder: Path, records_file: str = "generations.jsonl") -> Path:
     return packed if not plain.exists() and packed.exists() else plain
 
 
-def read_records(folder: Path, records_file: str = "generations.jsonl") -> list[dict]:
+def read_records(folder: Path, records_file: str = "generations.jsonl", *,
+                 schema: record_files.RecordSchema | None = None, selection=None) -> list[dict]:
     """The complete item records of a (possibly interrupted or damaged) run's ``records_file``
-    (plain or gzip-compressed: :func:`records_path`): every good line, also after a bad one
-    (:func:`ctrlg.tasks.record_files.read_records`). Each bad line (a torn last line, a corrupt
-    line) is skipped with a warning naming the file and its line numbers; :class:`RecordWriter`
-    sets such lines aside when it rewrites the file."""
+    (plain or gzip-compressed: :func:`records_path`): every good line, also after a bad one, and
+    every line before a gzip stream breaks off (:func:`ctrlg.tasks.record_files.read_records`).
+    A run that resumes gives its ``schema`` (:class:`~ctrlg.tasks.record_files.RecordSchema`:
+    fields, types, the key naming the item) and ``selection`` (the keys of the items it
+    selects): a record that does not fit, one of another item, or a second one of the same item
+    is bad too. Each bad line (a torn last line, a corrupt line, a misfit) is skipped with a
+    warning naming the file, its line numbers and reasons; :class:`RecordWriter` sets such lines
+    aside when it rewrites the file."""
     path = records_path(folder, records_file)
-    found = record_files.read_records(path, required=("index",))
+    found = record_files.read_records(path, required=("index",), schema=schema,
+                                      selection=selection)
     if found.bad:
-        log.warning("%s: %d line(s) are not complete records and were skipped (%d good records "
-                    "kept): %s; resuming in place sets them aside in %s", path, len(found.bad),
-                    len(found.records), record_files.describe_bad_lines(found.bad),
+        log.warning("%s: %d line(s) are not complete records of this run and were skipped (%d "
+                    "good records kept): %s; resuming in place sets them aside in %s", path,
+                    len(found.bad), len(found.records), record_files.describe_bad_lines(found.bad),
                     record_files.set_aside_path(path))
     return found.records
 
@@ -86,10 +94,15 @@ class RecordWriter(record_files.RecordWriter):
     """Appends each finished item to ``path`` (``generations.jsonl``) at once, flushed, so an
     interrupted or failing run keeps everything finished before it; ``previous`` records (of
     the run being resumed) are written first, and any other line already in ``path`` is set
-    aside, never deleted (:class:`ctrlg.tasks.record_files.RecordWriter`)."""
+    aside, never deleted, with the reason (``schema`` / ``selection``: :func:`read_records`).
+    Holds the run folder's lock while open: a second writer there is refused, naming the
+    holder (:class:`ctrlg.tasks.record_files.RecordWriter`)."""
 
-    def __init__(self, path: Path, previous: Iterable[dict] = ()):
-        super().__init__(path, previous, default=_jsonable)
+    def __init__(self, path: Path, previous: Iterable[dict] = (), *,
+                 schema: record_files.RecordSchema | None = None, selection=None,
+                 lock_wait: float = 0.0):
+        super().__init__(path, previous, default=_jsonable, schema=schema, selection=selection,
+                         lock_wait=lock_wait)
 
 
 def _cell(value) -> str:

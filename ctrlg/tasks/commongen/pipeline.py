@@ -25,9 +25,11 @@ from ctrlg.tasks.commongen.items import (batches, build_constraint, judge_prompt
 from ctrlg.tasks.commongen.rerank import rerank_rule
 from ctrlg.tasks.commongen.scoring import print_tables, reference_words, score_methods
 from ctrlg.tasks.config import load_hmm, load_lm, resolve_device
-from ctrlg.tasks.records import RecordWriter, progress, write_json
+from ctrlg.tasks.record_files import RecordSchema
+from ctrlg.tasks.records import RecordWriter, progress, read_records, write_json
 
-__all__ = ["load_models", "load_judge", "prepare_batch", "decode_batch", "decode_items", "report"]
+__all__ = ["load_models", "load_judge", "prepare_batch", "decode_batch", "decode_items", "report",
+           "record_schema", "resume_records"]
 
 
 def load_models(cfg: DictConfig, specs: dict):
@@ -117,6 +119,36 @@ def decode_batch(ready: list, first_index: int, methods: list[str], specs: dict,
             proc.prior.remove()
 
 
+def record_schema(items: list, methods: list[str]) -> RecordSchema:
+    """What a resumed record of this run must be: ``index`` (an int), ``concepts`` equal to
+    the selected item's, ``references`` and ``keyword_groups`` lists, and either ``skipped``
+    (a reason) or an output ``{"text": str, ...}`` of every method of this run."""
+    concepts = {index: list(example.concepts) for index, example in items}
+
+    def check(record: dict) -> str | None:
+        if record["index"] in concepts and record["concepts"] != concepts[record["index"]]:
+            return (f"its concepts {record['concepts']} are not item {record['index']}'s "
+                    f"{concepts[record['index']]} (another data file?)")
+        if "skipped" in record:
+            return None if isinstance(record["skipped"], str) else "'skipped' is not a reason"
+        for method in methods:
+            output = record.get(method)
+            if not isinstance(output, dict) or not isinstance(output.get("text"), str):
+                return f"no output {{'text': ...}} of method {method!r}"
+        return None
+
+    return RecordSchema(fields={"index": int, "concepts": list, "references": list,
+                                "keyword_groups": list}, check=check)
+
+
+def resume_records(folder: Path, items: list, methods: list[str]) -> list[dict]:
+    """The records of the run in ``folder`` that this run can keep: one per selected item, of
+    :func:`record_schema`'s shape; the others are skipped with a warning
+    (:func:`ctrlg.tasks.records.read_records`) and decoded again."""
+    return read_records(folder, schema=record_schema(items, methods),
+                        selection={index for index, _ in items})
+
+
 def decode_items(items: list, previous: list[dict], methods: list[str], specs: dict, model,
                  tokenizer, hmm, cfg: DictConfig, out_dir: Path,
                  judge: Judge | None = None) -> list[dict]:
@@ -126,7 +158,9 @@ def decode_items(items: list, previous: list[dict], methods: list[str], specs: d
     done = {r["index"] for r in previous}
     eos = eos_ids(model, tokenizer)
     vocab_size = hmm.vocab_size if hmm is not None else len(tokenizer)
-    writer = RecordWriter(out_dir / "generations.jsonl", previous)
+    writer = RecordWriter(out_dir / "generations.jsonl", previous,
+                          schema=record_schema(items, methods),
+                          selection={index for index, _ in items})
     records = list(previous)
     prompt_memo: dict = {}   # method -> prompt -> candidates (generate_batch)
 
