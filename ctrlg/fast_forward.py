@@ -81,18 +81,31 @@ def build_guide(constraint: TokenDFA, max_new_tokens: int, *, hmm=None, eos_toke
 
 @dataclass
 class _Rows:
-    """The batch's per-row state (indices are positions in the current batch)."""
+    """The batch's per-row state (indices are positions in the current batch). ``tokens`` are
+    the decided tokens, of which the last ``len(pending)`` are not yet fed to the LM;
+    ``last_logits`` predict the first of those (or the next choice when none is pending)."""
 
     states: np.ndarray
     priors: torch.Tensor | None
     tokens: list[list[int]]
+    pending: list[list[int]]
     loglik: list[float]
     calls: list[int]
     forced: list[int]
     origin: list[int]                                  # the sample each row is
-    positions: np.ndarray                              # the next token's position per row
+    positions: np.ndarray                              # the next fed token's position per row
     last_logits: torch.Tensor                          # [R, V] float32
     attention: torch.Tensor = field(default=None)      # [R, past] 0/1
+
+    def select(self, keep: list[int]) -> None:
+        index = torch.as_tensor(keep, dtype=torch.long)
+        self.states = self.states[keep]
+        self.priors = self.priors[index] if self.priors is not None else None
+        for name in ("tokens", "pending", "loglik", "calls", "forced", "origin"):
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+        self.positions = self.positions[keep]
+        self.last_logits = self.last_logits[index]
+        self.attention = self.attention[index.to(self.attention.device)]
 
 
 def _forced_tokens(table, states: np.ndarray, remaining: np.ndarray) -> np.ndarray:
@@ -104,6 +117,145 @@ def _forced_tokens(table, states: np.ndarray, remaining: np.ndarray) -> np.ndarr
         mask = table.token_feasible(states[single], remaining[single])
         out[single] = mask.to(torch.int8).argmax(1).cpu().numpy()
     return out
+
+
+class _Sampler:
+    """One call of :func:`sample_fast_forward` (module docstring)."""
+
+    def __init__(self, model, table, n: int, eos: list[int], guided: bool, strength: float,
+                 temperature: float, generator):
+        from transformers import DynamicCache
+
+        self.model, self.table, self.n = model, table, n
+        self.eos_set, self.guided, self.strength = set(eos), guided, strength
+        self.temperature, self.generator = temperature, generator
+        self.V = table.vocab_size
+        self.keyword = cache_keyword(model)
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache()
+
+    def ended(self, rows: _Rows, i: int) -> bool:
+        ids = rows.tokens[i]
+        return bool(ids) and (ids[-1] in self.eos_set or len(ids) >= self.n)
+
+    def start(self, prompt_ids: Sequence[int], num_samples: int) -> _Rows:
+        """One row: the prompt and the tokens forced from the initial state fed in one forward
+        (every sample shares them), then the row repeated ``num_samples`` times."""
+        table = self.table
+        rows = _Rows(states=np.array([table.dfa.initial], dtype=np.int64),
+                     priors=table.initial_prior(1) if self.guided else None, tokens=[[]],
+                     pending=[[]], loglik=[0.0], calls=[0], forced=[0], origin=[0],
+                     positions=np.zeros(1, dtype=np.int64), last_logits=None,
+                     attention=torch.zeros(1, 0, dtype=torch.long, device=self.device))
+        self.extend(rows, [0])
+        prompt = [int(t) for t in prompt_ids]
+        self.feed(rows, [prompt + rows.pending[0]], first_logits=None, skip=len(prompt))
+        rows.pending = [[]]
+        R = num_samples
+        self.cache.batch_repeat_interleave(R)
+        rows.select([0] * R)
+        rows.origin = list(range(R))
+        rows.tokens = [list(rows.tokens[0]) for _ in range(R)]
+        rows.pending = [[] for _ in range(R)]
+        return rows
+
+    def decide(self, rows: _Rows) -> None:
+        """Rows with nothing pending choose their next token (sampled from the guided
+        distribution, or the forced one), then take every token forced after it."""
+        todo = [i for i in range(len(rows.origin)) if not rows.pending[i] and not self.ended(rows, i)]
+        if not todo:
+            return
+        idx = np.asarray(todo, dtype=np.int64)
+        remaining = np.array([self.n - len(rows.tokens[i]) for i in todo], dtype=np.int64)
+        chosen = _forced_tokens(self.table, rows.states[idx], remaining)
+        free = np.flatnonzero(chosen < 0)
+        for r in np.unique(remaining[free]):
+            group = free[remaining[free] == r]
+            at = torch.as_tensor(idx[group])
+            scores = torch.log_softmax(rows.last_logits[at], dim=-1) / self.temperature
+            priors = rows.priors[at] if self.guided else None
+            dist = guided_log_probs(scores, [self.table], np.zeros(len(group), dtype=np.int64),
+                                    rows.states[idx[group]], priors, int(r),
+                                    self.strength if self.guided else 1.0)
+            picks = torch.multinomial(torch.softmax(dist.float(), -1), 1, generator=self.generator)
+            chosen[group] = picks[:, 0].numpy()
+        chosen_forced = np.ones(len(todo), dtype=bool)
+        chosen_forced[free] = False
+        for k, i in enumerate(todo):
+            rows.forced[i] += int(chosen_forced[k])
+        self._advance(rows, idx, chosen)
+        self.extend(rows, todo)
+
+    def extend(self, rows: _Rows, todo: list[int]) -> None:
+        """Append the forced tokens of rows ``todo`` while their state is forced."""
+        active = [i for i in todo if not self.ended(rows, i)]
+        while active:
+            idx = np.asarray(active, dtype=np.int64)
+            remaining = np.array([self.n - len(rows.tokens[i]) for i in active], dtype=np.int64)
+            forced = _forced_tokens(self.table, rows.states[idx], remaining)
+            go = forced >= 0
+            if not go.any():
+                return
+            idx = idx[go]
+            for i in idx.tolist():
+                rows.forced[i] += 1
+            self._advance(rows, idx, forced[go])
+            active = [i for i in idx.tolist() if not self.ended(rows, i)]
+
+    def _advance(self, rows: _Rows, idx: np.ndarray, tokens: np.ndarray) -> None:
+        """Rows ``idx`` emit ``tokens``: DFA state, HMM prior, decided and pending tokens."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        rows.states[idx] = self.table.dfa.step_many(rows.states[idx], tokens)
+        if self.guided:
+            where = torch.as_tensor(idx)
+            rows.priors[where] = self.table.advance(rows.priors[where], torch.as_tensor(tokens))
+        for i, token in zip(idx.tolist(), tokens.tolist()):
+            rows.tokens[i].append(int(token))
+            rows.pending[i].append(int(token))
+
+    def feed_pending(self, rows: _Rows) -> None:
+        """One LM forward over the pending tokens of every row, at most ``width`` each: the
+        longest run when runs are alike, else max(8, 2 × the median) — a long forced run is fed
+        over several forwards rather than padding every row to its length."""
+        lengths = [len(p) for p in rows.pending]
+        width = max(lengths)
+        cap = max(8, 2 * int(np.median(lengths)))
+        width = min(width, cap)
+        chunks = [p[:width] for p in rows.pending]
+        rows.pending = [p[width:] for p in rows.pending]
+        self.feed(rows, chunks, first_logits=rows.last_logits)
+
+    def feed(self, rows: _Rows, chunks: list[list[int]], first_logits, skip: int = 0) -> None:
+        """LM forward over each row's ``chunks`` (right-padded, masked); adds log p_lm of every
+        fed token past the first ``skip`` (the first from ``first_logits``) to the rows."""
+        R, width = len(chunks), max(len(c) for c in chunks)
+        ids = torch.zeros(R, width, dtype=torch.long)
+        mask = torch.zeros(R, width, dtype=torch.long)
+        for i, chunk in enumerate(chunks):
+            ids[i, :len(chunk)] = torch.as_tensor(chunk, dtype=torch.long)
+            mask[i, :len(chunk)] = 1
+        positions = torch.as_tensor(rows.positions)[:, None] + torch.arange(width)[None, :]
+        attention = torch.cat([rows.attention, mask.to(self.device)], dim=1)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attention,
+                         position_ids=positions.to(self.device), use_cache=True,
+                         **{self.keyword: self.cache})
+        self.cache = returned_cache(out)
+        logits = out.logits[..., :self.V].float()
+        rows.attention = attention
+        new_last = torch.empty(R, self.V)
+        for i, chunk in enumerate(chunks):
+            k = len(chunk)
+            if first_logits is not None and skip == 0:
+                rows.loglik[i] += float(torch.log_softmax(first_logits[i], -1)[chunk[0]])
+            begin = max(skip, 1)
+            if k > begin:
+                log_probs = torch.log_softmax(logits[i, begin - 1:k - 1], dim=-1)
+                follow = torch.as_tensor(chunk[begin:], device=log_probs.device)
+                rows.loglik[i] += float(log_probs.gather(1, follow[:, None]).sum())
+            new_last[i] = logits[i, k - 1]
+            rows.positions[i] += k
+            rows.calls[i] += 1
+        rows.last_logits = new_last
 
 
 @torch.no_grad()
@@ -119,140 +271,30 @@ def sample_fast_forward(model, prompt_ids: Sequence[int], constraint: TokenDFA, 
         raise ConstraintError(f"temperature must be a positive number, got {temperature!r}")
     if num_samples < 1:
         raise ConstraintError(f"num_samples must be ≥ 1, got {num_samples}")
+    if not len(prompt_ids):
+        raise ConstraintError("the prompt is empty; give at least a BOS token")
     eos = [] if eos_token_id is None else ([int(eos_token_id)] if isinstance(eos_token_id, int)
                                            else [int(e) for e in eos_token_id])
     n = int(max_new_tokens)
     if table is None:
         table = build_guide(constraint, n, hmm=hmm, eos_token_id=eos or None, precision=precision)
     guided = hmm is not None and strength > 0 and isinstance(table, GuideTables)
-    V = table.vocab_size
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(int(seed))
-    from transformers import DynamicCache
-
-    keyword = cache_keyword(model)
-    prompt = torch.as_tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    out = model(input_ids=prompt, use_cache=True, **{keyword: DynamicCache()})
-    cache = returned_cache(out)
-    cache.batch_repeat_interleave(num_samples)
-    R = num_samples
-    rows = _Rows(states=np.full(R, table.dfa.initial, dtype=np.int64),
-                 priors=table.initial_prior(R) if guided else None,
-                 tokens=[[] for _ in range(R)], loglik=[0.0] * R, calls=[1] * R, forced=[0] * R,
-                 origin=list(range(R)), positions=np.full(R, prompt.shape[1], dtype=np.int64),
-                 last_logits=out.logits[:, -1, :V].float().expand(R, -1).clone(),
-                 attention=torch.ones(R, prompt.shape[1], dtype=torch.long, device=device))
+    sampler = _Sampler(model, table, n, eos, guided, strength, temperature,
+                       torch.Generator().manual_seed(int(seed)))
+    rows = sampler.start(prompt_ids, num_samples)
     finished: dict[int, Sample] = {}
-    eos_set = set(eos)
-    while len(rows.origin):
-        chunks = _choose_and_extend(rows, table, n, eos_set, guided, strength, temperature,
-                                    generator)
-        done = [i for i, chunk in enumerate(chunks)
-                if chunk[-1] in eos_set or len(rows.tokens[i]) >= n]
-        # forced tokens after the chosen one still need their LM log-probabilities
-        needs_lm = [i for i in range(len(chunks)) if i not in done or len(chunks[i]) > 1]
-        if needs_lm:
-            _forward(model, rows, chunks, needs_lm, cache, V, keyword)
+    while rows.origin:
+        sampler.decide(rows)
+        done = [i for i in range(len(rows.origin)) if not rows.pending[i] and sampler.ended(rows, i)]
         for i in done:
             ids = rows.tokens[i]
             finished[rows.origin[i]] = Sample(ids, rows.loglik[i], bool(constraint.accepts(ids)),
                                               rows.calls[i], rows.forced[i])
-        keep = [i for i in range(len(chunks)) if i not in done]
-        if len(keep) < len(chunks):
-            _select(rows, keep, cache)
-    return [finished[i] for i in range(R)]
-
-
-def _choose_and_extend(rows: _Rows, table, n: int, eos_set: set, guided: bool, strength: float,
-                       temperature: float, generator) -> list[list[int]]:
-    """Step 1 and 2 of the module docstring for every row: the new tokens of each row."""
-    R = len(rows.origin)
-    remaining = np.array([n - len(t) for t in rows.tokens], dtype=np.int64)
-    chosen = _forced_tokens(table, rows.states, remaining)
-    free = np.flatnonzero(chosen < 0)
-    log_probs = torch.log_softmax(rows.last_logits, dim=-1)
-    for r in np.unique(remaining[free]):
-        group = free[remaining[free] == r]
-        scores = log_probs[torch.as_tensor(group)] / temperature
-        priors = rows.priors[torch.as_tensor(group)] if guided else None
-        dist = guided_log_probs(scores, [table], np.zeros(len(group), dtype=np.int64),
-                                rows.states[group], priors, int(r), strength if guided else 1.0)
-        picks = torch.multinomial(torch.softmax(dist.float(), -1), 1, generator=generator)
-        chosen[group] = picks[:, 0].numpy()
-    chunks = [[int(chosen[i])] for i in range(R)]
-    was_forced = np.ones(R, dtype=bool)
-    was_forced[free] = False
-    for i in range(R):
-        rows.loglik[i] += float(log_probs[i, chunks[i][0]])
-        rows.forced[i] += int(was_forced[i])
-    _advance(rows, np.arange(R), chosen, table, guided)
-    active = np.array([c[-1] not in eos_set and len(rows.tokens[i]) < n
-                       for i, c in enumerate(chunks)], dtype=bool)
-    while active.any():
-        idx = np.flatnonzero(active)
-        rem = np.array([n - len(rows.tokens[i]) for i in idx], dtype=np.int64)
-        forced = _forced_tokens(table, rows.states[idx], rem)
-        go = forced >= 0
-        if not go.any():
-            break
-        idx, forced = idx[go], forced[go]
-        for i, token in zip(idx.tolist(), forced.tolist()):
-            chunks[i].append(int(token))
-            rows.forced[i] += 1
-        _advance(rows, idx, forced, table, guided)
-        active[:] = False
-        active[idx] = [chunks[i][-1] not in eos_set and len(rows.tokens[i]) < n for i in idx]
-    return chunks
-
-
-def _advance(rows: _Rows, idx: np.ndarray, tokens: np.ndarray, table, guided: bool) -> None:
-    """Rows ``idx`` emit ``tokens``: DFA state, HMM prior, token list."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    rows.states[idx] = table.dfa.step_many(rows.states[idx], tokens)
-    if guided:
-        where = torch.as_tensor(idx)
-        rows.priors[where] = table.advance(rows.priors[where], torch.as_tensor(tokens))
-    for i, token in zip(idx.tolist(), tokens.tolist()):
-        rows.tokens[i].append(int(token))
-
-
-def _forward(model, rows: _Rows, chunks: list[list[int]], needs: list[int], cache, V: int,
-             keyword: str) -> None:
-    """One LM forward over every row's chunk (rows not in ``needs`` get a fully masked chunk)."""
-    R = len(chunks)
-    width = max(len(chunks[i]) for i in needs)
-    device = rows.attention.device
-    ids = torch.zeros(R, width, dtype=torch.long)
-    mask = torch.zeros(R, width, dtype=torch.long)
-    for i in needs:
-        ids[i, :len(chunks[i])] = torch.as_tensor(chunks[i])
-        mask[i, :len(chunks[i])] = 1
-    positions = torch.as_tensor(rows.positions)[:, None] + torch.arange(width)[None, :]
-    attention = torch.cat([rows.attention, mask.to(device)], dim=1)
-    out = model(input_ids=ids.to(device), attention_mask=attention,
-                position_ids=positions.to(device), use_cache=True, **{keyword: cache})
-    logits = out.logits[..., :V].float()
-    rows.attention = attention
-    for i in needs:
-        k = len(chunks[i])
-        if k > 1:
-            log_probs = torch.log_softmax(logits[i, :k - 1], dim=-1)
-            follow = torch.as_tensor(chunks[i][1:], device=log_probs.device)
-            rows.loglik[i] += float(log_probs.gather(1, follow[:, None]).sum())
-        rows.last_logits[i] = logits[i, k - 1]
-        rows.positions[i] += k
-        rows.calls[i] += 1
-
-
-def _select(rows: _Rows, keep: list[int], cache) -> None:
-    """Keep only rows ``keep`` (the others finished; a row that goes on was in this iteration's
-    forward, so the cache and the attention mask have the same width for every row)."""
-    index = torch.as_tensor(keep, dtype=torch.long)
-    cache.batch_select_indices(index.to(rows.attention.device))
-    rows.states = rows.states[keep]
-    rows.priors = rows.priors[index] if rows.priors is not None else None
-    for name in ("tokens", "loglik", "calls", "forced", "origin"):
-        setattr(rows, name, [getattr(rows, name)[i] for i in keep])
-    rows.positions = rows.positions[keep]
-    rows.last_logits = rows.last_logits[index]
-    rows.attention = rows.attention[index.to(rows.attention.device)]
+        if done:
+            keep = [i for i in range(len(rows.origin)) if i not in done]
+            sampler.cache.batch_select_indices(torch.as_tensor(keep, dtype=torch.long,
+                                                               device=sampler.device))
+            rows.select(keep)
+        if rows.origin:
+            sampler.feed_pending(rows)
+    return [finished[i] for i in range(num_samples)]

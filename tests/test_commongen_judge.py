@@ -98,7 +98,7 @@ def test_judge_style_is_the_adapters_training_format_unless_set():
     assert judge_style({})["prompt_style"] == "instruct"
     supervised = judge_style({"adapter": "commongen-supervised"})
     assert supervised["prompt_style"] == "keywords" and supervised["bos_token"] == "<|endoftext|>"
-    assert judge_style({"adapter": "commongen"})["prompt_style"] == "bos"
+    assert judge_style({"adapter": "commongen-human-balanced"})["prompt_style"] == "bos"
     assert judge_style({"adapter": "commongen-supervised",
                         "prompt_style": "instruct"})["prompt_style"] == "instruct"
     with pytest.raises(CtrlgError, match="prompt style must be one of"):

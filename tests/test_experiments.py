@@ -113,43 +113,6 @@ def test_commongen_beam_search_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path):
     assert texts[0] == texts[1]
 
 
-def test_infill_smoke(tiny_lm_dir, tiny_hmm_dir, tmp_path, capsys):
-    from experiments import infill
-
-    stories = tmp_path / "stories.jsonl"
-    stories.write_text(json.dumps({"text": "Tom had a red kite. It flew over the hill.\n\n"
-                                           "Then the wind stopped and it fell."}) + "\n")
-    cfg = compose("infill", [f"model.name={tiny_lm_dir}", f"hmm.path={tiny_hmm_dir}",
-                             f"data.path={stories}", "data.offset=0", "data.limit=1",
-                             "data.calibration_docs=1",
-                             "data.mask_ratios=[0.3]", "generation.num_samples=1"])
-    table = infill.run(cfg, tmp_path)
-    rows = list(table.values())
-    assert {r["method"] for r in rows} == {"logical", "ctrlg"}
-    assert all(r["success"] == 100.0 for r in rows)
-    (record,) = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
-    # the accepted completion reproduces every unmasked fragment, in order
-    position = 0
-    for fragment in record["blanked"].split("___"):
-        fragment = fragment.strip()
-        if fragment:
-            found = record["ctrlg"]["text"].find(fragment, position)
-            assert found >= 0, fragment
-            position = found + len(fragment)
-    out = capsys.readouterr().out
-    assert "BLEU-4" in out and "paired bootstrap" in out
-    # the bootstrap's full-corpus difference is the table's difference, per ratio and pooled
-    saved = json.loads((tmp_path / "metrics.json").read_text())
-    by_method = {r["method"]: r for r in saved["rows"]}
-    assert [ci["target_ratio"] for ci in saved["bootstrap"]] == [0.3, "all"]
-    for ci in saved["bootstrap"]:
-        assert ci["items"] == 1 and ci["pair"] == "ctrlg − logical"
-        for metric in ("bleu4", "rouge_l"):
-            delta = by_method["ctrlg"][metric] - by_method["logical"][metric]
-            assert ci[metric]["delta"] == pytest.approx(delta, abs=1e-6)
-            assert ci[metric]["low"] == pytest.approx(delta) == pytest.approx(ci[metric]["high"])
-
-
 def test_runtime_smoke(tiny_lm_dir, tmp_path, capsys):
     from experiments import runtime
 

@@ -44,6 +44,11 @@ def test_a_run_records_every_method_and_resume_reproduces_it(tiny_lm_dir, tiny_h
         assert 0 < r["mask_ratio"] <= 1 and "___" in r["masked"]
         for method in ("logical", "ctrlg"):
             assert r[method]["accepted"] and set(r[method]) == {"text", "accepted"}
+            position = 0        # every unmasked fragment reproduced, in order
+            for fragment in r["masked"].split("___"):
+                found = r[method]["text"].find(fragment, position)
+                assert found >= position, (fragment, r[method]["text"])
+                position = found + len(fragment)
     assert table["0.3/ctrlg"]["success"] == table["0.3/logical"]["success"] == 100.0
     assert "bleu4_sd" in table["0.3/ilm"]
     saved = json.loads((full / "metrics.json").read_text())
