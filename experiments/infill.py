@@ -96,7 +96,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                               "skipped": f"{type(error).__name__}: {error}"}
                 writer.write(record)
                 records.append(record)
-    return _report(cfg, records, methods, out_dir)
+    return report(cfg, records, methods, out_dir)
 
 
 def _item(story, document, target, p, methods, story_lm, ilm_lm, hmm, eos, cfg) -> dict:
@@ -131,7 +131,8 @@ def _item(story, document, target, p, methods, story_lm, ilm_lm, hmm, eos, cfg) 
     return record
 
 
-def _report(cfg, records, methods, out_dir: Path) -> dict:
+def report(cfg, records, methods, out_dir: Path) -> dict:
+    """Scores, intervals and tables of ``records`` (printed; ``metrics.json`` in ``out_dir``)."""
     ratios = [float(r) for r in cfg.ratios]
     rows = pipeline.score_rows(records, ratios, methods)
     skipped = [{"target_ratio": r["target_ratio"], "index": r["index"], "reason": r["skipped"]}

@@ -109,3 +109,25 @@ def test_calibrated_masks_reach_each_target_ratio_of_characters():
         reached = np.mean([mask_ratio(pipeline.mask_passage(t, p, i)) for i, t in enumerate(texts)])
         assert reached == pytest.approx(target, abs=0.01)
         assert all(pipeline.mask_passage(t, p, i).spans for i, t in enumerate(texts))
+
+
+def test_runs_split_by_ratio_merge_into_the_single_runs_report(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    from benchmarks.merge_infill import merge
+    from experiments import infill
+
+    path = write_stories(tmp_path, STORIES)
+    base = overrides(tiny_lm_dir, tiny_hmm_dir, path, "methods=[logical,ctrlg]",
+                     "bootstrap.baselines=[logical]")
+    whole = infill.run(compose("infill", base + ["ratios=[0.3,0.5]"]), tmp_path / "whole")
+    for ratio in ("0.3", "0.5"):
+        infill.run(compose("infill", base + [f"ratios=[{ratio}]"]), tmp_path / ratio)
+    merged = merge([tmp_path / "0.3", tmp_path / "0.5"], tmp_path / "merged")
+    assert set(merged) == set(whole)
+    for key, row in whole.items():
+        assert {k: v for k, v in merged[key].items() if k != "seconds"} == \
+            {k: v for k, v in row.items() if k != "seconds"}
+    with pytest.raises(ExperimentConfigError, match="share"):
+        merge([tmp_path / "0.3", tmp_path / "whole"], tmp_path / "again")
+    infill.run(compose("infill", base + ["ratios=[0.4]", "generation.num_samples=3"]), tmp_path / "other")
+    with pytest.raises(ExperimentConfigError, match="generation"):
+        merge([tmp_path / "0.3", tmp_path / "other"], tmp_path / "again")

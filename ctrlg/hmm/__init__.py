@@ -29,6 +29,9 @@ EMBEDDED_HMMS = {
     # the LM adapted on the human-written train captions only (adapter commongen-human): the
     # h = 512 HMM above re-fitted by EM to its samples (configs/distill_human.yaml); topk8-4096
     "commongen-human-h512": "hmm_smollm2_commongen_human_h512",
+    # the story tasks' HMM (configs/distill_stories.yaml): the `stories` LM's unconditional
+    # samples; guides infilling, interactive editing and the editor
+    "stories-h512": "hmm_smollm2_stories_h512",
 }
 # name -> folder under ctrlg/assets: prior heads saved apart from their HMM (HMM.attach_prior_head)
 EMBEDDED_PRIOR_HEADS = {

@@ -48,6 +48,11 @@ EMBEDDED_ADAPTERS = {
     # those captions capped at 20 per concept (1,807; data.select=sentence_case_balanced): the default
     "commongen-human-balanced": "adapter_smollm2_commongen_human_balanced",
     "commongen-supervised": "adapter_smollm2_commongen_supervised",
+    # the story tasks (ctrlg.tasks.stories; configs/adapt_stories.yaml): plain LM on passages
+    # (infilling), continuation of prefixes (editing, the editor), ILM's infilling format (baseline)
+    "stories": "adapter_smollm2_stories",
+    "stories-continue": "adapter_smollm2_stories_continue",
+    "stories-ilm": "adapter_smollm2_stories_ilm",
 }
 META_FILE = "ctrlg_adapter.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
