@@ -94,7 +94,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                      seed=int(cfg.seed) * 100_003 + index,
                                      bos_token=cfg.model.bos_token,
                                      suffix_tokens=int(gen.suffix_tokens),
-                                     precision=str(gen.precision))
+                                     precision=str(gen.precision),
+                                     temperature=float(gen.temperature), top_p=float(gen.top_p))
                     record[method] = {"text": out.text, "accepted": out.accepted,
                                       **_scored(scorer, example, out.text)}
                     record["seconds"][method] = out.seconds

@@ -12,7 +12,8 @@ prompt (:func:`ctrlg.data.story_prompts.continuation_prompt`):
   (:func:`instruction`, as the paper's TULU2 / GPT baselines had them), ``num_samples`` plain
   samples, the most likely kept by the same ranking.
 
-Every method gets the same token budget (``max_new_tokens``).
+Every method gets the same token budget (``max_new_tokens``) and the same sampling settings
+(``temperature``, ``top_p``); a sample without a word is no candidate.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ctrlg.dfa.edit_constraint import EditConstraint, build_constraint
 from ctrlg.data.story_prompts import CONTINUE_INSTRUCTION, bos_text
 from ctrlg.dfa import intersect
 from ctrlg.dfa.builders import eos as eos_dfa
+from ctrlg.dfa.words import count_words
 from ctrlg.sampler import candidate_log_likelihoods
 from ctrlg.sampler import generate as guided_generate
 from ctrlg.tasks.edit.examples import EditExample
@@ -97,7 +99,8 @@ def _rank(model, prompt_ids: list[int], candidates: list[list[int]], suffix: lis
 
 def run_method(method: str, example: EditExample, model, tokenizer, *, hmm, eos_id: int,
                num_samples: int, max_new_tokens: int, seed: int, bos_token: str = "<|endoftext|>",
-               suffix_tokens: int = 32, constraint=None, precision: str = "float32") -> Output:
+               suffix_tokens: int = 32, constraint=None, precision: str = "float32",
+               temperature: float = 1.0, top_p: float = 1.0) -> Output:
     """One method on one example (module docstring)."""
     start = time.perf_counter()
     suffix = _suffix_ids(example, tokenizer, suffix_tokens)
@@ -107,11 +110,15 @@ def run_method(method: str, example: EditExample, model, tokenizer, *, hmm, eos_
         torch.manual_seed(seed)
         out = model.generate(torch.tensor([prompt_ids]),
                              attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                             do_sample=True, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                             do_sample=True, top_k=0, top_p=top_p, temperature=temperature,
+                             max_new_tokens=max_new_tokens,
                              num_return_sequences=num_samples, eos_token_id=eos_id,
                              pad_token_id=eos_id)
         candidates = [row[:row.index(eos_id) + 1] if eos_id in row else row
                       for row in out[:, len(prompt_ids):].tolist()]
+        # a suggestion holds a word: empty samples (EOS at once) are no candidates, as in the editor
+        candidates = [c for c in candidates if count_words(tokenizer.decode(
+            c[:-1] if c and c[-1] == eos_id else c))] or candidates[:1]
         accepted = [True] * len(candidates)
     elif method in ("logical", "ctrlg"):
         if constraint is None:
@@ -120,8 +127,9 @@ def run_method(method: str, example: EditExample, model, tokenizer, *, hmm, eos_
                                       hmm=hmm if method == "ctrlg" else None, mode=method,
                                       suffix=suffix if method == "ctrlg" else None,
                                       max_new_tokens=max_new_tokens, num_samples=num_samples,
-                                      seed=seed, do_sample=True, top_k=0, top_p=1.0,
-                                      rank_by_lm=False, eos_token_id=eos_id, precision=precision)
+                                      seed=seed, do_sample=True, top_k=0, top_p=top_p,
+                                      temperature=temperature, rank_by_lm=False,
+                                      eos_token_id=eos_id, precision=precision)
         candidates = [g.token_ids for g in generations]
         accepted = [bool(constraint.accepts(c)) for c in candidates]
     else:
