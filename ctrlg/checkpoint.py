@@ -101,8 +101,8 @@ def check_checksums(folder, checksums) -> None:
         if got != expected:
             raise CheckpointError(
                 f"{path} does not match the SHA-256 its config records ({str(expected)[:16]}… "
-                f"recorded, {got[:16]}… found): the file is corrupt or was changed after the "
-                f"save; restore it or save the checkpoint again")
+                f"recorded, {got[:16]}… found): the file is truncated or corrupt, or was changed "
+                f"after the save; restore it or save the checkpoint again")
 
 
 def _pid_alive(pid: int) -> bool:
