@@ -4,7 +4,8 @@ Rows are the methods plus two sanity rows — ``reference`` (the cut spans) and 
 words in random order); columns are the constraint kinds × quality / success / overall
 (:mod:`ctrlg.tasks.edit.scoring`). Quality: fluency and coherence (mean NLL per token under the
 scorer; lower is better), BLEU-4 / ROUGE-L against the reference span (× 100), distinct-2 and the
-share of repeated 3-grams. Overall's fluency and coherence thresholds are the 90th percentiles of
+share of repeated 3-grams (fluency averaged over the outputs that hold a token; ``empty`` counts
+the others, which fail overall). Overall's fluency and coherence thresholds are the 90th percentiles of
 the reference spans' own, per operation, one value per cut span. Intervals: percentile bootstrap
 over examples (95 %) for each overall rate, and paired over the same examples for ctrlg − each
 other method.
@@ -66,7 +67,9 @@ def summarise(records: Sequence[dict], methods: Sequence[str], kinds: Sequence[s
                 "row": row, "kind": kind, "examples": len(mine),
                 "overall": 100 * ok.mean(), "overall_low": 100 * low, "overall_high": 100 * high,
                 "success": 100 * float(np.mean([e["success"] for e in entries])),
-                "fluency": float(np.mean([e["fluency"] for e in entries])),
+                # over the outputs with a token (an empty one has no NLL; it fails overall)
+                "fluency": _finite_mean([e["fluency"] for e in entries]),
+                "empty": sum(not np.isfinite(e["fluency"]) for e in entries),
                 "coherence": float(np.mean(coherence)) if coherence else None,
                 "bleu4": overlap["bleu4"], "rouge_l": overlap["rouge_l"],
                 "distinct2": float(np.mean([e["distinct2"] for e in entries])),
@@ -104,16 +107,16 @@ def format_report(result: dict) -> str:
             if r:
                 line[f"{kind} overall"] = f"{r['overall']:.1f} [{r['overall_low']:.1f}, {r['overall_high']:.1f}]"
                 line[f"{kind} success"] = f"{r['success']:.1f}"
-                line[f"{kind} fluency"] = f"{r['fluency']:.2f}"
+                line[f"{kind} fluency"] = f"{r['fluency']:.2f}" if r["fluency"] is not None else "–"
         table.append(line)
     columns = ["row"] + [f"{k} {c}" for k in kinds for c in ("overall", "success", "fluency")]
     out = [format_table(table, columns,
                         ["method"] + [f"{k}: {c}" for k in kinds
                                       for c in ("overall % (95 % CI)", "success %", "fluency NLL")])]
     quality = [by[(n, "all")] for n in names if (n, "all") in by]
-    out.append(format_table(quality, ["row", "examples", "fluency", "coherence", "bleu4", "rouge_l",
-                                      "distinct2", "repeated3", "seconds"],
-                            ["method (all kinds)", "examples", "fluency NLL", "coherence NLL",
+    out.append(format_table(quality, ["row", "examples", "empty", "fluency", "coherence", "bleu4",
+                                      "rouge_l", "distinct2", "repeated3", "seconds"],
+                            ["method (all kinds)", "examples", "empty", "fluency NLL", "coherence NLL",
                              "BLEU-4", "ROUGE-L", "distinct-2", "repeated 3-grams %",
                              "s / example"]))
     if result["paired"]:
@@ -125,3 +128,9 @@ def format_report(result: dict) -> str:
     out.append("thresholds (90th percentile of the references' NLL): " + ", ".join(
         f"{op}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()) for op, t in thresholds.items()))
     return "\n\n".join(out)
+
+
+def _finite_mean(values) -> float | None:
+    """The mean of the finite values, None when there is none."""
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
