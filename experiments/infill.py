@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from ctrlg.errors import CtrlgError, ExperimentConfigError, InsufficientMemoryError
 from ctrlg.tasks.config import generation_config, load_hmm, load_lm
 from ctrlg.tasks.infill import pipeline
+from ctrlg.tasks.record_files import RecordSchema
 from ctrlg.tasks.records import RecordWriter, format_table, progress, read_records, write_json
 from experiments.common import find_resume_dir, hydra_output_dir, report_errors, start_run
 
@@ -58,13 +59,32 @@ def _passages(cfg: DictConfig):
     return stories
 
 
+def record_schema(stories, methods) -> RecordSchema:
+    """What a record of this run must be to be resumed: keyed by (target ratio, passage index),
+    the selected passage's own text, and (unless it was skipped) every method's output."""
+    originals = {s.index: s.text for s in stories}
+
+    def check(record: dict) -> str | None:
+        if originals.get(record["index"]) != record["original"]:
+            return f"passage {record['index']}'s text is not the selected passage's"
+        if "skipped" in record:
+            return None
+        missing = [m for m in methods if not isinstance(record.get(m), dict) or "text" not in record[m]]
+        return f"a record without the output of {', '.join(missing)}" if missing else None
+
+    return RecordSchema(fields={"target_ratio": float, "index": int, "original": str},
+                        key=("target_ratio", "index"), check=check)
+
+
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The experiment (module docstring); returns ``{"ratio/method": row}``."""
     _check(cfg)
     stories = _passages(cfg)
     resume_dir = find_resume_dir(cfg, out_dir, _settings)
     methods = start_run(cfg, out_dir, pipeline.METHODS)
-    previous = read_records(resume_dir) if resume_dir is not None else []
+    previous = (read_records(resume_dir, schema=record_schema(stories, methods),
+                             selection=[(float(t), s.index) for t in cfg.ratios for s in stories])
+                if resume_dir is not None else [])
     done = {(r["target_ratio"], r["index"]) for r in previous}
     texts = [s.text for s in stories]
     masks = {}

@@ -70,6 +70,27 @@ def test_a_run_records_every_method_and_resume_reproduces_it(tiny_lm_dir, tiny_h
                    tmp_path / "x")
 
 
+def test_a_resume_keeps_only_one_complete_record_per_selected_passage_and_ratio(tmp_path):
+    from ctrlg.data.stories import Story
+    from ctrlg.tasks.records import read_records as read_run
+    from experiments.infill import record_schema
+
+    stories = [Story(0, STORIES[0]), Story(1, STORIES[1])]
+    output = {"text": "x", "accepted": True}
+    good = {"target_ratio": 0.3, "index": 0, "original": STORIES[0], "logical": output, "ctrlg": output}
+    lines = [good,
+             dict(good),                                          # a second record of (0.3, 0)
+             dict(good, index=1),                                 # passage 1 with passage 0's text
+             dict(good, index=1, original=STORIES[1], ctrlg=None),  # without ctrlg's output
+             dict(good, target_ratio=0.5),                        # a ratio the run does not select
+             dict(good, index="1", original=STORIES[1]),          # an index of the wrong type
+             {"target_ratio": 0.3, "index": 1, "original": STORIES[1], "skipped": "ConstraintError: x"}]
+    (tmp_path / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    kept = read_run(tmp_path, schema=record_schema(stories, ["logical", "ctrlg"]),
+                    selection=[(0.3, 0), (0.3, 1)])
+    assert kept == [lines[0], lines[-1]]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["ratios=[1.2]"], "ratios"),
     (["ratios=[0]"], "ratios"),
@@ -131,3 +152,36 @@ def test_runs_split_by_ratio_merge_into_the_single_runs_report(tiny_lm_dir, tiny
     infill.run(compose("infill", base + ["ratios=[0.4]", "generation.num_samples=3"]), tmp_path / "other")
     with pytest.raises(ExperimentConfigError, match="generation"):
         merge([tmp_path / "0.3", tmp_path / "other"], tmp_path / "again")
+
+
+def test_runs_split_by_method_join_per_passage_into_the_single_runs_report(tiny_lm_dir, tiny_hmm_dir,
+                                                                          tmp_path):
+    from benchmarks.merge_infill import merge
+    from experiments import infill
+
+    base = overrides(tiny_lm_dir, tiny_hmm_dir, write_stories(tmp_path, STORIES), "ratios=[0.3,0.5]")
+    whole = infill.run(compose("infill", base), tmp_path / "whole")
+    infill.run(compose("infill", base + ["methods=[logical,ctrlg]", "ratios=[0.3]"]), tmp_path / "g3")
+    infill.run(compose("infill", base + ["methods=[logical,ctrlg]", "ratios=[0.5]"]), tmp_path / "g5")
+    infill.run(compose("infill", base + ["methods=[ilm]"]), tmp_path / "ilm")
+    runs = [tmp_path / "g3", tmp_path / "g5", tmp_path / "ilm"]
+    merged = merge(runs, tmp_path / "merged")
+    assert set(merged) == set(whole)
+    for key, row in whole.items():
+        assert {k: v for k, v in merged[key].items() if k != "seconds"} == \
+            {k: v for k, v in row.items() if k != "seconds"}
+    without_seconds = [{k: v for k, v in r.items() if k != "seconds"} for r in read_records(tmp_path / "merged")]
+    assert without_seconds == [{k: v for k, v in r.items() if k != "seconds"}
+                               for r in read_records(tmp_path / "whole")]
+
+    ilm_records = (tmp_path / "ilm" / "generations.jsonl").read_text().splitlines()
+    (tmp_path / "ilm" / "generations.jsonl").write_text(ilm_records[0] + "\n")   # ILM reached one passage
+    partial = merge(runs, tmp_path / "partial")
+    assert [(r["target_ratio"], r["index"]) for r in read_records(tmp_path / "partial")] == [(0.3, 0)]
+    assert partial["0.3/ilm"]["passages"] == partial["0.3/ctrlg"]["passages"] == 1
+
+    altered = json.loads(ilm_records[0])
+    altered["masked"] = altered["masked"].replace("___", "", 1)
+    (tmp_path / "ilm" / "generations.jsonl").write_text(json.dumps(altered) + "\n")
+    with pytest.raises(ExperimentConfigError, match="another mask"):
+        merge(runs, tmp_path / "again")
