@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from ctrlg.data import DatasetError
@@ -185,3 +186,35 @@ def test_runs_split_by_method_join_per_passage_into_the_single_runs_report(tiny_
     (tmp_path / "ilm" / "generations.jsonl").write_text(json.dumps(altered) + "\n")
     with pytest.raises(ExperimentConfigError, match="another mask"):
         merge(runs, tmp_path / "again")
+
+
+def test_ilm_decoding_writes_every_answer_when_the_answer_marker_is_the_lms_eos(smollm2_tokenizer):
+    """[answer] is SmolLM2's <|im_end|>, also the LM's EOS: generate must not end a row at the
+    first answer, and no answer may be empty (two markers in a row), as in training."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ctrlg.tasks.infill import pipeline
+    from ctrlg.tasks.infill.ilm_decoding import ilm_fill
+    from ctrlg.tasks.stories.ilm import IlmTokens
+
+    tokenizer = smollm2_tokenizer
+    answer_id = IlmTokens().check(tokenizer)[IlmTokens().answer]
+    assert answer_id == tokenizer.eos_token_id
+    word_id = tokenizer(" the", add_special_tokens=False)["input_ids"][0]
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    head = torch.nn.Linear(16, len(tokenizer), bias=True)     # only [answer] and " the" are likely
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-100.0)
+        head.bias[[answer_id, word_id]] = 0.0
+    model.lm_head = head
+    document = next(d for i in range(50)
+                    if len((d := pipeline.mask_passage(STORIES[1], 0.3, i)).spans) >= 2)
+    fills = ilm_fill(model, tokenizer, document, max_new_tokens=200, seed=0, num_samples=4,
+                     eos_ids=[tokenizer.eos_token_id])
+    for fill in fills:
+        assert fill.complete and len(fill.answers) == len(document.spans)
+        assert all(answer and set(answer.split()) == {"the"} for answer in fill.answers), fill.answers

@@ -7,9 +7,14 @@ a separator and the spans' texts y_1 … y_k, each ended by an answer token:
 
 An LM fine-tuned on such sequences (loss on the answers) infills by reading x̃ and sampling the
 answers left to right; the completed passage puts y_i in the i-th blank. The markers are single
-tokens of the vocabulary: SmolLM2 has unused special tokens (its code-corpus markers), so the
-embedding matrix need not grow and a LoRA adapter alone learns the format. :class:`IlmTokens`
-names them; :meth:`IlmTokens.check` refuses a tokenizer where one is not a single token.
+tokens of the vocabulary, so the embedding matrix need not grow and a LoRA adapter alone learns the
+format. The markers the LM only reads (blanks, [sep]) are SmolLM2's unused special tokens (its
+code-corpus markers). The one it must *write*, [answer], is a token the LM was trained to emit
+(``<|im_end|>``, its end of turn): LoRA leaves the (tied) embeddings frozen, so an unused token's
+output embedding keeps its untrained value and its logit stays far below the others (with
+``<empty_output>`` as [answer], log p ≈ −10 where an answer ends, and sampling never wrote it).
+:class:`IlmTokens` names them; :meth:`IlmTokens.check` refuses a tokenizer where one is not a
+single token.
 
 The answers keep the span's exact characters (no surrounding whitespace: x̃ keeps the whitespace
 around each blank), so the completed passage equals the original when every answer is right.
@@ -39,7 +44,7 @@ class IlmTokens:
         Granularity.WORD.value: "<jupyter_script>",
     })
     sep: str = "<file_sep>"
-    answer: str = "<empty_output>"
+    answer: str = "<|im_end|>"
 
     def check(self, tokenizer) -> dict[str, int]:
         """{marker: id}; CtrlgError naming a marker that is not a single token."""
