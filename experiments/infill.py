@@ -59,6 +59,18 @@ def _passages(cfg: DictConfig):
     return stories
 
 
+def _warn_if_missed(target: float, documents) -> None:
+    """A warning when the calibrated masks miss the target ratio by more than a point (few
+    passages: ILM's masks take whole units, so the mean ratio moves in steps)."""
+    from ctrlg.data.infill_mask import mask_ratio
+
+    reached = sum(mask_ratio(d) for d in documents) / len(documents)
+    if abs(reached - target) > 0.01:
+        print(f"ratio {target:.0%}: the masks of the {len(documents)} selected passages cover "
+              f"{reached:.1%} of their characters, not {target:.0%} (ILM's masks take whole units); "
+              f"more passages (data.limit) bring the mean closer", file=sys.stderr)
+
+
 def record_schema(stories, methods) -> RecordSchema:
     """What a record of this run must be to be resumed: keyed by (target ratio, passage index),
     the selected passage's own text, and (unless it was skipped) every method's output."""
@@ -92,6 +104,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         p = pipeline.calibrate(texts, float(target), int(cfg.seed), int(cfg.data.max_ngram))
         masks[float(target)] = (p, [pipeline.mask_passage(t, p, int(cfg.seed) + i, int(cfg.data.max_ngram))
                                     for i, t in enumerate(texts)])
+        _warn_if_missed(float(target), masks[float(target)][1])
     story_lm = ilm_lm = hmm = None
     if {"ctrlg", "logical"} & set(methods):
         story_lm = load_lm(cfg.model)

@@ -218,3 +218,20 @@ def test_ilm_decoding_writes_every_answer_when_the_answer_marker_is_the_lms_eos(
     for fill in fills:
         assert fill.complete and len(fill.answers) == len(document.spans)
         assert all(answer and set(answer.split()) == {"the"} for answer in fill.answers), fill.answers
+
+
+def test_a_target_ratio_the_masks_cannot_reach_is_said(capsys):
+    from ctrlg.data.stories import load_stories
+    from ctrlg.tasks.infill import pipeline
+    from experiments.infill import _warn_if_missed
+
+    for limit, target, said in ((2, 0.40, True), (30, 0.13, False)):   # the quick default; the benchmark
+        texts = [s.text for s in load_stories("eval", limit=limit)]
+        documents = [pipeline.mask_passage(t, pipeline.calibrate(texts, target, seed=0), i)
+                     for i, t in enumerate(texts)]
+        reached = float(np.mean([mask_ratio(d) for d in documents]))
+        _warn_if_missed(target, documents)
+        err = capsys.readouterr().err
+        assert (abs(reached - target) > 0.01) == said == bool(err), (target, reached, err)
+        if said:
+            assert f"{limit} selected passages" in err and "data.limit" in err
