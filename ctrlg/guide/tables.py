@@ -22,7 +22,7 @@ successor t are summed once per table, Ē_{s,t} = Σ_{v ∈ exc(s), δ(s,v) = t}
 reads P ≤ E (source, successor) pairs (a CommonGen DFA: 3.4× fewer). One step costs
 O(S·h² + P·h). On the CPU, G is built by one compiled loop and the scales and row maxima by
 another (:mod:`ctrlg.kernels.backward_table_cpu`, the same arithmetic as the torch step); on
-CUDA by the Triton kernel.
+CUDA by the torch step, or the Triton kernel with ``use_kernel=True`` (slower on an H200).
 
 Scaling. Each row is stored as W_r(s, ·) = exp(c_r(s)) · Ŵ_r(s, ·) with max_z Ŵ_r(s, z) = 1 and
 c_r(s) in float64. A step rescales every term of g_s to the common scale m_s = max of the scales
@@ -134,7 +134,8 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
     (:class:`ctrlg.guide.feasibility.Feasibility`, which is all logical mode needs).
 
     Build with :func:`build_tables`. Rows of a batch that share a DFA share one ``GuideTables``.
-    Tensors live on the HMM's device (CUDA works; the recurrence then uses the Triton kernel).
+    Tensors live on the HMM's device (CUDA works; ``use_kernel=True`` runs the recurrence with
+    the Triton kernel).
 
     Attributes:
         feasible: bool numpy [n + 1, S], F_r(s).
@@ -191,7 +192,10 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
             w_hat[0, acc] = 1.0
             log_scale[0, acc] = 0.0
         if use_kernel is None:
-            use_kernel = device.type == "cuda"
+            # torch's step: on an H200 the Triton kernel was 0.22-0.76x as fast at h = 4,096 and at
+            # 100-1,000 DFA states (1.26x only at h = 2,048 with 10 states);
+            # benchmarks/results/gpu_nvidia-h200.md
+            use_kernel = False
         bar = tqdm(range(1, n + 1), desc="guide tables", leave=False,
                    disable=None if progress is None else not progress)
         band = torch.as_tensor(self.band, device=device)
