@@ -102,9 +102,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     masks = {}
     for target in cfg.ratios:
         p = pipeline.calibrate(texts, float(target), int(cfg.seed), int(cfg.data.max_ngram))
-        masks[float(target)] = (p, [pipeline.mask_passage(t, p, int(cfg.seed) + i, int(cfg.data.max_ngram))
-                                    for i, t in enumerate(texts)])
-        _warn_if_missed(float(target), masks[float(target)][1])
+        documents = [pipeline.mask_passage(t, p, int(cfg.seed) + i, int(cfg.data.max_ngram))
+                     for i, t in enumerate(texts)]
+        _warn_if_missed(float(target), documents)
+        masks[float(target)] = (p, documents)
     story_lm = ilm_lm = hmm = None
     if {"ctrlg", "logical"} & set(methods):
         story_lm = load_lm(cfg.model)

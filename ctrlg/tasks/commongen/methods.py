@@ -156,8 +156,8 @@ def check_sampling(gen: DictConfig) -> None:
 
 
 def guide_kernel(gen) -> bool | None:
-    """``generation.guide_kernel``: auto (None: the Triton backward-table kernel on CUDA, the
-    torch recurrence on the CPU), true or false (:class:`ctrlg.sampler.ConstraintLogitsProcessor`'s
+    """``generation.guide_kernel``: auto (None: the library's default, the torch recurrence on
+    every device), true (the Triton backward-table kernel) or false (:class:`ctrlg.sampler.ConstraintLogitsProcessor`'s
     ``use_kernel``); the two agree up to float32 rounding (tests/test_kernel_backward.py)."""
     value = gen.get("guide_kernel", "auto")
     if value in (None, "auto"):
