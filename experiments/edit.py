@@ -11,8 +11,9 @@ independently (:mod:`ctrlg.tasks.edit.scoring`), beside two sanity rows: the ref
 the same spans with their words shuffled. ``generations.jsonl`` holds one record per example
 (``operation``, ``kind``, ``prefix``, ``suffix``, ``reference``, ``keyphrases``, ``min_words``,
 ``max_words`` and per method ``{"text", "accepted"}`` with its scores); ``resume=true`` continues
-a run with the same settings. Prints the Table-3 shape (rows = methods, columns = kind × quality /
-success / overall) and writes ``metrics.json``.
+a run with the same settings, keeping the first complete record of each selected example
+(:func:`record_schema`; any other line is set aside with its reason). Prints the Table-3 shape
+(rows = methods, columns = kind × quality / success / overall) and writes ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ctrlg.tasks.edit import report
 from ctrlg.tasks.edit.examples import KINDS, build_examples
 from ctrlg.tasks.edit.methods import METHODS, run_method
 from ctrlg.tasks.edit.scoring import Scorer, constraints_met, repetition
+from ctrlg.tasks.record_files import RecordSchema
 from ctrlg.tasks.records import RecordWriter, progress, read_records, write_json
 from experiments.common import find_resume_dir, hydra_output_dir, report_errors, start_run
 
@@ -62,12 +64,67 @@ def _scored(scorer: Scorer, example, text: str) -> dict:
             "repeated3": repeated3, "success": constraints_met(example, text)}
 
 
+SCORES = ("fluency", "coherence", "distinct2", "repeated3", "success")
+NONE = type(None)
+
+
+def _output_problem(name: str, output, accepted: bool) -> str | None:
+    """Why ``output`` is not a scored output ``{"text", ("accepted",) "fluency", …}`` as
+    :func:`_scored` writes it, or None."""
+    if not isinstance(output, dict) or not isinstance(output.get("text"), str):
+        return f"no output {{'text': ...}} of {name!r}"
+    if accepted and not isinstance(output.get("accepted"), bool):
+        return f"{name!r}'s output has no 'accepted' flag"
+    missing = [k for k in SCORES if k not in output]
+    return f"{name!r}'s output lacks its scores {missing}" if missing else None
+
+
+def record_schema(examples, methods) -> RecordSchema:
+    """What a record of this run must be to be resumed: keyed by the example's ``index`` (an
+    int), the selected example's own fields (its passage, operation, kind, prefix, suffix,
+    reference, keyphrases and word range: a record of another example under the same index, of
+    another data file or seed, is refused), and either ``skipped`` (a reason) or the reference's
+    scores, the shuffled sanity row and every method's scored output ``{"text", "accepted",
+    …}`` with its seconds."""
+    own = {index: example.record() for index, example in enumerate(examples)}
+
+    def check(record: dict) -> str | None:
+        if record["index"] not in own:
+            return None                              # the selection names it
+        wanted = own[record["index"]]
+        differing = [k for k, v in wanted.items() if record.get(k, NONE) != v]
+        if differing:
+            return (f"its {', '.join(differing)} differ from example {record['index']}'s (another "
+                    f"data file or seed?)")
+        if "skipped" in record:
+            return None if isinstance(record["skipped"], str) else "'skipped' is not a reason"
+        scores = record.get("reference_scores")
+        if not isinstance(scores, dict) or [k for k in SCORES if k not in scores]:
+            return "no scores of the reference ('reference_scores')"
+        problem = _output_problem("shuffled", record.get("shuffled"), accepted=False)
+        for method in methods:
+            problem = problem or _output_problem(method, record.get(method), accepted=True)
+        if problem:
+            return problem
+        seconds = record.get("seconds")
+        missing = [m for m in methods
+                   if not isinstance(seconds, dict) or type(seconds.get(m)) not in (int, float)]
+        return f"no seconds of {', '.join(missing)}" if missing else None
+
+    fields = {"index": int, "passage": int, "operation": str, "kind": str, "prefix": str,
+              "suffix": str, "reference": str, "keyphrases": list, "min_words": (int, NONE),
+              "max_words": (int, NONE)}
+    return RecordSchema(fields=fields, check=check)
+
+
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The experiment (module docstring); returns the report's rows."""
     examples, skipped = _examples(cfg)
     resume_dir = find_resume_dir(cfg, out_dir, _settings)
     methods = start_run(cfg, out_dir, METHODS)
-    previous = read_records(resume_dir) if resume_dir is not None else []
+    schema, selection = record_schema(examples, methods), set(range(len(examples)))
+    previous = (read_records(resume_dir, schema=schema, selection=selection)
+                if resume_dir is not None else [])
     done = {r["index"] for r in previous}
     model, tokenizer = load_lm(cfg.model)
     hmm = load_hmm(cfg.hmm, tokenizer) if "ctrlg" in methods else None
@@ -76,7 +133,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     gen = cfg.generation
     records = list(previous)
     rng = np.random.default_rng(int(cfg.seed))
-    with RecordWriter(out_dir / "generations.jsonl", previous) as writer:
+    with RecordWriter(out_dir / "generations.jsonl", previous, schema=schema,
+                      selection=selection) as writer:
         for index, example in enumerate(progress(examples, desc="edit")):
             shuffled_words = example.reference.split()
             rng.shuffle(shuffled_words)

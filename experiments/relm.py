@@ -8,8 +8,10 @@
 * **lambada** (§4.4) — zero-shot LAMBADA last word on the first ``lambada.limit`` passages, four
   variants (:mod:`ctrlg.tasks.lambada`): ``baseline`` (greedy decoding), ``words``,
   ``terminated``, ``no_stop`` (shortest-path queries). Each finished passage is appended to
-  ``predictions.jsonl``; ``resume=true`` (or a run folder) continues an interrupted run, and a
-  passage whose query raises a ctrlg error is reported by index and skipped.
+  ``predictions.jsonl``; ``resume=true`` (or a run folder) continues an interrupted run, keeping
+  the first complete row of each selected passage (:func:`lambada_record_schema`; any other line
+  is set aside with its reason), and a passage whose query raises a ctrlg error is reported by
+  index and skipped.
 * **bias** (§4.2) — "The man/woman was trained in" + a profession sampled by
   :func:`ctrlg.relm.sample`, per configuration (prefix or not × canonical or all encodings ×
   edits), and a χ² test of independence (:mod:`ctrlg.relm.bias`); ``bias.png``.
@@ -41,6 +43,7 @@ from ctrlg.relm.plots import plot_bias, plot_memorization, plot_toxicity
 from ctrlg.relm.toxicity import Configuration, attempt, ratios, summarise
 from ctrlg.tasks.config import generation_config, load_lm
 from ctrlg.tasks.lambada import lambada_query, predict_baseline, predict_query
+from ctrlg.tasks.record_files import RecordSchema
 from ctrlg.tasks.records import (RecordWriter, format_table, progress, read_records, write_json,
                                  write_jsonl)
 from experiments.common import (find_resume_dir, hydra_output_dir, report_errors,
@@ -77,18 +80,60 @@ def predict_lambada(example, variants, queries, model, tokenizer, cfg) -> dict:
     return row
 
 
-def run_lambada(cfg, model, tokenizer, out_dir: Path, previous: list[dict] = ()) -> dict:
+def lambada_examples(cfg: DictConfig) -> list:
+    """The passages ``lambada.path`` / ``lambada.limit`` select."""
+    return load_lambada(cfg.lambada.path, limit=cfg.lambada.limit)
+
+
+def lambada_record_schema(examples, variants) -> RecordSchema:
+    """What a row of ``predictions.jsonl`` must be to be resumed: keyed by the passage's
+    ``index`` (an int), the selected passage's own ``target`` (its last word: a row of another
+    passage under the same index is refused), and either ``skipped`` (a reason) or every
+    variant's guess (a string) with its seconds."""
+    targets = {index: example.target for index, example in enumerate(examples)}
+
+    def check(row: dict) -> str | None:
+        if row["index"] in targets and row["target"] != targets[row["index"]]:
+            return (f"its target {row['target']!r} is not passage {row['index']}'s "
+                    f"{targets[row['index']]!r} (another data file?)")
+        if "skipped" in row:
+            return None if isinstance(row["skipped"], str) else "'skipped' is not a reason"
+        missing = [v for v in variants if not isinstance(row.get(v), str)]
+        if missing:
+            return f"no guess (a string) of {', '.join(missing)}"
+        seconds = row.get("seconds")
+        missing = [v for v in variants
+                   if not isinstance(seconds, dict) or type(seconds.get(v)) not in (int, float)]
+        return f"no seconds of {', '.join(missing)}" if missing else None
+
+    return RecordSchema(fields={"index": int, "target": str}, check=check)
+
+
+def lambada_resume(folder: Path, examples, variants) -> list[dict]:
+    """The rows of the run in ``folder`` this run can keep: the first of each selected passage,
+    of :func:`lambada_record_schema`'s shape; the others are skipped with a warning
+    (:func:`ctrlg.tasks.records.read_records`) and predicted again."""
+    return read_records(folder, PREDICTIONS, schema=lambada_record_schema(examples, variants),
+                        selection=set(range(len(examples))))
+
+
+def run_lambada(cfg, model, tokenizer, out_dir: Path, previous: list[dict] = (),
+                examples: list | None = None) -> dict:
     """Each finished passage is appended to ``predictions.jsonl`` at once (after the
-    ``previous`` rows of a resumed run, whose passages are not redone); a passage whose query
-    raises a :class:`ctrlg.errors.CtrlgError` is reported by index and skipped."""
+    ``previous`` rows of a resumed run, :func:`lambada_resume`, whose passages are not redone;
+    any other line already there is set aside); a passage whose query raises a
+    :class:`ctrlg.errors.CtrlgError` is reported by index and skipped. ``examples``: the
+    passages (default :func:`lambada_examples`)."""
     lcfg = cfg.lambada
-    examples = load_lambada(lcfg.path, limit=lcfg.limit)
+    examples = lambada_examples(cfg) if examples is None else examples
     variants = list(lcfg.variants)
     queries = {v: lambada_query(v, int(lcfg.max_tokens), lcfg.top_k, lcfg.encodings)
                for v in variants if v != "baseline"}
     done = {r["index"] for r in previous}
     rows = list(previous)
-    with RecordWriter(out_dir / PREDICTIONS, previous) as writer:
+    with RecordWriter(out_dir / PREDICTIONS, previous,
+                      schema=lambada_record_schema(examples, variants),
+                      selection=set(range(len(examples)))) as writer:
         for index, example in enumerate(progress(examples, desc="lambada")):
             if index in done:
                 continue
@@ -239,8 +284,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     model, tokenizer = load_lm(cfg.model)
     wall, cpu = time.perf_counter(), time.process_time()
     if cfg.task == "lambada":
-        previous = read_records(resume_dir, PREDICTIONS) if resume_dir is not None else []
-        result = run_lambada(cfg, model, tokenizer, out_dir, previous)
+        examples = lambada_examples(cfg)
+        previous = (lambada_resume(resume_dir, examples, list(cfg.lambada.variants))
+                    if resume_dir is not None else [])
+        result = run_lambada(cfg, model, tokenizer, out_dir, previous, examples)
     else:
         runner = {"bias": run_bias, "memorization": run_memorization,
                   "toxicity": run_toxicity}[cfg.task]
