@@ -94,8 +94,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     stories = _passages(cfg)
     resume_dir = find_resume_dir(cfg, out_dir, _settings)
     methods = start_run(cfg, out_dir, pipeline.METHODS)
-    previous = (read_records(resume_dir, schema=record_schema(stories, methods),
-                             selection=[(float(t), s.index) for t in cfg.ratios for s in stories])
+    schema = record_schema(stories, methods)
+    selection = [(float(t), s.index) for t in cfg.ratios for s in stories]
+    previous = (read_records(resume_dir, schema=schema, selection=selection)
                 if resume_dir is not None else [])
     done = {(r["target_ratio"], r["index"]) for r in previous}
     texts = [s.text for s in stories]
@@ -115,7 +116,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     tokenizer = (story_lm or ilm_lm)[1]
     eos = tokenizer.eos_token_id
     records = list(previous)
-    with RecordWriter(out_dir / "generations.jsonl", previous) as writer:
+    with RecordWriter(out_dir / "generations.jsonl", previous, schema=schema,
+                      selection=selection) as writer:
         for target, (p, documents) in masks.items():
             for story, document in progress(list(zip(stories, documents)), desc=f"infill {target:.0%}"):
                 if (target, story.index) in done:
