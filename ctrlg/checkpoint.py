@@ -83,24 +83,34 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def check_checksums(folder, checksums) -> None:
+def check_checksums(folder, checksums, *, recorded_in: str = "its config") -> None:
     """CheckpointError unless each file named in ``checksums`` (file name → SHA-256 hex, as
     recorded in a config at save time) has that checksum; a checkpoint saved before checksums
-    existed (``checksums`` None) passes."""
+    existed (``checksums`` None) passes. A record that is not such a mapping (a name that is not
+    a plain file name of ``folder``, a digest that is not 64 hex digits) is a CheckpointError
+    too. ``recorded_in`` names the file that holds the record, for the messages."""
     if checksums is None:
         return
     if not isinstance(checksums, dict):
-        raise CheckpointError(f"{folder}: 'checksums' in its config must map file names to "
+        raise CheckpointError(f"{folder}: 'checksums' in {recorded_in} must map file names to "
                               f"SHA-256 digests, got {checksums!r}")
-    for name, expected in sorted(checksums.items()):
-        path = Path(folder) / str(name)
+    for name, expected in sorted(checksums.items(), key=lambda item: str(item[0])):
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise CheckpointError(f"{folder}: 'checksums' in {recorded_in} names {name!r}, which "
+                                  f"is not a file name of the checkpoint; save it again")
+        if not (isinstance(expected, str) and len(expected) == 64
+                and all(c in "0123456789abcdef" for c in expected.lower())):
+            raise CheckpointError(f"{folder}: the checksum {recorded_in} records for {name} is "
+                                  f"not a SHA-256 digest (64 hex digits), got {expected!r}; save "
+                                  f"the checkpoint again")
+        path = Path(folder) / name
         if not path.is_file():
-            raise CheckpointError(f"{path} is missing, although the checkpoint's config records "
-                                  f"its checksum; save the checkpoint again")
+            raise CheckpointError(f"{path} is missing, although {recorded_in} records its "
+                                  f"checksum; save the checkpoint again")
         got = file_sha256(path)
-        if got != expected:
+        if got != expected.lower():
             raise CheckpointError(
-                f"{path} does not match the SHA-256 its config records ({str(expected)[:16]}… "
+                f"{path} does not match the SHA-256 {recorded_in} records ({expected[:16]}… "
                 f"recorded, {got[:16]}… found): the file is truncated or corrupt, or was changed "
                 f"after the save; restore it or save the checkpoint again")
 

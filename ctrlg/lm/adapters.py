@@ -6,15 +6,24 @@ adapter was trained on (``prompt_style``, ``bos_token``: see :mod:`ctrlg.data.co
 so decoding can use the same format. Every file is written into a staging folder and swapped in
 at once (:func:`ctrlg.checkpoint.atomic_folder`), stamped with one save id.
 
+Checksums. ``ctrlg_adapter.json`` also records (``checksums``) the SHA-256 of each tensor file
+(``*.safetensors``, ``*.bin``) and of peft's ``adapter_config.json`` (its rank, α and target
+modules decide what the weights do), written at save time; :func:`merge_adapter` verifies them
+(:func:`ctrlg.checkpoint.check_checksums`) before peft reads anything, so a flipped bit is a
+:class:`~ctrlg.errors.CheckpointError` naming the file instead of silently different weights.
+Adapters saved before checksums (the shipped ones) record none and load as before; a record
+that does not cover the weights file or is not a map of file names to SHA-256 digests is a
+CheckpointError. (``adapter_config.json`` itself stays peft's own: nothing is added to it.)
+
 Fingerprint. sha256 over the base's architecture fields (model type, vocabulary, hidden size,
 layers) and the bytes of its input-embedding matrix and first and last decoder layers' weights,
 rounded to bfloat16 — the same whether the base is loaded in float32 or bfloat16, different for
 another checkpoint of the same architecture. Cost: one pass over ~30 M weights (~0.1 s).
 
-Loading (:func:`merge_adapter`): the fingerprint is compared with the model's before anything is
-changed (a mismatch raises :class:`AdapterMismatchError` naming both bases), then
-``PeftModel.from_pretrained(model, folder).merge_and_unload()`` folds W + (α/r)·B·A into each
-adapted weight once, so generation costs exactly what the base costs.
+Loading (:func:`merge_adapter`): the checksums are verified, then the fingerprint is compared
+with the model's before anything is changed (a mismatch raises :class:`AdapterMismatchError`
+naming both bases), then ``PeftModel.from_pretrained(model, folder).merge_and_unload()`` folds
+W + (α/r)·B·A into each adapted weight once, so generation costs exactly what the base costs.
 
 Named adapters shipped with ctrlg (:data:`EMBEDDED_ADAPTERS`) are resolved from
 ``ctrlg/assets/``; any other name is a folder path.
@@ -31,11 +40,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ctrlg.checkpoint import atomic_folder, check_same_save, new_save_id
+from ctrlg.checkpoint import (atomic_folder, check_checksums, check_same_save, file_sha256,
+                              new_save_id, recover)
 from ctrlg.errors import CheckpointError, CtrlgError
 
-__all__ = ["AdapterMismatchError", "EMBEDDED_ADAPTERS", "adapter_info", "base_fingerprint",
-           "merge_adapter", "resolve_adapter", "save_adapter"]
+__all__ = ["AdapterMismatchError", "EMBEDDED_ADAPTERS", "adapter_checksums", "adapter_info",
+           "base_fingerprint", "merge_adapter", "resolve_adapter", "save_adapter"]
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 # name -> folder under ctrlg/assets (made by `python -m experiments.adapt`; each one's command and
@@ -58,6 +68,15 @@ META_FILE = "ctrlg_adapter.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_CONFIG_FILE = "adapter_config.json"
 OWNED_FILES = {META_FILE, WEIGHTS_FILE, PEFT_CONFIG_FILE}
+TENSOR_SUFFIXES = (".safetensors", ".bin")       # the files whose SHA-256 a save records
+
+
+def adapter_checksums(folder: str | Path) -> dict[str, str]:
+    """{file name: SHA-256 hex} of the files of an adapter folder that a save records: every
+    tensor file (:data:`TENSOR_SUFFIXES`) and peft's ``adapter_config.json``."""
+    folder = Path(folder)
+    return {p.name: file_sha256(p) for p in sorted(folder.iterdir())
+            if p.is_file() and (p.name.endswith(TENSOR_SUFFIXES) or p.name == PEFT_CONFIG_FILE)}
 
 
 class AdapterMismatchError(CheckpointError):
@@ -98,7 +117,9 @@ def base_fingerprint(model) -> str:
 
 
 def resolve_adapter(name: str | Path) -> Path:
-    """The folder of adapter ``name``: an embedded name (:data:`EMBEDDED_ADAPTERS`) or a path."""
+    """The folder of adapter ``name``: an embedded name (:data:`EMBEDDED_ADAPTERS`) or a path
+    (a complete copy a killed save left beside an empty path is put back first:
+    :func:`ctrlg.checkpoint.recover`)."""
     if isinstance(name, str) and name in EMBEDDED_ADAPTERS:
         folder = ASSETS / EMBEDDED_ADAPTERS[name]
         if not (folder / META_FILE).is_file():
@@ -106,6 +127,7 @@ def resolve_adapter(name: str | Path) -> Path:
                                   "shipped; re-create it with its command in docs/models.md")
         return folder
     folder = Path(name).expanduser()
+    recover(folder)                      # a save killed between its two renames (HMM.load's too)
     if not folder.is_dir():
         raise CheckpointError(f"adapter {str(name)!r} is neither an embedded adapter "
                               f"({', '.join(EMBEDDED_ADAPTERS)}) nor an existing folder")
@@ -133,7 +155,9 @@ def save_adapter(peft_model, folder: str | Path, *, base_name: str, base_fingerp
                  dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write ``peft_model``'s LoRA weights (in ``dtype``), its peft config and ctrlg's metadata
     into ``folder`` atomically. ``metadata`` (prompt style, BOS token, training config and
-    figures) is stored beside the base's name and fingerprint."""
+    figures) is stored beside the base's name and fingerprint, and so is the SHA-256 of each
+    tensor file and of ``adapter_config.json`` (``checksums``, which :func:`merge_adapter`
+    verifies)."""
     from peft import get_peft_model_state_dict
 
     folder = Path(folder)
@@ -145,11 +169,21 @@ def save_adapter(peft_model, folder: str | Path, *, base_name: str, base_fingerp
     with atomic_folder(folder, owned=OWNED_FILES) as staging:
         save_file(state, str(staging / WEIGHTS_FILE), metadata={"save_id": save_id})
         peft_model.peft_config["default"].save_pretrained(str(staging))
+        info["checksums"] = adapter_checksums(staging)
         (staging / META_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
     return folder
 
 
 def _check_weights(folder: Path, info: dict) -> None:
+    """CheckpointError unless the files match the checksums ``info`` records (none recorded:
+    an adapter saved before checksums, accepted) and the weights file is a readable safetensors
+    file of the same save as ``info``."""
+    checksums = info.get("checksums")
+    if isinstance(checksums, dict) and WEIGHTS_FILE not in checksums:
+        raise CheckpointError(f"{folder / META_FILE}: 'checksums' records no SHA-256 for "
+                              f"{WEIGHTS_FILE} (it names {sorted(map(str, checksums))}); save the "
+                              "adapter again")
+    check_checksums(folder, checksums, recorded_in=META_FILE)
     try:
         with safe_open(str(folder / WEIGHTS_FILE), "pt") as handle:
             stamp = (handle.metadata() or {}).get("save_id")
@@ -165,7 +199,9 @@ def _check_weights(folder: Path, info: dict) -> None:
 
 def merge_adapter(model, name: str | Path):
     """``model`` with adapter ``name`` merged into its weights (module docstring); raises
-    AdapterMismatchError when ``model`` is not the base the adapter was trained on."""
+    AdapterMismatchError when ``model`` is not the base the adapter was trained on, and
+    CheckpointError when a file does not match the checksum ``ctrlg_adapter.json`` records
+    (verified before peft reads the folder)."""
     from peft import PeftModel
 
     folder = resolve_adapter(name)
