@@ -19,6 +19,11 @@ Each case draws, from its own seed:
   ``NaN``, ``5e-324`` as JSON text, bounds, ``multipleOf``, ``const``/``enum``, ``{"$ref":
   "#"}``) against jsonschema. A clear refusal (a ``CtrlgError``) is counted per kind
   (``edge_refusals``) and redrawn; any other exception is a violation;
+* **round-5 edges** over a vocabulary of non-ASCII letters and surrogate bytes: regexes, Lark
+  grammars and JSON Schemas holding surrogates as characters, Unicode case-insensitive matching
+  (``"é"i``, ``/k/i`` against ``É``, the Kelvin sign, ``ſ``) and grammars with empty
+  alternatives and ambiguous recursion (``s: s s | X |``), each also compared with its
+  reference both ways on enumerated strings (ASCII-only folding rejects what lark accepts);
 * a budget n ∈ [1, 5], ``min_new_tokens`` m ∈ [0, 2] and an EOS token (or none);
 * a **random HMM** (1–4 hidden states, Dirichlet rows of random concentration, so some are
   peaked) and a mode, ``"ctrlg"`` or ``"logical"``;
@@ -48,6 +53,10 @@ constraint's ``accepts``, leaving out those its ``prefix_viable`` says cannot be
 
     nice -n 10 python -m benchmarks.fuzz_campaign --cases 10000           # the full campaign
     python -m benchmarks.fuzz_campaign --cases 200 --seed 7 --out x.json  # a quick one
+    python -m benchmarks.fuzz_campaign --cases 5000 --seed 5000 --out b.json  # a shard ...
+    python -m benchmarks.fuzz_campaign --merge a.json b.json                 # ... merged
+    python -m benchmarks.fuzz_campaign --vocabulary round5 --case-timeout 30  # one vocabulary's
+                                              # kinds only, each case killed after 30 s
 
 Prints a summary (cases, violations, breakdown by decoder and top-level operation) and writes it
 to ``--out`` (default ``benchmarks/results/fuzz_campaign.json``) with the first violations'
@@ -554,9 +563,149 @@ register_leaf("json_edge", lambda rng, V, eos: _json_edge_leaf(rng), vocabulary=
               weight=8, combinable=False)
 
 
+
+# ---------------------------------------------------------------------- round-5 edges
+# What the fifth bad-input round found, as generators: code points U+D800-U+DFFF written as
+# characters (not escapes) in regexes, Lark literals and regexps, JSON Schema enum / const /
+# property names and patterns; Unicode case-insensitive matching (Lark's "..."i and /.../i,
+# re's (?i:...)) over a non-ASCII alphabet whose letters fold across scripts (é/É, s/S/ſ,
+# k/K/Kelvin sign); grammars with empty alternatives and ambiguous recursion (s: s s | X | ).
+# Besides the campaign's soundness check on decoded outputs, each draw is compared with its
+# reference on enumerated token strings (every string of <= 2 tokens, and R5_SAMPLED longer
+# ones): accepting a string the reference rejects, or rejecting one it accepts (ASCII-only
+# case folding), is a violation. Surrogates' UTF-8-like bytes (ED A0 80) are tokens here, so a
+# path that accepts them is caught by both checks.
+R5_TOKENS = [b"a", b"s", b"S", b"k", b"K", b"\xc3\xa9", b"\xc3\x89", b"\xc5\xbf",
+             b"\xe2\x84\xaa", b"\xed\xa0\x80", b"\xed", b"\xa0\x80", b"(", b")", b'"',
+             b"\\ud800", b"\\", b"ud800", b"{", b"}", b":", b"1", b""]
+R5_SAMPLED = 300
+R5_FOLDING = ["é", "É", "s", "S", "ſ", "k", "K", "\u212a", "a", "ks", "éS"]
+R5_SURROGATES = ["\ud800", "\udc00", "\udfff", "a\ud800"]
+# Lark reads the escapes of its literals and regexps into the surrogates themselves (a grammar
+# text holding the characters cannot be loaded: not encodable)
+R5_LARK_SURROGATES = ["\\ud800", "\\udc00", "a\\udfff"]
+
+
+def _r5_compare(rng, constraint, check, eos, what: str, full: int = 2,
+                exact: bool = True) -> None:
+    """Raise AssertionError when ``constraint`` and the reference ``check`` disagree on an
+    enumerated string (all of <= ``full`` tokens, then R5_SAMPLED of ``full`` + 1 or + 2
+    tokens), each ended by EOS. ``exact=False``: only a string ctrlg accepts and the reference
+    rejects counts (JSON Schema strings are a documented subset: no ``\\uXXXX`` escapes)."""
+    plain = [v for v in range(len(R5_TOKENS)) if v != eos]
+    seqs, layer = [()], [()]
+    for _ in range(full):
+        layer = [(*seq, v) for seq in layer for v in plain]
+        seqs += layer
+    seqs += [tuple(int(t) for t in rng.choice(plain, size=int(rng.integers(full + 1, full + 3))))
+             for _ in range(R5_SAMPLED)]
+    for seq in seqs:
+        ours = constraint.accepts([*seq, eos])
+        theirs = check(spelled(R5_TOKENS, seq, eos))
+        if ours != theirs and (exact or ours):
+            raise AssertionError(f"{what}: ctrlg {'accepts' if ours else 'rejects'} "
+                                 f"{spelled(R5_TOKENS, seq, eos)!r}, its reference does not")
+
+
+def _r5_regex(rng) -> str:
+    atoms = ["a", "é", "s", "k", "[é-ê]", "(?i:é)", "(?i:s)", "(?i:k)", "(?i:ks)", "[a\ud800]",
+             "[\ud7ff-\ue000]", "[^a]", "."] + R5_SURROGATES + ["[\ud800-\udfff]",
+                                                                "(?P<n>a)(?P<n>s)"]
+    quants = ["", "", "", "?", "*", "{0,2}"]
+    parts = [str(rng.choice(atoms)) + str(rng.choice(quants))
+             for _ in range(int(rng.integers(1, 4)))]
+    body = "".join(parts)
+    return f"{body}|{rng.choice(atoms)}" if rng.random() < 0.2 else body
+
+
+def _r5_regex_leaf(rng):
+    import re
+
+    def draw():
+        pattern = _r5_regex(rng)
+        eos = len(R5_TOKENS) - 1
+        constraint = dfa.regex(pattern, R5_TOKENS, eos_token_id=eos)
+        compiled = re.compile(pattern)        # ctrlg accepted it: re must too
+        check = _accepts_if_no_error(
+            lambda text: None if compiled.fullmatch(text) else (_ for _ in ()).throw(
+                ValueError(text)), (ValueError,))
+        _r5_compare(rng, constraint, check, eos, f"regex {pattern!r}", full=3)
+        return f"round5_regex:{pattern!r}", constraint, check
+    return _refusing("round5_regex", draw)
+
+
+def _r5_lark(rng) -> str:
+    def terminal():
+        text = str(rng.choice(R5_FOLDING + R5_LARK_SURROGATES))
+        if rng.random() < 0.5:
+            flag = "i" if rng.random() < 0.8 else ""
+            return f'"{text}"{flag}'
+        first = text[:6] if text.startswith("\\") else text[0]
+        body = str(rng.choice([text, f"[{first}a]", f"{text}+", f"(?:{text}|a)"]))
+        return f"/{body}/" + ("i" if rng.random() < 0.8 else "")
+    x, y = terminal(), terminal()
+    rules = [f"s: s s | {x} | ", f"s: s s | {x}", f"s: {x} s | s {y} | ",
+             f's: "(" s ")" s | ', f"s: s {x} s | {y}", f"s: {x} | {y} | {x} {y}",
+             f"s: {x}? {y}*"]
+    return "start: s\n" + str(rng.choice(rules)) + "\n"
+
+
+def _r5_lark_leaf(rng):
+    from lark import Lark
+    from lark.exceptions import LarkError
+
+    def draw():
+        text = _r5_lark(rng)
+        eos = len(R5_TOKENS) - 1
+        constraint = dfa.grammar(text, R5_TOKENS, eos_token_id=eos)
+        parser = Lark(text, parser="earley", lexer="dynamic_complete")
+        check = _accepts_if_no_error(parser.parse, (LarkError, UnicodeDecodeError))
+        _r5_compare(rng, constraint, check, eos, f"grammar {text!r}")
+        return f"round5_grammar:{text!r}", constraint, check
+    return _refusing("round5_grammar", draw)
+
+
+def _r5_schema(rng) -> dict:
+    name = str(rng.choice(R5_SURROGATES + ["a", "é"]))
+    return dict(enumerate([
+        {"enum": [name, str(rng.choice(R5_SURROGATES + ["a"]))]},
+        {"const": name},
+        {"type": "object", "properties": {name: {"type": "integer"}}, "required": [name],
+         "additionalProperties": False},
+        {"type": "object", "propertyNames": {"const": name}},
+        {"type": "string", "maxLength": 2},
+        {"type": "string", "pattern": f"^{name}$"},
+    ]))[int(rng.integers(0, 6))]
+
+
+def _r5_json_leaf(rng):
+    import jsonschema
+
+    def draw():
+        schema = _r5_schema(rng)
+        eos = len(R5_TOKENS) - 1
+        constraint = dfa.json_schema(schema, R5_TOKENS, encodings="all", eos_token_id=eos)
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        check = _accepts_if_no_error(lambda t: validator.validate(json.loads(t)),
+                                     (ValueError, jsonschema.ValidationError))
+        _r5_compare(rng, constraint, check, eos, f"schema {schema!r}", full=3, exact=False)
+        return f"round5_json:{json.dumps(schema)}", constraint, check
+    return _refusing("round5_json", draw)
+
+
+VOCABULARIES["round5"] = R5_TOKENS
+VOCABULARY_OPTIONS["round5"] = dict(share=0.03, max_new_tokens=5, top_leaf=1.0)
+register_leaf("round5_regex", lambda rng, V, eos: _r5_regex_leaf(rng), vocabulary="round5",
+              weight=4, needs_eos=True, combinable=False)
+register_leaf("round5_grammar", lambda rng, V, eos: _r5_lark_leaf(rng), vocabulary="round5",
+              weight=4, needs_eos=True, combinable=False)
+register_leaf("round5_json", lambda rng, V, eos: _r5_json_leaf(rng), vocabulary="round5",
+              weight=3, needs_eos=True, combinable=False)
+
 def _leaf(rng, V, eos, vocabulary: str | None, top: bool, drawn: list | None):
     kinds = [name for name, kind in LEAF_KINDS.items() for _ in range(kind.weight)
-             if kind.vocabulary in (None, vocabulary) and (eos is not None or not kind.needs_eos)
+             if kind.vocabulary in ((vocabulary,) if FORCED_VOCABULARY else (None, vocabulary))
+             and (eos is not None or not kind.needs_eos)
              and (top or kind.combinable)]
     kind = str(rng.choice(kinds))
     if drawn is not None:
@@ -724,9 +873,73 @@ def decode_random_logits(case, constraint, hmm, rng):
 
 
 # ---------------------------------------------------------------------- one case
+FORCED_VOCABULARY: str | None = None     # --vocabulary: every case over this one
+CASE_TIMEOUT = 0.0                       # --case-timeout: seconds (0: unbounded)
+
+
 def run_case(seed: int) -> dict:
+    """One case from its seed. With ``CASE_TIMEOUT`` set, cases run one after another in a
+    forked worker process that is killed past the timeout (a numba loop or a C call ignores
+    signals) and replaced for the next case; the case then counts as a violation ("no answer
+    in N s"), as does a worker that dies (e.g. out of memory)."""
+    if not CASE_TIMEOUT:
+        return _run_case(seed)
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = _Worker()
+    try:
+        result, refusals = _WORKER.run(seed, CASE_TIMEOUT)
+    except (TimeoutError, EOFError, OSError) as err:
+        _WORKER.stop()
+        _WORKER = None
+        why = (f"no answer in {CASE_TIMEOUT:g} s" if isinstance(err, TimeoutError)
+               else f"the case's process ended ({err!r})")
+        return dict(seed=seed, decoder="?", op="?", violation=why)
+    EDGE_REFUSALS.update(refusals)                   # the worker's clear refusals
+    return result
+
+
+class _Worker:
+    """A forked process running cases sent to it (it keeps numba's compiled functions between
+    cases); :meth:`run` raises TimeoutError when the answer takes longer than ``timeout``."""
+
+    def __init__(self):
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        self.connection, theirs = context.Pipe()
+        self.process = context.Process(target=self._serve, args=(theirs,), daemon=True)
+        self.process.start()
+        theirs.close()
+
+    @staticmethod
+    def _serve(connection) -> None:
+        while True:
+            seed = connection.recv()
+            EDGE_REFUSALS.clear()
+            result = _run_case(seed)
+            connection.send((result, dict(EDGE_REFUSALS)))
+
+    def run(self, seed: int, timeout: float):
+        self.connection.send(seed)
+        if not self.connection.poll(timeout):
+            raise TimeoutError
+        return self.connection.recv()
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.join(5)
+        self.connection.close()
+
+
+_WORKER: _Worker | None = None
+
+
+def _run_case(seed: int) -> dict:
     rng = np.random.default_rng(seed)
     vocabulary = pick_vocabulary(rng.random())
+    if FORCED_VOCABULARY is not None:
+        vocabulary = FORCED_VOCABULARY
     if vocabulary is not None:
         V, eos = len(VOCABULARIES[vocabulary]), len(VOCABULARIES[vocabulary]) - 1
     else:
@@ -789,6 +1002,7 @@ def run_case(seed: int) -> dict:
 def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
     """Run ``cases`` cases with seeds ``seed, seed + 1, ...``; returns the summary dict."""
     start = time.perf_counter()
+    refusals_before = Counter(EDGE_REFUSALS)
     violations, by_decoder, by_op, unsat = [], Counter(), Counter(), 0
     by_kind, whole, kind_outputs = Counter(), Counter(), Counter()
     outputs = too_large = 0
@@ -814,22 +1028,68 @@ def run_campaign(cases: int, seed: int = 0, progress: bool = False) -> dict:
                 by_decoder=dict(by_decoder), by_top_operation=dict(by_op),
                 by_kind={k: dict(cases=by_kind[k], whole_constraint=whole[k],
                                  outputs_checked=kind_outputs[k]) for k in LEAF_KINDS},
-                edge_refusals=dict(EDGE_REFUSALS),
+                edge_refusals=dict(EDGE_REFUSALS - refusals_before),
                 seconds=round(time.perf_counter() - start, 1), first_violations=violations[:20])
 
 
+def merge_summaries(summaries: list[dict]) -> dict:
+    """One summary of campaigns run as shards (``--seed`` s, ``--cases`` c each): counts
+    added, the first violations of each shard kept, the shards listed."""
+    def add(dicts):
+        total: Counter = Counter()
+        for d in dicts:
+            total.update(d)
+        return dict(total)
+
+    merged = dict(cases=sum(s["cases"] for s in summaries),
+                  violations=sum(s["violations"] for s in summaries),
+                  outputs_checked=sum(s["outputs_checked"] for s in summaries),
+                  unsatisfiable_cases=sum(s["unsatisfiable_cases"] for s in summaries),
+                  constraints_redrawn_too_large=sum(s["constraints_redrawn_too_large"]
+                                                    for s in summaries),
+                  seconds=round(sum(s["seconds"] for s in summaries), 1),
+                  seed=", ".join(f"{s['seed']}..{s['seed'] + s['cases'] - 1}" for s in summaries),
+                  shards=[dict(seed=s["seed"], cases=s["cases"], violations=s["violations"],
+                               seconds=s["seconds"]) for s in summaries],
+                  by_decoder=add(s["by_decoder"] for s in summaries),
+                  by_top_operation=add(s["by_top_operation"] for s in summaries),
+                  by_kind={k: add(s["by_kind"].get(k, {}) for s in summaries)
+                           for k in dict.fromkeys(k for s in summaries for k in s["by_kind"])},
+                  edge_refusals=add(s["edge_refusals"] for s in summaries),
+                  first_violations=[v for s in summaries for v in s["first_violations"]][:20])
+    for key in ("vocabulary", "case_timeout"):
+        if any(s.get(key) for s in summaries):
+            merged[key] = summaries[0].get(key)
+    return merged
+
+
 def main(argv=None) -> int:
+    global FORCED_VOCABULARY, CASE_TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results/fuzz_campaign.json")
     parser.add_argument("--replay", type=int, default=None, help="run one case and print it")
+    parser.add_argument("--vocabulary", default=None, choices=list(VOCABULARIES),
+                        help="run every case over this byte vocabulary (its kinds only)")
+    parser.add_argument("--case-timeout", type=float, default=0,
+                        help="seconds a case may take before it counts as a violation (0: none)")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="SUMMARY",
+                        help="merge the summaries of shards into --out instead of running")
     args = parser.parse_args(argv)
+    FORCED_VOCABULARY, CASE_TIMEOUT = args.vocabulary, args.case_timeout
+    if args.merge:
+        merged = merge_summaries([json.loads(Path(f).read_text()) for f in args.merge])
+        Path(args.out).write_text(json.dumps(merged, indent=2, default=str, ensure_ascii=False))
+        print(json.dumps({k: v for k, v in merged.items() if k != "first_violations"},
+                         indent=2, ensure_ascii=False))
+        return 1 if merged["violations"] else 0
     torch.set_num_threads(1)
     if args.replay is not None:
         print(json.dumps(run_case(args.replay), indent=2, default=str))
         return 0
     summary = run_campaign(args.cases, args.seed, progress=True)
+    summary.update(vocabulary=args.vocabulary, case_timeout=args.case_timeout or None)
     print(json.dumps({k: v for k, v in summary.items() if k != "first_violations"}, indent=2,
                      ensure_ascii=False))
     for v in summary["first_violations"][:5]:

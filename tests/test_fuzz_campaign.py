@@ -114,3 +114,65 @@ def test_edge_kinds_are_drawn_and_checked():
     for kind in ("regex_edge", "grammar_edge", "gbnf_edge", "json_edge"):
         *_, check = fc.LEAF_KINDS[kind].build(np.random.default_rng(7), None, None)
         assert not check(b"\xff")                      # not UTF-8: outside every language
+
+
+def test_round5_kinds_compare_with_their_references_both_ways(monkeypatch):
+    """Cases over the round-5 vocabulary (surrogates as characters, Unicode case folding,
+    empty and ambiguous grammar rules) pass; and the enumerated comparison catches a
+    constraint that folds case in ASCII only (rejects what lark accepts) and one that accepts
+    a surrogate's bytes (accepts what re rejects)."""
+    from benchmarks import fuzz_campaign as fc
+
+    results = [fc.run_case(s) for s in _seeds_over("round5", 8)]
+    assert all(r["violation"] is None for r in results), [r for r in results if r["violation"]]
+    assert {k for r in results for k in r.get("kinds", ())} >= {"round5_regex", "round5_grammar"}
+    eos = len(fc.R5_TOKENS) - 1
+    ascii_only = dfa.grammar('start: "k" | "K"', fc.R5_TOKENS, eos_token_id=eos)
+    lark_reads = fc._accepts_if_no_error(
+        __import__("lark").Lark('start: "k"i', parser="earley", lexer="dynamic_complete").parse,
+        (__import__("lark").exceptions.LarkError,))
+    with pytest.raises(AssertionError, match="ctrlg rejects"):            # the Kelvin sign
+        fc._r5_compare(np.random.default_rng(0), ascii_only, lark_reads, eos, "ascii folding")
+    surrogate = fc.R5_TOKENS.index(b"\xed\xa0\x80")
+    table = np.full((3, len(fc.R5_TOKENS)), 2)
+    table[0, 0], table[1, surrogate], table[1, eos] = 1, 1, 1          # a (ED A0 80)*
+    lax = dfa.TokenDFA.from_dense(table, np.array([False, True, False]), 0)
+    strict = fc._accepts_if_no_error(lambda t: None if t == "a" else 1 / 0, (ZeroDivisionError,))
+    with pytest.raises(AssertionError, match="ctrlg accepts"):
+        fc._r5_compare(np.random.default_rng(0), lax, strict, eos, "surrogate bytes")
+
+
+def test_a_case_past_its_timeout_is_a_violation_and_the_next_case_runs(monkeypatch):
+    """--case-timeout: a case that never answers (a numba loop ignores signals) is killed in
+    its worker process and counted; the next case gets a fresh worker."""
+    import time
+
+    from benchmarks import fuzz_campaign as fc
+
+    real = fc._run_case
+    monkeypatch.setattr(fc, "_run_case",
+                        lambda seed: time.sleep(60) if seed == 1 else real(seed))
+    monkeypatch.setattr(fc, "CASE_TIMEOUT", 3.0)
+    monkeypatch.setattr(fc, "_WORKER", None)
+    try:
+        summary = run_campaign(cases=3, seed=0)
+    finally:
+        if fc._WORKER is not None:
+            fc._WORKER.stop()
+            fc._WORKER = None
+    assert summary["violations"] == 1
+    assert summary["first_violations"][0]["violation"] == "no answer in 3 s"
+    assert summary["first_violations"][0]["seed"] == 1
+
+
+def test_shards_merge_into_the_summary_of_one_run():
+    from benchmarks.fuzz_campaign import merge_summaries
+
+    whole = run_campaign(cases=8, seed=40)
+    merged = merge_summaries([run_campaign(cases=5, seed=40), run_campaign(cases=3, seed=45)])
+    for key in ("cases", "violations", "outputs_checked", "unsatisfiable_cases", "by_decoder",
+                "by_top_operation", "edge_refusals"):
+        assert merged[key] == whole[key], key
+    assert {k: v for k, v in merged["by_kind"].items() if v.get("cases")} == \
+        {k: v for k, v in whole["by_kind"].items() if v["cases"]}
+    assert [s["cases"] for s in merged["shards"]] == [5, 3]
