@@ -42,8 +42,8 @@ from ctrlg.relm.memorization import Verifier, run_sampling, run_shortest_path
 from ctrlg.relm.plots import plot_bias, plot_memorization, plot_toxicity
 from ctrlg.relm.toxicity import Configuration, attempt, ratios, summarise
 from ctrlg.tasks.config import generation_config, load_lm
-from ctrlg.tasks.lambada import lambada_query, predict_baseline, predict_query
-from ctrlg.tasks.record_files import RecordSchema
+from ctrlg.tasks.lambada import (lambada_query, lambada_record_schema, predict_baseline,
+                                 predict_query)
 from ctrlg.tasks.records import (RecordWriter, format_table, progress, read_records, write_json,
                                  write_jsonl)
 from experiments.common import (find_resume_dir, hydra_output_dir, report_errors,
@@ -85,33 +85,9 @@ def lambada_examples(cfg: DictConfig) -> list:
     return load_lambada(cfg.lambada.path, limit=cfg.lambada.limit)
 
 
-def lambada_record_schema(examples, variants) -> RecordSchema:
-    """What a row of ``predictions.jsonl`` must be to be resumed: keyed by the passage's
-    ``index`` (an int), the selected passage's own ``target`` (its last word: a row of another
-    passage under the same index is refused), and either ``skipped`` (a reason) or every
-    variant's guess (a string) with its seconds."""
-    targets = {index: example.target for index, example in enumerate(examples)}
-
-    def check(row: dict) -> str | None:
-        if row["index"] in targets and row["target"] != targets[row["index"]]:
-            return (f"its target {row['target']!r} is not passage {row['index']}'s "
-                    f"{targets[row['index']]!r} (another data file?)")
-        if "skipped" in row:
-            return None if isinstance(row["skipped"], str) else "'skipped' is not a reason"
-        missing = [v for v in variants if not isinstance(row.get(v), str)]
-        if missing:
-            return f"no guess (a string) of {', '.join(missing)}"
-        seconds = row.get("seconds")
-        missing = [v for v in variants
-                   if not isinstance(seconds, dict) or type(seconds.get(v)) not in (int, float)]
-        return f"no seconds of {', '.join(missing)}" if missing else None
-
-    return RecordSchema(fields={"index": int, "target": str}, check=check)
-
-
 def lambada_resume(folder: Path, examples, variants) -> list[dict]:
     """The rows of the run in ``folder`` this run can keep: the first of each selected passage,
-    of :func:`lambada_record_schema`'s shape; the others are skipped with a warning
+    of :func:`ctrlg.tasks.lambada.lambada_record_schema`'s shape; the others are skipped with a warning
     (:func:`ctrlg.tasks.records.read_records`) and predicted again."""
     return read_records(folder, PREDICTIONS, schema=lambada_record_schema(examples, variants),
                         selection=set(range(len(examples))))

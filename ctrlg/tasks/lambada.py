@@ -14,9 +14,11 @@ import re
 import torch
 
 from ctrlg.relm import Query, exclude_words, search
+from ctrlg.tasks.record_files import RecordSchema
 from ctrlg.validation import check_context_length
 
-__all__ = ["STOP_WORDS", "first_word", "lambada_query", "predict_baseline", "predict_query"]
+__all__ = ["STOP_WORDS", "first_word", "lambada_query", "lambada_record_schema", "predict_baseline",
+           "predict_query"]
 
 
 #: English stop words (the NLTK list), used by the ``no_stop`` variant.
@@ -72,3 +74,27 @@ def predict_query(model, tokenizer, context_ids: list[int], query, batch_size: i
                          context_ids=context_ids, max_expansions=max_expansions):
         return first_word(result.text)
     return ""
+
+
+def lambada_record_schema(examples, variants) -> RecordSchema:
+    """What a row of ``predictions.jsonl`` must be to be resumed: keyed by the passage's
+    ``index`` (an int), the selected passage's own ``target`` (its last word: a row of another
+    passage under the same index is refused), and either ``skipped`` (a reason) or every
+    variant's guess (a string) with its seconds."""
+    targets = {index: example.target for index, example in enumerate(examples)}
+
+    def check(row: dict) -> str | None:
+        if row["index"] in targets and row["target"] != targets[row["index"]]:
+            return (f"its target {row['target']!r} is not passage {row['index']}'s "
+                    f"{targets[row['index']]!r} (another data file?)")
+        if "skipped" in row:
+            return None if isinstance(row["skipped"], str) else "'skipped' is not a reason"
+        missing = [v for v in variants if not isinstance(row.get(v), str)]
+        if missing:
+            return f"no guess (a string) of {', '.join(missing)}"
+        seconds = row.get("seconds")
+        missing = [v for v in variants
+                   if not isinstance(seconds, dict) or type(seconds.get(v)) not in (int, float)]
+        return f"no seconds of {', '.join(missing)}" if missing else None
+
+    return RecordSchema(fields={"index": int, "target": str}, check=check)
