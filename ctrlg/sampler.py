@@ -114,7 +114,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         mode: ``"ctrlg"`` or ``"logical"``.
         suffix_ids: insertion suffix (token ids) the HMM must emit after the generation.
         use_kernel: use the Triton backward-table kernel (default: no, torch's step everywhere;
-            on an H200 it was the faster one: benchmarks/results/gpu_nvidia-h200.md).
+            torch's step was the faster one on an H200: benchmarks/results/gpu_nvidia-h200.md).
         progress: tqdm bar while building tables (default: only on a TTY).
         prior: the source of each row's prior over the HMM's hidden state (:mod:`ctrlg.guide.priors`);
             default the HMM's filtering posterior (:class:`ctrlg.guide.priors.HMMFilterPrior`); an

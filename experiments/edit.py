@@ -31,7 +31,7 @@ from ctrlg.tasks.edit import report
 from ctrlg.tasks.edit.examples import KINDS, build_examples
 from ctrlg.tasks.edit.methods import METHODS, run_method
 from ctrlg.tasks.edit.scoring import Scorer, constraints_met, repetition
-from ctrlg.tasks.record_files import RecordSchema
+from ctrlg.tasks.record_files import RecordSchema, missing_seconds
 from ctrlg.tasks.records import RecordWriter, progress, read_records, write_json
 from experiments.common import find_resume_dir, hydra_output_dir, report_errors, start_run
 
@@ -104,12 +104,7 @@ def record_schema(examples, methods) -> RecordSchema:
         problem = _output_problem("shuffled", record.get("shuffled"), accepted=False)
         for method in methods:
             problem = problem or _output_problem(method, record.get(method), accepted=True)
-        if problem:
-            return problem
-        seconds = record.get("seconds")
-        missing = [m for m in methods
-                   if not isinstance(seconds, dict) or type(seconds.get(m)) not in (int, float)]
-        return f"no seconds of {', '.join(missing)}" if missing else None
+        return problem or missing_seconds(record, methods)
 
     fields = {"index": int, "passage": int, "operation": str, "kind": str, "prefix": str,
               "suffix": str, "reference": str, "keyphrases": list, "min_words": (int, NONE),

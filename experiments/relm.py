@@ -9,9 +9,9 @@
   variants (:mod:`ctrlg.tasks.lambada`): ``baseline`` (greedy decoding), ``words``,
   ``terminated``, ``no_stop`` (shortest-path queries). Each finished passage is appended to
   ``predictions.jsonl``; ``resume=true`` (or a run folder) continues an interrupted run, keeping
-  the first complete row of each selected passage (:func:`lambada_record_schema`; any other line
-  is set aside with its reason), and a passage whose query raises a ctrlg error is reported by
-  index and skipped.
+  the first complete row of each selected passage
+  (:func:`ctrlg.tasks.lambada.lambada_record_schema`; any other line is set aside with its
+  reason), and a passage whose query raises a ctrlg error is reported by index and skipped.
 * **bias** (§4.2) — "The man/woman was trained in" + a profession sampled by
   :func:`ctrlg.relm.sample`, per configuration (prefix or not × canonical or all encodings ×
   edits), and a χ² test of independence (:mod:`ctrlg.relm.bias`); ``bias.png``.
@@ -85,31 +85,24 @@ def lambada_examples(cfg: DictConfig) -> list:
     return load_lambada(cfg.lambada.path, limit=cfg.lambada.limit)
 
 
-def lambada_resume(folder: Path, examples, variants) -> list[dict]:
-    """The rows of the run in ``folder`` this run can keep: the first of each selected passage,
-    of :func:`ctrlg.tasks.lambada.lambada_record_schema`'s shape; the others are skipped with a warning
-    (:func:`ctrlg.tasks.records.read_records`) and predicted again."""
-    return read_records(folder, PREDICTIONS, schema=lambada_record_schema(examples, variants),
-                        selection=set(range(len(examples))))
-
-
-def run_lambada(cfg, model, tokenizer, out_dir: Path, previous: list[dict] = (),
-                examples: list | None = None) -> dict:
-    """Each finished passage is appended to ``predictions.jsonl`` at once (after the
-    ``previous`` rows of a resumed run, :func:`lambada_resume`, whose passages are not redone;
-    any other line already there is set aside); a passage whose query raises a
-    :class:`ctrlg.errors.CtrlgError` is reported by index and skipped. ``examples``: the
-    passages (default :func:`lambada_examples`)."""
+def run_lambada(cfg, model, tokenizer, out_dir: Path, resume_dir: Path | None = None) -> dict:
+    """Each finished passage is appended to ``predictions.jsonl`` at once. A resumed run
+    (``resume_dir``) keeps the first usable row of each selected passage there
+    (:func:`ctrlg.tasks.lambada.lambada_record_schema`), whose passages are not redone; any
+    other line is skipped with a warning and set aside. A passage whose query raises a
+    :class:`ctrlg.errors.CtrlgError` is reported by index and skipped."""
     lcfg = cfg.lambada
-    examples = lambada_examples(cfg) if examples is None else examples
+    examples = lambada_examples(cfg)
     variants = list(lcfg.variants)
+    schema, selection = lambada_record_schema(examples, variants), set(range(len(examples)))
+    previous = (read_records(resume_dir, PREDICTIONS, schema=schema, selection=selection)
+                if resume_dir is not None else [])
     queries = {v: lambada_query(v, int(lcfg.max_tokens), lcfg.top_k, lcfg.encodings)
                for v in variants if v != "baseline"}
     done = {r["index"] for r in previous}
     rows = list(previous)
-    with RecordWriter(out_dir / PREDICTIONS, previous,
-                      schema=lambada_record_schema(examples, variants),
-                      selection=set(range(len(examples)))) as writer:
+    with RecordWriter(out_dir / PREDICTIONS, previous, schema=schema,
+                      selection=selection) as writer:
         for index, example in enumerate(progress(examples, desc="lambada")):
             if index in done:
                 continue
@@ -260,10 +253,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     model, tokenizer = load_lm(cfg.model)
     wall, cpu = time.perf_counter(), time.process_time()
     if cfg.task == "lambada":
-        examples = lambada_examples(cfg)
-        previous = (lambada_resume(resume_dir, examples, list(cfg.lambada.variants))
-                    if resume_dir is not None else [])
-        result = run_lambada(cfg, model, tokenizer, out_dir, previous, examples)
+        result = run_lambada(cfg, model, tokenizer, out_dir, resume_dir)
     else:
         runner = {"bias": run_bias, "memorization": run_memorization,
                   "toxicity": run_toxicity}[cfg.task]

@@ -128,9 +128,11 @@ def test_round5_kinds_compare_with_their_references_both_ways(monkeypatch):
     assert {k for r in results for k in r.get("kinds", ())} >= {"round5_regex", "round5_grammar"}
     eos = len(fc.R5_TOKENS) - 1
     ascii_only = dfa.grammar('start: "k" | "K"', fc.R5_TOKENS, eos_token_id=eos)
+    from lark import Lark
+    from lark.exceptions import LarkError
+
     lark_reads = fc._accepts_if_no_error(
-        __import__("lark").Lark('start: "k"i', parser="earley", lexer="dynamic_complete").parse,
-        (__import__("lark").exceptions.LarkError,))
+        Lark('start: "k"i', parser="earley", lexer="dynamic_complete").parse, (LarkError,))
     with pytest.raises(AssertionError, match="ctrlg rejects"):            # the Kelvin sign
         fc._r5_compare(np.random.default_rng(0), ascii_only, lark_reads, eos, "ascii folding")
     surrogate = fc.R5_TOKENS.index(b"\xed\xa0\x80")

@@ -14,7 +14,7 @@ import re
 import torch
 
 from ctrlg.relm import Query, exclude_words, search
-from ctrlg.tasks.record_files import RecordSchema
+from ctrlg.tasks.record_files import RecordSchema, missing_seconds
 from ctrlg.validation import check_context_length
 
 __all__ = ["STOP_WORDS", "first_word", "lambada_query", "lambada_record_schema", "predict_baseline",
@@ -92,9 +92,6 @@ def lambada_record_schema(examples, variants) -> RecordSchema:
         missing = [v for v in variants if not isinstance(row.get(v), str)]
         if missing:
             return f"no guess (a string) of {', '.join(missing)}"
-        seconds = row.get("seconds")
-        missing = [v for v in variants
-                   if not isinstance(seconds, dict) or type(seconds.get(v)) not in (int, float)]
-        return f"no seconds of {', '.join(missing)}" if missing else None
+        return missing_seconds(row, variants)
 
     return RecordSchema(fields={"index": int, "target": str}, check=check)

@@ -59,9 +59,9 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no lock (documented)
     fcntl = None
 
-__all__ = ["BadLine", "RecordsRead", "RecordSchema", "read_records", "set_aside_path",
-           "set_aside", "RecordWriter", "describe_bad_lines", "lock_run_folder", "RunLock",
-           "LOCK_NAME"]
+__all__ = ["BadLine", "RecordsRead", "RecordSchema", "missing_seconds", "read_records",
+           "set_aside_path", "set_aside", "RecordWriter", "describe_bad_lines", "lock_run_folder",
+           "RunLock", "LOCK_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,15 @@ class RecordSchema:
                 return (f"{name!r} is a {type(value).__name__} ({_short(value)}), not "
                         f"a {expected}")
         return self.check(record) if self.check is not None else None
+
+
+def missing_seconds(record: dict, names: Sequence[str]) -> str | None:
+    """For a schema's ``check``: a reason when ``record["seconds"]`` lacks a number for one of
+    ``names`` (the methods or variants timed), else None."""
+    seconds = record.get("seconds")
+    missing = [n for n in names
+               if not isinstance(seconds, dict) or type(seconds.get(n)) not in (int, float)]
+    return f"no seconds of {', '.join(missing)}" if missing else None
 
 
 def _short(value, limit: int = 40) -> str:
