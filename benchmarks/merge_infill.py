@@ -1,10 +1,14 @@
-"""Merge infilling runs that shared the ratios or the methods out between processes into one report.
+"""Merge infilling runs that shared the ratios, the methods or the passages out between processes
+into one report.
 
     python -m benchmarks.merge_infill RUN_A RUN_B ... --out DIR
 
-Each run is a folder of ``python -m experiments.infill`` with the same settings except ``ratios``
-and ``methods`` (the same passages, seeds, models): e.g. one process per pair of ratios for
-``[logical,ctrlg]`` and one more for ``[ilm]`` over every ratio. The records of a (ratio, passage)
+Each run is a folder of ``python -m experiments.infill`` with the same settings except ``ratios``,
+``methods`` and the passages selected (``data.offset`` / ``data.limit``; the same seeds, models,
+decoding): e.g. one process per pair of ratios for ``[logical,ctrlg]`` and one more for ``[ilm]``
+over every ratio, or shards of passages run one after another. A shard of passages calibrates its
+own masks (the mean masked-character ratio of *its* passages meets each target), so the union
+meets it too; the reached ratio is reported. The records of a (ratio, passage)
 are joined: their masks must be the same, and no method may come from two runs. A passage that
 some method did not reach is left out (and counted), so every method is scored on the same
 passages. The merged folder holds ``generations.jsonl`` (ordered by ratio then passage),
@@ -30,12 +34,22 @@ from experiments import infill
 MASK_FIELDS = ("original", "masked", "mask_ratio", "p", "granularities")
 #: fields each method adds to a record, besides the method's own
 METHOD_FIELDS = {"ilm": ("ilm_seeds",)}
+#: ``data`` settings that may differ between runs (which passages each run took)
+SHARD_FIELDS = ("offset", "limit", "shards")
+
+
+def _settings(config) -> dict:
+    """The settings runs must share to be merged (everything but ratios, methods, the passages
+    selected, the output folder and resume)."""
+    settings = {k: v for k, v in OmegaConf.to_container(config, resolve=False).items()
+                if k not in ("ratios", "methods", "hydra", "resume")}
+    settings["data"] = {k: v for k, v in settings.get("data", {}).items() if k not in SHARD_FIELDS}
+    return settings
 
 
 def merge(runs: list[Path], out: Path) -> dict:
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
-    settings = [{k: v for k, v in OmegaConf.to_container(c, resolve=False).items()
-                 if k not in ("ratios", "methods", "hydra", "resume")} for c in configs]
+    settings = [_settings(c) for c in configs]
     for run, other in zip(runs[1:], settings[1:]):
         if other != settings[0]:
             differ = sorted(k for k in set(other) | set(settings[0]) if other.get(k) != settings[0].get(k))
@@ -49,6 +63,12 @@ def merge(runs: list[Path], out: Path) -> dict:
     cfg = configs[0]
     cfg.ratios = sorted({float(r) for c in configs for r in c.ratios})
     cfg.methods = methods
+    shards = sorted({tuple(shard) for c in configs
+                     for shard in (c.data.get("shards") or [(int(c.data.offset), c.data.limit)])},
+                    key=lambda shard: (shard[0], -1 if shard[1] is None else shard[1]))
+    if len(shards) > 1:
+        cfg.data.offset, cfg.data.limit = shards[0][0], None
+        cfg.data.shards = [[offset, limit] for offset, limit in shards]
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out / "config.yaml")
     with open(out / "generations.jsonl", "w", encoding="utf-8") as handle:

@@ -155,6 +155,29 @@ def test_runs_split_by_ratio_merge_into_the_single_runs_report(tiny_lm_dir, tiny
         merge([tmp_path / "0.3", tmp_path / "other"], tmp_path / "again")
 
 
+def test_shards_of_passages_merge_into_one_report_of_their_union(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    """Passages run in shards (data.offset / data.limit), each calibrating its own masks, merge into
+    one report over the union; a shard that repeats a passage of the same method is refused."""
+    from benchmarks.merge_infill import merge
+    from experiments import infill
+    from omegaconf import OmegaConf
+
+    base = overrides(tiny_lm_dir, tiny_hmm_dir, write_stories(tmp_path, STORIES),
+                     "methods=[logical,ctrlg]", "bootstrap.baselines=[logical]")
+    for offset in (0, 1):
+        infill.run(compose("infill", base + [f"data.offset={offset}", "data.limit=1"]),
+                   tmp_path / f"shard{offset}")
+    merged = merge([tmp_path / "shard1", tmp_path / "shard0"], tmp_path / "merged")
+    assert merged["0.3/ctrlg"]["passages"] == merged["0.3/logical"]["passages"] == 2
+    assert read_records(tmp_path / "merged") == read_records(tmp_path / "shard0") + read_records(tmp_path / "shard1")
+    assert OmegaConf.load(tmp_path / "merged" / "config.yaml").data.shards == [[0, 1], [1, 1]]
+    again = merge([tmp_path / "merged"], tmp_path / "again")       # a merged run merges again
+    assert again["0.3/ctrlg"]["passages"] == 2
+    infill.run(compose("infill", base + ["data.limit=2"]), tmp_path / "both")
+    with pytest.raises(ExperimentConfigError, match="share"):
+        merge([tmp_path / "shard0", tmp_path / "both"], tmp_path / "refused")
+
+
 def test_runs_split_by_method_join_per_passage_into_the_single_runs_report(tiny_lm_dir, tiny_hmm_dir,
                                                                           tmp_path):
     from benchmarks.merge_infill import merge
