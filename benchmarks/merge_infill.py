@@ -1,12 +1,15 @@
 """Merge infilling runs that shared the ratios, the methods or the passages out between processes
 into one report.
 
-    python -m benchmarks.merge_infill RUN_A RUN_B ... --out DIR
+    python -m benchmarks.merge_infill RUN_A RUN_B RUN_C:logical,ctrlg ... --out DIR
 
-Each run is a folder of ``python -m experiments.infill`` with the same settings except ``ratios``,
-``methods`` and the passages selected (``data.offset`` / ``data.limit``; the same seeds, models,
-decoding): e.g. one process per pair of ratios for ``[logical,ctrlg]`` and one more for ``[ilm]``
-over every ratio, or shards of passages run one after another. A shard of passages calibrates its
+Each run is a folder of ``python -m experiments.infill``; ``RUN:m1,m2`` takes only those methods
+of a run. The runs share the seed and the data settings except the passages selected
+(``data.offset`` / ``data.limit``), and the runs that contribute a method agree on the settings
+that decide its outputs (:data:`METHOD_SETTINGS`: ctrlg and logical the story LM, the HMM and
+``generation``; ILM its model and ``ilm``): e.g. one process per pair of ratios for
+``[logical,ctrlg]`` and one more for ``[ilm]`` over every ratio, shards of passages run one after
+another, or a run's ILM replaced by a later run's with other ILM decoding. A shard of passages calibrates its
 own masks (the mean masked-character ratio of *its* passages meets each target), so the union
 meets it too; the reached ratio is reported. The records of a (ratio, passage)
 are joined: their masks must be the same, and no method may come from two runs. A passage that
@@ -36,31 +39,69 @@ MASK_FIELDS = ("original", "masked", "mask_ratio", "p", "granularities")
 METHOD_FIELDS = {"ilm": ("ilm_seeds",)}
 #: ``data`` settings that may differ between runs (which passages each run took)
 SHARD_FIELDS = ("offset", "limit", "shards")
+#: settings every run must share, and the settings that decide each method's outputs: runs that
+#: contribute a method using a setting must agree on it (an ILM run's ``generation`` is free)
+COMMON_SETTINGS = ("seed", "data")
+METHOD_SETTINGS = {"ctrlg": ("model", "hmm", "generation"), "logical": ("model", "generation"),
+                   "ilm": ("ilm_model", "ilm")}
 
 
-def _settings(config) -> dict:
-    """The settings runs must share to be merged (everything but ratios, methods, the passages
-    selected, the output folder and resume)."""
-    settings = {k: v for k, v in OmegaConf.to_container(config, resolve=False).items()
-                if k not in ("ratios", "methods", "hydra", "resume")}
-    settings["data"] = {k: v for k, v in settings.get("data", {}).items() if k not in SHARD_FIELDS}
-    return settings
+def parse_run(spec: str) -> tuple[Path, list[str] | None]:
+    """``PATH`` (every method of the run) or ``PATH:m1,m2`` (only those methods of it)."""
+    if ":" not in spec or Path(spec).exists():
+        return Path(spec), None
+    path, _, methods = spec.rpartition(":")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown or not chosen:
+        raise ExperimentConfigError(f"{spec}: after ':' give methods among {', '.join(METHODS)}")
+    return Path(path), chosen
 
 
-def merge(runs: list[Path], out: Path) -> dict:
+def _setting(config, key: str):
+    value = OmegaConf.to_container(config, resolve=False).get(key)
+    if key == "data" and isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in SHARD_FIELDS}
+    return value
+
+
+def _check_settings(runs: list[Path], configs: list, taken: list[list[str]]) -> dict:
+    """ExperimentConfigError naming the first setting two runs that must agree on differ in;
+    returns, per setting, the index of a run that decides it."""
+    deciders = {}
+    keys = list(COMMON_SETTINGS) + sorted({k for ks in METHOD_SETTINGS.values() for k in ks})
+    for key in keys:
+        users = [i for i, methods in enumerate(taken)
+                 if key in COMMON_SETTINGS or any(key in METHOD_SETTINGS[m] for m in methods)]
+        for i in users[1:]:
+            if _setting(configs[i], key) != _setting(configs[users[0]], key):
+                raise ExperimentConfigError(f"{runs[i]} was run with other settings than "
+                                            f"{runs[users[0]]}: ['{key}']")
+        if users:
+            deciders[key] = users[0]
+    return deciders
+
+
+def merge(runs: list, out: Path) -> dict:
+    """Merge ``runs`` (paths, or ``(path, methods)`` pairs taking only those methods) into ``out``."""
+    specs = [run if isinstance(run, tuple) else (Path(run), None) for run in runs]
+    runs = [Path(path) for path, _ in specs]
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
-    settings = [_settings(c) for c in configs]
-    for run, other in zip(runs[1:], settings[1:]):
-        if other != settings[0]:
-            differ = sorted(k for k in set(other) | set(settings[0]) if other.get(k) != settings[0].get(k))
-            raise ExperimentConfigError(f"{run} was run with other settings than {runs[0]}: {differ}")
-    methods = [m for m in METHODS if any(m in c.methods for c in configs)]
-    records, dropped = _join([(run, list(c.methods), read_records(run)) for run, c in zip(runs, configs)],
-                             methods)
+    taken = []
+    for (run, chosen), config in zip(specs, configs):
+        if chosen is not None and not set(chosen) <= set(config.methods):
+            raise ExperimentConfigError(f"{run} did not run {sorted(set(chosen) - set(config.methods))}")
+        taken.append([m for m in config.methods if chosen is None or m in chosen])
+    deciders = _check_settings(runs, configs, taken)
+    methods = [m for m in METHODS if any(m in t for t in taken)]
+    records, dropped = _join([(run, t, read_records(run)) for run, t in zip(runs, taken)], methods)
     if dropped:
         print(f"left out {dropped} (ratio, passage) records that not every method reached",
               file=sys.stderr)
-    cfg = configs[0]
+    cfg = configs[0].copy()
+    for key, index in deciders.items():
+        if key in configs[index]:
+            cfg[key] = configs[index][key]
     cfg.ratios = sorted({float(r) for c in configs for r in c.ratios})
     cfg.methods = methods
     shards = sorted({tuple(shard) for c in configs
@@ -83,7 +124,11 @@ def _join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str]) ->
         for record in records:
             key = (float(record["target_ratio"]), int(record["index"]))
             if key not in joined:
-                joined[key] = (dict(record, seconds=dict(record.get("seconds", {}))), set(run_methods))
+                others = [m for m in METHODS if m not in run_methods]
+                base = {k: v for k, v in record.items()
+                        if k not in {f for m in others for f in (m, *METHOD_FIELDS.get(m, ()))}}
+                base["seconds"] = {m: v for m, v in record.get("seconds", {}).items() if m not in others}
+                joined[key] = (base, set(run_methods))
                 continue
             base, have = joined[key]
             if have & set(run_methods):
@@ -110,10 +155,11 @@ def _join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str]) ->
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="+", help="a run folder, or FOLDER:m1,m2 to take only those "
+                        "methods of it (e.g. a run whose ILM was decoded with older settings)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    merge(args.runs, args.out)
+    merge([parse_run(run) for run in args.runs], args.out)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ def _check(cfg: DictConfig) -> None:
         raise ExperimentConfigError(f"ratios must be mask ratios in (0, 1), got {ratios}")
     if int(cfg.generation.num_samples) < 1 or int(cfg.ilm.seeds) < 1:
         raise ExperimentConfigError("generation.num_samples and ilm.seeds must be ≥ 1")
+    if not 0 < float(cfg.ilm.get("top_p", 1.0)) <= 1:
+        raise ExperimentConfigError(f"ilm.top_p must lie in (0, 1], got {cfg.ilm.top_p}")
 
 
 def _passages(cfg: DictConfig):
@@ -160,7 +162,8 @@ def _item(story, document, target, p, methods, story_lm, ilm_lm, hmm, eos, cfg) 
         budget = build_constraint(document, tokenizer, len(tokenizer), eos).budget
         fills = pipeline.ilm_completions(model, tokenizer, document, samples=int(cfg.ilm.seeds),
                                          seed=seed, max_new_tokens=budget,
-                                         temperature=float(cfg.ilm.temperature), eos_ids=[eos])
+                                         temperature=float(cfg.ilm.temperature),
+                                         top_p=float(cfg.ilm.get("top_p", 1.0)), eos_ids=[eos])
         record["ilm_seeds"] = [{"text": f.text, "accepted": f.accepted} for f in fills]
         record["ilm"] = record["ilm_seeds"][0]
         record["seconds"]["ilm"] = fills[0].seconds

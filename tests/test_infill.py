@@ -8,7 +8,7 @@ import pytest
 
 from ctrlg.data import DatasetError
 from ctrlg.data.infill_mask import mask_ratio
-from ctrlg.errors import ExperimentConfigError
+from ctrlg.errors import ConstraintError, ExperimentConfigError
 from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
 STORIES = ["Tom had a red kite. It flew over the hill.\n\nThen the wind stopped and it fell.",
@@ -96,6 +96,8 @@ def test_a_resume_keeps_only_one_complete_record_per_selected_passage_and_ratio(
     (["ratios=[1.2]"], "ratios"),
     (["ratios=[0]"], "ratios"),
     (["methods=[ctrlg,magic]"], "unknown method"),
+    (["ilm.top_p=0"], "ilm.top_p"),
+    (["ilm.top_p=1.5"], "ilm.top_p"),
 ])
 def test_bad_settings_are_refused_before_any_model_loads(tmp_path, monkeypatch, extra, message):
     from experiments import infill
@@ -178,6 +180,37 @@ def test_shards_of_passages_merge_into_one_report_of_their_union(tiny_lm_dir, ti
         merge([tmp_path / "shard0", tmp_path / "both"], tmp_path / "refused")
 
 
+def test_a_runs_ilm_is_replaced_by_a_later_run_decoded_with_other_ilm_settings(tiny_lm_dir, tiny_hmm_dir,
+                                                                             tmp_path):
+    """RUN:m1,m2 takes only those methods of a run; the runs contributing ILM must agree on ILM's
+    settings, the others' ILM settings are free (and an ILM run's generation settings are)."""
+    from benchmarks.merge_infill import merge, parse_run
+    from experiments import infill
+    from omegaconf import OmegaConf
+
+    base = overrides(tiny_lm_dir, tiny_hmm_dir, write_stories(tmp_path, STORIES), "ilm.top_p=1.0")
+    infill.run(compose("infill", base), tmp_path / "all")
+    infill.run(compose("infill", base[:-1] + ["ilm.top_p=0.5", "methods=[ilm]", "generation.num_samples=3"]),
+               tmp_path / "ilm")
+    with pytest.raises(ExperimentConfigError, match="'ilm'"):     # both contribute ILM
+        merge([tmp_path / "all", tmp_path / "ilm"], tmp_path / "refused")
+    assert parse_run(f"{tmp_path / 'all'}:logical,ctrlg") == (tmp_path / "all", ["logical", "ctrlg"])
+    merged = merge([parse_run(f"{tmp_path / 'all'}:logical,ctrlg"), parse_run(str(tmp_path / "ilm"))],
+                   tmp_path / "merged")
+    assert merged["0.3/ilm"]["passages"] == merged["0.3/ctrlg"]["passages"] == 2
+    records, ilm_records = read_records(tmp_path / "merged"), read_records(tmp_path / "ilm")
+    assert [r["ilm_seeds"] for r in records] == [r["ilm_seeds"] for r in ilm_records]
+    assert [r["ctrlg"] for r in records] == [r["ctrlg"] for r in read_records(tmp_path / "all")]
+    config = OmegaConf.load(tmp_path / "merged" / "config.yaml")
+    assert config.ilm.top_p == 0.5 and config.generation.num_samples == 2
+    infill.run(compose("infill", base[:-1] + ["ilm.top_p=0.7", "methods=[ilm]", "ratios=[0.5]"]),
+               tmp_path / "ilm7")
+    with pytest.raises(ExperimentConfigError, match="'ilm'"):
+        merge([(tmp_path / "ilm", None), (tmp_path / "ilm7", None)], tmp_path / "refused")
+    with pytest.raises(ExperimentConfigError, match="after ':'"):
+        parse_run(f"{tmp_path / 'all'}:magic")
+
+
 def test_runs_split_by_method_join_per_passage_into_the_single_runs_report(tiny_lm_dir, tiny_hmm_dir,
                                                                           tmp_path):
     from benchmarks.merge_infill import merge
@@ -241,6 +274,42 @@ def test_ilm_decoding_writes_every_answer_when_the_answer_marker_is_the_lms_eos(
     for fill in fills:
         assert fill.complete and len(fill.answers) == len(document.spans)
         assert all(answer and set(answer.split()) == {"the"} for answer in fill.answers), fill.answers
+
+
+def test_ilm_decoding_samples_from_the_nucleus_when_top_p_is_below_one(smollm2_tokenizer):
+    """A model that writes " the" and [answer] with p ≈ 0.45 each and " a" with p ≈ 0.10 at every
+    step (" the" 0.82 and " a" 0.18 at an answer's start, where [answer] is suppressed): with
+    top_p = 0.8 the nucleus never holds " a"; plain sampling writes it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ctrlg.tasks.infill import pipeline
+    from ctrlg.tasks.infill.ilm_decoding import ilm_fill
+    from ctrlg.tasks.stories.ilm import IlmTokens
+
+    tokenizer = smollm2_tokenizer
+    answer_id = IlmTokens().check(tokenizer)[IlmTokens().answer]
+    the_id, a_id = (tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in (" the", " a"))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    head = torch.nn.Linear(16, len(tokenizer), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-100.0)
+        head.bias[[answer_id, the_id]] = 1.0
+        head.bias[a_id] = -0.5
+    model.lm_head = head
+    document = next(d for i in range(50)
+                    if len((d := pipeline.mask_passage(STORIES[1], 0.3, i)).spans) >= 2)
+    words = {}
+    for top_p in (1.0, 0.8):
+        fills = ilm_fill(model, tokenizer, document, max_new_tokens=200, seed=0, num_samples=16,
+                         top_p=top_p, eos_ids=[tokenizer.eos_token_id])
+        words[top_p] = {w for fill in fills for answer in fill.answers for w in answer.split()}
+    assert words[1.0] == {"the", "a"} and words[0.8] == {"the"}
+    with pytest.raises(ConstraintError, match="top_p"):
+        ilm_fill(model, tokenizer, document, max_new_tokens=8, seed=0, top_p=0.0)
 
 
 def test_a_target_ratio_the_masks_cannot_reach_is_said(capsys):

@@ -2,8 +2,9 @@
 
 ILM (Donahue et al. 2020) decodes by sampling: the fine-tuned LM reads the masked passage and its
 separator (:func:`ctrlg.tasks.stories.ilm.ilm_example`) and writes y_1 [answer] y_2 [answer] …;
-the i-th answer fills the i-th blank (:func:`ctrlg.tasks.stories.ilm.complete`). Sampling is plain
-(temperature 1, no top-k / top-p), with the format's markers other than [answer] and every EOS
+the i-th answer fills the i-th blank (:func:`ctrlg.tasks.stories.ilm.complete`). Sampling is
+nucleus sampling (``top_p``; ILM's own inference code, ``infill_with_ilm``, samples with nucleus
+0.95 at temperature 1, no top-k), with the format's markers other than [answer] and every EOS
 suppressed, and stops for a row once it has written k answers. An answer is never empty (a
 masked span always holds text, so training never showed [answer] right after [sep] or another
 [answer]): there [answer] is suppressed too. A row that spends its budget first is completed
@@ -18,6 +19,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from ctrlg.data.infill_mask import MaskedDocument
+from ctrlg.errors import ConstraintError
 from ctrlg.tasks.infill.constraint import completion_ok
 from ctrlg.data.story_prompts import bos_text
 from ctrlg.tasks.stories.ilm import IlmTokens, complete, ilm_example, split_answers
@@ -64,9 +66,13 @@ class _NoEmptyAnswer(LogitsProcessor):
 
 @torch.no_grad()
 def ilm_fill(model, tokenizer, document: MaskedDocument, *, max_new_tokens: int, seed: int,
-             num_samples: int = 1, temperature: float = 1.0, tokens: IlmTokens | None = None,
+             num_samples: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+             tokens: IlmTokens | None = None,
              bos_token: str | None = "<|endoftext|>", eos_ids=()) -> list[IlmFill]:
-    """``num_samples`` ILM completions of ``document`` (module docstring)."""
+    """``num_samples`` ILM completions of ``document`` (module docstring); ``top_p`` in (0, 1] is
+    the nucleus (1: plain sampling)."""
+    if not 0 < float(top_p) <= 1:
+        raise ConstraintError(f"top_p must lie in (0, 1], got {top_p!r}")
     tokens = tokens or IlmTokens()
     ids = tokens.check(tokenizer)
     answer_id = ids[tokens.answer]
@@ -79,7 +85,7 @@ def ilm_fill(model, tokenizer, document: MaskedDocument, *, max_new_tokens: int,
     torch.manual_seed(int(seed))
     device = next(model.parameters()).device
     out = model.generate(prompt_ids.to(device), attention_mask=torch.ones_like(prompt_ids).to(device),
-                         do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0,
+                         do_sample=True, temperature=float(temperature), top_k=0, top_p=float(top_p),
                          max_new_tokens=int(max_new_tokens), num_return_sequences=int(num_samples),
                          suppress_tokens=suppressed, pad_token_id=answer_id,
                          # the rows end by the stopping criterion only: generate's own EOS (which

@@ -127,13 +127,14 @@ def guided_completion(model, tokenizer, document: MaskedDocument, *, hmm, eos_to
 
 
 def ilm_completions(model, tokenizer, document: MaskedDocument, *, samples: int, seed: int,
-                    max_new_tokens: int, temperature: float = 1.0, eos_ids=()) -> list[Completion]:
+                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                    eos_ids=()) -> list[Completion]:
     """``samples`` independent ILM samples, drawn in one batch (the rows of one ``generate`` call
     are independent draws: the paper's "5 seeds" are 5 such samples); each row's seconds are the
     batch's divided by ``samples``."""
     start = time.perf_counter()
     fills = ilm_fill(model, tokenizer, document, max_new_tokens=max_new_tokens, seed=seed,
-                     num_samples=samples, temperature=temperature, eos_ids=eos_ids)
+                     num_samples=samples, temperature=temperature, top_p=top_p, eos_ids=eos_ids)
     seconds = (time.perf_counter() - start) / samples
     return [Completion(fill.text, fill.accepted, seconds) for fill in fills]
 
