@@ -6,7 +6,8 @@ sentence, …): where ctrlg, logical masking and the ILM-style model each win
     python -m benchmarks.infill_by_granularity RUN --ratios 0.32 0.40
 
 Prints one table per selection (every ratio, then ``--ratios``) and writes
-``by_granularity.json`` into the run folder (``--out`` to write elsewhere).
+``by_granularity.json`` into the run folder (``--out`` to write elsewhere): ``{"all": rows,
+"ratios": the selection, "selected": rows}``.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     methods = list(OmegaConf.load(args.run / "config.yaml").methods)
     records = read_records(args.run)
-    result = {}
-    for name, ratios in (("all ratios", None), (" + ".join(f"{r:.0%}" for r in args.ratios), args.ratios)):
+    result = {"ratios": args.ratios}
+    for key, name, ratios in (("all", "all ratios", None),
+                              ("selected", " + ".join(f"{r:.0%}" for r in args.ratios), args.ratios)):
         rows = granularity_rows(records, methods, ratios, resamples=args.resamples)
-        result[name] = rows
+        result[key] = rows
         cells = [{**r, **{f"{m}_ci": _interval(r, m) for m in ("bleu4", "rouge_l")}} for r in rows]
         print(f"{name}: passages grouped by their coarsest blank")
         print(format_table(cells, ["granularity", "method", "passages", "bleu4", "rouge_l", "bleu4_ci",

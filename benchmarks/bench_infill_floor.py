@@ -1,0 +1,160 @@
+"""Where a guided infilling passage's seconds go, against the floor the LM alone sets, in one process.
+
+    python -m benchmarks.bench_infill_floor                       # 6 tuning passages × 4 ratios
+    python -m benchmarks.bench_infill_floor --quantization        # + torch's dynamic int8 LM
+
+A passage of the infilling task (:mod:`ctrlg.tasks.infill`) is decoded as the experiment decodes
+it (``generation.num_samples`` samples with :func:`ctrlg.fast_forward.sample_fast_forward`, the
+story LM and its HMM), timed in three phases: the constraint's DFA
+(:func:`~ctrlg.tasks.infill.constraint.build_constraint`), the guide's tables
+(:func:`~ctrlg.fast_forward.build_guide`) and sampling. The fast-forward sampler makes one LM
+forward per *choice* (forced fragment tokens are fed in the same forward), so a passage cannot
+take less than
+
+    floor = forwards × t_step,    t_step = one LM step of ``num_samples`` rows (median, same process)
+
+whatever the guide costs: every free token of a blank is one autoregressive step. The script
+reports, per target ratio, seconds per passage, forwards, the floor and seconds ÷ floor, and the
+share of each phase. Passages are the tuning split's (the adapters' held-out training passages),
+never the evaluation split's.
+
+``--quantization`` also measures the one lever that makes t_step itself smaller on a CPU whose
+LM step is bound by reading the weights: torch's dynamic int8 quantisation of the linear layers
+(``torch.ao.quantization.quantize_dynamic``, per-channel weights, activations quantised per
+batch), its step time and its KL divergence from the float32 LM's next-token distribution on the
+same passages. Writes ``benchmarks/results/bench_infill_floor.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> float:
+    """Median seconds of one decoding step of ``rows`` rows on a ``cache_tokens`` KV cache."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
+    times = []
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+        for s in range(steps):
+            start = time.perf_counter()
+            cache = model(torch.full((rows, 1), 200 + s), past_key_values=cache,
+                          use_cache=True).past_key_values
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def decode_passage(model, tokenizer, hmm, document, *, samples: int, seed: int, bos: str) -> dict:
+    """One passage decoded as :func:`ctrlg.tasks.infill.pipeline.guided_completion` does, timed
+    per phase."""
+    from ctrlg.data.story_prompts import bos_text
+    from ctrlg.fast_forward import build_guide, sample_fast_forward
+    from ctrlg.tasks.infill.constraint import build_constraint
+
+    eos = tokenizer.eos_token_id
+    start = time.perf_counter()
+    constraint = build_constraint(document, tokenizer, len(tokenizer), eos)
+    built = time.perf_counter()
+    table = build_guide(constraint.dfa, constraint.budget, hmm=hmm, eos_token_id=eos)
+    tabled = time.perf_counter()
+    prompt = tokenizer(bos_text(tokenizer, bos), add_special_tokens=False)["input_ids"]
+    drawn = sample_fast_forward(model, prompt, constraint.dfa, hmm=hmm, num_samples=samples,
+                                max_new_tokens=constraint.budget, eos_token_id=eos, seed=seed,
+                                table=table)
+    end = time.perf_counter()
+    return {"constraint": built - start, "tables": tabled - built, "sampling": end - tabled,
+            "seconds": end - start, "forwards": max(s.lm_calls for s in drawn),
+            "free_tokens": float(np.mean([len(s.token_ids) - s.forced for s in drawn])),
+            "accepted": all(s.accepted for s in drawn)}
+
+
+def quantization(model, tokenizer, texts, rows: int) -> dict:
+    """Step time and next-token KL(float32 ‖ int8) of torch's dynamic int8 quantisation."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    quantized = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                 dtype=torch.qint8)
+    divergences, nll = [], {"float32": [], "int8": []}
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(tokenizer.eos_token + text, return_tensors="pt").input_ids
+            reference = torch.log_softmax(model(ids).logits.float(), -1)[0, :-1]
+            approximate = torch.log_softmax(quantized(ids).logits.float(), -1)[0, :-1]
+            divergences.append(float((reference.exp() * (reference - approximate)).sum(-1).mean()))
+            targets = ids[0, 1:, None]
+            nll["float32"].append(float(-reference.gather(1, targets).mean()))
+            nll["int8"].append(float(-approximate.gather(1, targets).mean()))
+    float_step, int8_step = step_seconds(model, rows), step_seconds(quantized, rows)
+    return {"rows": rows, "float32_step_ms": 1000 * float_step, "int8_step_ms": 1000 * int8_step,
+            "speedup": float_step / int8_step, "kl_float32_to_int8": float(np.mean(divergences)),
+            "nll_per_token": {k: float(np.mean(v)) for k, v in nll.items()}}
+
+
+def main(argv=None) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from ctrlg.data.stories import load_stories
+    from ctrlg.tasks.config import load_hmm, load_lm
+    from ctrlg.tasks.infill import pipeline
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=6)
+    parser.add_argument("--ratios", type=float, nargs="+", default=[0.13, 0.21, 0.32, 0.40])
+    parser.add_argument("--samples", type=int, default=None, help="default: the experiment's")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quantization", action="store_true")
+    parser.add_argument("--out", default="benchmarks/results/bench_infill_floor.json")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = compose("infill")
+    samples = args.samples or int(cfg.generation.num_samples)
+    model, tokenizer = load_lm(cfg.model)
+    hmm = load_hmm(cfg.hmm, tokenizer)
+    stories = load_stories("tune", None, offset=0, limit=args.passages)
+    texts = [s.text for s in stories]
+    t_step = step_seconds(model, samples)
+    rows = []
+    for target in args.ratios:
+        p = pipeline.calibrate(texts, target, 0, int(cfg.data.max_ngram))
+        items = [decode_passage(model, tokenizer, hmm,
+                                pipeline.mask_passage(text, p, i, int(cfg.data.max_ngram)),
+                                samples=samples, seed=story.index, bos=cfg.model.bos_token)
+                 for i, (story, text) in enumerate(zip(stories, texts))]
+        seconds = float(np.mean([i["seconds"] for i in items]))
+        forwards = float(np.mean([i["forwards"] for i in items]))
+        rows.append({"target_ratio": target, "passages": len(items), "seconds": seconds,
+                     "forwards": forwards,
+                     "free_tokens": float(np.mean([i["free_tokens"] for i in items])),
+                     "floor_seconds": forwards * t_step, "seconds_vs_floor": seconds / (forwards * t_step),
+                     **{f"{phase}_share": float(sum(i[phase] for i in items) / sum(i["seconds"] for i in items))
+                        for phase in ("constraint", "tables", "sampling")},
+                     "accepted": all(i["accepted"] for i in items)})
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}),
+              flush=True)
+    result = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+              "samples": samples, "lm_step_ms": 1000 * t_step, "rows": rows,
+              "mean_seconds": float(np.mean([r["seconds"] for r in rows])),
+              "mean_floor_seconds": float(np.mean([r["floor_seconds"] for r in rows]))}
+    if args.quantization:
+        result["quantization"] = quantization(model, tokenizer, texts, samples)
+        print(json.dumps(result["quantization"]), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
