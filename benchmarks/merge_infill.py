@@ -9,10 +9,10 @@ of a run. The runs share the seed and the data settings except the passages sele
 that decide its outputs (:data:`METHOD_SETTINGS`: ctrlg and logical the story LM, the HMM and
 ``generation``; ILM its model and ``ilm``): e.g. one process per pair of ratios for
 ``[logical,ctrlg]`` and one more for ``[ilm]`` over every ratio, shards of passages run one after
-another, or a run's ILM replaced by a later run's with other ILM decoding. A shard of passages calibrates its
-own masks (the mean masked-character ratio of *its* passages meets each target), so the union
-meets it too; the reached ratio is reported. The records of a (ratio, passage)
-are joined: their masks must be the same, and no method may come from two runs. A passage that
+another, or a run's ILM replaced by a later run's with other ILM decoding. A shard of passages
+calibrates its own masks (the mean masked-character ratio of *its* passages meets each target),
+so the union meets it too; the reached ratio is reported. The records of a (ratio, passage) are
+joined: their masks must be the same, and no method may come from two runs. A passage that
 some method did not reach is left out (and counted), so every method is scored on the same
 passages. The merged folder holds ``generations.jsonl`` (ordered by ratio then passage),
 ``config.yaml`` (``ratios`` and ``methods`` the unions) and ``metrics.json``, and the tables
