@@ -3,11 +3,11 @@
     python -m benchmarks.bench_infill_floor                       # 6 tuning passages × 4 ratios
     python -m benchmarks.bench_infill_floor --quantization        # + torch's dynamic int8 LM
 
-A passage of the infilling task (:mod:`ctrlg.tasks.infill`) is decoded as the experiment decodes
-it (``generation.num_samples`` samples with :func:`ctrlg.fast_forward.sample_fast_forward`, the
-story LM and its HMM), timed in three phases: the constraint's DFA
-(:func:`~ctrlg.tasks.infill.constraint.build_constraint`), the guide's tables
-(:func:`~ctrlg.fast_forward.build_guide`) and sampling. The fast-forward sampler makes one LM
+A passage of the infilling task (:mod:`ctrlg.tasks.infill`) is decoded by the experiment's own
+:func:`~ctrlg.tasks.infill.pipeline.guided_completion` (``generation.num_samples`` samples with
+:func:`ctrlg.fast_forward.sample_fast_forward`, the story LM and its HMM), which times three
+phases: the constraint's DFA, the guide's tables and sampling (the rest: decoding the kept sample
+and checking it with ``re``, in ``seconds`` only). The fast-forward sampler makes one LM
 forward per *choice* (forced fragment tokens are fed in the same forward), so a passage cannot
 take less than
 
@@ -55,27 +55,14 @@ def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> f
 
 
 def decode_passage(model, tokenizer, hmm, document, *, samples: int, seed: int, bos: str) -> dict:
-    """One passage decoded as :func:`ctrlg.tasks.infill.pipeline.guided_completion` does, timed
-    per phase."""
-    from ctrlg.data.story_prompts import bos_text
-    from ctrlg.fast_forward import build_guide, sample_fast_forward
-    from ctrlg.tasks.infill.constraint import build_constraint
+    """One passage decoded by :func:`ctrlg.tasks.infill.pipeline.guided_completion` (as the
+    experiment decodes it), with its phases' seconds and its forwards."""
+    from ctrlg.tasks.infill.pipeline import guided_completion
 
-    eos = tokenizer.eos_token_id
-    start = time.perf_counter()
-    constraint = build_constraint(document, tokenizer, len(tokenizer), eos)
-    built = time.perf_counter()
-    table = build_guide(constraint.dfa, constraint.budget, hmm=hmm, eos_token_id=eos)
-    tabled = time.perf_counter()
-    prompt = tokenizer(bos_text(tokenizer, bos), add_special_tokens=False)["input_ids"]
-    drawn = sample_fast_forward(model, prompt, constraint.dfa, hmm=hmm, num_samples=samples,
-                                max_new_tokens=constraint.budget, eos_token_id=eos, seed=seed,
-                                table=table)
-    end = time.perf_counter()
-    return {"constraint": built - start, "tables": tabled - built, "sampling": end - tabled,
-            "seconds": end - start, "forwards": max(s.lm_calls for s in drawn),
-            "free_tokens": float(np.mean([len(s.token_ids) - s.forced for s in drawn])),
-            "accepted": all(s.accepted for s in drawn)}
+    done = guided_completion(model, tokenizer, document, hmm=hmm, eos_token_id=tokenizer.eos_token_id,
+                             num_samples=samples, seed=seed, bos_token=bos)
+    return {**done.phase_seconds, "seconds": done.seconds, "forwards": done.forwards,
+            "free_tokens": done.free_tokens, "accepted": done.accepted}
 
 
 def quantization(model, tokenizer, texts, rows: int) -> dict:

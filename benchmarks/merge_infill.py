@@ -58,8 +58,8 @@ def parse_run(spec: str) -> tuple[Path, list[str] | None]:
     return Path(path), chosen
 
 
-def _setting(config, key: str):
-    value = OmegaConf.to_container(config, resolve=False).get(key)
+def _setting(settings: dict, key: str):
+    value = settings.get(key)
     if key == "data" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in SHARD_FIELDS}
     return value
@@ -69,12 +69,13 @@ def _check_settings(runs: list[Path], configs: list, taken: list[list[str]]) -> 
     """ExperimentConfigError naming the first setting two runs that must agree on differ in;
     returns, per setting, the index of a run that decides it."""
     deciders = {}
+    settings = [OmegaConf.to_container(c, resolve=False) for c in configs]
     keys = list(COMMON_SETTINGS) + sorted({k for ks in METHOD_SETTINGS.values() for k in ks})
     for key in keys:
         users = [i for i, methods in enumerate(taken)
                  if key in COMMON_SETTINGS or any(key in METHOD_SETTINGS[m] for m in methods)]
         for i in users[1:]:
-            if _setting(configs[i], key) != _setting(configs[users[0]], key):
+            if _setting(settings[i], key) != _setting(settings[users[0]], key):
                 raise ExperimentConfigError(f"{runs[i]} was run with other settings than "
                                             f"{runs[users[0]]}: ['{key}']")
         if users:

@@ -7,7 +7,7 @@ each group is scored as the benchmark is (:func:`ctrlg.tasks.infill.pipeline.sco
 BLEU-4 and ROUGE-L of the completed passages against the originals, ILM's as the mean over its
 seeds, and the paired bootstrap of ctrlg − each baseline over the group's passages
 (:func:`ctrlg.metrics.paired_bootstrap`; against ILM the mean over seeds inside each resample,
-:class:`~ctrlg.tasks.infill.pipeline.SeedMean`). Scoring whole passages needs no alignment of
+:func:`~ctrlg.tasks.infill.pipeline.method_scorer`). Scoring whole passages needs no alignment of
 fills to blanks, which is ambiguous when a fragment's text also occurs inside a fill.
 """
 
@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ctrlg import metrics
-from ctrlg.tasks.infill.pipeline import METRICS, SeedMean
+from ctrlg.tasks.infill.pipeline import METRICS, method_scorer
 
 __all__ = ["GRANULARITY_ORDER", "coarsest_granularity", "granularity_rows"]
 
@@ -30,34 +30,22 @@ def coarsest_granularity(granularities: Sequence[str]) -> str:
     return max(granularities, key=GRANULARITY_ORDER.index)
 
 
-def _scorer(records, method: str, references, seed: int | None = None) -> metrics.CorpusScorer:
-    texts = [r[f"{method}_seeds"][seed]["text"] if seed is not None else r[method]["text"]
-             for r in records]
-    return metrics.CorpusScorer(texts, references, METRICS)
-
-
-def _method_scorer(records, method: str, references):
-    if f"{method}_seeds" in records[0]:
-        return SeedMean([_scorer(records, method, references, k)
-                         for k in range(len(records[0][f"{method}_seeds"]))])
-    return _scorer(records, method, references)
-
-
 def granularity_rows(records: Sequence[dict], methods: Sequence[str],
                      ratios: Sequence[float] | None = None, resamples: int = 1000,
                      seed: int = 0) -> list[dict]:
     """One row per (coarsest granularity, method) over the records of ``ratios`` (all when
     None): passages, BLEU-4, ROUGE-L and, for the baselines, the paired bootstrap of ctrlg − it
     (``resamples`` = 0: none)."""
+    selected = None if ratios is None else {float(x) for x in ratios}
     chosen = [r for r in records if "skipped" not in r
-              and (ratios is None or float(r["target_ratio"]) in [float(x) for x in ratios])]
+              and (selected is None or float(r["target_ratio"]) in selected)]
     rows = []
     for group in GRANULARITY_ORDER:
         done = [r for r in chosen if coarsest_granularity(r["granularities"]) == group]
         if not done:
             continue
         references = [[r["original"]] for r in done]
-        scorers = {m: _method_scorer(done, m, references) for m in methods}
+        scorers = {m: method_scorer(done, m, references) for m in methods}
         everything = np.arange(len(done))
         for method in methods:
             row = {"granularity": group, "method": method, "passages": len(done),

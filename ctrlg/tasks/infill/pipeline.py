@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -43,7 +43,8 @@ from ctrlg.tasks.infill.ilm_decoding import ilm_fill
 from ctrlg.data.story_prompts import bos_text
 
 __all__ = ["METHODS", "METRICS", "mask_passage", "calibrate", "check_passages",
-           "guided_completion", "ilm_completions", "score_rows", "SeedMean", "interval_rows"]
+           "guided_completion", "ilm_completions", "method_scorer", "score_rows", "SeedMean",
+           "interval_rows"]
 
 METHODS = ("logical", "ilm", "ctrlg")
 METRICS = ("bleu4", "rouge_l")
@@ -94,12 +95,20 @@ def check_passages(texts: Sequence[str], indices: Sequence[int], source: str) ->
 
 @dataclass
 class Completion:
+    """A completed passage. For the guided methods also: ``lm_calls`` summed over the samples,
+    ``forwards`` the LM forwards of the batch (the most any sample took part in),
+    ``free_tokens`` the mean tokens per sample that were a choice (not forced), and
+    ``phase_seconds`` the seconds of building the constraint, the guide's tables and sampling."""
+
     text: str
     accepted: bool
     seconds: float
     samples: int = 1
     lm_calls: int = 0
     lm_log_likelihood: float = float("nan")
+    forwards: int = 0
+    free_tokens: float = float("nan")
+    phase_seconds: dict = field(default_factory=dict)
 
 
 def guided_completion(model, tokenizer, document: MaskedDocument, *, hmm, eos_token_id: int,
@@ -112,18 +121,25 @@ def guided_completion(model, tokenizer, document: MaskedDocument, *, hmm, eos_to
     V = vocab_size or len(tokenizer)
     constraint = build_constraint(document, tokenizer, V, eos_token_id)
     prompt = tokenizer(bos_text(tokenizer, bos_token), add_special_tokens=False)["input_ids"]
+    built = time.perf_counter()
     table = build_guide(constraint.dfa, constraint.budget, hmm=hmm, eos_token_id=eos_token_id,
                         precision=precision)
+    tabled = time.perf_counter()
     samples = sample_fast_forward(model, prompt, constraint.dfa, hmm=hmm,
                                   num_samples=num_samples, max_new_tokens=constraint.budget,
                                   eos_token_id=eos_token_id, strength=strength,
                                   temperature=temperature, seed=seed, table=table)
+    sampled = time.perf_counter()
     best = max(samples, key=lambda s: s.lm_log_likelihood)
     ids = best.token_ids[:-1] if best.token_ids and best.token_ids[-1] == eos_token_id else best.token_ids
     text = tokenizer.decode(ids)
     ok = best.accepted and completion_ok(document, text)
     return Completion(text, ok, time.perf_counter() - start, num_samples,
-                      sum(s.lm_calls for s in samples), best.lm_log_likelihood)
+                      sum(s.lm_calls for s in samples), best.lm_log_likelihood,
+                      forwards=max(s.lm_calls for s in samples),
+                      free_tokens=float(np.mean([len(s.token_ids) - s.forced for s in samples])),
+                      phase_seconds={"constraint": built - start, "tables": tabled - built,
+                                     "sampling": sampled - tabled})
 
 
 def ilm_completions(model, tokenizer, document: MaskedDocument, *, samples: int, seed: int,
@@ -157,6 +173,17 @@ def _texts(records: Sequence[dict], method: str, seed: int | None = None) -> lis
     if seed is None:
         return [r[method]["text"] for r in records]
     return [r[f"{method}_seeds"][seed]["text"] for r in records]
+
+
+def method_scorer(records: Sequence[dict], method: str, references):
+    """The corpus scorer of ``method``'s completions of ``records``: a :class:`SeedMean` over the
+    seeds of a method that keeps several (ILM's ``ilm_seeds``), else one
+    :class:`~ctrlg.metrics.CorpusScorer`."""
+    seeds = f"{method}_seeds"
+    if seeds in records[0]:
+        return SeedMean([metrics.CorpusScorer(_texts(records, method, k), references, METRICS)
+                         for k in range(len(records[0][seeds]))])
+    return metrics.CorpusScorer(_texts(records, method), references, METRICS)
 
 
 def score_rows(records: Sequence[dict], ratios: Sequence[float], methods: Sequence[str]) -> list[dict]:
@@ -201,15 +228,11 @@ def interval_rows(records: Sequence[dict], ratios: Sequence[float], methods: Seq
         if not done:
             continue
         references = [[r["original"]] for r in done]
-        ctrlg_scorer = metrics.CorpusScorer(_texts(done, "ctrlg"), references, METRICS)
+        ctrlg_scorer = method_scorer(done, "ctrlg", references)
         for baseline in baselines:
             if baseline not in methods or baseline == "ctrlg":
                 continue
-            if baseline == "ilm":
-                base = SeedMean([metrics.CorpusScorer(_texts(done, "ilm", k), references, METRICS)
-                                 for k in range(len(done[0]["ilm_seeds"]))])
-            else:
-                base = metrics.CorpusScorer(_texts(done, baseline), references, METRICS)
+            base = method_scorer(done, baseline, references)
             ci = metrics.paired_bootstrap(ctrlg_scorer, base, num_resamples=int(resamples),
                                           seed=int(seed), confidence=float(confidence))
             rows.append({"target_ratio": float(target), "passages": len(done),
