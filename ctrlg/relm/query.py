@@ -45,6 +45,7 @@ from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.relm.edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
+from ctrlg.relm.row_decoder import RowDecoder
 from ctrlg.validation import check_context_length, check_count
 from ctrlg.vocab import as_vocabulary, lm_vocab_size
 
@@ -563,9 +564,13 @@ def _log_walk_counts(dfa: TokenDFA, live: np.ndarray, horizon: int) -> np.ndarra
     return logN
 
 
-def _sample_prefix(autom: _Automata, horizon: int, rng: np.random.Generator) -> list[int]:
+def _sample_prefix(autom: _Automata, horizon: int, rng: np.random.Generator,
+                   logN: np.ndarray | None = None) -> list[int]:
+    """A token path of the prefix automaton, uniform over its accepted paths of ≤ ``horizon``
+    tokens (``logN``: :func:`_log_walk_counts`, computed once per automaton by the caller)."""
     dfa, live = autom.prefix, autom.prefix_live
-    logN = _log_walk_counts(dfa, live, horizon)
+    if logN is None:
+        logN = _log_walk_counts(dfa, live, horizon)
     if not np.isfinite(logN[horizon, dfa.initial]):
         raise ConstraintError(f"the prefix accepts no token path within {horizon} tokens")
     s, out = dfa.initial, []
@@ -602,27 +607,28 @@ def sample(model, tokenizer, query: Query, num_samples: int = 10, *, seed: int =
     gen = torch.Generator().manual_seed(seed)
     scorer = _ContextScorer(model, context)
     results: list[QueryResult] = []
+    walk_counts = (_log_walk_counts(autom.prefix, autom.prefix_live, query.max_tokens)
+                   if autom.prefix is not None else None)
     remaining = num_samples
     while remaining > 0:
         rows = min(batch_size, remaining)
         remaining -= rows
-        prefixes = [(_sample_prefix(autom, query.max_tokens, rng) if autom.prefix is not None
-                     else []) for _ in range(rows)]
+        prefixes = [(_sample_prefix(autom, query.max_tokens, rng, walk_counts)
+                     if autom.prefix is not None else []) for _ in range(rows)]
         states = []
         for pre in prefixes:
             states.append(frozenset({(1, autom.query.initial)}) if autom.prefix is not None
                           else _initial(autom))
         seqs = [list(p) for p in prefixes]
-        scores = [0.0] * rows
         done = [False] * rows
-        if autom.prefix is not None:   # score the prefix tokens
-            for r, pre in enumerate(prefixes):
-                if pre:
-                    scores[r] = float(scorer.token_log_probs(pre).sum())
+        decoder = RowDecoder(scorer)
+        log_probs, scores = decoder.start(prefixes)   # prefix tokens scored in the same pass
         while not all(done):
-            active = [r for r in range(rows) if not done[r]]
-            log_probs = scorer([seqs[r] for r in active])
-            for r, lp in zip(active, log_probs):
+            chosen: list[int | None] = [None] * rows
+            for r in range(rows):
+                if done[r]:
+                    continue
+                lp = log_probs[r]
                 allowed = _topk_mask(lp, query.top_k)
                 options = (np.zeros(0, dtype=np.int64) if len(seqs[r]) >= query.max_tokens
                            else _moves(autom, states[r], allowed))
@@ -650,6 +656,9 @@ def sample(model, tokenizer, query: Query, num_samples: int = 10, *, seed: int =
                 seqs[r].append(choice)
                 scores[r] += float(lp[choice])
                 states[r] = _step(autom, states[r], choice, allowed)
+                chosen[r] = choice
+            if any(c is not None for c in chosen):
+                log_probs = decoder.advance(chosen)
         for r in range(rows):
             if math.isinf(scores[r]) and scores[r] < 0:
                 continue
