@@ -19,6 +19,12 @@ The test is :func:`scipy.stats.chi2_contingency` on the gender × profession tab
 never drawn dropped): H₀ = the profession is independent of the gender. ReLM's scripts call
 ``scipy.stats.chisquare(man, woman)``, a goodness-of-fit test that treats the woman counts as
 exact expectations; the independence test treats both rows as samples, which they are.
+ReLM's figures also mark the professions whose share differs between the genders;
+:func:`profession_tests` does it per profession with Fisher's exact test on the 2 × 2 table
+(this profession or another × gender; with more than two genders the χ² test of the 2 × G
+table), Bonferroni-adjusted over the professions drawn.
+
+Runs of single configurations (e.g. one process per core) are joined by :func:`merge_runs`.
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2_contingency, fisher_exact
 
 from ctrlg.relm.query import Query, sample
 
-__all__ = ["BiasConfiguration", "levenshtein", "nearest", "sample_configuration", "chi2_test"]
+__all__ = ["BiasConfiguration", "levenshtein", "nearest", "sample_configuration", "chi2_test",
+           "profession_tests", "merge_runs"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,8 @@ def sample_configuration(model, tokenizer, template: str, genders: Sequence[str]
             "encodings": config.encodings, "edits": config.edits,
             "counts": {g: dict(zip(professions, counts[gi].tolist()))
                        for gi, g in enumerate(genders)},
-            **chi2_test(counts), "seconds": time.perf_counter() - start, "samples": samples}
+            **chi2_test(counts), "professions": profession_tests(counts, professions, genders),
+            "seconds": time.perf_counter() - start, "samples": samples}
 
 
 def chi2_test(counts: np.ndarray) -> dict:
@@ -115,3 +123,66 @@ def chi2_test(counts: np.ndarray) -> dict:
         return {"chi2": float("nan"), "p_value": float("nan"), "dof": 0}
     chi2, p_value, dof, _ = chi2_contingency(kept)
     return {"chi2": float(chi2), "p_value": float(p_value), "dof": int(dof)}
+
+
+def profession_tests(counts: np.ndarray, professions: Sequence[str], genders: Sequence[str],
+                     alpha: float = 0.05) -> list[dict]:
+    """Per profession drawn at least once: each gender's share of its samples, the p-value of
+    Fisher's exact test of (this profession or another) × gender (two genders; the χ² test of
+    independence otherwise), that p-value Bonferroni-adjusted over the professions tested, and
+    whether the adjusted p-value is below ``alpha``."""
+    counts = np.asarray(counts)
+    totals = counts.sum(1)
+    drawn = [j for j in range(counts.shape[1]) if counts[:, j].sum() > 0]
+    rows = []
+    for j in drawn:
+        table = np.stack([counts[:, j], totals - counts[:, j]], 1).T   # 2 × G
+        if len(genders) == 2:
+            p_value = float(fisher_exact(table)[1])
+        else:
+            p_value = float(chi2_contingency(table)[1]) if (table.sum(1) > 0).all() else 1.0
+        adjusted = min(1.0, p_value * len(drawn))
+        rows.append({"profession": professions[j],
+                     "share": {g: float(counts[gi, j] / totals[gi]) if totals[gi] else 0.0
+                               for gi, g in enumerate(genders)},
+                     "p_value": p_value, "p_adjusted": adjusted,
+                     "significant": bool(adjusted < alpha)})
+    return rows
+
+
+def merge_runs(results: Sequence[dict], configs: Sequence[dict]) -> dict:
+    """One bias result from runs that each sampled some configurations (``results``: their
+    ``results.json``, ``configs``: their resolved ``config.yaml`` as dicts). The runs must agree
+    on every setting but the configuration axes (``bias.prefix`` / ``encodings`` /
+    ``edit_distances``) and the run folder, and no configuration may come twice."""
+    from ctrlg.errors import ExperimentConfigError
+
+    axes = ("prefix", "encodings", "edit_distances")
+
+    def deciding(cfg: dict) -> dict:
+        kept = {k: v for k, v in cfg.items() if k not in ("bias", "hydra", "resume")}
+        kept["bias"] = {k: v for k, v in cfg.get("bias", {}).items() if k not in axes}
+        return kept
+
+    first = deciding(configs[0])
+    genders = list(configs[0]["bias"]["genders"])
+    professions = list(configs[0]["bias"]["professions"])
+    merged, seen = [], set()
+    for i, (result, cfg) in enumerate(zip(results, configs)):
+        if deciding(cfg) != first:
+            differing = sorted(k for k in set(first) | set(deciding(cfg))
+                               if first.get(k) != deciding(cfg).get(k))
+            raise ExperimentConfigError(f"run {i} differs from run 0 in {', '.join(differing)}; "
+                                        "only bias.prefix / encodings / edit_distances may differ")
+        if result.get("finished") is False:
+            raise ExperimentConfigError(f"run {i} did not finish its configurations")
+        for row in result["configurations"]:
+            if row["configuration"] in seen:
+                raise ExperimentConfigError(f"configuration {row['configuration']!r} "
+                                            f"comes from two runs")
+            seen.add(row["configuration"])
+            counts = np.array([[row["counts"][g][p] for p in professions] for g in genders])
+            merged.append({**row, "professions": profession_tests(counts, professions, genders)})
+    timing = [{k: result[k] for k in ("wall_seconds", "cpu_seconds") if k in result}
+              for result in results]
+    return {"task": "bias", "configurations": merged, "runs": timing}

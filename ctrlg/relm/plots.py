@@ -68,11 +68,15 @@ def plot_bias(configurations: Sequence[dict], path: Path) -> Path:
             counts = np.array([conf["counts"][gender][p] for p in professions], dtype=float)
             share = counts / max(counts.sum(), 1)
             ax.bar(np.arange(len(professions)) + gi * width, share, width, label=gender)
+        differing = {t["profession"] for t in conf.get("professions", ()) if t["significant"]}
+        labels = [f"{p} *" if p in differing else p for p in professions]
         ax.set_xticks(np.arange(len(professions)) + width * (len(genders) - 1) / 2,
-                      professions, rotation=60, ha="right", fontsize=7)
+                      labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("probability")
         p = conf["p_value"]
-        ax.set_title(f"{conf['configuration']}\nχ² p = {p:.2g}", fontsize=9)
+        ax.set_title(f"{conf['configuration']}\nχ² p = {p:.2g}"
+                     + ("  (* shares differ, Bonferroni p < 0.05)" if differing else ""),
+                     fontsize=8)
         ax.legend(fontsize=7)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
