@@ -23,7 +23,9 @@ with ``context`` the BOS token (or ``context_ids``). Two traversals:
   prefix automaton's accepted token paths of at most ``max_tokens`` tokens (walk counts
   ``N_r(s)`` make the choice unbiased by how many strings each branch holds), then the rest is
   drawn from the LM restricted to the automaton (and the decision rule): p(v) ∝ p_lm(v) on allowed
-  tokens. At an accepting state, stopping has the LM's EOS probability.
+  tokens. At an accepting state, stopping has the LM's EOS probability. A batch of samples is
+  decoded incrementally, one forward per step over the rows' new tokens
+  (:class:`ctrlg.relm.row_decoder.RowDecoder`).
 """
 
 from __future__ import annotations
