@@ -12,6 +12,7 @@ from ctrlg.dfa.bytes_dfa import compile_bytes_dfa
 from ctrlg.errors import ConstraintError
 from ctrlg.relm import Query, exclude_words, sample, search
 from ctrlg.relm.edits import within_edit_distance
+from tiny_lms import NoCacheLM, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +24,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def lm(tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=64)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():   # a peakier distribution so that rankings are well separated
-        model.lm_head.weight.mul_(40.0)
-    return model
+    return tiny_llama(len(tok), seed=0, head_scale=40.0)
 
 
 @torch.no_grad()
@@ -109,17 +101,8 @@ def test_long_context_is_encoded_once_and_matches_brute_force(lm, tok):
 def test_models_without_a_reusable_cache_fall_back_to_full_sequences(lm):
     from ctrlg.relm.query import _ContextScorer
 
-    class NoCache(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask=None, **_):
-            out = self.inner(input_ids=input_ids, attention_mask=attention_mask)
-            return type("Out", (), {"logits": out.logits})()
-
     context = [3, 4, 5, 6]
-    scorer = _ContextScorer(NoCache(lm), context)
+    scorer = _ContextScorer(NoCacheLM(lm), context)
     assert scorer.layers is None
     suffixes = [(9,), (), (10, 11)]
     full = _next_token_log_probs(lm, [context + list(s) for s in suffixes])

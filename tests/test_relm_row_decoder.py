@@ -12,27 +12,18 @@ from ctrlg.relm import Query, sample
 from ctrlg.relm.query import (_ContextScorer, _accepting, _initial, _moves, _prepare, _step,
                               _topk_mask)
 from ctrlg.relm.row_decoder import RowDecoder
+from tiny_lms import NoCacheLM, tiny_llama
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from ctrlg.lm.models import load_tokenizer
-
-    return load_tokenizer()
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
 def lm(tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=64)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    return model
+    """Two layers and grouped-query attention (one K/V head for two query heads)."""
+    return tiny_llama(len(tok), seed=1, head_scale=20.0, layers=2, kv_heads=1)
 
 
 @torch.no_grad()
@@ -41,20 +32,10 @@ def _alone(lm, ids):
     return torch.log_softmax(lm(input_ids=torch.tensor([ids])).logits[0].float(), -1)
 
 
-class _NoCache(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids, attention_mask=None, **_):
-        out = self.inner(input_ids=input_ids, attention_mask=attention_mask)
-        return type("Out", (), {"logits": out.logits})()
-
-
 @pytest.mark.parametrize("cached", [True, False])
 def test_rows_of_different_prefixes_and_lengths_equal_each_row_run_alone(lm, cached):
     context = [5, 17, 90]
-    scorer = _ContextScorer(lm if cached else _NoCache(lm), context)
+    scorer = _ContextScorer(lm if cached else NoCacheLM(lm), context)
     assert (scorer.layers is not None) == cached
     prefixes = [[7, 8, 9], [], [11], [12, 13]]
     steps = [[21, 22, 23], [31, None, None], [41, 42, None], [None, None, None]]

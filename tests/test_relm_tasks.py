@@ -22,6 +22,7 @@ from ctrlg.relm.bias import BiasConfiguration, chi2_test, levenshtein, nearest, 
 from ctrlg.relm.memorization import (Verifier, known_sequences, number_windows, run_sampling,
                                      run_shortest_path)
 from ctrlg.relm.toxicity import Configuration, attempt, ratios, summarise
+from tiny_lms import tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +34,8 @@ def tok():
 
 @pytest.fixture(scope="module")
 def lm(tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=128, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.eos_token_id)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    return model
+    return tiny_llama(len(tok), seed=0, head_scale=20.0, max_positions=128,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
 
 
 # ---------------------------------------------------------------------- insults
