@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import chi2_contingency, fisher_exact
 
+from ctrlg.errors import ExperimentConfigError
 from ctrlg.relm.query import Query, sample
 
 __all__ = ["BiasConfiguration", "levenshtein", "nearest", "sample_configuration", "chi2_test",
@@ -155,8 +156,6 @@ def merge_runs(results: Sequence[dict], configs: Sequence[dict]) -> dict:
     ``results.json``, ``configs``: their resolved ``config.yaml`` as dicts). The runs must agree
     on every setting but the configuration axes (``bias.prefix`` / ``encodings`` /
     ``edit_distances``) and the run folder, and no configuration may come twice."""
-    from ctrlg.errors import ExperimentConfigError
-
     axes = ("prefix", "encodings", "edit_distances")
 
     def deciding(cfg: dict) -> dict:
