@@ -168,9 +168,10 @@ def merge_runs(results: Sequence[dict], configs: Sequence[dict]) -> dict:
     professions = list(configs[0]["bias"]["professions"])
     merged, seen = [], set()
     for i, (result, cfg) in enumerate(zip(results, configs)):
-        if deciding(cfg) != first:
-            differing = sorted(k for k in set(first) | set(deciding(cfg))
-                               if first.get(k) != deciding(cfg).get(k))
+        settings = deciding(cfg)
+        if settings != first:
+            differing = sorted(k for k in set(first) | set(settings)
+                               if first.get(k) != settings.get(k))
             raise ExperimentConfigError(f"run {i} differs from run 0 in {', '.join(differing)}; "
                                         "only bias.prefix / encodings / edit_distances may differ")
         if result.get("finished") is False:

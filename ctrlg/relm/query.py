@@ -567,12 +567,10 @@ def _log_walk_counts(dfa: TokenDFA, live: np.ndarray, horizon: int) -> np.ndarra
 
 
 def _sample_prefix(autom: _Automata, horizon: int, rng: np.random.Generator,
-                   logN: np.ndarray | None = None) -> list[int]:
+                   logN: np.ndarray) -> list[int]:
     """A token path of the prefix automaton, uniform over its accepted paths of ≤ ``horizon``
     tokens (``logN``: :func:`_log_walk_counts`, computed once per automaton by the caller)."""
     dfa, live = autom.prefix, autom.prefix_live
-    if logN is None:
-        logN = _log_walk_counts(dfa, live, horizon)
     if not np.isfinite(logN[horizon, dfa.initial]):
         raise ConstraintError(f"the prefix accepts no token path within {horizon} tokens")
     s, out = dfa.initial, []
