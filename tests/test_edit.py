@@ -78,6 +78,24 @@ def test_overall_uses_the_references_percentiles():
     assert not overall(False, "insert", 1.0, 1.0, thresholds)
 
 
+def test_overall_bounds_repetition_by_the_references_so_degenerate_filler_fails():
+    # NLL per token alone lets cheap filler pass: "*. *. *. Station" is easy to predict
+    prefix = "I follow Logan to the back of the room."
+    filler = " I went.  *.  *.  *.  *.  *.  *. Station"
+    _, filler_repeated = repetition(prefix, filler)
+    _, clean_repeated = repetition(prefix, " I went to the station.")
+    assert filler_repeated > 0 and clean_repeated == 0
+    rows = [{"operation": "insert", "fluency": 3.0, "coherence": 3.0, "repeated3": r}
+            for r in [0.0] * 9 + [0.5]]
+    thresholds = reference_thresholds(rows)
+    assert thresholds["insert"]["repeated3"] == pytest.approx(0.05)
+    assert overall(True, "insert", 2.0, 2.0, thresholds, clean_repeated)
+    assert not overall(True, "insert", 2.0, 2.0, thresholds, filler_repeated)
+    # without a repetition score (older records) only the NLL bounds apply
+    assert overall(True, "insert", 2.0, 2.0, thresholds)
+    assert "repeated3" not in reference_thresholds([{"operation": "insert", "fluency": 1.0}])["insert"]
+
+
 def overrides(lm_dir, hmm_dir, path, *extra):
     return [f"model.name={lm_dir}", "model.adapter=null", f"scorer.name={lm_dir}",
             f"hmm.path={hmm_dir}", f"data.path={path}", "data.limit=2",

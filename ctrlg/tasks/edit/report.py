@@ -5,8 +5,8 @@ words in random order); columns are the constraint kinds × quality / success / 
 (:mod:`ctrlg.tasks.edit.scoring`). Quality: fluency and coherence (mean NLL per token under the
 scorer; lower is better), BLEU-4 / ROUGE-L against the reference span (× 100), distinct-2 and the
 share of repeated 3-grams (fluency averaged over the outputs that hold a token; ``empty`` counts
-the others, which fail overall). Overall's fluency and coherence thresholds are the 90th percentiles of
-the reference spans' own, per operation, one value per cut span. Intervals: percentile bootstrap
+the others, which fail overall). Overall's fluency, coherence and repetition thresholds are the 90th
+percentiles of the reference spans' own, per operation, one value per cut span. Intervals: percentile bootstrap
 over examples (95 %) for each overall rate, and paired over the same examples for ctrlg − each
 other method.
 """
@@ -56,7 +56,8 @@ def summarise(records: Sequence[dict], methods: Sequence[str], kinds: Sequence[s
                 continue
             entries = [_entry(r, row) for r in mine]
             ok = np.array([overall(e["success"], r["operation"], e["fluency"], e["coherence"],
-                                   thresholds) for e, r in zip(entries, mine)], dtype=float)
+                                   thresholds, e.get("repeated3"))
+                           for e, r in zip(entries, mine)], dtype=float)
             overall_of[(row, kind)] = (ok, [r["index"] for r in mine])
             scored = metrics.CorpusScorer([e["text"] for e in entries],
                                           [[r["reference"]] for r in mine], ("bleu4", "rouge_l"))
@@ -125,7 +126,7 @@ def format_report(result: dict) -> str:
         out.append(format_table(cells, ["pair", "kind", "interval"],
                                 ["paired", "kind", "overall Δ points (95 % CI)"]))
     thresholds = result["thresholds"]
-    out.append("thresholds (90th percentile of the references' NLL): " + ", ".join(
+    out.append("thresholds (90th percentile of the references' NLL and repeated 3-grams): " + ", ".join(
         f"{op}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()) for op, t in thresholds.items()))
     return "\n\n".join(out)
 
