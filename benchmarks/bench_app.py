@@ -1,4 +1,5 @@
-"""Benchmark: seconds per editor request on the embedded SmolLM2-135M + HMM, over HTTP, and the
+"""Benchmark: seconds per editor request with the editor's defaults (``python -m ctrlg.app``: the
+embedded SmolLM2-135M-Instruct + the ``stories-continue`` adapter and its HMM), over HTTP, and the
 screenshot in docs/app.md.
 
 Serves the real app (``ctrlg.app.create_app``) on a free loopback port and sends each workload
@@ -10,16 +11,21 @@ Serves the real app (``ctrlg.app.create_app``) on a free loopback port and sends
 * ``continue`` — "screen": continue "In my opinion," with keyphrase *balance*, 5–20 words.
 
 Reports the median / min of the server-side seconds and writes ``benchmarks/results/bench_app.json``.
-The first request of a constraint also builds its DFA (memoised afterwards).
+A first request per workload (seed 99, not counted) builds the constraint's DFA, which the editor
+memoises, so the timed requests measure decoding.
+``--reference`` also sends every request with the prompt repeated per candidate, as before
+:mod:`ctrlg.lm.shared_context` (transformers encodes one copy of the prompt per returned sequence,
+and the rerank pads prompt + candidate per row), in the same process, and reports the ratio.
 ``--screenshot PATH`` then opens the page in headless Chromium, runs the insertion through the UI
 and saves a PNG (see docs/app.md).
 
-    python -m benchmarks.bench_app --threads 1 --requests 3 --screenshot docs/app.png
+    python -m benchmarks.bench_app --threads 2 --requests 5 --reference --screenshot docs/app.png
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -27,6 +33,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WOLF = " And the wolf was like"
@@ -89,48 +96,96 @@ def screenshot(base: str, path: Path, width: int = 1400, height: int = 1150) -> 
             driver.quit()
 
 
+def _padded_log_likelihood(model, prompt_ids, candidates, batch_size: int = 16) -> list[float]:
+    """The reference rerank: each row holds prompt + candidate, right-padded, one forward."""
+    import torch
+
+    scores = []
+    for lo in range(0, len(candidates), batch_size):
+        chunk = [list(map(int, c)) for c in candidates[lo:lo + batch_size]]
+        width = len(prompt_ids) + max((len(c) for c in chunk), default=0)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, c in enumerate(chunk):
+            ids[i, :len(prompt_ids) + len(c)] = torch.tensor(list(prompt_ids) + c)
+            mask[i, :len(prompt_ids) + len(c)] = 1
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        n = len(prompt_ids)
+        scores += [float(logp[i, n - 1:n - 1 + len(c)].sum()) for i, c in enumerate(chunk)]
+    return scores
+
+
+@contextlib.contextmanager
+def repeated_prompts():
+    """The reference path: no shared prompt cache anywhere in the request."""
+    from ctrlg.lm.shared_context import SharedContext
+
+    with mock.patch.object(SharedContext, "reusable", property(lambda self: False)), \
+            mock.patch("ctrlg.app.service.lm_log_likelihood", _padded_log_likelihood):
+        yield
+
+
+def run_workload(base: str, body: dict, requests: int) -> tuple[list[float], list[str] | None]:
+    seconds, samples = [], None
+    for seed in range(requests):
+        result = post(base, {**body, "seed": seed})
+        seconds.append(result["seconds"])
+        samples = samples or [c["text"] for c in result["candidates"]]
+    return seconds, samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--screenshot", type=Path, default=None, help="save a PNG of the page here")
+    parser.add_argument("--adapter", default=None, help="the editor's --adapter (default: its default)")
+    parser.add_argument("--hmm", default=None, help="the editor's --hmm (default: its default)")
+    parser.add_argument("--reference", action="store_true",
+                        help="also time each workload with the prompt repeated per candidate")
     args = parser.parse_args()
 
     import torch
 
     from ctrlg.app import create_app
+    from ctrlg.app.__main__ import DEFAULT_ADAPTER, DEFAULT_HMM, load_editor
     from ctrlg.app.examples import load_examples
     from ctrlg.app.server import background_server
-    from ctrlg.hmm import load_default_hmm
-    from ctrlg.lm.models import load_model, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model, tokenizer = load_model(), load_tokenizer()
-    hmm = load_default_hmm(tokenizer=tokenizer)
+    model, tokenizer, hmm, header, description = load_editor(
+        None, args.adapter or DEFAULT_ADAPTER, args.hmm or DEFAULT_HMM)
     load_seconds = time.perf_counter() - start
     examples = {e["code"]: e["text"] for e in load_examples()}
-    app = create_app(model, tokenizer, hmm, model_name="SmolLM2-135M-Instruct (embedded)")
+    app = create_app(model, tokenizer, hmm, model_name=description, prompt_header=header)
     rows = []
     with background_server(app) as base:
         for name, body in workloads(examples).items():
-            seconds, samples = [], None
-            for seed in range(args.requests):
-                result = post(base, {**body, "seed": seed})
-                seconds.append(result["seconds"])
-                samples = samples or [c["text"] for c in result["candidates"]]
-            rows.append({"workload": name, "requests": args.requests,
-                         "median_s": statistics.median(seconds), "min_s": min(seconds),
-                         "seconds": seconds, "example_candidates": samples})
-            print(f"{name:15s} median {rows[-1]['median_s']:6.2f} s   min {rows[-1]['min_s']:6.2f} s"
-                  f"   ({args.requests} requests)   e.g. {samples[0]!r}" if samples else "")
+            run_workload(base, {**body, "seed": 99}, 1)      # builds and memoises the DFA
+            seconds, samples = run_workload(base, body, args.requests)
+            row = {"workload": name, "requests": args.requests,
+                   "median_s": statistics.median(seconds), "min_s": min(seconds),
+                   "seconds": seconds, "example_candidates": samples}
+            if args.reference:
+                with repeated_prompts():
+                    before, _ = run_workload(base, body, args.requests)
+                row.update(reference_median_s=statistics.median(before), reference_seconds=before,
+                           speedup=statistics.median(before) / statistics.median(seconds))
+            rows.append(row)
+            print(f"{name:15s} median {row['median_s']:6.2f} s   min {row['min_s']:6.2f} s"
+                  + (f"   reference {row['reference_median_s']:6.2f} s (x{row['speedup']:.2f})"
+                     if args.reference else "")
+                  + (f"   e.g. {samples[0]!r}" if samples else ""))
         if args.screenshot:
             screenshot(base, args.screenshot)
             print(f"screenshot → {args.screenshot}")
     RESULTS.mkdir(exist_ok=True)
     out = {"threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-           "load_seconds": load_seconds, "rows": rows}
+           "editor": description, "load_seconds": load_seconds, "rows": rows}
     (RESULTS / "bench_app.json").write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     print(f"→ {RESULTS / 'bench_app.json'}")
 

@@ -79,6 +79,7 @@ from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
 from ctrlg.guide.tables import GuideTables, resolve_precision
+from ctrlg.lm.shared_context import SharedContext, shared_prompt_inputs
 from ctrlg.memory import check_lm_fits, check_tables_fit
 from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, check_generation,
                               check_seed, check_vocab_width)
@@ -490,26 +491,42 @@ class Generation:
 @torch.no_grad()
 def lm_log_likelihood(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
                       batch_size: int = 16) -> list[float]:
-    """log p_lm(candidate | prompt) for each candidate (sum of token log-probabilities)."""
-    device = next(model.parameters()).device
+    """log p_lm(candidate | prompt) for each candidate (sum of token log-probabilities). The prompt
+    is encoded once and its cache shared by the candidates (:mod:`ctrlg.lm.shared_context`; models
+    without a reusable cache re-encode prompt + candidate per row)."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ConstraintError("lm_log_likelihood needs a non-empty prompt (at least a BOS token)")
+    chunks = [[list(map(int, c)) for c in candidates[lo:lo + batch_size]]
+              for lo in range(0, len(candidates), batch_size)]
+    if not chunks:
+        return []
+    context = SharedContext(model, prompt)
     scores: list[float] = []
-    for lo in range(0, len(candidates), batch_size):
-        chunk = [list(map(int, c)) for c in candidates[lo:lo + batch_size]]
-        width = len(prompt) + max((len(c) for c in chunk), default=0)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for i, c in enumerate(chunk):
-            seq = prompt + c
-            ids[i, :len(seq)] = torch.tensor(seq)
-            mask[i, :len(seq)] = 1
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
-        for i, c in enumerate(chunk):
-            P = len(prompt)
-            scores.append(float(logp[i, P - 1:P - 1 + len(c)].sum()))
+    for chunk in chunks:
+        scores.extend(_continuation_log_likelihoods(context, chunk))
+    return scores
+
+
+def _continuation_log_likelihoods(context: SharedContext, chunk: list[list[int]]) -> list[float]:
+    """Σ_j log p_lm(c_j | context, c_<j) for each candidate c of ``chunk`` (0 for an empty one)."""
+    scores = [0.0] * len(chunk)
+    rows = [i for i, c in enumerate(chunk) if c]
+    if not rows:
+        return scores
+    width = max(len(chunk[i]) for i in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, i in enumerate(rows):
+        ids[r, :len(chunk[i])] = torch.tensor(chunk[i])
+        mask[r, :len(chunk[i])] = 1
+    first = context.next_log_probs[ids[:, 0]]
+    later = torch.zeros(len(rows), 0)
+    if width > 1:
+        logits = context.continuation_logits(ids[:, :-1], mask[:, :-1]).float().cpu()
+        later = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
+    for r, i in enumerate(rows):
+        scores[i] = float(first[r]) + float(later[r].sum())
     return scores
 
 
@@ -646,6 +663,13 @@ def _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_to
                   eos_token_id=eos_ids or None)
     if num_beams > 1:
         kwargs["num_beams"] = max(num_beams, num_samples)
+    elif not {"num_return_sequences", "past_key_values", "cache"} & set(generate_kwargs):
+        # the prompt encoded once, its cache shared by the samples (ctrlg.lm.shared_context):
+        # transformers would repeat it once per returned sequence and encode every copy
+        shared = shared_prompt_inputs(model, prompt_ids, num_samples)
+        if shared is not None:
+            input_ids = shared.pop("input_ids")
+            kwargs.update(shared)
     kwargs.update(generate_kwargs)
     # transformers samples from torch's global generator: seed a fork of it, restored on exit
     devices = [device] if device.type == "cuda" else []

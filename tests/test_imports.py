@@ -161,7 +161,7 @@ LAYERS: dict[str, set[str]] = {
     "guide": {"errors", "vocab", "validation", "memory", "dfa", "kernels"},
     "sampler": {"errors", "vocab", "validation", "memory", "dfa", "guide", "lm", "hmm"},
     "fast_forward": {"errors", "dfa", "guide", "lm"},
-    "relm": {"errors", "vocab", "validation", "dfa"},
+    "relm": {"errors", "vocab", "validation", "dfa", "lm"},
     "app": {"errors", "vocab", "validation", "checkpoint", "metrics", "memory", "dfa", "lm", "data", "hmm",
             "guide", "sampler", "relm"},
     "tasks": {"errors", "vocab", "validation", "checkpoint", "metrics", "memory", "kernels", "dfa", "lm",

@@ -7,7 +7,9 @@
 * :mod:`ctrlg.lm.hmm_lm` — an HMM wrapped as a causal LM (the exactness tests' LM);
 * :mod:`ctrlg.lm.beam_likelihood` — log p_lm of each beam, summed during beam search;
 * :mod:`ctrlg.lm.judge` — a second LM scoring candidates under its own prompt;
-* :mod:`ctrlg.lm.mbr` — minimum Bayes risk selection among candidates.
+* :mod:`ctrlg.lm.mbr` — minimum Bayes risk selection among candidates;
+* :mod:`ctrlg.lm.shared_context` — a prompt encoded once, its key/value cache shared by the rows
+  that sample or score after it.
 
 May import: :mod:`ctrlg.checkpoint`, :mod:`ctrlg.vocab`, :mod:`ctrlg.validation`,
 :mod:`ctrlg.errors` and third-party packages. Nothing that knows about constraints (dfa, guide,

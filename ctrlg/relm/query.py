@@ -46,6 +46,7 @@ from ctrlg.dfa.ops import bfs_distances, min_tokens_to_accept
 from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.lm.shared_context import SharedContext
 from ctrlg.relm.edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
 from ctrlg.relm.row_decoder import RowDecoder
 from ctrlg.validation import check_context_length, check_count
@@ -310,38 +311,18 @@ class _ContextScorer:
     def __init__(self, model, context: list[int]):
         self.model = model
         self.context = list(context)
-        self.device = next(model.parameters()).device
-        self.layers = None
-        ids = torch.tensor([self.context], device=self.device)
-        with torch.no_grad():
-            try:   # transformers models skip the LM head on all but the last position
-                out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            except TypeError:
-                out = model(input_ids=ids, use_cache=True)
-        self.context_log_probs = torch.log_softmax(out.logits[0, -1].float(), -1).cpu()
-        cache = getattr(out, "past_key_values", None)
-        layers = getattr(cache, "layers", None)
-        if layers and all(hasattr(layer, "keys") and hasattr(layer, "values")
-                          and layer.keys is not None for layer in layers):
-            self.layers = [(layer.keys, layer.values) for layer in layers]
+        self.shared = SharedContext(model, self.context)
+        self.device = self.shared.device
+        self.layers = self.shared.layers
+        self.context_log_probs = self.shared.next_log_probs
 
     def _cache(self, batch: int):
-        from transformers import DynamicCache  # heavy optional dependency: imported on first use
-
-        return DynamicCache([(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:]))
-                             for k, v in self.layers], config=self.model.config)
+        return self.shared.cache(batch)
 
     def _suffix_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits [B, W, V] at the positions of the right-padded suffixes ``ids`` [B, W]
         (``mask`` marks their real tokens) after the context."""
-        n, batch = len(self.context), len(ids)
-        full_mask = torch.cat([torch.ones(batch, n, dtype=torch.long), mask], 1).to(self.device)
-        if self.layers is None:
-            full = torch.cat([torch.tensor([self.context]).expand(batch, n), ids], 1)
-            logits = self.model(input_ids=full.to(self.device), attention_mask=full_mask).logits
-            return logits[:, n:]
-        return self.model(input_ids=ids.to(self.device), attention_mask=full_mask,
-                          past_key_values=self._cache(batch), use_cache=True).logits
+        return self.shared.continuation_logits(ids, mask)
 
     @torch.no_grad()
     def __call__(self, suffixes: list[Sequence[int]]) -> torch.Tensor:

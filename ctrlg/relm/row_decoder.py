@@ -27,6 +27,8 @@ from typing import Sequence
 
 import torch
 
+from ctrlg.lm.shared_context import cache_keyword
+
 __all__ = ["RowDecoder"]
 
 
@@ -112,8 +114,8 @@ class RowDecoder:
         probabilities [B, width, V] on the CPU."""
         self.mask = torch.cat([self.mask, step_mask], 1)
         out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
-                         position_ids=positions.to(self.device), past_key_values=self.cache,
-                         use_cache=True)
+                         position_ids=positions.to(self.device), use_cache=True,
+                         **{cache_keyword(self.model): self.cache})
         self.cache = out.past_key_values
         return torch.log_softmax(out.logits.float(), -1).cpu()
 

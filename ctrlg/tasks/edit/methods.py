@@ -28,6 +28,7 @@ from ctrlg.data.story_prompts import CONTINUE_INSTRUCTION, bos_text
 from ctrlg.dfa import intersect
 from ctrlg.dfa.builders import eos as eos_dfa
 from ctrlg.dfa.words import count_words
+from ctrlg.lm.shared_context import shared_prompt_inputs
 from ctrlg.sampler import candidate_log_likelihoods
 from ctrlg.sampler import generate as guided_generate
 from ctrlg.tasks.edit.examples import EditExample
@@ -107,13 +108,13 @@ def run_method(method: str, example: EditExample, model, tokenizer, *, hmm, eos_
     prompt = prompt_for(example, tokenizer, bos_token, constraints_in_prompt=method == "prompt_only")
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if method == "prompt_only":
+        inputs = shared_prompt_inputs(model, prompt_ids, num_samples) or {
+            "input_ids": torch.tensor([prompt_ids]), "num_return_sequences": num_samples,
+            "attention_mask": torch.ones(1, len(prompt_ids), dtype=torch.long)}
         torch.manual_seed(seed)
-        out = model.generate(torch.tensor([prompt_ids]),
-                             attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                             do_sample=True, top_k=0, top_p=top_p, temperature=temperature,
-                             max_new_tokens=max_new_tokens,
-                             num_return_sequences=num_samples, eos_token_id=eos_id,
-                             pad_token_id=eos_id)
+        out = model.generate(**inputs, do_sample=True, top_k=0, top_p=top_p,
+                             temperature=temperature, max_new_tokens=max_new_tokens,
+                             eos_token_id=eos_id, pad_token_id=eos_id)
         candidates = [row[:row.index(eos_id) + 1] if eos_id in row else row
                       for row in out[:, len(prompt_ids):].tolist()]
         # a suggestion holds a word: empty samples (EOS at once) are no candidates, as in the editor

@@ -1,0 +1,88 @@
+"""The prompt encoded once and shared by every row (ctrlg.lm.shared_context): scores and samples
+equal those of rows that each carry the prompt."""
+
+import math
+
+import pytest
+import torch
+
+from ctrlg import dfa
+from ctrlg.lm import shared_context
+from ctrlg.lm.shared_context import SharedContext
+from ctrlg.sampler import generate, lm_log_likelihood
+from tiny_lms import NoCacheLM, tiny_llama
+
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_llama(VOCAB, seed=3, head_scale=4.0, layers=2, kv_heads=1)
+
+
+def brute_force_log_likelihood(model, prompt, candidate):
+    """Σ_j log p(c_j | prompt, c_<j) from one forward over prompt + c, no cache, no padding."""
+    if not candidate:
+        return 0.0
+    ids = torch.tensor([prompt + candidate])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    return sum(float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(candidate))
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_scores_equal_each_candidate_scored_alone(lm, cached):
+    model = lm if cached else NoCacheLM(lm)
+    prompt = [1, 7, 3, 9, 12]
+    candidates = [[5], [], [8, 2, 2, 31], [0, 39, 4], [6, 6]]
+    got = lm_log_likelihood(model, prompt, candidates, batch_size=3)
+    expected = [brute_force_log_likelihood(lm, prompt, c) for c in candidates]
+    assert got == pytest.approx(expected, abs=1e-4)
+    assert SharedContext(model, prompt).reusable is cached
+    assert lm_log_likelihood(model, prompt, []) == []
+
+
+def test_the_shared_cache_is_never_written(lm):
+    context = SharedContext(lm, [1, 2, 3])
+    before = [(k.clone(), v.clone()) for k, v in context.layers]
+    ids = torch.tensor([[4, 5, 6], [7, 8, 0]])
+    first = context.continuation_logits(ids, torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    second = context.continuation_logits(ids, torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    assert torch.equal(first, second)
+    for (k0, v0), (k1, v1) in zip(before, context.layers):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+def test_sampling_with_the_shared_prompt_draws_what_repeated_prompts_draw(lm, monkeypatch):
+    """Same seed, same samples, token for token, whether the rows share the prompt's cache or
+    transformers repeats the prompt per row (the fallback path)."""
+    constraint = dfa.banned_phrases([[9, 9]], VOCAB)   # never 9 9
+    prompt = [1, 4, 4, 20, 3, 17, 8]
+    kwargs = dict(mode="logical", max_new_tokens=6, num_samples=6, seed=11, eos_token_id=[0],
+                  rank_by_lm=False)
+    calls = []
+    real = shared_context.SharedContext.__init__
+
+    def counting(self, *args, **kw):
+        calls.append(len(args[1]))
+        real(self, *args, **kw)
+    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
+    shared = [g.token_ids for g in generate(lm, None, prompt, constraint, **kwargs)]
+    assert calls == [len(prompt) - 1]           # the prompt (but its last token) encoded once
+    monkeypatch.setattr(shared_context.SharedContext, "reusable", property(lambda self: False))
+    repeated = [g.token_ids for g in generate(lm, None, prompt, constraint, **kwargs)]
+    assert shared == repeated and len(shared) == 6
+    assert not any(s[i:i + 2] == [9, 9] for s in shared for i in range(len(s)))
+
+
+def test_lm_log_likelihood_agrees_with_generation_scores(lm):
+    """The shared-prompt scores equal the sum of the per-step log-softmax transformers hands out."""
+    prompt = [2, 5, 11]
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = lm.generate(ids, max_new_tokens=5, do_sample=False, output_scores=True,
+                          return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    new = out.sequences[0, len(prompt):].tolist()
+    steps = sum(float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, new))
+    assert lm_log_likelihood(lm, prompt, [new])[0] == pytest.approx(steps, abs=1e-4)
+    assert math.isfinite(steps)
