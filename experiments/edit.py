@@ -2,6 +2,7 @@
 
     python -m experiments.edit                                  # quick default
     python -m experiments.edit data.limit=200                   # the benchmark (800 examples)
+    python -m experiments.edit data.offset=10 data.limit=10     # a shard (benchmarks.merge_edit)
     python -m experiments.edit "methods=[prompt_only,logical,ctrlg]" data.path=stories.jsonl
 
 Examples are cut from evaluation passages of the story corpus (:mod:`ctrlg.tasks.edit.examples`:
@@ -43,18 +44,29 @@ def _settings(cfg: DictConfig) -> dict:
 
 
 def _examples(cfg: DictConfig):
+    """(every example of passages 0 … offset + limit − 1, the indices of the shard's own, the
+    shard's passages without a span). The examples before the shard are built (no model runs) so
+    that a shard's indices, operations, sampling seeds and shuffled sanity rows are those of the
+    same examples in one run over every passage: shards merge into that run
+    (``benchmarks.merge_edit``)."""
     from ctrlg.data.stories import load_stories
 
     kinds = list(cfg.kinds)
     if not kinds or set(kinds) - set(KINDS):
         raise ExperimentConfigError(f"kinds must be a non-empty subset of {list(KINDS)}, got {kinds}")
-    stories = load_stories(str(cfg.data.split), cfg.data.path, offset=int(cfg.data.offset), limit=cfg.data.limit)
+    offset, limit = int(cfg.data.offset), cfg.data.limit
+    stories = load_stories(str(cfg.data.split), cfg.data.path, offset=0,
+                           limit=None if limit is None else offset + int(limit))
+    if offset < 0:
+        raise ExperimentConfigError(f"data.offset must be >= 0, got {offset}")
+    shard = {story.index for story in stories[offset:]}
     examples, skipped = build_examples(stories, int(cfg.seed), kinds)
-    if not examples:
+    selection = {i for i, example in enumerate(examples) if example.passage in shard}
+    if not selection:
         raise ExperimentConfigError(f"no passage of {cfg.data.path or 'the story corpus'} "
                                     f"(offset {cfg.data.offset}, limit {cfg.data.limit}) has a span "
                                     "of whole sentences to cut")
-    return examples, skipped
+    return examples, selection, [p for p in skipped if p in shard]
 
 
 def _scored(scorer: Scorer, example, text: str) -> dict:
@@ -114,10 +126,10 @@ def record_schema(examples, methods) -> RecordSchema:
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The experiment (module docstring); returns the report's rows."""
-    examples, skipped = _examples(cfg)
+    examples, selection, skipped = _examples(cfg)
     resume_dir = find_resume_dir(cfg, out_dir, _settings)
     methods = start_run(cfg, out_dir, METHODS)
-    schema, selection = record_schema(examples, methods), set(range(len(examples)))
+    schema = record_schema(examples, methods)
     previous = (read_records(resume_dir, schema=schema, selection=selection)
                 if resume_dir is not None else [])
     done = {r["index"] for r in previous}
@@ -132,8 +144,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                       selection=selection) as writer:
         for index, example in enumerate(progress(examples, desc="edit")):
             shuffled_words = example.reference.split()
-            rng.shuffle(shuffled_words)
-            if index in done:
+            rng.shuffle(shuffled_words)        # for every example, in order: shards draw alike
+            if index in done or index not in selection:
                 continue
             record = {"index": index, **example.record(), "seconds": {}}
             record["reference_scores"] = _scored(scorer, example, example.reference)

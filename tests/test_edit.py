@@ -137,6 +137,38 @@ def test_the_experiment_records_each_example_and_resumes(tiny_lm_dir, tiny_hmm_d
     assert [r["ctrlg"]["text"] for r in again] == [r["ctrlg"]["text"] for r in records]
 
 
+def test_shards_of_passages_merge_into_the_run_over_every_passage(tiny_lm_dir, tiny_hmm_dir, tmp_path):
+    """A shard numbers, seeds and shuffles its examples as the whole run does, so shards (and a
+    later run of one method) merge into the whole run's records."""
+    from benchmarks import merge_edit
+    from experiments import edit
+
+    path = write(tmp_path, STORIES + STORIES[:1])
+    base = overrides(tiny_lm_dir, tiny_hmm_dir, path)
+    edit.run(compose("edit", base + ["data.limit=3"]), tmp_path / "whole")
+    edit.run(compose("edit", base + ["data.offset=0", "data.limit=1"]), tmp_path / "s0")
+    edit.run(compose("edit", base + ["data.offset=1", "data.limit=2"]), tmp_path / "s1")
+    shard = [json.loads(x) for x in (tmp_path / "s1" / "generations.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in shard] == [4, 5, 6, 7, 8, 9, 10, 11]
+    result = merge_edit.merge([tmp_path / "s0", tmp_path / "s1"], tmp_path / "merged")
+    whole = [json.loads(x) for x in (tmp_path / "whole" / "generations.jsonl").read_text().splitlines()]
+    merged = [json.loads(x) for x in (tmp_path / "merged" / "generations.jsonl").read_text().splitlines()]
+    assert len(merged) == len(whole) == 12
+    for a, b in zip(whole, merged):
+        assert a["index"] == b["index"] and a["shuffled"]["text"] == b["shuffled"]["text"]
+        assert all(a[m]["text"] == b[m]["text"] for m in ("prompt_only", "logical", "ctrlg"))
+    assert {p["pair"] for p in result["paired"]} == {"ctrlg − prompt_only", "ctrlg − logical"}
+    # a method taken from another run replaces nothing twice: repeating one is refused
+    edit.run(compose("edit", base + ["data.limit=3", "methods=[ctrlg]"]), tmp_path / "ctrlg")
+    again = merge_edit.merge([(tmp_path / "whole", ["prompt_only", "logical"]), tmp_path / "ctrlg"],
+                             tmp_path / "joined")
+    assert again["rows"] and {r["row"] for r in again["rows"]} >= {"prompt_only", "logical", "ctrlg"}
+    with pytest.raises(ExperimentConfigError, match="repeats example"):
+        merge_edit.merge([tmp_path / "whole", tmp_path / "ctrlg"], tmp_path / "twice")
+    with pytest.raises(ExperimentConfigError, match="offset"):
+        edit.run(compose("edit", base + ["data.offset=-1"]), tmp_path / "bad")
+
+
 def test_passages_too_short_to_cut_are_skipped_and_an_empty_selection_refused(tmp_path, monkeypatch):
     from experiments import edit
 
