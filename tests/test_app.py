@@ -213,7 +213,7 @@ def test_cli_binds_loopback_and_serves_the_editing_lm_by_default():
 
     args = parse_args([])
     assert (args.host, args.port, args.model) == ("127.0.0.1", 8000, None)
-    assert (args.adapter, args.hmm) == ("stories-continue", "stories-h512")
+    assert (args.adapter, args.hmm) == ("stories-continue", "stories-continue-h512")
 
 
 def raw_request(base, method, path, headers, body=b""):

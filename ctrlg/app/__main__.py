@@ -2,7 +2,8 @@
 
 Serves the editor offline on the CPU. By default the LM is the embedded SmolLM2-135M-Instruct with
 the ``stories-continue`` adapter (fine-tuned to continue story text, Ctrl-G §5's recipe) and the
-HMM ``stories-h512`` distilled from the story LM's samples (docs/models.md); the LM reads its
+HMM ``stories-continue-h512`` distilled from that LM's samples under its prompt (docs/models.md);
+the LM reads its
 instruction before the writer's text. ``--model`` takes what :func:`ctrlg.lm.models.load_model`
 takes (a local folder, a ``.gguf`` file, a hub id); ``--adapter`` an embedded adapter's name, a
 folder, or ``none``; ``--hmm`` an embedded HMM's name, a checkpoint folder written by
@@ -29,7 +30,7 @@ from ctrlg.lm.adapters import adapter_info
 from ctrlg.lm.models import load_model, load_tokenizer
 
 DEFAULT_ADAPTER = "stories-continue"
-DEFAULT_HMM = "stories-h512"
+DEFAULT_HMM = "stories-continue-h512"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -32,6 +32,9 @@ EMBEDDED_HMMS = {
     # the story tasks' HMM (configs/distill_stories.yaml): the `stories` LM's unconditional
     # samples; guides infilling, interactive editing and the editor
     "stories-h512": "hmm_smollm2_stories_h512",
+    # the editing HMM (configs/distill_stories_continue.yaml): the `stories-continue` LM's samples
+    # under its prompt over prefixes of the training passages; guides editing and the editor
+    "stories-continue-h512": "hmm_smollm2_stories_continue_h512",
 }
 # name -> folder under ctrlg/assets: prior heads saved apart from their HMM (HMM.attach_prior_head)
 EMBEDDED_PRIOR_HEADS = {
