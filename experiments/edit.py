@@ -55,10 +55,10 @@ def _examples(cfg: DictConfig):
     if not kinds or set(kinds) - set(KINDS):
         raise ExperimentConfigError(f"kinds must be a non-empty subset of {list(KINDS)}, got {kinds}")
     offset, limit = int(cfg.data.offset), cfg.data.limit
-    stories = load_stories(str(cfg.data.split), cfg.data.path, offset=0,
-                           limit=None if limit is None else offset + int(limit))
     if offset < 0:
         raise ExperimentConfigError(f"data.offset must be >= 0, got {offset}")
+    stories = load_stories(str(cfg.data.split), cfg.data.path, offset=0,
+                           limit=None if limit is None else offset + int(limit))
     shard = {story.index for story in stories[offset:]}
     examples, skipped = build_examples(stories, int(cfg.seed), kinds)
     selection = {i for i, example in enumerate(examples) if example.passage in shard}
