@@ -19,7 +19,7 @@ and the rerank pads prompt + candidate per row), in the same process, and report
 ``--screenshot PATH`` then opens the page in headless Chromium, runs the insertion through the UI
 and saves a PNG (see docs/app.md).
 
-    python -m benchmarks.bench_app --threads 2 --requests 5 --reference --screenshot docs/app.png
+    python -m benchmarks.bench_app --threads 2 --requests 3 --reference --screenshot docs/app.png
 """
 
 from __future__ import annotations

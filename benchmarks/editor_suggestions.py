@@ -20,8 +20,7 @@ import json
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-WOLF = " And the wolf was like"
+from benchmarks.bench_app import RESULTS, WOLF
 
 
 def requests(examples: dict[str, str]) -> dict[str, dict]:

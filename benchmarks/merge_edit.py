@@ -25,6 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from benchmarks import merge_common
 from ctrlg.errors import ExperimentConfigError
 from ctrlg.tasks.edit import report
 from ctrlg.tasks.edit.methods import METHODS
@@ -33,8 +34,6 @@ from ctrlg.tasks.records import read_records, write_json
 #: fields that identify an example; equal in every run that holds its index
 EXAMPLE_FIELDS = ("passage", "operation", "kind", "prefix", "suffix", "reference", "keyphrases",
                   "min_words", "max_words")
-#: ``data`` settings that may differ between runs (which passages each run took)
-SHARD_FIELDS = ("offset", "limit", "shards")
 COMMON_SETTINGS = ("seed", "data", "kinds", "scorer")
 METHOD_SETTINGS = {"prompt_only": ("model", "generation"), "logical": ("model", "generation"),
                    "ctrlg": ("model", "hmm", "generation")}
@@ -42,32 +41,7 @@ METHOD_SETTINGS = {"prompt_only": ("model", "generation"), "logical": ("model", 
 
 def parse_run(spec: str) -> tuple[Path, list[str] | None]:
     """``PATH`` (every method of the run) or ``PATH:m1,m2`` (only those methods of it)."""
-    if ":" not in spec or Path(spec).exists():
-        return Path(spec), None
-    path, _, names = spec.rpartition(":")
-    chosen = [m.strip() for m in names.split(",") if m.strip()]
-    if not chosen or set(chosen) - set(METHODS):
-        raise ExperimentConfigError(f"{spec}: after ':' give methods among {', '.join(METHODS)}")
-    return Path(path), chosen
-
-
-def _setting(config: dict, key: str):
-    value = config.get(key)
-    if key == "data" and isinstance(value, dict):
-        value = {k: v for k, v in value.items() if k not in SHARD_FIELDS}
-    return value
-
-
-def _check_settings(runs: list[Path], configs: list[dict], taken: list[list[str]]) -> None:
-    """ExperimentConfigError naming the first setting that two runs which must agree differ in."""
-    keys = list(COMMON_SETTINGS) + sorted({k for ks in METHOD_SETTINGS.values() for k in ks})
-    for key in keys:
-        users = [i for i, methods in enumerate(taken)
-                 if key in COMMON_SETTINGS or any(key in METHOD_SETTINGS[m] for m in methods)]
-        for i in users[1:]:
-            if _setting(configs[i], key) != _setting(configs[users[0]], key):
-                raise ExperimentConfigError(f"{runs[i]} was run with other settings than "
-                                            f"{runs[users[0]]}: ['{key}']")
+    return merge_common.parse_run(spec, METHODS)
 
 
 def join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str]) -> tuple[list[dict], int]:
@@ -111,16 +85,15 @@ def merge(runs: list, out: Path) -> dict:
         if chosen is not None and not set(chosen) <= set(config["methods"]):
             raise ExperimentConfigError(f"{path} did not run {sorted(set(chosen) - set(config['methods']))}")
         taken.append([m for m in config["methods"] if chosen is None or m in chosen])
-    _check_settings(paths, configs, taken)
+    deciders = merge_common.check_settings(paths, configs, taken, COMMON_SETTINGS, METHOD_SETTINGS)
     methods = [m for m in METHODS if any(m in t for t in taken)]
     records, dropped = join([(p, t, read_records(p)) for p, t in zip(paths, taken)], methods)
     if dropped:
         print(f"left out {dropped} examples that not every method reached", file=sys.stderr)
     cfg = dict(configs[0])
-    for key in ("model", "hmm", "generation"):
-        users = [i for i, t in enumerate(taken) if any(key in METHOD_SETTINGS[m] for m in t)]
-        if users:
-            cfg[key] = configs[users[0]][key]
+    for key, index in deciders.items():
+        if key in configs[index]:
+            cfg[key] = configs[index][key]
     cfg["methods"] = methods
     shards = sorted({tuple(s) for c in configs
                      for s in (c["data"].get("shards") or [(c["data"]["offset"], c["data"]["limit"])])},

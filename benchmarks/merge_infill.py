@@ -28,6 +28,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from benchmarks import merge_common
 from ctrlg.errors import ExperimentConfigError
 from ctrlg.tasks.infill.pipeline import METHODS
 from ctrlg.tasks.records import read_records
@@ -37,8 +38,6 @@ from experiments import infill
 MASK_FIELDS = ("original", "masked", "mask_ratio", "p", "granularities")
 #: fields each method adds to a record, besides the method's own
 METHOD_FIELDS = {"ilm": ("ilm_seeds",)}
-#: ``data`` settings that may differ between runs (which passages each run took)
-SHARD_FIELDS = ("offset", "limit", "shards")
 #: settings every run must share, and the settings that decide each method's outputs: runs that
 #: contribute a method using a setting must agree on it (an ILM run's ``generation`` is free)
 COMMON_SETTINGS = ("seed", "data")
@@ -48,39 +47,7 @@ METHOD_SETTINGS = {"ctrlg": ("model", "hmm", "generation"), "logical": ("model",
 
 def parse_run(spec: str) -> tuple[Path, list[str] | None]:
     """``PATH`` (every method of the run) or ``PATH:m1,m2`` (only those methods of it)."""
-    if ":" not in spec or Path(spec).exists():
-        return Path(spec), None
-    path, _, methods = spec.rpartition(":")
-    chosen = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
-    if unknown or not chosen:
-        raise ExperimentConfigError(f"{spec}: after ':' give methods among {', '.join(METHODS)}")
-    return Path(path), chosen
-
-
-def _setting(settings: dict, key: str):
-    value = settings.get(key)
-    if key == "data" and isinstance(value, dict):
-        value = {k: v for k, v in value.items() if k not in SHARD_FIELDS}
-    return value
-
-
-def _check_settings(runs: list[Path], configs: list, taken: list[list[str]]) -> dict:
-    """ExperimentConfigError naming the first setting two runs that must agree on differ in;
-    returns, per setting, the index of a run that decides it."""
-    deciders = {}
-    settings = [OmegaConf.to_container(c, resolve=False) for c in configs]
-    keys = list(COMMON_SETTINGS) + sorted({k for ks in METHOD_SETTINGS.values() for k in ks})
-    for key in keys:
-        users = [i for i, methods in enumerate(taken)
-                 if key in COMMON_SETTINGS or any(key in METHOD_SETTINGS[m] for m in methods)]
-        for i in users[1:]:
-            if _setting(settings[i], key) != _setting(settings[users[0]], key):
-                raise ExperimentConfigError(f"{runs[i]} was run with other settings than "
-                                            f"{runs[users[0]]}: ['{key}']")
-        if users:
-            deciders[key] = users[0]
-    return deciders
+    return merge_common.parse_run(spec, METHODS)
 
 
 def merge(runs: list, out: Path) -> dict:
@@ -93,7 +60,9 @@ def merge(runs: list, out: Path) -> dict:
         if chosen is not None and not set(chosen) <= set(config.methods):
             raise ExperimentConfigError(f"{run} did not run {sorted(set(chosen) - set(config.methods))}")
         taken.append([m for m in config.methods if chosen is None or m in chosen])
-    deciders = _check_settings(runs, configs, taken)
+    deciders = merge_common.check_settings(
+        runs, [OmegaConf.to_container(c, resolve=False) for c in configs], taken,
+        COMMON_SETTINGS, METHOD_SETTINGS)
     methods = [m for m in METHODS if any(m in t for t in taken)]
     records, dropped = _join([(run, t, read_records(run)) for run, t in zip(runs, taken)], methods)
     if dropped:

@@ -79,7 +79,7 @@ from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
 from ctrlg.guide.tables import GuideTables, resolve_precision
-from ctrlg.lm.shared_context import SharedContext, shared_prompt_inputs
+from ctrlg.lm.shared_context import SharedContext, right_padded, shared_prompt_inputs
 from ctrlg.memory import check_lm_fits, check_tables_fit
 from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, check_generation,
                               check_seed, check_vocab_width)
@@ -514,15 +514,10 @@ def _continuation_log_likelihoods(context: SharedContext, chunk: list[list[int]]
     rows = [i for i, c in enumerate(chunk) if c]
     if not rows:
         return scores
-    width = max(len(chunk[i]) for i in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, i in enumerate(rows):
-        ids[r, :len(chunk[i])] = torch.tensor(chunk[i])
-        mask[r, :len(chunk[i])] = 1
+    ids, mask, lengths = right_padded([chunk[i] for i in rows])
     first = context.next_log_probs[ids[:, 0]]
     later = torch.zeros(len(rows), 0)
-    if width > 1:
+    if max(lengths) > 1:
         logits = context.continuation_logits(ids[:, :-1], mask[:, :-1]).float().cpu()
         later = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
     for r, i in enumerate(rows):

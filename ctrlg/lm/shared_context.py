@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["SharedContext", "cache_keyword", "shared_prompt_inputs"]
+__all__ = ["SharedContext", "cache_keyword", "right_padded", "shared_prompt_inputs"]
 
 
 def cache_keyword(model) -> str:
@@ -37,6 +37,18 @@ def cache_keyword(model) -> str:
     except (TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in names else "past_key_values"
+
+
+def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(ids [B, W], attention mask [B, W], lengths) of non-empty token lists, right-padded: the
+    continuations :meth:`SharedContext.continuation_logits` reads."""
+    lengths = [len(s) for s in sequences]
+    ids = torch.zeros(len(sequences), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, s in enumerate(sequences):
+        ids[r, :len(s)] = torch.tensor([int(t) for t in s])
+        mask[r, :len(s)] = 1
+    return ids, mask, lengths
 
 
 class SharedContext:

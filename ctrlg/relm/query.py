@@ -46,7 +46,7 @@ from ctrlg.dfa.ops import bfs_distances, min_tokens_to_accept
 from ctrlg.dfa.regex_index import token_dfa_from_bytes_dfa
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.lm.shared_context import SharedContext
+from ctrlg.lm.shared_context import SharedContext, right_padded
 from ctrlg.relm.edits import DEFAULT_EDIT_SYMBOLS, within_edit_distance
 from ctrlg.relm.row_decoder import RowDecoder
 from ctrlg.validation import check_context_length, check_count
@@ -334,7 +334,7 @@ class _ContextScorer:
                 out[r] = self.context_log_probs
         if not rows:
             return out
-        ids, mask, lengths = _right_padded([list(suffixes[r]) for r in rows])
+        ids, mask, lengths = right_padded([list(suffixes[r]) for r in rows])
         logits = self._suffix_logits(ids, mask)
         last = logits[torch.arange(len(rows)), torch.tensor(lengths) - 1]
         out[rows] = torch.log_softmax(last.float(), dim=-1).cpu()
@@ -344,21 +344,10 @@ class _ContextScorer:
     def token_log_probs(self, tokens: Sequence[int]) -> torch.Tensor:
         """float32 [n]: log p_lm(tokens[i] | context, tokens[:i]) for each i (one model call)."""
         tokens = [int(t) for t in tokens]
-        ids, mask, _ = _right_padded([tokens])
+        ids, mask, _ = right_padded([tokens])
         later = torch.log_softmax(self._suffix_logits(ids, mask)[0, :-1].float(), -1).cpu()
         steps = torch.cat([self.context_log_probs[None], later])
         return steps[torch.arange(len(tokens)), torch.tensor(tokens)]
-
-
-def _right_padded(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """(ids [B, W], attention mask [B, W], lengths) of non-empty token lists, right-padded."""
-    lengths = [len(s) for s in sequences]
-    ids = torch.zeros(len(sequences), max(lengths), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, s in enumerate(sequences):
-        ids[r, :len(s)] = torch.tensor(s)
-        mask[r, :len(s)] = 1
-    return ids, mask, lengths
 
 
 def _vocab_size(model, tokenizer) -> int:
