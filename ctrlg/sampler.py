@@ -79,7 +79,7 @@ from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
 from ctrlg.guide.tables import GuideTables, resolve_precision
-from ctrlg.lm.shared_context import SharedContext, right_padded, shared_prompt_inputs
+from ctrlg.lm.shared_context import ContextCache, SharedContext, right_padded, shared_prompt_inputs
 from ctrlg.memory import check_lm_fits, check_tables_fit
 from ctrlg.validation import (MAX_PADDING, check_count, check_float_scores, check_generation,
                               check_seed, check_vocab_width)
@@ -490,10 +490,13 @@ class Generation:
 
 @torch.no_grad()
 def lm_log_likelihood(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
-                      batch_size: int = 16) -> list[float]:
+                      batch_size: int = 16, contexts: ContextCache | None = None) -> list[float]:
     """log p_lm(candidate | prompt) for each candidate (sum of token log-probabilities). The prompt
     is encoded once and its cache shared by the candidates (:mod:`ctrlg.lm.shared_context`; models
-    without a reusable cache re-encode prompt + candidate per row)."""
+    without a reusable cache re-encode prompt + candidate per row). With ``contexts`` (a
+    :class:`ctrlg.lm.shared_context.ContextCache`) the prompt but its last token is looked up there
+    (the context that sampling after the same prompt encoded) and that token runs before each
+    candidate."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ConstraintError("lm_log_likelihood needs a non-empty prompt (at least a BOS token)")
@@ -501,18 +504,31 @@ def lm_log_likelihood(model, prompt_ids: Sequence[int], candidates: Sequence[Seq
               for lo in range(0, len(candidates), batch_size)]
     if not chunks:
         return []
-    context = SharedContext(model, prompt)
+    lead = None
+    if contexts is not None and len(prompt) > 1:
+        context, lead = contexts.get(model, prompt[:-1]), prompt[-1]
+    else:
+        context = SharedContext(model, prompt)
     scores: list[float] = []
     for chunk in chunks:
-        scores.extend(_continuation_log_likelihoods(context, chunk))
+        scores.extend(_continuation_log_likelihoods(context, chunk, lead))
     return scores
 
 
-def _continuation_log_likelihoods(context: SharedContext, chunk: list[list[int]]) -> list[float]:
-    """Σ_j log p_lm(c_j | context, c_<j) for each candidate c of ``chunk`` (0 for an empty one)."""
+def _continuation_log_likelihoods(context: SharedContext, chunk: list[list[int]],
+                                  lead: int | None = None) -> list[float]:
+    """Σ_j log p_lm(c_j | context [+ lead], c_<j) for each candidate c of ``chunk`` (0 for an
+    empty one); ``lead``: a token that follows the context before every candidate."""
     scores = [0.0] * len(chunk)
     rows = [i for i, c in enumerate(chunk) if c]
     if not rows:
+        return scores
+    if lead is not None:
+        ids, mask, lengths = right_padded([[lead] + chunk[i] for i in rows])
+        logits = context.continuation_logits(ids[:, :-1], mask[:, :-1]).float().cpu()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
+        for r, i in enumerate(rows):
+            scores[i] = float(logp[r].sum())
         return scores
     ids, mask, lengths = right_padded([chunk[i] for i in rows])
     first = context.next_log_probs[ids[:, 0]]
@@ -526,14 +542,16 @@ def _continuation_log_likelihoods(context: SharedContext, chunk: list[list[int]]
 
 
 def candidate_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
-                              recorder: BeamLogLikelihoods | None = None, item: int = 0) -> list[float]:
+                              recorder: BeamLogLikelihoods | None = None, item: int = 0,
+                              contexts: ContextCache | None = None) -> list[float]:
     """log p_lm(candidate | prompt) of each candidate: as summed during beam search by ``recorder``
     (input row ``item`` of its ``generate`` call) where it has it, else — and for every candidate
     without a recorder — by one second pass over the rest (:func:`lm_log_likelihood`)."""
     scores = [None if recorder is None else recorder.log_likelihood(item, c) for c in candidates]
     missing = [i for i, value in enumerate(scores) if value is None]
     if missing:
-        passed = lm_log_likelihood(model, prompt_ids, [candidates[i] for i in missing])
+        passed = lm_log_likelihood(model, prompt_ids, [candidates[i] for i in missing],
+                                   contexts=contexts)
         for i, value in zip(missing, passed):
             scores[i] = value
     return scores
@@ -553,7 +571,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
              min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rank_by_lm: bool = True,
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
              eos_token_id=None, prior_head="auto", strength: float = 1.0, precision: str = "auto",
-             **generate_kwargs) -> list[Generation]:
+             contexts: ContextCache | None = None, **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
     ``rerank=`` still works, deprecated: it shadowed :func:`rerank`).
@@ -572,7 +590,9 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     (:class:`ctrlg.guide.priors.HeadPrior`), ``None`` for the HMM's filtering prior, or ``"auto"`` (the
     head saved with the HMM, ``hmm.prior_head``, when it has one). ``strength``: guidance
     strength w (p_lm · p_hmm(α | ·)^w). ``precision``: of the guidance products
-    (:class:`ConstraintLogitsProcessor`).
+    (:class:`ConstraintLogitsProcessor`). ``contexts``: a
+    :class:`ctrlg.lm.shared_context.ContextCache` where the prompt's encoding is looked up and kept
+    (sampling and the rerank then share it, and so do later calls with the same prompt).
     """
     if "rerank" in generate_kwargs:
         rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
@@ -618,14 +638,14 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
             recorder = BeamLogLikelihoods(len(prompt_ids), 1, eos_ids)
         processors = [proc] if recorder is None else [recorder, proc]
         output = _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_tokens,
-                           num_samples, num_beams, do_sample, seed, generate_kwargs)
+                           num_samples, num_beams, do_sample, seed, generate_kwargs, contexts)
     finally:
         if head_prior is not None:
             head_prior.remove()
     results = _accepted(output[:, len(prompt_ids):].tolist(), constraint, eos_ids, max_new_tokens,
                         tokenizer)
     if rank_by_lm and results:
-        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids, recorder)
+        _rerank_in_place(model, prompt_ids, results, set(eos_ids), suffix_ids, recorder, contexts)
     return results
 
 
@@ -643,7 +663,7 @@ def _check_memory(model, prompt_length: int, suffix_length: int, max_new_tokens:
 
 
 def _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_tokens, num_samples,
-              num_beams, do_sample, seed, generate_kwargs) -> torch.Tensor:
+              num_beams, do_sample, seed, generate_kwargs, contexts=None) -> torch.Tensor:
     """``model.generate`` with the processors, seeded on a fork of torch's RNG."""
     if do_sample is None:
         do_sample = num_beams == 1
@@ -661,7 +681,7 @@ def _generate(model, processors, prompt_ids, eos_ids, max_new_tokens, min_new_to
     elif not {"num_return_sequences", "past_key_values", "cache"} & set(generate_kwargs):
         # the prompt encoded once, its cache shared by the samples (ctrlg.lm.shared_context):
         # transformers would repeat it once per returned sequence and encode every copy
-        shared = shared_prompt_inputs(model, prompt_ids, num_samples)
+        shared = shared_prompt_inputs(model, prompt_ids, num_samples, contexts)
         if shared is not None:
             input_ids = shared.pop("input_ids")
             kwargs.update(shared)
@@ -738,13 +758,14 @@ def _accepted(rows: list[list[int]], constraint: TokenDFA, eos_ids: list[int], m
 
 
 def _rerank_in_place(model, prompt_ids, results: list[Generation], eos_set: set,
-                     suffix_ids, recorder: BeamLogLikelihoods | None = None) -> None:
+                     suffix_ids, recorder: BeamLogLikelihoods | None = None,
+                     contexts: ContextCache | None = None) -> None:
     """Score each generation by log p_lm(ids [+ suffix] | prompt) and sort, best first; beams
     whose score ``recorder`` kept during the search (no suffix) skip the second LM pass."""
     bodies = [g.token_ids[:-1] if g.token_ids and g.token_ids[-1] in eos_set and suffix_ids
               else g.token_ids for g in results]
     scores = candidate_log_likelihoods(model, prompt_ids, [b + (suffix_ids or []) for b in bodies],
-                                       recorder)
+                                       recorder, contexts=contexts)
     for g, s in zip(results, scores):
         g.lm_log_likelihood = s
     results.sort(key=lambda g: -g.lm_log_likelihood)

@@ -8,7 +8,7 @@ import torch
 
 from ctrlg import dfa
 from ctrlg.lm import shared_context
-from ctrlg.lm.shared_context import SharedContext
+from ctrlg.lm.shared_context import ContextCache, SharedContext
 from ctrlg.sampler import generate, lm_log_likelihood
 from tiny_lms import NoCacheLM, tiny_llama
 
@@ -86,3 +86,64 @@ def test_lm_log_likelihood_agrees_with_generation_scores(lm):
     steps = sum(float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, new))
     assert lm_log_likelihood(lm, prompt, [new])[0] == pytest.approx(steps, abs=1e-4)
     assert math.isfinite(steps)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_scores_through_a_context_cache_equal_each_candidate_scored_alone(lm, cached):
+    """The cache keeps the prompt but its last token; that token then runs before each candidate:
+    the same scores as the brute force, and a second call encodes nothing."""
+    model = lm if cached else NoCacheLM(lm)
+    prompt = [1, 7, 3, 9, 12]
+    candidates = [[5], [], [8, 2, 2, 31], [0, 39, 4]]
+    contexts = ContextCache(capacity=1)
+    got = lm_log_likelihood(model, prompt, candidates, batch_size=3, contexts=contexts)
+    expected = [brute_force_log_likelihood(lm, prompt, c) for c in candidates]
+    assert got == pytest.approx(expected, abs=1e-4)
+    assert (contexts.hits, contexts.misses) == (0, 1)    # encoded once for both chunks
+    again = lm_log_likelihood(model, prompt, candidates[:2], contexts=contexts)
+    assert again == pytest.approx(expected[:2], abs=1e-4) and contexts.misses == 1
+    one_token = lm_log_likelihood(model, [4], [[5, 6]], contexts=contexts)   # nothing to keep
+    assert one_token == pytest.approx([brute_force_log_likelihood(lm, [4], [5, 6])], abs=1e-4)
+
+
+def test_sampling_and_its_rerank_encode_the_prompt_once_between_calls(lm, monkeypatch):
+    """generate(contexts=...) shares one encoding of the prompt between sampling and the rerank,
+    and the next call with the same prompt encodes nothing; samples and scores equal the
+    uncached call's."""
+    constraint = dfa.banned_phrases([[9, 9]], VOCAB)
+    prompt = [1, 4, 4, 20, 3, 17, 8]
+    kwargs = dict(mode="logical", max_new_tokens=6, num_samples=5, seed=3, eos_token_id=[0])
+    plain = generate(lm, None, prompt, constraint, **kwargs)
+    calls = []
+    real = shared_context.SharedContext.__init__
+
+    def counting(self, *args, **kw):
+        calls.append(len(args[1]))
+        real(self, *args, **kw)
+    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
+    contexts = ContextCache()
+    cached = generate(lm, None, prompt, constraint, contexts=contexts, **kwargs)
+    assert calls == [len(prompt) - 1]
+    assert [g.token_ids for g in cached] == [g.token_ids for g in plain]
+    assert [g.lm_log_likelihood for g in cached] == pytest.approx(
+        [g.lm_log_likelihood for g in plain], abs=1e-4)
+    generate(lm, None, prompt, constraint, contexts=contexts, **dict(kwargs, seed=4))
+    assert calls == [len(prompt) - 1] and contexts.hits == 3
+
+
+def test_the_context_cache_drops_the_least_recently_used_and_knows_its_model(lm):
+    contexts = ContextCache(capacity=2)
+    a, b, c = [1, 2], [3, 4], [5, 6]
+    first = contexts.get(lm, a)
+    contexts.get(lm, b)
+    assert contexts.get(lm, a) is first          # a is now the most recent
+    contexts.get(lm, c)                          # evicts b
+    assert contexts.get(lm, a) is first and contexts.misses == 3
+    contexts.get(lm, b)
+    assert contexts.misses == 4
+    other = tiny_llama(VOCAB, seed=4, head_scale=1.0, layers=1, kv_heads=1)
+    assert contexts.get(other, a) is not first   # another model never reads this model's entry
+    contexts.clear()
+    assert contexts.get(lm, a) is not first
+    with pytest.raises(ValueError, match="capacity"):
+        ContextCache(capacity=0)

@@ -16,7 +16,9 @@ a continuation). The service
    sentence-final punctuation is kept) as long as the shorter text is still accepted by the DFA
    (a word budget spent before the token budget leaves such a tail, since the LM rarely ends raw
    text with EOS), drops duplicates and empty texts, and ranks them by log p_lm(y ⊕ σ | prompt).
-   Cost: the LM's decoding steps for ``num_candidates`` samples plus one scoring pass.
+   Cost: the LM's decoding steps for ``num_candidates`` samples plus one scoring pass; the
+   prompt is encoded once for both, and not again by the next requests with the same prompt
+   (:class:`ctrlg.lm.shared_context.ContextCache`, the last ``Limits.contexts_kept`` prompts).
 
 Concurrency: one model call at a time (a lock); at most ``max_queue`` requests wait for it, the
 next one gets :class:`ServerBusyError`. Every request has a deadline (``time_budget_s`` from its
@@ -46,6 +48,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ctrlg.dfa.edit_constraint import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
+from ctrlg.lm.shared_context import ContextCache
 from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import generate as guided_generate
 from ctrlg.sampler import lm_log_likelihood
@@ -105,6 +108,7 @@ class Limits:
     max_queue: int = 8               # requests building their constraint or waiting for the model
     max_jobs_kept: int = 64          # finished jobs kept for progress queries
     max_constraint_states: int = 200_000   # the most states a step of the constraint's product may reach
+    contexts_kept: int = 2           # prompts whose encoding is kept for the next requests
 
 
 @dataclass
@@ -167,6 +171,9 @@ class EditorService:
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._waiting = 0
         self._constraints: OrderedDict[tuple, object] = OrderedDict()
+        # the prompt's key/value cache, shared by sampling and the rerank of a request and kept
+        # for the next requests at the same place (used under the model lock only)
+        self._contexts = ContextCache(capacity=self.limits.contexts_kept)
 
     # ------------------------------------------------------------------ jobs
     def open_job(self, request_id: str | None, max_new_tokens: int) -> Job:
@@ -376,11 +383,12 @@ class EditorService:
                     seed=request.seed, rank_by_lm=False,
                     suffix=suffix_ids if request.mode == "ctrlg" else None,
                     eos_token_id=[] if self.eos_id is None else [self.eos_id],
-                    stopping_criteria=StoppingCriteriaList([stopper]))
+                    stopping_criteria=StoppingCriteriaList([stopper]), contexts=self._contexts)
                 bodies = [b for b in dict.fromkeys(tuple(self._trim(g.token_ids, constraint))
                                                    for g in results) if b]   # distinct, non-empty
                 scores = lm_log_likelihood(self.model, prompt_ids,
-                                           [list(b) + (suffix_ids or []) for b in bodies])
+                                           [list(b) + (suffix_ids or []) for b in bodies],
+                                           contexts=self._contexts)
             finally:
                 self._model_lock.release()
             if job.stop_reason() is not None and not results:

@@ -16,16 +16,24 @@ prefix of up to 512 tokens) and the editing benchmark's (8 samples) are the call
 Models whose forward returns no reusable :class:`transformers.DynamicCache` (a cache without
 per-layer ``keys``/``values``, or none at all) are reported by :attr:`SharedContext.reusable`;
 callers then fall back to encoding the full rows.
+
+:class:`ContextCache` keeps the last few contexts of a model, so that the calls of one request
+(sampling, then scoring the samples) and the requests that follow at the same place in a document
+(the editor: the writer asks again, or for another mode) encode their prompt once between them.
+Sampling shares the prompt but its last token (``generate`` runs that token per row), so the
+scores read the same context and run the prompt's last token before each candidate.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
-__all__ = ["SharedContext", "cache_keyword", "right_padded", "shared_prompt_inputs"]
+__all__ = ["ContextCache", "SharedContext", "cache_keyword", "context_for", "right_padded",
+           "shared_prompt_inputs"]
 
 
 def cache_keyword(model) -> str:
@@ -107,7 +115,45 @@ class SharedContext:
                           **{cache_keyword(self.model): self.cache(batch)}).logits
 
 
-def shared_prompt_inputs(model, prompt_ids: Sequence[int], rows: int) -> dict | None:
+class ContextCache:
+    """The last ``capacity`` :class:`SharedContext` objects, by (model, context ids), least recently
+    used dropped first. A context is a pure function of the model's weights and the ids, so a hit
+    returns exactly what encoding again would; a model whose weights change in place (training,
+    merging an adapter) needs :meth:`clear`. Memory: each entry holds one row's keys and values,
+    2 · layers · kv_heads · head_dim · tokens numbers (SmolLM2-135M: 23.6 MB at 512 tokens, float32)."""
+
+    def __init__(self, capacity: int = 2):
+        if capacity < 1:
+            raise ValueError(f"ContextCache needs capacity >= 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple, SharedContext] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, model, context: Sequence[int]) -> SharedContext:
+        key = (id(model), tuple(int(t) for t in context))
+        found = self._entries.get(key)
+        if found is not None and found.model is model:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return found
+        self.misses += 1
+        found = SharedContext(model, key[1])
+        self._entries[key] = found
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def context_for(model, context: Sequence[int], contexts: ContextCache | None = None) -> SharedContext:
+    """``contexts.get(model, context)``, or a fresh SharedContext without a cache."""
+    return SharedContext(model, context) if contexts is None else contexts.get(model, context)
+
+
+def shared_prompt_inputs(model, prompt_ids: Sequence[int], rows: int,
+                         contexts: ContextCache | None = None) -> dict | None:
     """``generate`` keywords that sample ``rows`` sequences after one prompt with its cache shared
     (module docstring): ``input_ids`` and ``attention_mask`` of the rows, ``num_return_sequences=1``
     and the cache of all but the prompt's last token (``generate`` runs that token per row, which
@@ -116,7 +162,7 @@ def shared_prompt_inputs(model, prompt_ids: Sequence[int], rows: int) -> dict | 
     prompt = [int(t) for t in prompt_ids]
     if rows < 2 or len(prompt) < 2:
         return None
-    context = SharedContext(model, prompt[:-1])
+    context = context_for(model, prompt[:-1], contexts)
     if not context.reusable:
         return None
     input_ids = torch.tensor([prompt], device=context.device).expand(rows, -1).contiguous()
