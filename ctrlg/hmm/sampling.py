@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids
 
@@ -187,8 +188,8 @@ class _Decoder:
     def forward(self, backbone) -> torch.Tensor:
         """Run the pending tokens; returns the last-layer state [n, d] of the live rows."""
         out = backbone(input_ids=self.step_ids, attention_mask=self.mask, position_ids=self.positions,
-                       past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+                       use_cache=True, **{cache_keyword(backbone): self.cache})
+        self.cache = returned_cache(out)
         state = out.last_hidden_state[:, -1]
         return state if bool(self.live.all()) else state[self.live]
 
@@ -293,8 +294,8 @@ def prefix_kv_cache(model, prefix_ids: torch.Tensor):
 
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     ids = torch.as_tensor(prefix_ids, device=next(model.parameters()).device)[None]
-    out = backbone(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
-    return out.past_key_values
+    out = backbone(input_ids=ids, use_cache=True, **{cache_keyword(backbone): DynamicCache()})
+    return returned_cache(out)
 
 
 def shared_prefix(token_lists: Sequence[Sequence[int]]) -> list[int]:

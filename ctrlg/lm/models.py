@@ -25,7 +25,6 @@ killed conversions are removed by the next conversion (:mod:`ctrlg.checkpoint`).
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ import torch
 from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 from ctrlg.lm.adapters import merge_adapter
+from ctrlg.lm.shared_context import cache_keyword, returned_cache  # noqa: F401  (re-exported)
 
 __all__ = [
     "EMBEDDED_NAME",
@@ -353,14 +353,3 @@ def load(name: str | os.PathLike | None = None, **kwargs):
     return load_model(name, **kwargs), load_tokenizer(name)
 
 
-def cache_keyword(model) -> str:
-    """The name under which ``model.forward`` takes a key/value cache: ``cache`` (transformers
-    ≥ 5.x) or ``past_key_values`` (earlier releases)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def returned_cache(output):
-    """The key/value cache a forward returned (``cache`` or ``past_key_values``)."""
-    cache = output.get("cache")
-    return cache if cache is not None else output.get("past_key_values")

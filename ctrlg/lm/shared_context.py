@@ -32,8 +32,8 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["ContextCache", "SharedContext", "cache_keyword", "context_for", "right_padded",
-           "shared_prompt_inputs"]
+__all__ = ["ContextCache", "SharedContext", "cache_keyword", "context_for", "returned_cache",
+           "right_padded", "shared_prompt_inputs"]
 
 
 def cache_keyword(model) -> str:
@@ -45,6 +45,14 @@ def cache_keyword(model) -> str:
     except (TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in names else "past_key_values"
+
+
+def returned_cache(output):
+    """The key/value cache a forward returned: ``cache`` where transformers renamed it (reading the
+    old attribute there logs a deprecation warning), ``past_key_values`` before; None if neither."""
+    getter = output.get if hasattr(output, "get") else (lambda name: getattr(output, name, None))
+    cache = getter("cache")
+    return cache if cache is not None else getter("past_key_values")
 
 
 def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -81,7 +89,7 @@ class SharedContext:
             except TypeError:
                 out = model(input_ids=ids, use_cache=True)
         self.next_log_probs = torch.log_softmax(out.logits[0, -1].float(), -1).cpu()
-        cache = getattr(out, "past_key_values", None)
+        cache = returned_cache(out)
         layers = getattr(cache, "layers", None)
         if layers and all(getattr(layer, "keys", None) is not None
                           and getattr(layer, "values", None) is not None for layer in layers):

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from ctrlg.lm.shared_context import cache_keyword
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 __all__ = ["RowDecoder"]
 
@@ -116,7 +116,7 @@ class RowDecoder:
         out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
                          position_ids=positions.to(self.device), use_cache=True,
                          **{cache_keyword(self.model): self.cache})
-        self.cache = out.past_key_values
+        self.cache = returned_cache(out)
         return torch.log_softmax(out.logits.float(), -1).cpu()
 
     def _full_start(self) -> tuple[torch.Tensor, list[float]]:
