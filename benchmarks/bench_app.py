@@ -12,7 +12,10 @@ Serves the real app (``ctrlg.app.create_app``) on a free loopback port and sends
 
 Reports the median / min of the server-side seconds and writes ``benchmarks/results/bench_app.json``.
 A first request per workload (seed 99, not counted) builds the constraint's DFA, which the editor
-memoises, so the timed requests measure decoding.
+memoises, so the timed requests measure decoding. The editor also keeps the encoding of the last
+prompts (:class:`ctrlg.lm.shared_context.ContextCache`), so those requests — the writer asking
+again at the same place — read it; ``cold_median_s`` times the same requests with it emptied
+before each (the first request at a new place).
 ``--reference`` also sends every request with the prompt repeated per candidate, as before
 :mod:`ctrlg.lm.shared_context` (transformers encodes one copy of the prompt per returned sequence,
 and the rerank pads prompt + candidate per row), in the same process, and reports the ratio.
@@ -96,7 +99,7 @@ def screenshot(base: str, path: Path, width: int = 1400, height: int = 1150) -> 
             driver.quit()
 
 
-def _padded_log_likelihood(model, prompt_ids, candidates, batch_size: int = 16) -> list[float]:
+def _padded_log_likelihood(model, prompt_ids, candidates, batch_size: int = 16, **_) -> list[float]:
     """The reference rerank: each row holds prompt + candidate, right-padded, one forward."""
     import torch
 
@@ -127,9 +130,11 @@ def repeated_prompts():
         yield
 
 
-def run_workload(base: str, body: dict, requests: int) -> tuple[list[float], list[str] | None]:
+def run_workload(base: str, body: dict, requests: int, before=None) -> tuple[list[float], list[str] | None]:
     seconds, samples = [], None
     for seed in range(requests):
+        if before is not None:
+            before()
         result = post(base, {**body, "seed": seed})
         seconds.append(result["seconds"])
         samples = samples or [c["text"] for c in result["candidates"]]
@@ -167,9 +172,11 @@ def main() -> None:
         for name, body in workloads(examples).items():
             run_workload(base, {**body, "seed": 99}, 1)      # builds and memoises the DFA
             seconds, samples = run_workload(base, body, args.requests)
+            cold, _ = run_workload(base, body, args.requests, before=app.state.service.forget_prompts)
             row = {"workload": name, "requests": args.requests,
                    "median_s": statistics.median(seconds), "min_s": min(seconds),
-                   "seconds": seconds, "example_candidates": samples}
+                   "seconds": seconds, "cold_median_s": statistics.median(cold),
+                   "cold_seconds": cold, "example_candidates": samples}
             if args.reference:
                 with repeated_prompts():
                     before, _ = run_workload(base, body, args.requests)
@@ -177,6 +184,7 @@ def main() -> None:
                            speedup=statistics.median(before) / statistics.median(seconds))
             rows.append(row)
             print(f"{name:15s} median {row['median_s']:6.2f} s   min {row['min_s']:6.2f} s"
+                  f"   cold {row['cold_median_s']:6.2f} s"
                   + (f"   reference {row['reference_median_s']:6.2f} s (x{row['speedup']:.2f})"
                      if args.reference else "")
                   + (f"   e.g. {samples[0]!r}" if samples else ""))

@@ -381,3 +381,35 @@ def test_a_full_queue_answers_429(tiny):
         status, response = call(base, "/api/generate", {"prefix": "a", "max_new_tokens": 2})
         assert status == 429 and "waiting" in response["error"]
         assert call(base, "/api/health")[1]["queued"] == 0
+
+
+def test_a_request_encodes_its_prompt_once_and_the_next_one_at_the_same_place_not_at_all(tiny, monkeypatch):
+    """Sampling and the rerank share one encoding of the prompt; a second request with the same
+    prefix reads the kept one (and returns what a fresh service returns for its seed)."""
+    from ctrlg.app.schemas import GenerateRequest
+    from ctrlg.app.service import EditorService
+    from ctrlg.lm import shared_context
+
+    model, tokenizer, hmm = tiny
+    encoded = []
+    real = shared_context.SharedContext.__init__
+
+    def counting(self, *args, **kw):
+        encoded.append(len(args[1]))
+        real(self, *args, **kw)
+    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
+    body = {"prefix": "The old dog sat by the door.", "suffix": " The night was quiet.",
+            "keyphrases": ["garden"], "min_words": 3, "max_words": 12, "num_candidates": 3,
+            "max_new_tokens": 24}
+
+    def ask(service, seed):
+        request = GenerateRequest(**body, seed=seed)
+        return service.generate(request, service.open_job(None, request.max_new_tokens))["candidates"]
+    service = EditorService(model, tokenizer, hmm)
+    first = ask(service, 1)
+    assert len(encoded) == 1 and first
+    second = ask(service, 2)
+    assert len(encoded) == 1
+    service.forget_prompts()
+    assert ask(service, 2) == second and len(encoded) == 2
+    assert ask(EditorService(model, tokenizer, hmm), 2) == second

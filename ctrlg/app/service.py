@@ -203,6 +203,11 @@ class EditorService:
         job.cancel_event.set()
         return job.state in ("queued", "building", "generating")
 
+    def forget_prompts(self) -> None:
+        """Drop the kept prompt encodings (the next request encodes its prompt again)."""
+        with self._model_lock:
+            self._contexts.clear()
+
     def status(self) -> dict:
         return {"busy": self._model_lock.locked(), "queued": self._waiting}
 
