@@ -12,6 +12,10 @@ from ctrlg.errors import ExperimentConfigError
 #: ``data`` settings that may differ between runs (which passages each run took)
 SHARD_FIELDS = ("offset", "limit", "shards")
 
+#: settings added to a section after runs were kept, with the value those runs had in effect: a
+#: run without the key agrees with one that has this value
+ADDED_DEFAULTS = {"generation": {"strength": 1.0}}
+
 
 def parse_run(spec: str, methods: Sequence[str]) -> tuple[Path, list[str] | None]:
     """``PATH`` (every method of the run) or ``PATH:m1,m2`` (only those of ``methods``)."""
@@ -26,8 +30,11 @@ def parse_run(spec: str, methods: Sequence[str]) -> tuple[Path, list[str] | None
 
 
 def setting(config: Mapping, key: str):
-    """``config[key]``, without the shard fields when it is the ``data`` section."""
+    """``config[key]``, without the shard fields when it is the ``data`` section, with the
+    :data:`ADDED_DEFAULTS` of its section filled in."""
     value = config.get(key)
+    if key in ADDED_DEFAULTS and isinstance(value, Mapping):
+        value = {**ADDED_DEFAULTS[key], **value}
     if key == "data" and isinstance(value, Mapping):
         value = {k: v for k, v in value.items() if k not in SHARD_FIELDS}
     return value

@@ -2,6 +2,7 @@
 experiment's records, resume and bad input on a tiny random LM."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +181,17 @@ def test_passages_too_short_to_cut_are_skipped_and_an_empty_selection_refused(tm
         edit.run(compose("edit", overrides("x", "y", path, "kinds=[K,X]")), tmp_path / "run")
     examples, skipped = build_examples([Story(0, "Too short."), Story(1, STORIES[1])])
     assert skipped == [0] and examples
+
+
+def test_a_run_kept_before_a_setting_existed_agrees_with_that_settings_default():
+    """merge_common.ADDED_DEFAULTS: generation.strength came after the kept runs, which ran at 1."""
+    from benchmarks import merge_common
+
+    old = {"generation": {"num_samples": 8}}
+    same = {"generation": {"num_samples": 8, "strength": 1.0}}
+    weaker = {"generation": {"num_samples": 8, "strength": 0.5}}
+    check = lambda configs: merge_common.check_settings(  # noqa: E731
+        [Path("old"), Path("new")], configs, [["ctrlg"], ["ctrlg"]], (), {"ctrlg": ("generation",)})
+    assert check([old, same]) == {"generation": 0}
+    with pytest.raises(ExperimentConfigError, match="generation"):
+        check([old, weaker])

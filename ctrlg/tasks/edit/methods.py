@@ -13,7 +13,8 @@ prompt (:func:`ctrlg.data.story_prompts.continuation_prompt`):
   samples, the most likely kept by the same ranking.
 
 Every method gets the same token budget (``max_new_tokens``) and the same sampling settings
-(``temperature``, ``top_p``); a sample without a word is no candidate.
+(``temperature``, ``top_p``); a sample without a word is no candidate. ``strength`` w is ctrlg's
+guidance strength (p_lm · p_hmm(α | ·)^w; 1 is Ctrl-G, the constraint holds at any w).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _rank(model, prompt_ids: list[int], candidates: list[list[int]], suffix: lis
 def run_method(method: str, example: EditExample, model, tokenizer, *, hmm, eos_id: int,
                num_samples: int, max_new_tokens: int, seed: int, bos_token: str = "<|endoftext|>",
                suffix_tokens: int = 32, constraint=None, precision: str = "float32",
-               temperature: float = 1.0, top_p: float = 1.0) -> Output:
+               temperature: float = 1.0, top_p: float = 1.0, strength: float = 1.0) -> Output:
     """One method on one example (module docstring)."""
     start = time.perf_counter()
     suffix = _suffix_ids(example, tokenizer, suffix_tokens)
@@ -130,7 +131,8 @@ def run_method(method: str, example: EditExample, model, tokenizer, *, hmm, eos_
                                       max_new_tokens=max_new_tokens, num_samples=num_samples,
                                       seed=seed, do_sample=True, top_k=0, top_p=top_p,
                                       temperature=temperature, rank_by_lm=False,
-                                      eos_token_id=eos_id, precision=precision)
+                                      eos_token_id=eos_id, precision=precision,
+                                      strength=strength if method == "ctrlg" else 1.0)
         candidates = [g.token_ids for g in generations]
         accepted = [bool(constraint.accepts(c)) for c in candidates]
     else:
