@@ -161,7 +161,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                      suffix_tokens=int(gen.suffix_tokens),
                                      precision=str(gen.precision),
                                      temperature=float(gen.temperature), top_p=float(gen.top_p),
-                                     strength=float(gen.get("strength", 1.0)))
+                                     strength=float(gen.strength))
                     record[method] = {"text": out.text, "accepted": out.accepted,
                                       **_scored(scorer, example, out.text)}
                     record["seconds"][method] = out.seconds
