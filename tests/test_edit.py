@@ -11,7 +11,9 @@ from ctrlg.data.stories import Story, load_stories
 from ctrlg.dfa.words import count_words
 from ctrlg.errors import ExperimentConfigError
 from ctrlg.tasks.edit.examples import KINDS, build_examples, content_words, word_range
-from ctrlg.tasks.edit.scoring import constraints_met, overall, reference_thresholds, repetition
+from ctrlg.tasks.edit.report import summarise
+from ctrlg.tasks.edit.scoring import (constraints_met, keyphrase_position, overall,
+                                     reference_thresholds, repetition)
 from test_experiments import compose, run_interrupted, tiny_hmm_dir, tiny_lm_dir  # noqa: F401 (fixtures)
 
 STORIES = ["It was late when the ferry finally reached the island. The harbour lights were out and "
@@ -58,6 +60,23 @@ def test_constraint_checks_read_text_as_the_constraint_does():
     assert content_words("The old lighthouse keeper was standing at his door") == \
         ["old", "lighthouse", "keeper", "standing", "door"] or "lighthouse" in \
         content_words("The old lighthouse keeper was standing at his door")
+
+
+def test_keyphrase_position_is_where_the_first_whole_word_keyphrase_starts():
+    assert keyphrase_position(["lamp"], " Lamp light filled the room.") == 0.0
+    text = " The old lamp was lit."
+    assert keyphrase_position(["lamp", "old"], text) == pytest.approx(4 / len(text.lstrip()))
+    assert keyphrase_position(["lamp"], " The lamplighter came.") is None     # not a whole word
+    assert keyphrase_position([], text) is None and keyphrase_position(["sun"], text) is None
+    records = [{"index": 0, "passage": 0, "operation": "continue", "kind": "K", "keyphrases": ["lamp"],
+                "reference": " A lamp.", "reference_scores": {"fluency": 1.0, "coherence": None,
+                                                              "distinct2": 1.0, "repeated3": 0.0,
+                                                              "success": True},
+                "shuffled": {"text": " lamp. A", "fluency": 9.0, "coherence": None, "distinct2": 1.0,
+                             "repeated3": 0.0, "success": True}, "seconds": {}}]
+    rows = {r["row"]: r for r in summarise(records, [], ["K"], resamples=0)["rows"] if r["kind"] == "all"}
+    assert rows["reference"]["keyphrase_at"] == pytest.approx(2 / 7)
+    assert rows["shuffled"]["keyphrase_at"] == 0.0
 
 
 def test_repetition_counts_new_three_grams_seen_before():

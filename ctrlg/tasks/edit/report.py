@@ -5,7 +5,8 @@ words in random order); columns are the constraint kinds × quality / success / 
 (:mod:`ctrlg.tasks.edit.scoring`). Quality: fluency and coherence (mean NLL per token under the
 scorer; lower is better), BLEU-4 / ROUGE-L against the reference span (× 100), distinct-2 and the
 share of repeated 3-grams (fluency averaged over the outputs that hold a token; ``empty`` counts
-the others, which fail overall). Overall's fluency, coherence and repetition thresholds are the 90th
+the others, which fail overall); where the first keyphrase starts, as a fraction of the text
+(``keyphrase_at``, over the examples with keyphrases, a diagnostic). Overall's fluency, coherence and repetition thresholds are the 90th
 percentiles of the reference spans' own, per operation, one value per cut span. Intervals: percentile bootstrap
 over examples (95 %) for each overall rate, and paired over the same examples for ctrlg − each
 other method.
@@ -18,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ctrlg import metrics
-from ctrlg.tasks.edit.scoring import overall, reference_thresholds
+from ctrlg.tasks.edit.scoring import keyphrase_position, overall, reference_thresholds
 from ctrlg.tasks.records import format_table
 
 __all__ = ["SANITY_ROWS", "summarise", "format_report"]
@@ -63,6 +64,8 @@ def summarise(records: Sequence[dict], methods: Sequence[str], kinds: Sequence[s
                                           [[r["reference"]] for r in mine], ("bleu4", "rouge_l"))
             overlap = scored.score(range(len(mine)))
             coherence = [e["coherence"] for e in entries if e.get("coherence") is not None]
+            positions = [p for e, r in zip(entries, mine)
+                         if (p := keyphrase_position(r.get("keyphrases") or [], e["text"])) is not None]
             low, high = _interval(ok, resamples, seed)
             rows.append({
                 "row": row, "kind": kind, "examples": len(mine),
@@ -75,6 +78,7 @@ def summarise(records: Sequence[dict], methods: Sequence[str], kinds: Sequence[s
                 "bleu4": overlap["bleu4"], "rouge_l": overlap["rouge_l"],
                 "distinct2": float(np.mean([e["distinct2"] for e in entries])),
                 "repeated3": 100 * float(np.mean([e["repeated3"] for e in entries])),
+                "keyphrase_at": float(np.mean(positions)) if positions else None,
                 "seconds": float(np.mean([r["seconds"][row] for r in mine]))
                 if row in methods else None,
             })
@@ -116,10 +120,10 @@ def format_report(result: dict) -> str:
                                       for c in ("overall % (95 % CI)", "success %", "fluency NLL")])]
     quality = [by[(n, "all")] for n in names if (n, "all") in by]
     out.append(format_table(quality, ["row", "examples", "empty", "fluency", "coherence", "bleu4",
-                                      "rouge_l", "distinct2", "repeated3", "seconds"],
+                                      "rouge_l", "distinct2", "repeated3", "keyphrase_at", "seconds"],
                             ["method (all kinds)", "examples", "empty", "fluency NLL", "coherence NLL",
                              "BLEU-4", "ROUGE-L", "distinct-2", "repeated 3-grams %",
-                             "s / example"]))
+                             "first keyphrase at", "s / example"]))
     if result["paired"]:
         cells = [{**p, "interval": f"{p['delta']:+.1f} [{p['low']:+.1f}, {p['high']:+.1f}]"}
                  for p in result["paired"]]

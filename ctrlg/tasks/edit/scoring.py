@@ -12,6 +12,10 @@
   prefix + y.
 * **repetition** (:func:`repetition`): distinct-2 of y's words, and the share of y's word 3-grams
   that already occurred earlier in prefix + y.
+* **keyphrase position** (:func:`keyphrase_position`, a diagnostic, not part of overall): where
+  the first keyphrase starts in y, as a fraction of y's characters (0: y opens with it). Guidance
+  toward a keyphrase that a weak HMM finds unlikely later pulls it forward; the reference spans
+  give the human distribution.
 * **overall** (:func:`overall`): success, with fluency (and, for insertion, coherence) and the share
   of repeated 3-grams no worse than the 90th percentile of the human reference spans' (per
   operation; Ctrl-G's "satisfaction": fluent *and* satisfying the constraints, which its human
@@ -32,7 +36,8 @@ import torch
 from ctrlg.dfa.words import count_words
 from ctrlg.tasks.edit.examples import EditExample
 
-__all__ = ["constraints_met", "repetition", "Scorer", "reference_thresholds", "overall"]
+__all__ = ["constraints_met", "keyphrase_position", "repetition", "Scorer", "reference_thresholds",
+           "overall"]
 
 
 def _keyphrase_pattern(phrase: str) -> re.Pattern:
@@ -51,6 +56,15 @@ def constraints_met(example: EditExample, text: str) -> bool:
     if example.min_words is not None and n < example.min_words:
         return False
     return example.max_words is None or n <= example.max_words
+
+
+def keyphrase_position(keyphrases: Sequence[str], text: str) -> float | None:
+    """The start of the earliest keyphrase occurrence in ``text`` (read as :func:`constraints_met`
+    reads it) over the length of ``text`` without its leading whitespace; None when there are no
+    keyphrases or none occurs."""
+    body = text.lstrip()
+    starts = [m.start() for k in keyphrases if (m := _keyphrase_pattern(k).search(body))]
+    return min(starts) / len(body) if starts else None
 
 
 def repetition(prefix: str, text: str) -> tuple[float, float]:
