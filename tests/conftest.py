@@ -28,3 +28,19 @@ def smollm2_tokenizer():
     from ctrlg.lm.models import load_tokenizer
 
     return load_tokenizer()
+
+
+@pytest.fixture
+def encoded_contexts(monkeypatch):
+    """The lengths of the contexts :class:`ctrlg.lm.shared_context.SharedContext` encodes during
+    the test, in order (each entry is one prompt encoding)."""
+    from ctrlg.lm import shared_context
+
+    lengths = []
+    real = shared_context.SharedContext.__init__
+
+    def counting(self, model, context):
+        lengths.append(len(context))
+        real(self, model, context)
+    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
+    return lengths

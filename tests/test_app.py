@@ -383,21 +383,14 @@ def test_a_full_queue_answers_429(tiny):
         assert call(base, "/api/health")[1]["queued"] == 0
 
 
-def test_a_request_encodes_its_prompt_once_and_the_next_one_at_the_same_place_not_at_all(tiny, monkeypatch):
+def test_a_request_encodes_its_prompt_once_and_the_next_one_at_the_same_place_not_at_all(tiny, encoded_contexts):
     """Sampling and the rerank share one encoding of the prompt; a second request with the same
     prefix reads the kept one (and returns what a fresh service returns for its seed)."""
     from ctrlg.app.schemas import GenerateRequest
     from ctrlg.app.service import EditorService
-    from ctrlg.lm import shared_context
 
     model, tokenizer, hmm = tiny
-    encoded = []
-    real = shared_context.SharedContext.__init__
-
-    def counting(self, *args, **kw):
-        encoded.append(len(args[1]))
-        real(self, *args, **kw)
-    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
+    encoded = encoded_contexts
     body = {"prefix": "The old dog sat by the door.", "suffix": " The night was quiet.",
             "keyphrases": ["garden"], "min_words": 3, "max_words": 12, "num_candidates": 3,
             "max_new_tokens": 24}

@@ -53,22 +53,16 @@ def test_the_shared_cache_is_never_written(lm):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
-def test_sampling_with_the_shared_prompt_draws_what_repeated_prompts_draw(lm, monkeypatch):
+def test_sampling_with_the_shared_prompt_draws_what_repeated_prompts_draw(lm, monkeypatch,
+                                                                          encoded_contexts):
     """Same seed, same samples, token for token, whether the rows share the prompt's cache or
     transformers repeats the prompt per row (the fallback path)."""
     constraint = dfa.banned_phrases([[9, 9]], VOCAB)   # never 9 9
     prompt = [1, 4, 4, 20, 3, 17, 8]
     kwargs = dict(mode="logical", max_new_tokens=6, num_samples=6, seed=11, eos_token_id=[0],
                   rank_by_lm=False)
-    calls = []
-    real = shared_context.SharedContext.__init__
-
-    def counting(self, *args, **kw):
-        calls.append(len(args[1]))
-        real(self, *args, **kw)
-    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
     shared = [g.token_ids for g in generate(lm, None, prompt, constraint, **kwargs)]
-    assert calls == [len(prompt) - 1]           # the prompt (but its last token) encoded once
+    assert encoded_contexts == [len(prompt) - 1]           # the prompt (but its last token) encoded once
     monkeypatch.setattr(shared_context.SharedContext, "reusable", property(lambda self: False))
     repeated = [g.token_ids for g in generate(lm, None, prompt, constraint, **kwargs)]
     assert shared == repeated and len(shared) == 6
@@ -106,7 +100,7 @@ def test_scores_through_a_context_cache_equal_each_candidate_scored_alone(lm, ca
     assert one_token == pytest.approx([brute_force_log_likelihood(lm, [4], [5, 6])], abs=1e-4)
 
 
-def test_sampling_and_its_rerank_encode_the_prompt_once_between_calls(lm, monkeypatch):
+def test_sampling_and_its_rerank_encode_the_prompt_once_between_calls(lm, encoded_contexts):
     """generate(contexts=...) shares one encoding of the prompt between sampling and the rerank,
     and the next call with the same prompt encodes nothing; samples and scores equal the
     uncached call's."""
@@ -114,21 +108,16 @@ def test_sampling_and_its_rerank_encode_the_prompt_once_between_calls(lm, monkey
     prompt = [1, 4, 4, 20, 3, 17, 8]
     kwargs = dict(mode="logical", max_new_tokens=6, num_samples=5, seed=3, eos_token_id=[0])
     plain = generate(lm, None, prompt, constraint, **kwargs)
-    calls = []
-    real = shared_context.SharedContext.__init__
-
-    def counting(self, *args, **kw):
-        calls.append(len(args[1]))
-        real(self, *args, **kw)
-    monkeypatch.setattr(shared_context.SharedContext, "__init__", counting)
+    assert encoded_contexts == [len(prompt) - 1, len(prompt)]     # without: sampling, then rerank
+    del encoded_contexts[:]
     contexts = ContextCache()
     cached = generate(lm, None, prompt, constraint, contexts=contexts, **kwargs)
-    assert calls == [len(prompt) - 1]
+    assert encoded_contexts == [len(prompt) - 1]
     assert [g.token_ids for g in cached] == [g.token_ids for g in plain]
     assert [g.lm_log_likelihood for g in cached] == pytest.approx(
         [g.lm_log_likelihood for g in plain], abs=1e-4)
     generate(lm, None, prompt, constraint, contexts=contexts, **dict(kwargs, seed=4))
-    assert calls == [len(prompt) - 1] and contexts.hits == 3
+    assert encoded_contexts == [len(prompt) - 1] and contexts.hits == 3
 
 
 def test_the_context_cache_drops_the_least_recently_used_and_knows_its_model(lm):
