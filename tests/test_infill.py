@@ -327,3 +327,17 @@ def test_a_target_ratio_the_masks_cannot_reach_is_said(capsys):
         assert (abs(reached - target) > 0.01) == said == bool(err), (target, reached, err)
         if said:
             assert f"{limit} selected passages" in err and "data.limit" in err
+
+
+def test_a_merge_that_misses_a_target_ratio_says_which_shards_pulled_it_away():
+    from pathlib import Path
+
+    from benchmarks.merge_infill import missed_ratios
+
+    def rows(target, ratios):
+        return [{"target_ratio": target, "index": i, "mask_ratio": r} for i, r in enumerate(ratios)]
+    big = rows(0.21, [0.20, 0.22] * 5) + rows(0.4, [0.40] * 10)
+    small = rows(0.21, [0.10, 0.12]) + rows(0.4, [0.41, 0.39])
+    assert missed_ratios(big + small[2:], [(Path("big"), big), (Path("small"), small)]) == []
+    [line] = missed_ratios(big + small, [(Path("big"), big), (Path("small"), small)])
+    assert line.startswith("ratio 21%: the merged masks cover 19.3% of the characters of 12") and "small: 11.0% over 2" in line
