@@ -9,6 +9,7 @@ def test_grouped_attention_equals_eager(dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ctrlg.hmm.grouped_attention import GROUPED_ATTENTION, register
+    from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
     register()
     torch.manual_seed(0)
@@ -24,7 +25,8 @@ def test_grouped_attention_equals_eager(dtype):
             model.set_attn_implementation(impl)
             full = model(ids, attention_mask=mask).logits
             prefix = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
-            step = model(ids[:, 6:], attention_mask=mask, past_key_values=prefix.past_key_values).logits
+            step = model(ids[:, 6:], attention_mask=mask,
+                         **{cache_keyword(model): returned_cache(prefix)}).logits
             outputs[impl] = (full, step)
     atol = 1e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip(outputs["eager"], outputs[GROUPED_ATTENTION]):

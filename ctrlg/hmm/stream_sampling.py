@@ -42,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ctrlg.errors import CtrlgError
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.hmm.sampling import (DrawBuffers, _check_sample_args, _eos_ids, _write_meta,
                                 chunk_on_disk, draw_inverse_cdf, list_chunks, save_chunk)
 
@@ -169,10 +170,10 @@ def _prefix(model, prefix_ids: torch.Tensor):
     from transformers import DynamicCache  # heavy import: only when an LM is run
 
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    out = backbone(input_ids=prefix_ids[None], past_key_values=DynamicCache(), use_cache=True)
+    out = backbone(input_ids=prefix_ids[None], use_cache=True, **{cache_keyword(backbone): DynamicCache()})
     state = out.last_hidden_state[0, -1]
     logits = model.get_output_embeddings()(state[None]).float()[0]
-    return out.past_key_values, state, torch.log_softmax(logits, -1)
+    return returned_cache(out), state, torch.log_softmax(logits, -1)
 
 
 @torch.no_grad()
