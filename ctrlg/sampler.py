@@ -523,15 +523,10 @@ def _continuation_log_likelihoods(context: SharedContext, chunk: list[list[int]]
     rows = [i for i, c in enumerate(chunk) if c]
     if not rows:
         return scores
-    if lead is not None:
-        ids, mask, lengths = right_padded([[lead] + chunk[i] for i in rows])
-        logits = context.continuation_logits(ids[:, :-1], mask[:, :-1]).float().cpu()
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
-        for r, i in enumerate(rows):
-            scores[i] = float(logp[r].sum())
-        return scores
-    ids, mask, lengths = right_padded([chunk[i] for i in rows])
-    first = context.next_log_probs[ids[:, 0]]
+    ids, mask, lengths = right_padded([([] if lead is None else [lead]) + chunk[i] for i in rows])
+    # the first token's log-probability: the context's own next-token distribution, or (after a
+    # lead token) the first scored position of the forward below
+    first = context.next_log_probs[ids[:, 0]] if lead is None else torch.zeros(len(rows))
     later = torch.zeros(len(rows), 0)
     if max(lengths) > 1:
         logits = context.continuation_logits(ids[:, :-1], mask[:, :-1]).float().cpu()
