@@ -40,7 +40,7 @@ from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.guidance import guided_log_probs
 from ctrlg.guide.tables import GuideTables
-from ctrlg.lm.models import cache_keyword, returned_cache
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 __all__ = ["Sample", "sample_fast_forward", "build_guide"]
 

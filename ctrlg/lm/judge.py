@@ -23,7 +23,7 @@ import torch
 
 from ctrlg.errors import ConstraintError, CtrlgError
 from ctrlg.lm.adapters import base_fingerprint
-from ctrlg.lm.models import cache_keyword, returned_cache
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]

@@ -26,22 +26,29 @@ scores read the same context and run the prompt's last token before each candida
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
-__all__ = ["ContextCache", "SharedContext", "cache_keyword", "context_for", "returned_cache",
-           "right_padded", "shared_prompt_inputs"]
+__all__ = ["ContextCache", "SharedContext", "cache_keyword", "returned_cache", "right_padded",
+           "shared_prompt_inputs"]
 
 
 def cache_keyword(model) -> str:
     """The keyword that hands a model (and its ``generate``) a key/value cache: ``cache`` where
     transformers renamed ``past_key_values`` (5.2x; the old name still works there, with a
-    FutureWarning), ``past_key_values`` before."""
+    FutureWarning), ``past_key_values`` before. Read once per model class (decoding loops ask at
+    every step)."""
+    return _cache_keyword_of(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword_of(model_class: type) -> str:
     try:
-        names = inspect.signature(type(model).forward).parameters
+        names = inspect.signature(model_class.forward).parameters
     except (TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in names else "past_key_values"
@@ -155,11 +162,6 @@ class ContextCache:
         self._entries.clear()
 
 
-def context_for(model, context: Sequence[int], contexts: ContextCache | None = None) -> SharedContext:
-    """``contexts.get(model, context)``, or a fresh SharedContext without a cache."""
-    return SharedContext(model, context) if contexts is None else contexts.get(model, context)
-
-
 def shared_prompt_inputs(model, prompt_ids: Sequence[int], rows: int,
                          contexts: ContextCache | None = None) -> dict | None:
     """``generate`` keywords that sample ``rows`` sequences after one prompt with its cache shared
@@ -170,7 +172,8 @@ def shared_prompt_inputs(model, prompt_ids: Sequence[int], rows: int,
     prompt = [int(t) for t in prompt_ids]
     if rows < 2 or len(prompt) < 2:
         return None
-    context = context_for(model, prompt[:-1], contexts)
+    context = (SharedContext(model, prompt[:-1]) if contexts is None
+               else contexts.get(model, prompt[:-1]))
     if not context.reusable:
         return None
     input_ids = torch.tensor([prompt], device=context.device).expand(rows, -1).contiguous()
