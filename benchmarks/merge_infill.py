@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from benchmarks import merge_common
 from ctrlg.errors import ExperimentConfigError
-from ctrlg.tasks.infill.pipeline import METHODS
+from ctrlg.tasks.infill.pipeline import METHODS, RATIO_TOLERANCE
 from ctrlg.tasks.records import read_records
 from experiments import infill
 
@@ -94,7 +94,7 @@ def merge(runs: list, out: Path) -> dict:
 
 
 def missed_ratios(records: list[dict], runs: list[tuple[Path, list[dict]]],
-                  tolerance: float = 0.01) -> list[str]:
+                  tolerance: float = RATIO_TOLERANCE) -> list[str]:
     """One line per target ratio whose merged records' mean masked-character ratio is more than
     ``tolerance`` from it, naming each run's own mean there (the shards that pulled it away)."""
     def mean_ratio(rows: list[dict], target: float) -> tuple[float, int]:

@@ -67,7 +67,7 @@ def _warn_if_missed(target: float, documents) -> None:
     from ctrlg.data.infill_mask import mask_ratio
 
     reached = sum(mask_ratio(d) for d in documents) / len(documents)
-    if abs(reached - target) > 0.01:
+    if abs(reached - target) > pipeline.RATIO_TOLERANCE:
         print(f"ratio {target:.0%}: the masks of the {len(documents)} selected passages cover "
               f"{reached:.1%} of their characters, not {target:.0%} (ILM's masks take whole units); "
               f"more passages (data.limit) bring the mean closer", file=sys.stderr)

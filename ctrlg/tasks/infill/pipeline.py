@@ -42,13 +42,15 @@ from ctrlg.tasks.infill.constraint import build_constraint, completion_ok
 from ctrlg.tasks.infill.ilm_decoding import ilm_fill
 from ctrlg.data.story_prompts import bos_text
 
-__all__ = ["METHODS", "METRICS", "mask_passage", "calibrate", "check_passages",
-           "guided_completion", "ilm_completions", "method_scorer", "score_rows", "SeedMean",
+__all__ = ["METHODS", "METRICS", "RATIO_TOLERANCE", "mask_passage", "calibrate",
+           "check_passages", "guided_completion", "ilm_completions", "method_scorer", "score_rows", "SeedMean",
            "interval_rows"]
 
 METHODS = ("logical", "ilm", "ctrlg")
 METRICS = ("bleu4", "rouge_l")
 MAX_REDRAWS = 64
+#: how far the evaluated passages' mean masked-character ratio may lie from its target (one point)
+RATIO_TOLERANCE = 0.01
 
 
 def mask_passage(text: str, p: float, seed: int, max_ngram: int = 8) -> MaskedDocument:
