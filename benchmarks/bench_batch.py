@@ -6,7 +6,7 @@ h = 256 over its V = 49152 tokens, and the CommonGen 4-concept constraint
 For each batch size B the prompt is repeated B times and decoded with a KV cache by hand, so the
 two costs are timed separately on the same rows:
 
-* LM step: ``model(next_tokens [B, 1], past_key_values)``;
+* LM step: ``model(next_tokens [B, 1], cache)``;
 * guidance: ``ConstraintLogitsProcessor.__call__(input_ids [B, T], scores [B, V])`` (row
   bookkeeping + guided log-probs), exactly what ``model.generate`` calls.
 
@@ -41,6 +41,7 @@ from ctrlg import dfa
 from ctrlg.lm.models import load_model, load_tokenizer
 from ctrlg.sampler import ConstraintLogitsProcessor
 from ctrlg.vocab import Vocabulary
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCEPTS = ["dog_N", "frisbee_N", "catch_V", "throw_V"]
@@ -54,7 +55,7 @@ def time_batch(model, proc, prompt_ids: list[int], batch: int, steps: int, eos: 
     ids = torch.tensor([prompt_ids] * batch)
     proc.reset()
     out = model(input_ids=ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1].float()
+    past, logits = returned_cache(out), out.logits[:, -1].float()
     lm_times, guide_times = [], []
     done = torch.zeros(batch, dtype=torch.bool)
     for _ in range(steps):
@@ -73,9 +74,9 @@ def time_batch(model, proc, prompt_ids: list[int], batch: int, steps: int, eos: 
         if bool(done.all()):
             break
         t1 = time.perf_counter()
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+        out = model(input_ids=nxt, **{cache_keyword(model): past}, use_cache=True)
         lm_times.append(time.perf_counter() - t1)
-        past, logits = out.past_key_values, out.logits[:, -1].float()
+        past, logits = returned_cache(out), out.logits[:, -1].float()
     return lm_times, guide_times
 
 

@@ -55,6 +55,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 PARTS = ["lm_forward", "cache_reorder", "guide_tables", "guide_rows", "guide_products",
          "guide_other", "recorder", "hf_processors", "beam_search", "rerank"]
@@ -158,10 +159,10 @@ def lm_floor_samples(model, rows: int, repeats: int, context: int = 16) -> list[
     with torch.no_grad():
         for _ in range(repeats):
             cache = DynamicCache()
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, **{cache_keyword(model): cache}, use_cache=True)
             step = torch.randint(100, 1000, (rows, 1), device=device)
             start = time.perf_counter()
-            model(input_ids=step, past_key_values=cache, use_cache=True)
+            model(input_ids=step, **{cache_keyword(model): cache}, use_cache=True)
             times.append(time.perf_counter() - start)
     return times
 

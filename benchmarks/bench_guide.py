@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: precision of the guidance products (``--precision``; float32 as in the recorded results)
@@ -63,7 +64,7 @@ def time_lm_and_guide(model, proc, prompt_ids, steps: int, seed: int = 0):
     lm_times, guide_times = [], []
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
-        past = out.past_key_values
+        past = returned_cache(out)
         logits = out.logits[:, -1].float()
         for step in range(steps):
             t1 = time.perf_counter()
@@ -76,10 +77,10 @@ def time_lm_and_guide(model, proc, prompt_ids, steps: int, seed: int = 0):
             if proc.eos_ids and int(nxt) in proc.eos_ids:
                 break
             t3 = time.perf_counter()
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            out = model(input_ids=nxt, **{cache_keyword(model): past}, use_cache=True)
             t4 = time.perf_counter()
             lm_times.append(t4 - t3)
-            past = out.past_key_values
+            past = returned_cache(out)
             logits = out.logits[:, -1].float()
     return lm_times, guide_times, ids[0, len(prompt_ids):].tolist()
 

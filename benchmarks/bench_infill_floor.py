@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 
 def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> float:
@@ -45,11 +46,12 @@ def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> f
     ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
     times = []
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
+        keyword = cache_keyword(model)
+        cache = returned_cache(model(ids, use_cache=True))
         for s in range(steps):
             start = time.perf_counter()
-            cache = model(torch.full((rows, 1), 200 + s), past_key_values=cache,
-                          use_cache=True).past_key_values
+            cache = returned_cache(model(torch.full((rows, 1), 200 + s), **{keyword: cache},
+                                         use_cache=True))
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 DTYPES = ("float32", "bfloat16")
 
@@ -32,11 +33,12 @@ def _step_seconds(model, rows: int, steps: int, prefix: int = 16) -> float:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 20000, (rows, prefix), generator=generator)
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
+        keyword = cache_keyword(model)
+        cache = returned_cache(model(ids, use_cache=True))
         start = time.perf_counter()
         for s in range(steps):
             step_ids = torch.full((rows, 1), 200 + s)
-            cache = model(step_ids, past_key_values=cache, use_cache=True).past_key_values
+            cache = returned_cache(model(step_ids, **{keyword: cache}, use_cache=True))
         return (time.perf_counter() - start) / steps
 
 

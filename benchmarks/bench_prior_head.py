@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -55,12 +56,12 @@ def main(argv=None) -> dict:
     for B in (int(b) for b in args.batch.split(",")):
         ids = torch.randint(0, model.config.vocab_size, (B, args.context), generator=torch.Generator().manual_seed(0))
         out = model(ids, use_cache=True)
-        cache = out.past_key_values
+        cache = returned_cache(out)
         step = ids[:, -1:]
         features = torch.randn(B, d)
 
         def lm_step():  # one cached decoding step, then drop the appended position again
-            model(step, past_key_values=cache, use_cache=True)
+            model(step, **{cache_keyword(model): cache}, use_cache=True)
             for layer in cache.layers:
                 layer.keys, layer.values = layer.keys[..., :args.context, :], layer.values[..., :args.context, :]
 

@@ -29,6 +29,7 @@ import torch
 
 from benchmarks.gpu.fixtures import LLAMA_1B, llama_config, random_hmm, random_llama
 from benchmarks.gpu.timing import Stopwatch
+from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 __all__ = ["SIZES", "run", "MARKDOWN_COLUMNS", "guided_decode"]
 
@@ -85,7 +86,7 @@ def guided_decode(model, processor, prompt: torch.Tensor, max_new_tokens: int, *
     processor.reset()
     ids = prompt
     cache = DynamicCache()
-    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)  # prefill (not timed)
+    out = model(input_ids=prompt, **{cache_keyword(model): cache}, use_cache=True)  # prefill (not timed)
     logits = out.logits[:, -1].float()
     for t in range(max_new_tokens):
         if guide_watch is not None:
@@ -102,9 +103,9 @@ def guided_decode(model, processor, prompt: torch.Tensor, max_new_tokens: int, *
             break
         if lm_watch is not None:
             with lm_watch:
-                out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+                out = model(input_ids=nxt, **{cache_keyword(model): returned_cache(out)}, use_cache=True)
         else:
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=nxt, **{cache_keyword(model): returned_cache(out)}, use_cache=True)
         logits = out.logits[:, -1].float()
     return ids[:, prompt.shape[1]:]
 
