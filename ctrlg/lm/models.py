@@ -39,6 +39,7 @@ from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 from ctrlg.lm.adapters import merge_adapter
 from ctrlg.lm.shared_context import cache_keyword, returned_cache  # noqa: F401  (re-exported)
+from ctrlg.lm.skinny_linear import use_skinny_linears
 
 __all__ = [
     "EMBEDDED_NAME",
@@ -329,11 +330,13 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, adapter: str | os.PathLike | None = None,
-               **kwargs):
+               skinny_linears: bool = True, **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring). ``adapter``:
     a LoRA adapter (an embedded name such as ``"commongen"`` or a folder,
     :mod:`ctrlg.lm.adapters`) merged into the weights once here; an adapter trained on another
-    base raises :class:`ctrlg.lm.adapters.AdapterMismatchError`."""
+    base raises :class:`ctrlg.lm.adapters.AdapterMismatchError`. ``skinny_linears``: a float32
+    model on the CPU computes its decoding steps' linear layers weight-first
+    (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding, faster steps)."""
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
@@ -345,7 +348,10 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
         raise ModelLoadError(f"could not load a causal LM from {name!r} ({err})") from None
     if adapter is not None:
         model = merge_adapter(model, adapter)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if skinny_linears and torch.device(device).type == "cpu" and dtype == torch.float32:
+        use_skinny_linears(model)
+    return model
 
 
 def load(name: str | os.PathLike | None = None, **kwargs):
