@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ctrlg.errors import ExperimentConfigError
+from ctrlg.tasks.config import without_execution_only
 
 #: ``data`` settings that may differ between runs (which passages each run took)
 SHARD_FIELDS = ("offset", "limit", "shards")
@@ -30,9 +31,10 @@ def parse_run(spec: str, methods: Sequence[str]) -> tuple[Path, list[str] | None
 
 
 def setting(config: Mapping, key: str):
-    """``config[key]``, without the shard fields when it is the ``data`` section, with the
+    """``config[key]``, without the shard fields when it is the ``data`` section, without the
+    execution-only settings (:data:`ctrlg.tasks.config.EXECUTION_ONLY`), with the
     :data:`ADDED_DEFAULTS` of its section filled in."""
-    value = config.get(key)
+    value = without_execution_only(config.get(key))
     if key in ADDED_DEFAULTS and isinstance(value, Mapping):
         value = {**ADDED_DEFAULTS[key], **value}
     if key == "data" and isinstance(value, Mapping):

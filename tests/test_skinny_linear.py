@@ -74,3 +74,29 @@ def test_load_model_switches_float32_cpu_models_unless_told_not_to(tmp_path, smo
     assert isinstance(load_model(tmp_path).lm_head, SkinnyLinear)
     assert type(load_model(tmp_path, skinny_linears=False).lm_head) is torch.nn.Linear
     assert type(load_model(tmp_path, dtype=torch.bfloat16).lm_head) is torch.nn.Linear
+
+
+def test_the_switch_is_an_execution_setting_that_resume_and_merges_ignore():
+    from omegaconf import OmegaConf
+
+    from benchmarks.merge_common import setting
+    from ctrlg.tasks.config import generation_config
+
+    def config(**model):
+        return OmegaConf.create({"seed": 0, "model": {"name": None, "dtype": "float32", **model}})
+
+    on, off, older = config(skinny_linears=True), config(skinny_linears=False), config()
+    assert generation_config(on, ["seed", "model"]) == generation_config(off, ["seed", "model"]) \
+        == generation_config(older, ["seed", "model"])
+    containers = [OmegaConf.to_container(c) for c in (on, off, older)]
+    assert setting(containers[0], "model") == setting(containers[1], "model") == setting(containers[2], "model")
+    assert generation_config(config(dtype="bfloat16"), ["model"]) != generation_config(older, ["model"])
+
+
+def test_every_shipped_model_config_names_the_switch():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml")):
+        assert OmegaConf.load(path).skinny_linears is True, path.name

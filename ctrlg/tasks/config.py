@@ -23,7 +23,8 @@ from ctrlg.hmm import load_default_hmm, load_embedded_hmm, prior_head_path
 from ctrlg.hmm.model import HMM
 from ctrlg.lm.models import load_model, load_tokenizer
 
-__all__ = ["LM_DTYPES", "lm_dtype", "resolve_device", "load_lm", "load_hmm", "generation_config"]
+__all__ = ["LM_DTYPES", "EXECUTION_ONLY", "lm_dtype", "resolve_device", "load_lm", "load_hmm", "generation_config",
+           "without_execution_only"]
 
 LM_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -61,11 +62,13 @@ def resolve_device(name: str | None) -> torch.device:
 def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
     ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
-    weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``."""
+    weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``; ``model.skinny_linears`` (default
+    true) computes a float32 CPU model's decoding steps weight-first (:mod:`ctrlg.lm.skinny_linear`)."""
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
-    model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device)
+    model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device,
+                       skinny_linears=bool(model_cfg.get("skinny_linears", True)))
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -92,7 +95,20 @@ def load_hmm(hmm_cfg: DictConfig | None, tokenizer=None):
     return hmm
 
 
+#: settings of a section that change how a run computes, not what (float rounding at most, like the
+#: thread count): left out where runs are compared (resume, merges)
+EXECUTION_ONLY = ("skinny_linears",)
+
+
+def without_execution_only(value):
+    """``value`` without the :data:`EXECUTION_ONLY` keys when it is a mapping."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in EXECUTION_ONLY}
+    return value
+
+
 def generation_config(cfg: DictConfig, keys: Sequence[str]) -> dict:
-    """The resolved values of the configuration ``keys`` that decide a run's generations."""
+    """The resolved values of the configuration ``keys`` that decide a run's generations (their
+    sections without the :data:`EXECUTION_ONLY` settings)."""
     full = OmegaConf.to_container(cfg, resolve=True)
-    return {key: full.get(key) for key in keys}
+    return {key: without_execution_only(full.get(key)) for key in keys}
