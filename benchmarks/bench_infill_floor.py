@@ -117,11 +117,11 @@ def main(argv=None) -> dict:
     t_step = step_seconds(model, samples)
     rows = []
     for target in args.ratios:
-        p = pipeline.calibrate(texts, target, 0, int(cfg.data.max_ngram))
-        items = [decode_passage(model, tokenizer, hmm,
-                                pipeline.mask_passage(text, p, i, int(cfg.data.max_ngram)),
-                                samples=samples, seed=story.index, bos=cfg.model.bos_token)
-                 for i, (story, text) in enumerate(zip(stories, texts))]
+        documents = pipeline.calibrate_masks(texts, target, 0, int(cfg.data.max_ngram)).documents(
+            texts, int(cfg.data.max_ngram))
+        items = [decode_passage(model, tokenizer, hmm, document, samples=samples, seed=story.index,
+                                bos=cfg.model.bos_token)
+                 for story, document in zip(stories, documents)]
         seconds = float(np.mean([i["seconds"] for i in items]))
         forwards = float(np.mean([i["forwards"] for i in items]))
         rows.append({"target_ratio": target, "passages": len(items), "seconds": seconds,

@@ -10,11 +10,14 @@ that decide its outputs (:data:`METHOD_SETTINGS`: ctrlg and logical the story LM
 ``generation``; ILM its model and ``ilm``): e.g. one process per pair of ratios for
 ``[logical,ctrlg]`` and one more for ``[ilm]`` over every ratio, shards of passages run one after
 another, or a run's ILM replaced by a later run's with other ILM decoding. A shard of passages
-calibrates its own masks (the mean masked-character ratio of *its* passages is brought to each
-target), but ILM's masks take whole units, so a small shard can miss by several points (two
-10-passage shards reached 18.8–19.0 % at 21 % and 40.1 % at 32 %); the union's reached ratio is
-reported, and :func:`missed_ratios` warns when it is more than a point from a target (shards of
-15 passages or more have kept it within one). The records of a (ratio, passage) are
+calibrates its own masks: the mean masked-character ratio of *its* passages is brought within a
+point of each target, redrawing the masks when whole-unit steps leave the closest p further away
+(:func:`ctrlg.tasks.infill.pipeline.calibrate_masks`; shards run before the redraws could miss by
+several points: two 10-passage shards reached 18.8–19.0 % at 21 % and 40.1 % at 32 %). The
+union's reached ratio is reported, and :func:`missed_ratios` warns when it is more than a point
+from a target. ``RUN@0.13,0.40`` takes only those target ratios of a run (with ``:m1,m2`` after
+it, only those methods), e.g. to leave out a ratio a shard missed and was run again for. The
+records of a (ratio, passage) are
 joined: their masks must be the same, and no method may come from two runs. A passage that
 some method did not reach is left out (and counted), so every method is scored on the same
 passages. The merged folder holds ``generations.jsonl`` (ordered by ratio then passage),
@@ -48,26 +51,44 @@ METHOD_SETTINGS = {"ctrlg": ("model", "hmm", "generation"), "logical": ("model",
                    "ilm": ("ilm_model", "ilm")}
 
 
-def parse_run(spec: str) -> tuple[Path, list[str] | None]:
-    """``PATH`` (every method of the run) or ``PATH:m1,m2`` (only those methods of it)."""
-    return merge_common.parse_run(spec, METHODS)
+def parse_run(spec: str) -> tuple[Path, list[str] | None, list[float] | None]:
+    """``PATH`` (every method and ratio of the run), ``PATH:m1,m2`` (only those methods of it),
+    ``PATH@r1,r2`` (only those target ratios), or ``PATH@r1,r2:m1,m2``."""
+    path, methods = merge_common.parse_run(spec, METHODS)
+    if path.exists() or "@" not in path.name:
+        return path, methods, None
+    folder, _, listed = str(path).rpartition("@")
+    try:
+        ratios = [float(r) for r in listed.split(",") if r.strip()]
+    except ValueError:
+        ratios = []
+    if not ratios:
+        raise ExperimentConfigError(f"{spec}: after '@' give target ratios, e.g. @0.13,0.40")
+    return Path(folder), methods, ratios
 
 
 def merge(runs: list, out: Path) -> dict:
-    """Merge ``runs`` (paths, or ``(path, methods)`` pairs taking only those methods) into ``out``."""
-    specs = [run if isinstance(run, tuple) else (Path(run), None) for run in runs]
-    runs = [Path(path) for path, _ in specs]
+    """Merge ``runs`` (paths, or ``(path, methods)`` pairs / ``(path, methods, ratios)`` triples
+    taking only those methods / target ratios; None: all) into ``out``."""
+    specs = [(*run, None)[:3] if isinstance(run, tuple) else (Path(run), None, None) for run in runs]
+    runs = [Path(path) for path, _, _ in specs]
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
     taken = []
-    for (run, chosen), config in zip(specs, configs):
+    for (run, chosen, ratios), config in zip(specs, configs):
         if chosen is not None and not set(chosen) <= set(config.methods):
             raise ExperimentConfigError(f"{run} did not run {sorted(set(chosen) - set(config.methods))}")
+        if ratios is not None:
+            if not set(ratios) <= {float(r) for r in config.ratios}:
+                raise ExperimentConfigError(f"{run} did not run ratios "
+                                            f"{sorted(set(ratios) - {float(r) for r in config.ratios})}")
+            config.ratios = sorted(ratios)
         taken.append([m for m in config.methods if chosen is None or m in chosen])
     deciders = merge_common.check_settings(
         runs, [OmegaConf.to_container(c, resolve=False) for c in configs], taken,
         COMMON_SETTINGS, METHOD_SETTINGS)
     methods = [m for m in METHODS if any(m in t for t in taken)]
-    read = [(run, t, read_records(run)) for run, t in zip(runs, taken)]
+    read = [(run, t, [r for r in read_records(run) if float(r["target_ratio"]) in set(map(float, c.ratios))])
+            for run, t, c in zip(runs, taken, configs)]
     records, dropped = _join(read, methods)
     if dropped:
         print(f"left out {dropped} (ratio, passage) records that not every method reached",
@@ -110,8 +131,8 @@ def missed_ratios(records: list[dict], runs: list[tuple[Path, list[dict]]],
         shards = ", ".join(f"{run}: {ratio:.1%} over {n}" for run, rows in runs
                            for ratio, n in [mean_ratio(rows, target)] if n)
         lines.append(f"ratio {target:.0%}: the merged masks cover {reached:.1%} of the characters "
-                     f"of {passages} passages, more than a point away ({shards}); merge shards of "
-                     "15 passages or more, or leave the shards that miss out")
+                     f"of {passages} passages, more than a point away ({shards}); run the shards "
+                     "that miss again (their masks are redrawn) and take only their other ratios (RUN@r1,r2)")
     return lines
 
 
@@ -153,8 +174,9 @@ def _join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str]) ->
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="a run folder, or FOLDER:m1,m2 to take only those "
-                        "methods of it (e.g. a run whose ILM was decoded with older settings)")
+    parser.add_argument("runs", nargs="+", help="a run folder, FOLDER:m1,m2 to take only those "
+                        "methods of it (e.g. a run whose ILM was decoded with older settings), "
+                        "FOLDER@r1,r2 only those target ratios, or FOLDER@r1,r2:m1,m2")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     merge([parse_run(run) for run in args.runs], args.out)

@@ -61,16 +61,13 @@ def _passages(cfg: DictConfig):
     return stories
 
 
-def _warn_if_missed(target: float, documents) -> None:
-    """A warning when the calibrated masks miss the target ratio by more than a point (few
-    passages: ILM's masks take whole units, so the mean ratio moves in steps)."""
-    from ctrlg.data.infill_mask import mask_ratio
-
-    reached = sum(mask_ratio(d) for d in documents) / len(documents)
-    if abs(reached - target) > pipeline.RATIO_TOLERANCE:
-        print(f"ratio {target:.0%}: the masks of the {len(documents)} selected passages cover "
-              f"{reached:.1%} of their characters, not {target:.0%} (ILM's masks take whole units); "
-              f"more passages (data.limit) bring the mean closer", file=sys.stderr)
+def _warn_if_missed(target: float, calibration: pipeline.MaskCalibration) -> None:
+    """A warning when the calibrated masks still miss the target ratio by more than a point after
+    every draw (very few passages: ILM's masks take whole units, so the mean ratio moves in steps)."""
+    if abs(calibration.reached - target) > pipeline.RATIO_TOLERANCE:
+        print(f"ratio {target:.0%}: the masks of the selected passages cover {calibration.reached:.1%} "
+              f"of their characters, not {target:.0%}, after {calibration.draws} draws (ILM's masks "
+              f"take whole units); more passages (data.limit) bring the mean closer", file=sys.stderr)
 
 
 def record_schema(stories, methods) -> RecordSchema:
@@ -104,11 +101,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     texts = [s.text for s in stories]
     masks = {}
     for target in cfg.ratios:
-        p = pipeline.calibrate(texts, float(target), int(cfg.seed), int(cfg.data.max_ngram))
-        documents = [pipeline.mask_passage(t, p, int(cfg.seed) + i, int(cfg.data.max_ngram))
-                     for i, t in enumerate(texts)]
-        _warn_if_missed(float(target), documents)
-        masks[float(target)] = (p, documents)
+        calibration = pipeline.calibrate_masks(texts, float(target), int(cfg.seed), int(cfg.data.max_ngram))
+        documents = calibration.documents(texts, int(cfg.data.max_ngram))
+        _warn_if_missed(float(target), calibration)
+        masks[float(target)] = (calibration, documents)
     story_lm = ilm_lm = hmm = None
     if {"ctrlg", "logical"} & set(methods):
         story_lm = load_lm(cfg.model)
@@ -120,12 +116,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     records = list(previous)
     with RecordWriter(out_dir / "generations.jsonl", previous, schema=schema,
                       selection=selection) as writer:
-        for target, (p, documents) in masks.items():
-            for story, document in progress(list(zip(stories, documents)), desc=f"infill {target:.0%}"):
+        for target, (calibration, documents) in masks.items():
+            for position, (story, document) in progress(list(enumerate(zip(stories, documents))),
+                                                         desc=f"infill {target:.0%}"):
                 if (target, story.index) in done:
                     continue
                 try:
-                    record = _item(story, document, target, p, methods, story_lm, ilm_lm, hmm, eos, cfg)
+                    record = _item(story, document, target, calibration.p, calibration.seed + position,
+                                   methods, story_lm, ilm_lm, hmm, eos, cfg)
                 except InsufficientMemoryError:
                     raise
                 except CtrlgError as error:
@@ -137,10 +135,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     return report(cfg, records, methods, out_dir)
 
 
-def _item(story, document, target, p, methods, story_lm, ilm_lm, hmm, eos, cfg) -> dict:
+def _item(story, document, target, p, mask_seed, methods, story_lm, ilm_lm, hmm, eos, cfg) -> dict:
     from ctrlg.data.infill_mask import mask_ratio
 
-    record = {"target_ratio": target, "p": p, "index": story.index, "original": story.text,
+    record = {"target_ratio": target, "p": p, "mask_seed": mask_seed, "index": story.index, "original": story.text,
               "masked": document.with_blanks("___"), "mask_ratio": mask_ratio(document),
               "granularities": [g.value for g in document.granularities], "seconds": {}}
     seed = int(cfg.seed) * 100_003 + story.index

@@ -135,8 +135,36 @@ def test_calibrated_masks_reach_each_target_ratio_of_characters():
         assert all(pipeline.mask_passage(t, p, i).spans for i, t in enumerate(texts))
 
 
+def test_mask_calibration_redraws_a_selection_until_its_mean_ratio_is_within_a_point():
+    """15 evaluation passages whose closest p misses 32 % by more than a point (the steps of
+    whole-unit masks): the masks are redrawn with new seeds and land within the tolerance; a
+    selection that the first draw already brings there keeps the plain calibration's masks."""
+    from ctrlg.data.stories import load_stories
+    from ctrlg.tasks.infill import pipeline
+
+    texts = [s.text for s in load_stories("eval", offset=95, limit=15)]
+    plain_p = pipeline.calibrate(texts, 0.32, seed=0)
+    plain = np.mean([mask_ratio(pipeline.mask_passage(t, plain_p, i)) for i, t in enumerate(texts)])
+    assert abs(plain - 0.32) > pipeline.RATIO_TOLERANCE                    # the step this is about
+    calibration = pipeline.calibrate_masks(texts, 0.32, seed=0)
+    assert calibration.draws > 1 and calibration.seed == pipeline.SELECTION_SEED_STRIDE * (calibration.draws - 1)
+    documents = calibration.documents(texts)
+    reached = np.mean([mask_ratio(d) for d in documents])
+    assert reached == pytest.approx(calibration.reached) and abs(reached - 0.32) <= pipeline.RATIO_TOLERANCE
+    assert [d.spans for d in documents] == [pipeline.mask_passage(t, calibration.p, calibration.seed + i).spans
+                                            for i, t in enumerate(texts)]
+    first = texts[:8]                                                       # hits on the first draw
+    first_p = pipeline.calibrate(first, 0.32, seed=0)
+    assert abs(np.mean([mask_ratio(pipeline.mask_passage(t, first_p, i))
+                        for i, t in enumerate(first)]) - 0.32) <= pipeline.RATIO_TOLERANCE
+    kept = pipeline.calibrate_masks(first, 0.32, seed=0)
+    assert (kept.draws, kept.seed, kept.p) == (1, 0, first_p)
+    closest = pipeline.calibrate_masks(texts[:1], 0.32, seed=0, tolerance=0.0, draws=3)
+    assert closest.draws == 3                                               # none exact: the closest
+
+
 def test_runs_split_by_ratio_merge_into_the_single_runs_report(tiny_lm_dir, tiny_hmm_dir, tmp_path):
-    from benchmarks.merge_infill import merge
+    from benchmarks.merge_infill import merge, parse_run
     from experiments import infill
 
     path = write_stories(tmp_path, STORIES)
@@ -152,6 +180,17 @@ def test_runs_split_by_ratio_merge_into_the_single_runs_report(tiny_lm_dir, tiny
             {k: v for k, v in row.items() if k != "seconds"}
     with pytest.raises(ExperimentConfigError, match="share"):
         merge([tmp_path / "0.3", tmp_path / "whole"], tmp_path / "again")
+    # RUN@r takes only those ratios of a run: the whole run's 0.3 with the 0.5 run is the whole run
+    assert parse_run(f"{tmp_path / 'whole'}@0.3:ctrlg") == (tmp_path / "whole", ["ctrlg"], [0.3])
+    assert parse_run(f"{tmp_path / 'whole'}@0.3") == (tmp_path / "whole", None, [0.3])
+    taken = merge([parse_run(f"{tmp_path / 'whole'}@0.3"), tmp_path / "0.5"], tmp_path / "by_ratio")
+    assert {k: {m: v for m, v in row.items() if m != "seconds"} for k, row in taken.items()} == \
+        {k: {m: v for m, v in row.items() if m != "seconds"} for k, row in whole.items()}
+    assert [r["target_ratio"] for r in read_records(tmp_path / "by_ratio")] == [0.3, 0.3, 0.5, 0.5]
+    with pytest.raises(ExperimentConfigError, match="did not run ratios"):
+        merge([parse_run(f"{tmp_path / '0.3'}@0.5")], tmp_path / "none")
+    with pytest.raises(ExperimentConfigError, match="after '@'"):
+        parse_run(f"{tmp_path / 'whole'}@x")
     infill.run(compose("infill", base + ["ratios=[0.4]", "generation.num_samples=3"]), tmp_path / "other")
     with pytest.raises(ExperimentConfigError, match="generation"):
         merge([tmp_path / "0.3", tmp_path / "other"], tmp_path / "again")
@@ -194,7 +233,7 @@ def test_a_runs_ilm_is_replaced_by_a_later_run_decoded_with_other_ilm_settings(t
                tmp_path / "ilm")
     with pytest.raises(ExperimentConfigError, match="'ilm'"):     # both contribute ILM
         merge([tmp_path / "all", tmp_path / "ilm"], tmp_path / "refused")
-    assert parse_run(f"{tmp_path / 'all'}:logical,ctrlg") == (tmp_path / "all", ["logical", "ctrlg"])
+    assert parse_run(f"{tmp_path / 'all'}:logical,ctrlg") == (tmp_path / "all", ["logical", "ctrlg"], None)
     merged = merge([parse_run(f"{tmp_path / 'all'}:logical,ctrlg"), parse_run(str(tmp_path / "ilm"))],
                    tmp_path / "merged")
     assert merged["0.3/ilm"]["passages"] == merged["0.3/ctrlg"]["passages"] == 2
@@ -313,20 +352,21 @@ def test_ilm_decoding_samples_from_the_nucleus_when_top_p_is_below_one(smollm2_t
 
 
 def test_a_target_ratio_the_masks_cannot_reach_is_said(capsys):
+    """The quick default's 2 passages reach every target after a few draws; a one-sentence
+    passage cannot reach 13 % (its units are 4 words of 15 characters), and the run says so."""
     from ctrlg.data.stories import load_stories
     from ctrlg.tasks.infill import pipeline
     from experiments.infill import _warn_if_missed
 
-    for limit, target, said in ((2, 0.40, True), (30, 0.13, False)):   # the quick default; the benchmark
-        texts = [s.text for s in load_stories("eval", limit=limit)]
-        documents = [pipeline.mask_passage(t, pipeline.calibrate(texts, target, seed=0), i)
-                     for i, t in enumerate(texts)]
-        reached = float(np.mean([mask_ratio(d) for d in documents]))
-        _warn_if_missed(target, documents)
+    quick = [s.text for s in load_stories("eval", limit=2)]
+    for texts, target, said in ((quick, 0.40, False), (quick, 0.13, False), (["Tom had a kite."], 0.13, True)):
+        calibration = pipeline.calibrate_masks(texts, target, seed=0)
+        reached = float(np.mean([mask_ratio(d) for d in calibration.documents(texts)]))
+        _warn_if_missed(target, calibration)
         err = capsys.readouterr().err
         assert (abs(reached - target) > 0.01) == said == bool(err), (target, reached, err)
         if said:
-            assert f"{limit} selected passages" in err and "data.limit" in err
+            assert f"after {pipeline.MAX_SELECTION_DRAWS} draws" in err and "data.limit" in err
 
 
 def test_a_merge_that_misses_a_target_ratio_says_which_shards_pulled_it_away():
