@@ -29,8 +29,9 @@ def test_prefills_and_other_dtypes_take_f_linear_unchanged():
     torch.manual_seed(1)
     layer = torch.nn.Linear(6, 9)
     use_skinny_linears(layer)
-    many = torch.randn(MAX_ROWS + 1, 6)
-    assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
+    for rows in (1, MAX_ROWS + 1):
+        x = torch.randn(rows, 6)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
     half = layer.to(torch.bfloat16)
     x = torch.randn(2, 6, dtype=torch.bfloat16)
     assert torch.equal(half(x), F.linear(x, half.weight, half.bias))

@@ -9,9 +9,11 @@ d_out outermost and streams W in its stored order, so the step is bound by readi
 another order: outputs agree with ``F.linear`` up to float rounding.
 
 :func:`use_skinny_linears` switches a model's ``torch.nn.Linear`` modules to :class:`SkinnyLinear`
-in place (same parameters, same state dict, tied weights stay tied). Inputs of more than
-:data:`MAX_ROWS` rows (a prompt's prefill), other devices and other dtypes take
-``F.linear`` unchanged. :func:`ctrlg.lm.models.load_model` applies it to float32 models on the
+in place (same parameters, same state dict, tied weights stay tied). Inputs of one row or of
+more than :data:`MAX_ROWS` rows (a prompt's prefill), other devices and other dtypes take
+``F.linear`` unchanged. Measured on a 2-core AMD EPYC (AVX2), two threads, SmolLM2-135M: the
+step is ×1.75 / 1.47 / 1.30 / 1.21 faster at 4 / 8 / 32 / 64 rows and ×0.95 at one row (hence
+F.linear there), with next-token log-probabilities equal to F.linear's. :func:`ctrlg.lm.models.load_model` applies it to float32 models on the
 CPU. ``benchmarks/bench_skinny_linear`` measures the step against ``F.linear`` in one process.
 """
 
@@ -20,19 +22,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MAX_ROWS", "SkinnyLinear", "use_skinny_linears"]
+__all__ = ["MIN_ROWS", "MAX_ROWS", "SkinnyLinear", "use_skinny_linears"]
 
-#: the most rows (tokens × batch) computed weight-first; more (a prefill) go through F.linear
-MAX_ROWS = 64
+#: the rows (tokens × batch) computed weight-first; one row (a GEMV either way) and more than
+#: MAX_ROWS (a prefill) go through F.linear
+MIN_ROWS, MAX_ROWS = 2, 64
 
 
 class SkinnyLinear(torch.nn.Linear):
-    """A ``torch.nn.Linear`` whose float32 CPU forward of ≤ :data:`MAX_ROWS` rows is (W · xᵀ)ᵀ."""
+    """A ``torch.nn.Linear`` whose float32 CPU forward of :data:`MIN_ROWS` … :data:`MAX_ROWS` rows
+    is (W · xᵀ)ᵀ."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features if self.in_features else 0
         if (x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32
-                or not 0 < rows <= MAX_ROWS):
+                or not MIN_ROWS <= rows <= MAX_ROWS):
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, self.in_features)
         y = torch.mm(self.weight, flat.t()).t().contiguous()
