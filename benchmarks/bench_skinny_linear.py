@@ -21,28 +21,13 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from ctrlg.lm.shared_context import cache_keyword, returned_cache
+from benchmarks.bench_infill_floor import step_seconds
 
 VARIANTS = ("f_linear", "weight_first")
-
-
-def step_seconds(model, rows: int, steps: int, cache_tokens: int = 96) -> float:
-    """Median seconds of one decoding step of ``rows`` rows on a ``cache_tokens`` KV cache."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
-    keyword, times = cache_keyword(model), []
-    with torch.no_grad():
-        cache = returned_cache(model(ids, use_cache=True))
-        for s in range(steps):
-            start = time.perf_counter()
-            cache = returned_cache(model(torch.full((rows, 1), 200 + s), **{keyword: cache}, use_cache=True))
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def logprob_gap(models: dict) -> float:
@@ -72,7 +57,7 @@ def main(argv=None) -> dict:
     for _ in range(args.repeats):
         for rows in args.rows:
             for variant in VARIANTS:
-                seconds[variant, rows].append(step_seconds(models[variant], rows, args.steps))
+                seconds[variant, rows].append(step_seconds(models[variant], rows, steps=args.steps))
     table = []
     for rows in args.rows:
         ratios = [f / w for f, w in zip(seconds["f_linear", rows], seconds["weight_first", rows])]
