@@ -11,10 +11,11 @@ another order: outputs agree with ``F.linear`` up to float rounding.
 :func:`use_skinny_linears` switches a model's ``torch.nn.Linear`` modules to :class:`SkinnyLinear`
 in place (same parameters, same state dict, tied weights stay tied). Inputs of one row or of
 more than :data:`MAX_ROWS` rows (a prompt's prefill), other devices and other dtypes take
-``F.linear`` unchanged. Measured on a 2-core AMD EPYC (AVX2), two threads, SmolLM2-135M: the
-step is ×1.75 / 1.47 / 1.30 / 1.21 faster at 4 / 8 / 32 / 64 rows and ×0.95 at one row (hence
-F.linear there), with next-token log-probabilities equal to F.linear's. :func:`ctrlg.lm.models.load_model` applies it to float32 models on the
-CPU. ``benchmarks/bench_skinny_linear`` measures the step against ``F.linear`` in one process.
+``F.linear`` unchanged. :func:`ctrlg.lm.models.load_model` applies it to float32 models on the
+CPU. ``benchmarks/bench_skinny_linear`` measures the step against ``F.linear`` in one process: on
+a 2-core AMD EPYC (AVX2), two threads, SmolLM2-135M, ×1.75 / 1.47 / 1.30 / 1.21 faster at
+4 / 8 / 32 / 64 rows and ×0.95 at one row (hence F.linear there), with next-token
+log-probabilities equal to F.linear's.
 """
 
 from __future__ import annotations
