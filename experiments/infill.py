@@ -70,6 +70,19 @@ def _warn_if_missed(target: float, calibration: pipeline.MaskCalibration) -> Non
               f"take whole units); more passages (data.limit) bring the mean closer", file=sys.stderr)
 
 
+def _check_resumed_masks(previous: list[dict], masks: dict) -> None:
+    """ExperimentConfigError when a resumed run's records were masked otherwise than this run masks
+    the same passages (a run started before the masks' redraws, whose calibration had missed):
+    one run holds one draw of masks."""
+    for record in previous:
+        drawn = masks.get(float(record["target_ratio"]))
+        if drawn is not None and "p" in record and float(record["p"]) != drawn[0].p:
+            raise ExperimentConfigError(
+                f"resume: ratio {record['target_ratio']} passage {record['index']} was masked with "
+                f"p = {record['p']}, this run masks with p = {drawn[0].p} (draw {drawn[0].draws}); "
+                f"start afresh, or take that ratio from a new run (benchmarks.merge_infill RUN@ratios)")
+
+
 def record_schema(stories, methods) -> RecordSchema:
     """What a record of this run must be to be resumed: keyed by (target ratio, passage index),
     the selected passage's own text, and (unless it was skipped) every method's output."""
@@ -105,6 +118,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         documents = calibration.documents(texts, int(cfg.data.max_ngram))
         _warn_if_missed(float(target), calibration)
         masks[float(target)] = (calibration, documents)
+    _check_resumed_masks(previous, masks)
     story_lm = ilm_lm = hmm = None
     if {"ctrlg", "logical"} & set(methods):
         story_lm = load_lm(cfg.model)

@@ -69,6 +69,13 @@ def test_a_run_records_every_method_and_resume_reproduces_it(tiny_lm_dir, tiny_h
     with pytest.raises(ExperimentConfigError, match="generation"):
         infill.run(compose("infill", settings + ["generation.num_samples=3", f"resume={full}"]),
                    tmp_path / "x")
+    other_masks = tmp_path / "other_masks"                 # records masked with another p
+    other_masks.mkdir()
+    (other_masks / "config.yaml").write_text((full / "config.yaml").read_text())
+    (other_masks / "generations.jsonl").write_text(
+        json.dumps({**records[0], "p": records[0]["p"] / 2}) + "\n")
+    with pytest.raises(ExperimentConfigError, match="was masked with p = .*start afresh"):
+        infill.run(compose("infill", settings + [f"resume={other_masks}"]), tmp_path / "y")
 
 
 def test_a_resume_keeps_only_one_complete_record_per_selected_passage_and_ratio(tmp_path):
