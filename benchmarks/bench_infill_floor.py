@@ -117,8 +117,7 @@ def main(argv=None) -> dict:
     t_step = step_seconds(model, samples)
     rows = []
     for target in args.ratios:
-        documents = pipeline.calibrate_masks(texts, target, 0, int(cfg.data.max_ngram)).documents(
-            texts, int(cfg.data.max_ngram))
+        documents = pipeline.calibrate_masks(texts, target, 0, int(cfg.data.max_ngram)).documents
         items = [decode_passage(model, tokenizer, hmm, document, samples=samples, seed=story.index,
                                 bos=cfg.model.bos_token)
                  for story, document in zip(stories, documents)]

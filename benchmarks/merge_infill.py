@@ -78,17 +78,18 @@ def merge(runs: list, out: Path) -> dict:
         if chosen is not None and not set(chosen) <= set(config.methods):
             raise ExperimentConfigError(f"{run} did not run {sorted(set(chosen) - set(config.methods))}")
         if ratios is not None:
-            if not set(ratios) <= {float(r) for r in config.ratios}:
-                raise ExperimentConfigError(f"{run} did not run ratios "
-                                            f"{sorted(set(ratios) - {float(r) for r in config.ratios})}")
+            missing = set(ratios) - {float(r) for r in config.ratios}
+            if missing:
+                raise ExperimentConfigError(f"{run} did not run ratios {sorted(missing)}")
             config.ratios = sorted(ratios)
         taken.append([m for m in config.methods if chosen is None or m in chosen])
     deciders = merge_common.check_settings(
         runs, [OmegaConf.to_container(c, resolve=False) for c in configs], taken,
         COMMON_SETTINGS, METHOD_SETTINGS)
     methods = [m for m in METHODS if any(m in t for t in taken)]
-    read = [(run, t, [r for r in read_records(run) if float(r["target_ratio"]) in set(map(float, c.ratios))])
-            for run, t, c in zip(runs, taken, configs)]
+    kept_ratios = [{float(r) for r in c.ratios} for c in configs]
+    read = [(run, t, [r for r in read_records(run) if float(r["target_ratio"]) in kept])
+            for run, t, kept in zip(runs, taken, kept_ratios)]
     records, dropped = _join(read, methods)
     if dropped:
         print(f"left out {dropped} (ratio, passage) records that not every method reached",

@@ -76,10 +76,10 @@ def _check_resumed_masks(previous: list[dict], masks: dict) -> None:
     one run holds one draw of masks."""
     for record in previous:
         drawn = masks.get(float(record["target_ratio"]))
-        if drawn is not None and "p" in record and float(record["p"]) != drawn[0].p:
+        if drawn is not None and "p" in record and float(record["p"]) != drawn.p:
             raise ExperimentConfigError(
                 f"resume: ratio {record['target_ratio']} passage {record['index']} was masked with "
-                f"p = {record['p']}, this run masks with p = {drawn[0].p} (draw {drawn[0].draws}); "
+                f"p = {record['p']}, this run masks with p = {drawn.p} (draw {drawn.draws}); "
                 f"start afresh, or take that ratio from a new run (benchmarks.merge_infill RUN@ratios)")
 
 
@@ -115,9 +115,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     masks = {}
     for target in cfg.ratios:
         calibration = pipeline.calibrate_masks(texts, float(target), int(cfg.seed), int(cfg.data.max_ngram))
-        documents = calibration.documents(texts, int(cfg.data.max_ngram))
         _warn_if_missed(float(target), calibration)
-        masks[float(target)] = (calibration, documents)
+        masks[float(target)] = calibration
     _check_resumed_masks(previous, masks)
     story_lm = ilm_lm = hmm = None
     if {"ctrlg", "logical"} & set(methods):
@@ -130,8 +129,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     records = list(previous)
     with RecordWriter(out_dir / "generations.jsonl", previous, schema=schema,
                       selection=selection) as writer:
-        for target, (calibration, documents) in masks.items():
-            for position, (story, document) in progress(list(enumerate(zip(stories, documents))),
+        for target, calibration in masks.items():
+            for position, (story, document) in progress(list(enumerate(zip(stories, calibration.documents))),
                                                          desc=f"infill {target:.0%}"):
                 if (target, story.index) in done:
                     continue

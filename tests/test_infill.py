@@ -155,7 +155,7 @@ def test_mask_calibration_redraws_a_selection_until_its_mean_ratio_is_within_a_p
     assert abs(plain - 0.32) > pipeline.RATIO_TOLERANCE                    # the step this is about
     calibration = pipeline.calibrate_masks(texts, 0.32, seed=0)
     assert calibration.draws > 1 and calibration.seed == pipeline.SELECTION_SEED_STRIDE * (calibration.draws - 1)
-    documents = calibration.documents(texts)
+    documents = calibration.documents
     reached = np.mean([mask_ratio(d) for d in documents])
     assert reached == pytest.approx(calibration.reached) and abs(reached - 0.32) <= pipeline.RATIO_TOLERANCE
     assert [d.spans for d in documents] == [pipeline.mask_passage(t, calibration.p, calibration.seed + i).spans
@@ -368,7 +368,7 @@ def test_a_target_ratio_the_masks_cannot_reach_is_said(capsys):
     quick = [s.text for s in load_stories("eval", limit=2)]
     for texts, target, said in ((quick, 0.40, False), (quick, 0.13, False), (["Tom had a kite."], 0.13, True)):
         calibration = pipeline.calibrate_masks(texts, target, seed=0)
-        reached = float(np.mean([mask_ratio(d) for d in calibration.documents(texts)]))
+        reached = float(np.mean([mask_ratio(d) for d in calibration.documents]))
         _warn_if_missed(target, calibration)
         err = capsys.readouterr().err
         assert (abs(reached - target) > 0.01) == said == bool(err), (target, reached, err)

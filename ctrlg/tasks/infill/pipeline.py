@@ -33,6 +33,7 @@ Success: the completion checked with Python's ``re`` (:func:`~ctrlg.tasks.infill
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -81,30 +82,33 @@ def calibrate(texts: Sequence[str], target: float, seed: int, max_ngram: int = 8
     if not 0 < target < 1:
         raise ExperimentConfigError(f"a mask ratio must lie in (0, 1), got {target}")
 
-    def mean_ratio(p: float) -> float:
-        return float(np.mean([mask_ratio(mask_passage(t, p, seed + i, max_ngram))
-                              for i, t in enumerate(texts)]))
-
     low, high = 1e-4, 1.0
     for _ in range(iterations):
         middle = (low + high) / 2
-        low, high = (middle, high) if mean_ratio(middle) < target else (low, middle)
+        low, high = (middle, high) if _mean_ratio(_masks(texts, middle, seed, max_ngram)) < target else (low, middle)
     return (low + high) / 2
+
+
+def _masks(texts: Sequence[str], p: float, seed: int, max_ngram: int) -> list[MaskedDocument]:
+    """Passage i of ``texts`` masked by :func:`mask_passage` with ``p`` and seed ``seed + i``."""
+    return [mask_passage(t, p, seed + i, max_ngram) for i, t in enumerate(texts)]
+
+
+def _mean_ratio(documents: Sequence[MaskedDocument]) -> float:
+    return float(np.mean([mask_ratio(d) for d in documents]))
 
 
 @dataclass(frozen=True)
 class MaskCalibration:
-    """A selection's masks for one target: probability ``p``; passage i of the selection masked
-    with seed ``seed + i``; ``reached`` their mean masked-character ratio; ``draws`` how many
-    draws it took (1: the plain calibration)."""
+    """A selection's masks for one target: probability ``p``; ``documents``, passage i of the
+    selection masked with seed ``seed + i``; ``reached`` their mean masked-character ratio;
+    ``draws`` how many draws it took (1: the plain calibration)."""
 
     p: float
     seed: int
     reached: float
     draws: int
-
-    def documents(self, texts: Sequence[str], max_ngram: int = 8) -> list[MaskedDocument]:
-        return [mask_passage(t, self.p, self.seed + i, max_ngram) for i, t in enumerate(texts)]
+    documents: tuple[MaskedDocument, ...]
 
 
 def calibrate_masks(texts: Sequence[str], target: float, seed: int, max_ngram: int = 8,
@@ -116,14 +120,13 @@ def calibrate_masks(texts: Sequence[str], target: float, seed: int, max_ngram: i
     for draw in range(max(1, draws)):
         draw_seed = seed + SELECTION_SEED_STRIDE * draw
         p = calibrate(texts, target, draw_seed, max_ngram)
-        reached = float(np.mean([mask_ratio(mask_passage(t, p, draw_seed + i, max_ngram))
-                                 for i, t in enumerate(texts)]))
-        candidate = MaskCalibration(p, draw_seed, reached, draw + 1)
+        documents = tuple(_masks(texts, p, draw_seed, max_ngram))
+        reached = _mean_ratio(documents)
         if best is None or abs(reached - target) < abs(best.reached - target):
-            best = candidate
+            best = MaskCalibration(p, draw_seed, reached, draw + 1, documents)
         if abs(reached - target) <= tolerance:
             break
-    return MaskCalibration(best.p, best.seed, best.reached, draw + 1)
+    return dataclasses.replace(best, draws=draw + 1)
 
 
 def check_passages(texts: Sequence[str], indices: Sequence[int], source: str) -> None:
