@@ -1,7 +1,7 @@
 """Where a guided infilling passage's seconds go, against the floor the LM alone sets, in one process.
 
     python -m benchmarks.bench_infill_floor                       # 6 tuning passages × 4 ratios
-    python -m benchmarks.bench_infill_floor --quantization        # + torch's dynamic int8 LM
+    python -m benchmarks.bench_infill_floor --quantization        # + two int8 LMs (below)
 
 A passage of the infilling task (:mod:`ctrlg.tasks.infill`) is decoded by the experiment's own
 :func:`~ctrlg.tasks.infill.pipeline.guided_completion` (``generation.num_samples`` samples with
@@ -18,11 +18,18 @@ reports, per target ratio, seconds per passage, forwards, the floor and seconds 
 share of each phase. Passages are the tuning split's (the adapters' held-out training passages),
 never the evaluation split's.
 
-``--quantization`` also measures the one lever that makes t_step itself smaller on a CPU whose
-LM step is bound by reading the weights: torch's dynamic int8 quantisation of the linear layers
-(``torch.ao.quantization.quantize_dynamic``, per-channel weights, activations quantised per
-batch), its step time and its KL divergence from the float32 LM's next-token distribution on the
-same passages. Writes ``benchmarks/results/bench_infill_floor.json``.
+``--quantization`` also measures the levers that make t_step itself smaller on a CPU whose LM
+step is bound by reading the weights, each by its step time and its KL divergence from the
+float32 LM's next-token distribution on the same passages:
+
+* ``int8``: torch's dynamic int8 quantisation of the linear layers
+  (``torch.ao.quantization.quantize_dynamic``, per-channel weights, activations quantised per
+  batch);
+* ``int8_weights``: weight-only int8 (symmetric, one scale per output channel, w ≈ s·q with
+  q = round(w / s), s = max|w| / 127), the product computed by ``torch._weight_int8pack_mm`` on
+  bfloat16 activations: a quarter of float32's weight bytes, activations not quantised.
+
+Writes ``benchmarks/results/bench_infill_floor.json``.
 """
 
 from __future__ import annotations
@@ -67,12 +74,46 @@ def decode_passage(model, tokenizer, hmm, document, *, samples: int, seed: int, 
             "free_tokens": done.free_tokens, "accepted": done.accepted}
 
 
-def quantization(model, tokenizer, texts, rows: int) -> dict:
-    """Step time and next-token KL(float32 ‖ int8) of torch's dynamic int8 quantisation."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+class Int8WeightLinear(torch.nn.Module):
+    """y = x · (s ⊙ q)ᵀ + b with int8 weights q [d_out, d_in] and one scale s per output channel,
+    computed by ``torch._weight_int8pack_mm`` on bfloat16 activations (module docstring)."""
 
-    quantized = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig},
-                                 dtype=torch.qint8)
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        self.register_buffer("q", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(flat, self.q, self.scales).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def int8_weights(model):
+    """A copy of ``model`` with every ``torch.nn.Linear`` (and subclass) as :class:`Int8WeightLinear`."""
+    quantized = copy.deepcopy(model)
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, Int8WeightLinear(child))
+    return quantized
+
+
+def quantization(model, tokenizer, texts, rows: int, kind: str = "int8") -> dict:
+    """Step time and next-token KL(float32 ‖ quantised) of ``kind``: ``int8`` (torch's dynamic int8
+    quantisation) or ``int8_weights`` (weight-only int8, :func:`int8_weights`)."""
+    if kind == "int8":
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        quantized = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                     dtype=torch.qint8)
+    else:
+        quantized = int8_weights(model)
     divergences, nll = [], {"float32": [], "int8": []}
     with torch.no_grad():
         for text in texts:
@@ -138,7 +179,9 @@ def main(argv=None) -> dict:
               "mean_floor_seconds": float(np.mean([r["floor_seconds"] for r in rows]))}
     if args.quantization:
         result["quantization"] = quantization(model, tokenizer, texts, samples)
-        print(json.dumps(result["quantization"]), flush=True)
+        result["quantization_weights_only"] = quantization(model, tokenizer, texts, samples, "int8_weights")
+        print(json.dumps(result["quantization"]), json.dumps(result["quantization_weights_only"]),
+              flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
