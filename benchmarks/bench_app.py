@@ -20,7 +20,8 @@ before each (the first request at a new place).
 :mod:`ctrlg.lm.shared_context` (transformers encodes one copy of the prompt per returned sequence,
 and the rerank pads prompt + candidate per row), in the same process, and reports the ratio.
 ``--screenshot PATH`` then opens the page in headless Chromium, runs the insertion through the UI
-and saves a PNG (see docs/app.md).
+and saves a PNG (see docs/app.md). ``--int8-weights`` serves the LM with int8 weights (the
+editor's option of the same name, :mod:`ctrlg.lm.int8_weights`); ``--out`` writes elsewhere.
 
     python -m benchmarks.bench_app --threads 2 --requests 3 --reference --screenshot docs/app.png
 """
@@ -148,6 +149,8 @@ def main() -> None:
     parser.add_argument("--screenshot", type=Path, default=None, help="save a PNG of the page here")
     parser.add_argument("--adapter", default=None, help="the editor's --adapter (default: its default)")
     parser.add_argument("--hmm", default=None, help="the editor's --hmm (default: its default)")
+    parser.add_argument("--int8-weights", action="store_true", help="the editor's --int8-weights")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/bench_app.json")
     parser.add_argument("--reference", action="store_true",
                         help="also time each workload with the prompt repeated per candidate")
     args = parser.parse_args()
@@ -163,7 +166,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model, tokenizer, hmm, header, description = load_editor(
-        None, args.adapter or DEFAULT_ADAPTER, args.hmm or DEFAULT_HMM)
+        None, args.adapter or DEFAULT_ADAPTER, args.hmm or DEFAULT_HMM, args.int8_weights)
     load_seconds = time.perf_counter() - start
     examples = {e["code"]: e["text"] for e in load_examples()}
     app = create_app(model, tokenizer, hmm, model_name=description, prompt_header=header)
@@ -191,11 +194,12 @@ def main() -> None:
         if args.screenshot:
             screenshot(base, args.screenshot)
             print(f"screenshot → {args.screenshot}")
-    RESULTS.mkdir(exist_ok=True)
+    out_path = args.out or RESULTS / "bench_app.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     out = {"threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
            "editor": description, "load_seconds": load_seconds, "rows": rows}
-    (RESULTS / "bench_app.json").write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
-    print(f"→ {RESULTS / 'bench_app.json'}")
+    out_path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    print(f"→ {out_path}")
 
 
 if __name__ == "__main__":

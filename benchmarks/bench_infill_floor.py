@@ -25,9 +25,9 @@ float32 LM's next-token distribution on the same passages:
 * ``int8``: torch's dynamic int8 quantisation of the linear layers
   (``torch.ao.quantization.quantize_dynamic``, per-channel weights, activations quantised per
   batch);
-* ``int8_weights``: weight-only int8 (symmetric, one scale per output channel, w ≈ s·q with
-  q = round(w / s), s = max|w| / 127), the product computed by ``torch._weight_int8pack_mm`` on
-  bfloat16 activations: a quarter of float32's weight bytes, activations not quantised.
+* ``int8_weights``: weight-only int8 (:mod:`ctrlg.lm.int8_weights`, ``model.int8_weights=true``:
+  one scale per output channel, ``torch._weight_int8pack_mm`` on bfloat16 activations), a
+  quarter of float32's weight bytes, activations not quantised.
 
 Writes ``benchmarks/results/bench_infill_floor.json``.
 """
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ctrlg.lm.int8_weights import use_int8_weights
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 
@@ -74,33 +75,10 @@ def decode_passage(model, tokenizer, hmm, document, *, samples: int, seed: int, 
             "free_tokens": done.free_tokens, "accepted": done.accepted}
 
 
-class Int8WeightLinear(torch.nn.Module):
-    """y = x · (s ⊙ q)ᵀ + b with int8 weights q [d_out, d_in] and one scale s per output channel,
-    computed by ``torch._weight_int8pack_mm`` on bfloat16 activations (module docstring)."""
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        weight = linear.weight.detach().float()
-        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.register_buffer("q", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scales.to(torch.bfloat16))
-        self.bias = None if linear.bias is None else linear.bias.detach().clone()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = torch._weight_int8pack_mm(flat, self.q, self.scales).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
 def int8_weights(model):
-    """A copy of ``model`` with every ``torch.nn.Linear`` (and subclass) as :class:`Int8WeightLinear`."""
+    """A copy of ``model`` with its linear layers as int8 weights (:mod:`ctrlg.lm.int8_weights`)."""
     quantized = copy.deepcopy(model)
-    for parent in list(quantized.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, Int8WeightLinear(child))
+    use_int8_weights(quantized)
     return quantized
 
 

@@ -38,6 +38,7 @@ import torch
 from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 from ctrlg.lm.adapters import merge_adapter
+from ctrlg.lm.int8_weights import use_int8_weights
 from ctrlg.lm.shared_context import cache_keyword, returned_cache  # noqa: F401  (re-exported)
 from ctrlg.lm.skinny_linear import use_skinny_linears
 
@@ -330,13 +331,15 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, adapter: str | os.PathLike | None = None,
-               skinny_linears: bool = True, **kwargs):
+               skinny_linears: bool = True, int8_weights: bool = False, **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring). ``adapter``:
     a LoRA adapter (an embedded name such as ``"commongen"`` or a folder,
     :mod:`ctrlg.lm.adapters`) merged into the weights once here; an adapter trained on another
     base raises :class:`ctrlg.lm.adapters.AdapterMismatchError`. ``skinny_linears``: a float32
     model on the CPU computes its decoding steps' linear layers weight-first
-    (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding, faster steps)."""
+    (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding, faster steps).
+    ``int8_weights``: every linear layer stored as int8 with one scale per output channel
+    (:mod:`ctrlg.lm.int8_weights`; CPU only, an approximation: faster steps, outputs move)."""
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
@@ -349,7 +352,12 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     if adapter is not None:
         model = merge_adapter(model, adapter)
     model = model.to(device).eval()
-    if skinny_linears and torch.device(device).type == "cpu" and dtype == torch.float32:
+    if int8_weights:
+        if torch.device(device).type != "cpu":
+            raise ModelLoadError(f"int8_weights=True is a CPU decoding option; the model was asked "
+                                 f"for on {device}")
+        use_int8_weights(model)
+    elif skinny_linears and torch.device(device).type == "cpu" and dtype == torch.float32:
         use_skinny_linears(model)
     return model
 

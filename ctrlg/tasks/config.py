@@ -63,12 +63,14 @@ def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
     ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
     weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``; ``model.skinny_linears`` (default
-    true) computes a float32 CPU model's decoding steps weight-first (:mod:`ctrlg.lm.skinny_linear`)."""
+    true) computes a float32 CPU model's decoding steps weight-first (:mod:`ctrlg.lm.skinny_linear`);
+    ``model.int8_weights`` (default false) stores its linear layers as int8 (:mod:`ctrlg.lm.int8_weights`)."""
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
     model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device,
-                       skinny_linears=bool(model_cfg.get("skinny_linears", True)))
+                       skinny_linears=bool(model_cfg.get("skinny_linears", True)),
+                       int8_weights=bool(model_cfg.get("int8_weights", False)))
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -99,11 +101,17 @@ def load_hmm(hmm_cfg: DictConfig | None, tokenizer=None):
 #: thread count): left out where runs are compared (resume, merges)
 EXECUTION_ONLY = ("skinny_linears",)
 
+#: settings that change what a run computes but were added after runs were kept: left out where
+#: runs are compared while they hold this default (a run saved before the key existed used it)
+OMITTED_AT_DEFAULT = {"int8_weights": False}
+
 
 def without_execution_only(value):
-    """``value`` without the :data:`EXECUTION_ONLY` keys when it is a mapping."""
+    """``value`` without the :data:`EXECUTION_ONLY` keys, nor the :data:`OMITTED_AT_DEFAULT` keys
+    that hold their default, when it is a mapping."""
     if isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in EXECUTION_ONLY}
+        return {k: v for k, v in value.items() if k not in EXECUTION_ONLY
+                and not (k in OMITTED_AT_DEFAULT and v == OMITTED_AT_DEFAULT[k])}
     return value
 
 
