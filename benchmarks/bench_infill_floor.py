@@ -13,9 +13,14 @@ take less than
 
     floor = forwards × t_step,    t_step = one LM step of ``num_samples`` rows (median, same process)
 
-whatever the guide costs: every free token of a blank is one autoregressive step. The script
-reports, per target ratio, seconds per passage, forwards, the floor and seconds ÷ floor, and the
-share of each phase. Passages are the tuning split's (the adapters' held-out training passages),
+whatever the guide costs: every free token of a blank is one autoregressive step. The forced
+tokens that ride along make many forwards larger than one step (a fragment of k tokens in each of
+R rows is a forward of R·k positions), so the script also clocks the LM's forwards as the
+experiment makes them (:class:`LMClock`, forward hooks on the model): ``lm_seconds`` and
+``lm_share`` are the time inside the LM, ``lm_tokens`` the positions it computed; the rest of
+sampling is the guide (per-choice guidance, feasibility, the HMM's filtering) and bookkeeping. The
+script reports, per target ratio, seconds per passage, forwards, the floor and seconds ÷ floor,
+the LM's clocked seconds and share, and the share of each phase. Passages are the tuning split's (the adapters' held-out training passages),
 never the evaluation split's.
 
 ``--quantization`` also measures the levers that make t_step itself smaller on a CPU whose LM
@@ -46,6 +51,7 @@ import numpy as np
 import torch
 from ctrlg.lm.int8_weights import use_int8_weights
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
+from ctrlg.lm.skinny_linear import SkinnyLinear
 
 
 def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> float:
@@ -64,14 +70,41 @@ def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> f
     return statistics.median(times)
 
 
+class LMClock:
+    """Wall seconds and tokens (rows × positions) of every forward of ``model``, from forward hooks."""
+
+    def __init__(self, model):
+        self.seconds, self.tokens, self._start = 0.0, 0, None
+        self._hooks = [model.register_forward_pre_hook(self._before, with_kwargs=True),
+                       model.register_forward_hook(self._after, with_kwargs=True)]
+
+    def _before(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.tokens += 0 if ids is None else int(ids.numel())
+        self._start = time.perf_counter()
+
+    def _after(self, module, args, kwargs, output):
+        self.seconds += time.perf_counter() - self._start
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
 def decode_passage(model, tokenizer, hmm, document, *, samples: int, seed: int, bos: str) -> dict:
     """One passage decoded by :func:`ctrlg.tasks.infill.pipeline.guided_completion` (as the
-    experiment decodes it), with its phases' seconds and its forwards."""
+    experiment decodes it), with its phases' seconds, its forwards, and the seconds and tokens of
+    the LM's forwards (:class:`LMClock`)."""
     from ctrlg.tasks.infill.pipeline import guided_completion
 
-    done = guided_completion(model, tokenizer, document, hmm=hmm, eos_token_id=tokenizer.eos_token_id,
-                             num_samples=samples, seed=seed, bos_token=bos)
+    clock = LMClock(model)
+    try:
+        done = guided_completion(model, tokenizer, document, hmm=hmm, eos_token_id=tokenizer.eos_token_id,
+                                 num_samples=samples, seed=seed, bos_token=bos)
+    finally:
+        clock.close()
     return {**done.phase_seconds, "seconds": done.seconds, "forwards": done.forwards,
+            "lm_seconds": clock.seconds, "lm_tokens": clock.tokens,
             "free_tokens": done.free_tokens, "accepted": done.accepted}
 
 
@@ -88,8 +121,11 @@ def quantization(model, tokenizer, texts, rows: int, kind: str = "int8") -> dict
     if kind == "int8":
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-        quantized = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig},
-                                     dtype=torch.qint8)
+        plain = copy.deepcopy(model)
+        for module in plain.modules():          # quantize_dynamic maps exact nn.Linear types only
+            if isinstance(module, SkinnyLinear):
+                module.__class__ = torch.nn.Linear
+        quantized = quantize_dynamic(plain, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
     else:
         quantized = int8_weights(model)
     divergences, nll = [], {"float32": [], "int8": []}
@@ -102,7 +138,11 @@ def quantization(model, tokenizer, texts, rows: int, kind: str = "int8") -> dict
             targets = ids[0, 1:, None]
             nll["float32"].append(float(-reference.gather(1, targets).mean()))
             nll["int8"].append(float(-approximate.gather(1, targets).mean()))
-    float_step, int8_step = step_seconds(model, rows), step_seconds(quantized, rows)
+    float_steps, int8_steps = [], []
+    for _ in range(5):                          # interleaved: a shared machine's drift hits both
+        float_steps.append(step_seconds(model, rows))
+        int8_steps.append(step_seconds(quantized, rows))
+    float_step, int8_step = statistics.median(float_steps), statistics.median(int8_steps)
     return {"rows": rows, "float32_step_ms": 1000 * float_step, "int8_step_ms": 1000 * int8_step,
             "speedup": float_step / int8_step, "kl_float32_to_int8": float(np.mean(divergences)),
             "nll_per_token": {k: float(np.mean(v)) for k, v in nll.items()}}
@@ -133,7 +173,7 @@ def main(argv=None) -> dict:
     hmm = load_hmm(cfg.hmm, tokenizer)
     stories = load_stories("tune", None, offset=0, limit=args.passages)
     texts = [s.text for s in stories]
-    t_step = step_seconds(model, samples)
+    t_step = statistics.median(step_seconds(model, samples) for _ in range(3))
     rows = []
     for target in args.ratios:
         documents = pipeline.calibrate_masks(texts, target, 0, int(cfg.data.max_ngram)).documents
@@ -146,6 +186,9 @@ def main(argv=None) -> dict:
                      "forwards": forwards,
                      "free_tokens": float(np.mean([i["free_tokens"] for i in items])),
                      "floor_seconds": forwards * t_step, "seconds_vs_floor": seconds / (forwards * t_step),
+                     "lm_seconds": float(np.mean([i["lm_seconds"] for i in items])),
+                     "lm_share": float(sum(i["lm_seconds"] for i in items) / sum(i["seconds"] for i in items)),
+                     "lm_tokens": float(np.mean([i["lm_tokens"] for i in items])),
                      **{f"{phase}_share": float(sum(i[phase] for i in items) / sum(i["seconds"] for i in items))
                         for phase in ("constraint", "tables", "sampling")},
                      "accepted": all(i["accepted"] for i in items)})
