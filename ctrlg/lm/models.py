@@ -340,6 +340,9 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding, faster steps).
     ``int8_weights``: every linear layer stored as int8 with one scale per output channel
     (:mod:`ctrlg.lm.int8_weights`; CPU only, an approximation: faster steps, outputs move)."""
+    if int8_weights and torch.device(device).type != "cpu":
+        raise ModelLoadError(f"int8_weights=True is a CPU decoding option; the model was asked for "
+                             f"on {device}")
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
@@ -353,9 +356,6 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
         model = merge_adapter(model, adapter)
     model = model.to(device).eval()
     if int8_weights:
-        if torch.device(device).type != "cpu":
-            raise ModelLoadError(f"int8_weights=True is a CPU decoding option; the model was asked "
-                                 f"for on {device}")
         use_int8_weights(model)
     elif skinny_linears and torch.device(device).type == "cpu" and dtype == torch.float32:
         use_skinny_linears(model)
