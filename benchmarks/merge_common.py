@@ -14,7 +14,8 @@ from ctrlg.tasks.config import without_execution_only
 SHARD_FIELDS = ("offset", "limit", "shards")
 
 #: settings added to a section after runs were kept, with the value those runs had in effect: a
-#: run without the key agrees with one that has this value
+#: run without the key agrees with one that has this value (settings of any section that are
+#: dropped while at their default, for resume too: ctrlg.tasks.config.OMITTED_AT_DEFAULT)
 ADDED_DEFAULTS = {"generation": {"strength": 1.0}}
 
 
