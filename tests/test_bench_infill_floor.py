@@ -2,16 +2,13 @@
 model, keyword or positional, and stops counting once closed."""
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama
 
 from benchmarks.bench_infill_floor import LMClock
 
 
 def test_the_clock_counts_every_forward_until_closed():
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2)).eval()
+    model = tiny_llama(64, layers=2)
     clock = LMClock(model)
     with torch.no_grad():
         model(input_ids=torch.zeros(2, 5, dtype=torch.long))

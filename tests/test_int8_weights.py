@@ -2,10 +2,12 @@
 weight's, each weight within half a step of its float value, a model's every linear replaced,
 its outputs close; load_model's switch and the runs' comparison of the setting."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama
 
 from ctrlg.lm.int8_weights import Int8WeightLinear, use_int8_weights
 from ctrlg.lm.models import ModelLoadError, load_model
@@ -13,12 +15,8 @@ from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.lm.skinny_linear import SkinnyLinear
 
 
-def _tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    return LlamaForCausalLM(config).eval()
+def _tiny_llama():
+    return tiny_llama(97, hidden=32, layers=2)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -41,12 +39,27 @@ def test_the_product_is_the_dequantised_weights(shape, bias):
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
 
-def test_a_decoding_lm_has_every_linear_replaced_and_stays_close():
+def _dequantised_twin(model, quantized):
+    """``model`` with each linear layer's weight replaced by its int8 twin's s ⊙ q, its inputs and
+    outputs rounded to bfloat16 as the int8 kernel rounds them: the same arithmetic in float."""
+    twin = copy.deepcopy(model)
+    layers = dict(quantized.named_modules())
+    for name, module in list(twin.named_modules()):
+        if isinstance(module, torch.nn.Linear):
+            int8 = layers[name]
+            module.weight = torch.nn.Parameter(int8.q.float() * int8.scales.float()[:, None])
+            module.register_forward_pre_hook(lambda m, args: (args[0].to(torch.bfloat16).float(),))
+            module.register_forward_hook(lambda m, args, out: out.to(torch.bfloat16).float())
+    return twin
+
+
+def test_a_decoding_lm_computes_what_its_dequantised_weights_compute():
     reference, model = _tiny_llama(), _tiny_llama()
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert use_int8_weights(model) == linears == 2 * 7 + 1
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert model.model.embed_tokens.weight.dtype == torch.float32    # the input embedding stays float
+    twin = _dequantised_twin(reference, model)
     prompt = torch.tensor([[5, 9, 11, 2], [7, 7, 3, 1]])
 
     def kl(a, b):
@@ -54,15 +67,15 @@ def test_a_decoding_lm_has_every_linear_replaced_and_stays_close():
         return float((p.exp() * (p - q)).sum(-1).max())
 
     with torch.no_grad():
-        ref_out, out = reference(prompt, use_cache=True), model(prompt, use_cache=True)
-        assert kl(ref_out.logits, out.logits) < 1e-2
-        ref_cache, cache = returned_cache(ref_out), returned_cache(out)
-        for token in (4, 8, 15):                                    # cached one-token steps
-            step = torch.full((2, 1), token)
-            ref_out = reference(step, **{cache_keyword(reference): ref_cache}, use_cache=True)
-            out = model(step, **{cache_keyword(model): cache}, use_cache=True)
-            ref_cache, cache = returned_cache(ref_out), returned_cache(out)
-            assert kl(ref_out.logits, out.logits) < 1e-2
+        outs = [m(prompt, use_cache=True) for m in (reference, twin, model)]
+        for token in (None, 4, 8, 15):                              # the prompt, then cached steps
+            if token is not None:
+                step = torch.full((2, 1), token)
+                outs = [m(step, **{cache_keyword(m): returned_cache(o)}, use_cache=True)
+                        for m, o in zip((reference, twin, model), outs)]
+            float_logits, twin_logits, int8_logits = (o.logits for o in outs)
+            torch.testing.assert_close(int8_logits, twin_logits, rtol=2e-2, atol=2e-2)
+            assert kl(float_logits, int8_logits) < 0.1               # an approximation of the LM
 
 
 def test_load_model_applies_int8_weights_on_the_cpu_only(tmp_path, smollm2_tokenizer):
