@@ -39,6 +39,7 @@ from ctrlg.checkpoint import remove_stale_staging, staging_folder
 from ctrlg.errors import CtrlgError
 from ctrlg.lm.adapters import merge_adapter
 from ctrlg.lm.int8_weights import use_int8_weights
+from ctrlg.lm.bf16_weights import use_bf16_weights
 from ctrlg.lm.shared_context import cache_keyword, returned_cache  # noqa: F401  (re-exported)
 from ctrlg.lm.skinny_linear import use_skinny_linears
 
@@ -331,7 +332,8 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, adapter: str | os.PathLike | None = None,
-               skinny_linears: bool = True, int8_weights: bool = False, **kwargs):
+               skinny_linears: bool = True, int8_weights: bool = False, bf16_weights: bool = False,
+               **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring). ``adapter``:
     a LoRA adapter (an embedded name such as ``"commongen"`` or a folder,
     :mod:`ctrlg.lm.adapters`) merged into the weights once here; an adapter trained on another
@@ -339,10 +341,16 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     model on the CPU computes its decoding steps' linear layers weight-first
     (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding, faster steps).
     ``int8_weights``: every linear layer stored as int8 with one scale per output channel
-    (:mod:`ctrlg.lm.int8_weights`; CPU only, an approximation: faster steps, outputs move)."""
-    if int8_weights and torch.device(device).type != "cpu":
-        raise ModelLoadError(f"int8_weights=True is a CPU decoding option; the model was asked for "
-                             f"on {device}")
+    (:mod:`ctrlg.lm.int8_weights`; CPU only, an approximation: faster steps, outputs move).
+    ``bf16_weights``: every linear layer's weight in bfloat16, its products accumulated in float32
+    (:mod:`ctrlg.lm.bf16_weights`; CPU only, a closer approximation, fast where the CPU has
+    native bfloat16 products)."""
+    if int8_weights and bf16_weights:
+        raise ModelLoadError("int8_weights=True and bf16_weights=True: choose one weight format")
+    for flag, on in (("int8_weights", int8_weights), ("bf16_weights", bf16_weights)):
+        if on and torch.device(device).type != "cpu":
+            raise ModelLoadError(f"{flag}=True is a CPU decoding option; the model was asked for "
+                                 f"on {device}")
     from transformers import AutoModelForCausalLM  # heavy import (seconds): only when an LM is loaded
 
     path = resolve_model_dir(name)
@@ -357,6 +365,8 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     model = model.to(device).eval()
     if int8_weights:
         use_int8_weights(model)
+    elif bf16_weights:
+        use_bf16_weights(model)
     elif skinny_linears and torch.device(device).type == "cpu" and dtype == torch.float32:
         use_skinny_linears(model)
     return model

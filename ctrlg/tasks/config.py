@@ -64,13 +64,15 @@ def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
     weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``; ``model.skinny_linears`` (default
     true) computes a float32 CPU model's decoding steps weight-first (:mod:`ctrlg.lm.skinny_linear`);
-    ``model.int8_weights`` (default false) stores its linear layers as int8 (:mod:`ctrlg.lm.int8_weights`)."""
+    ``model.int8_weights`` (default false) stores its linear layers as int8 (:mod:`ctrlg.lm.int8_weights`),
+    ``model.bf16_weights`` (default false) as bfloat16 (:mod:`ctrlg.lm.bf16_weights`)."""
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
     model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device,
                        skinny_linears=bool(model_cfg.get("skinny_linears", True)),
-                       int8_weights=bool(model_cfg.get("int8_weights", False)))
+                       int8_weights=bool(model_cfg.get("int8_weights", False)),
+                       bf16_weights=bool(model_cfg.get("bf16_weights", False)))
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -103,7 +105,7 @@ EXECUTION_ONLY = ("skinny_linears",)
 
 #: settings that change what a run computes but were added after runs were kept: left out where
 #: runs are compared while they hold this default (a run saved before the key existed used it)
-OMITTED_AT_DEFAULT = {"int8_weights": False}
+OMITTED_AT_DEFAULT = {"int8_weights": False, "bf16_weights": False}
 
 
 def without_execution_only(value):
