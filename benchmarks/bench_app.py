@@ -149,7 +149,9 @@ def main() -> None:
     parser.add_argument("--screenshot", type=Path, default=None, help="save a PNG of the page here")
     parser.add_argument("--adapter", default=None, help="the editor's --adapter (default: its default)")
     parser.add_argument("--hmm", default=None, help="the editor's --hmm (default: its default)")
-    parser.add_argument("--int8-weights", action="store_true", help="the editor's --int8-weights")
+    parser.add_argument("--weights", default=None, help="the editor's --weights (default: its default)")
+    parser.add_argument("--int8-weights", dest="weights", action="store_const", const="int8",
+                        help="the same as --weights int8")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/bench_app.json")
     parser.add_argument("--reference", action="store_true",
                         help="also time each workload with the prompt repeated per candidate")
@@ -158,18 +160,20 @@ def main() -> None:
     import torch
 
     from ctrlg.app import create_app
-    from ctrlg.app.__main__ import DEFAULT_ADAPTER, DEFAULT_HMM, load_editor
+    from ctrlg.app.compute import ComputeThread
+    from ctrlg.app.__main__ import DEFAULT_ADAPTER, DEFAULT_HMM, DEFAULT_WEIGHTS, load_editor
     from ctrlg.app.examples import load_examples
     from ctrlg.app.server import background_server
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    compute = ComputeThread(args.threads)   # as the editor: one thread loads and decodes
     start = time.perf_counter()
-    model, tokenizer, hmm, header, description = load_editor(
-        None, args.adapter or DEFAULT_ADAPTER, args.hmm or DEFAULT_HMM, args.int8_weights)
+    model, tokenizer, hmm, header, description = compute.run(
+        load_editor, None, args.adapter or DEFAULT_ADAPTER, args.hmm or DEFAULT_HMM,
+        args.weights or DEFAULT_WEIGHTS)
     load_seconds = time.perf_counter() - start
     examples = {e["code"]: e["text"] for e in load_examples()}
-    app = create_app(model, tokenizer, hmm, model_name=description, prompt_header=header)
+    app = create_app(model, tokenizer, hmm, model_name=description, prompt_header=header,
+                     compute=compute)
     rows = []
     with background_server(app) as base:
         for name, body in workloads(examples).items():
@@ -196,7 +200,7 @@ def main() -> None:
             print(f"screenshot → {args.screenshot}")
     out_path = args.out or RESULTS / "bench_app.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out = {"threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+    out = {"threads": compute.run(torch.get_num_threads), "machine": platform.processor() or platform.machine(),
            "editor": description, "load_seconds": load_seconds, "rows": rows}
     out_path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     print(f"→ {out_path}")

@@ -10,7 +10,7 @@
 (the server's code path without HTTP); the seconds are one request's, on whatever else the
 machine runs (``benchmarks.bench_app`` times the editor).
 
-    python -m benchmarks.editor_suggestions [--hmm NAME] [--threads N]
+    python -m benchmarks.editor_suggestions [--hmm NAME] [--weights FORMAT] [--threads N]
 """
 
 from __future__ import annotations
@@ -38,22 +38,21 @@ def requests(examples: dict[str, str]) -> dict[str, dict]:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hmm", default=None, help="the editor's --hmm (default: its default)")
+    parser.add_argument("--weights", default=None, help="the editor's --weights (default: its default)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS / "editor_suggestions.json")
     args = parser.parse_args(argv)
 
-    import torch
-
-    from ctrlg.app.__main__ import DEFAULT_ADAPTER, DEFAULT_HMM, load_editor
+    from ctrlg.app.__main__ import DEFAULT_ADAPTER, DEFAULT_HMM, DEFAULT_WEIGHTS, load_editor
+    from ctrlg.app.compute import ComputeThread
     from ctrlg.app.examples import load_examples
     from ctrlg.app.schemas import GenerateRequest
     from ctrlg.app.service import EditorService
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tokenizer, hmm, header, description = load_editor(None, DEFAULT_ADAPTER,
-                                                             args.hmm or DEFAULT_HMM)
-    service = EditorService(model, tokenizer, hmm, prompt_header=header)
+    compute = ComputeThread(args.threads)   # as the editor: one thread loads and decodes
+    model, tokenizer, hmm, header, description = compute.run(
+        load_editor, None, DEFAULT_ADAPTER, args.hmm or DEFAULT_HMM, args.weights or DEFAULT_WEIGHTS)
+    service = EditorService(model, tokenizer, hmm, prompt_header=header, compute=compute)
     examples = {e["code"]: e["text"] for e in load_examples()}
     out = {"editor": description}
     for name, body in requests(examples).items():

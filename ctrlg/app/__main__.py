@@ -21,18 +21,24 @@ import ipaddress
 import sys
 from pathlib import Path
 
-import torch
 import uvicorn
 
 from ctrlg.app import Limits, create_app
+from ctrlg.app.compute import ComputeThread
 from ctrlg.app.server import LOOPBACK_HOSTS
 from ctrlg.data.story_prompts import continuation_prompt
 from ctrlg.hmm import EMBEDDED_HMMS, HMM, load_embedded_hmm
 from ctrlg.lm.adapters import adapter_info
+from ctrlg.lm.bf16_weights import native_bf16
 from ctrlg.lm.models import load_model, load_tokenizer
 
 DEFAULT_ADAPTER = "stories-continue"
 DEFAULT_HMM = "stories-continue-h512"
+#: how the LM's linear layers hold their weights: float32 (the LM as trained), bfloat16 or int8
+#: (approximations with faster CPU steps, :mod:`ctrlg.lm.bf16_weights`, :mod:`ctrlg.lm.int8_weights`),
+#: or auto (:func:`auto_weights`)
+WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8")
+DEFAULT_WEIGHTS = "auto"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,9 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hmm", default=DEFAULT_HMM,
                         help=f"HMM: an embedded name or a checkpoint folder (default: {DEFAULT_HMM}); "
                              "'none' for logical masking only")
-    parser.add_argument("--int8-weights", action="store_true",
-                        help="the LM's linear layers as int8, one scale per output channel (faster "
-                             "CPU steps; an approximation of the LM)")
+    parser.add_argument("--weights", choices=WEIGHT_FORMATS, default=DEFAULT_WEIGHTS,
+                        help="how the LM's linear layers hold their weights (default: "
+                             f"{DEFAULT_WEIGHTS}, see the module's docstring)")
+    parser.add_argument("--int8-weights", dest="weights", action="store_const", const="int8",
+                        help="the same as --weights int8")
     parser.add_argument("--allowed-hosts", nargs="*", default=[],
                         help="more host names the editor answers to (e.g. the machine's name when "
                              "binding to 0.0.0.0); '*' for any")
@@ -65,11 +73,28 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def weight_format(weights: str) -> str:
+    """The weight format that ``weights`` names (``auto``: :func:`auto_weights`); an unknown name
+    raises ValueError."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights={weights!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
+    return auto_weights() if weights == "auto" else weights
+
+
+def auto_weights() -> str:
+    """bfloat16 where the CPU multiplies bfloat16 natively (:func:`ctrlg.lm.bf16_weights.native_bf16`),
+    else int8."""
+    return "bfloat16" if native_bf16() else "int8"
+
+
 def load_editor(model_name=None, adapter: str | None = DEFAULT_ADAPTER, hmm_name: str | None = DEFAULT_HMM,
-                int8_weights: bool = False):
-    """(model, tokenizer, HMM or None, prompt header, description) for the editor's settings."""
+                weights: str = DEFAULT_WEIGHTS):
+    """(model, tokenizer, HMM or None, prompt header, description) for the editor's settings;
+    ``weights``: one of :data:`WEIGHT_FORMATS`."""
     adapter = None if adapter is None or str(adapter).lower() == "none" else adapter
-    model = load_model(model_name, adapter=adapter, int8_weights=int8_weights)
+    weights = weight_format(weights)
+    model = load_model(model_name, adapter=adapter, int8_weights=weights == "int8",
+                       bf16_weights=weights == "bfloat16")
     tokenizer = load_tokenizer(model_name)
     model.eval()
     header = ""
@@ -82,24 +107,24 @@ def load_editor(model_name=None, adapter: str | None = DEFAULT_ADAPTER, hmm_name
     else:
         hmm = HMM.load(Path(hmm_name), tokenizer=tokenizer)
     description = (model_name or "SmolLM2-135M-Instruct (embedded)") + \
-        (f" + adapter {adapter}" if adapter else "") + (", int8 weights" if int8_weights else "") + \
+        (f" + adapter {adapter}" if adapter else "") + (f", {weights} weights" if weights != "float32" else "") + \
         (f", HMM {hmm_name}" if hmm is not None else "")
     return model, tokenizer, hmm, header, description
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    compute = ComputeThread(args.threads)   # loads the LM and runs every model call (ctrlg.app.compute)
     if not _is_loopback(args.host):
         print(f"warning: binding to {args.host}: anyone who can reach this address can use the "
               "editor (there is no authentication)", file=sys.stderr)
     print("loading the LM and the HMM ...", file=sys.stderr)
-    model, tokenizer, hmm, header, description = load_editor(args.model, args.adapter, args.hmm,
-                                                                 args.int8_weights)
+    model, tokenizer, hmm, header, description = compute.run(load_editor, args.model, args.adapter,
+                                                             args.hmm, args.weights)
     allowed = (*LOOPBACK_HOSTS, args.host, *args.allowed_hosts)
     app = create_app(model, tokenizer, hmm, limits=Limits(time_budget_s=args.time_budget),
-                     model_name=description, prompt_header=header, allowed_hosts=allowed)
+                     model_name=description, prompt_header=header, allowed_hosts=allowed,
+                     compute=compute)
     print(f"ctrlg editor: http://{args.host}:{args.port}/", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

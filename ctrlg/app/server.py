@@ -36,6 +36,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ctrlg.app.compute import ComputeThread
 from ctrlg.app.examples import load_examples
 from ctrlg.app.schemas import ErrorResponse, GenerateRequest, GenerateResponse, Progress
 from ctrlg.app.service import EditorError, EditorService, Limits
@@ -127,7 +128,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 def create_app(model, tokenizer, hmm=None, *, limits: Limits | None = None,
                model_name: str = "custom", prompt_header: str = "",
                allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, compute: ComputeThread | None = None) -> FastAPI:
     """The editor app serving ``model`` / ``tokenizer`` / ``hmm`` (``hmm=None``: logical only).
 
     ``prompt_header``: what the LM reads before the writer's text (:class:`EditorService`).
@@ -135,9 +136,10 @@ def create_app(model, tokenizer, hmm=None, *, limits: Limits | None = None,
     host) are refused with 400 — a page on another site that resolves its own name to this
     address (DNS rebinding) cannot drive the editor. A body over ``max_body_bytes`` is refused
     with 413 before it is read. Tests pass tiny models; ``python -m ctrlg.app`` passes the
-    editing LM and HMM."""
+    editing LM and HMM. ``compute``: the thread that runs the model calls
+    (:mod:`ctrlg.app.compute`; pass the one that loaded the model; default a new one)."""
     service = EditorService(model, tokenizer, hmm, limits=limits, model_name=model_name,
-                            prompt_header=prompt_header)
+                            prompt_header=prompt_header, compute=compute)
     app = FastAPI(title="ctrlg editor",
                   description="Constrained text editing with Ctrl-G: continue, insert or rewrite "
                               "text with keyphrases, banned words and a word range.",

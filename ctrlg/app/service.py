@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from ctrlg.app.compute import ComputeThread
 from ctrlg.dfa.edit_constraint import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
 from ctrlg.lm.shared_context import ContextCache
@@ -153,8 +154,12 @@ class EditorService:
     """Serves generation requests on one LM / tokenizer / HMM (``hmm=None``: logical mode only)."""
 
     def __init__(self, model, tokenizer, hmm=None, *, limits: Limits | None = None,
-                 model_name: str = "custom", prompt_header: str = ""):
+                 model_name: str = "custom", prompt_header: str = "",
+                 compute: ComputeThread | None = None):
         self.model, self.tokenizer, self.hmm = model, tokenizer, hmm
+        # the thread every model call runs on (ctrlg.app.compute: one OpenMP pool, not one per
+        # request thread); pass the one that loaded the model
+        self.compute = compute or ComputeThread()
         # what the LM reads before the writer's text: the continuation LM's BOS + instruction
         # (ctrlg.data.story_prompts.continuation_prompt); "" for a plain LM
         self.prompt_header = prompt_header
@@ -338,6 +343,26 @@ class EditorService:
                                   f"({job.budget_s:g} s) {when}; ask for fewer candidates or "
                                   "tokens")
 
+    def _model_call(self, request, job: Job, constraint, prompt_ids: list[int],
+                    suffix_ids: list[int] | None):
+        """Sample the candidates and score them (on the compute thread, under the model lock):
+        (samples, distinct non-empty bodies, their LM log-likelihoods with the suffix)."""
+        stopper = _JobStopper(job, len(prompt_ids))
+        results = self._sample(
+            self.model, self.tokenizer, prompt_ids, constraint,
+            hmm=self.hmm if request.mode == "ctrlg" else None, mode=request.mode,
+            max_new_tokens=request.max_new_tokens, num_samples=request.num_candidates,
+            seed=request.seed, rank_by_lm=False,
+            suffix=suffix_ids if request.mode == "ctrlg" else None,
+            eos_token_id=[] if self.eos_id is None else [self.eos_id],
+            stopping_criteria=StoppingCriteriaList([stopper]), contexts=self._contexts)
+        bodies = [b for b in dict.fromkeys(tuple(self._trim(g.token_ids, constraint))
+                                           for g in results) if b]   # distinct, non-empty
+        scores = lm_log_likelihood(self.model, prompt_ids,
+                                   [list(b) + (suffix_ids or []) for b in bodies],
+                                   contexts=self._contexts)
+        return results, bodies, scores
+
     def generate(self, request, job: Job) -> dict:
         """Serve one request (a :class:`ctrlg.app.schemas.GenerateRequest`); blocks for the model.
 
@@ -380,20 +405,8 @@ class EditorService:
             try:
                 self._raise_if_stopped(job, "while queued")
                 job.state = "generating"
-                stopper = _JobStopper(job, len(prompt_ids))
-                results = self._sample(
-                    self.model, self.tokenizer, prompt_ids, constraint,
-                    hmm=self.hmm if request.mode == "ctrlg" else None, mode=request.mode,
-                    max_new_tokens=request.max_new_tokens, num_samples=request.num_candidates,
-                    seed=request.seed, rank_by_lm=False,
-                    suffix=suffix_ids if request.mode == "ctrlg" else None,
-                    eos_token_id=[] if self.eos_id is None else [self.eos_id],
-                    stopping_criteria=StoppingCriteriaList([stopper]), contexts=self._contexts)
-                bodies = [b for b in dict.fromkeys(tuple(self._trim(g.token_ids, constraint))
-                                                   for g in results) if b]   # distinct, non-empty
-                scores = lm_log_likelihood(self.model, prompt_ids,
-                                           [list(b) + (suffix_ids or []) for b in bodies],
-                                           contexts=self._contexts)
+                results, bodies, scores = self.compute.run(
+                    self._model_call, request, job, constraint, prompt_ids, suffix_ids)
             finally:
                 self._model_lock.release()
             if job.stop_reason() is not None and not results:
