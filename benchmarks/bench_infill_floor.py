@@ -57,8 +57,10 @@ from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.lm.skinny_linear import SkinnyLinear
 
 
-def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> float:
-    """Median seconds of one decoding step of ``rows`` rows on a ``cache_tokens`` KV cache."""
+def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10, positions: int = 1) -> float:
+    """Median seconds of one decoding step of ``rows`` rows on a ``cache_tokens`` KV cache, each row
+    bringing ``positions`` new tokens (1: a sampling step; more: a forward that carries a
+    fragment's forced tokens, as the infilling sampler's do)."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
     times = []
@@ -67,7 +69,7 @@ def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10) -> f
         cache = returned_cache(model(ids, use_cache=True))
         for s in range(steps):
             start = time.perf_counter()
-            cache = returned_cache(model(torch.full((rows, 1), 200 + s), **{keyword: cache},
+            cache = returned_cache(model(torch.full((rows, positions), 200 + s), **{keyword: cache},
                                          use_cache=True))
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -143,13 +145,18 @@ def quantization(model, tokenizer, texts, rows: int, kind: str = "int8") -> dict
             targets = ids[0, 1:, None]
             nll["float32"].append(float(-reference.gather(1, targets).mean()))
             nll["int8"].append(float(-approximate.gather(1, targets).mean()))
-    float_steps, int8_steps = [], []
+    float_steps, int8_steps, float_chunks, int8_chunks = [], [], [], []
     for _ in range(5):                          # interleaved: a shared machine's drift hits both
         float_steps.append(step_seconds(model, rows))
         int8_steps.append(step_seconds(quantized, rows))
+        float_chunks.append(step_seconds(model, rows, steps=4, positions=16))
+        int8_chunks.append(step_seconds(quantized, rows, steps=4, positions=16))
     float_step, int8_step = statistics.median(float_steps), statistics.median(int8_steps)
+    float_chunk, int8_chunk = statistics.median(float_chunks), statistics.median(int8_chunks)
     return {"kind": kind, "rows": rows, "float32_step_ms": 1000 * float_step, "int8_step_ms": 1000 * int8_step,
-            "speedup": float_step / int8_step, "kl_float32_to_int8": float(np.mean(divergences)),
+            "speedup": float_step / int8_step, "float32_16_positions_ms": 1000 * float_chunk,
+            "int8_16_positions_ms": 1000 * int8_chunk, "speedup_16_positions": float_chunk / int8_chunk,
+            "kl_float32_to_int8": float(np.mean(divergences)),
             "nll_per_token": {k: float(np.mean(v)) for k, v in nll.items()}}
 
 

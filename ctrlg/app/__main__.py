@@ -1,4 +1,4 @@
-"""``python -m ctrlg.app [--host 127.0.0.1] [--port 8000] [--model NAME] [--adapter NAME] [--hmm NAME] [--int8-weights]``
+"""``python -m ctrlg.app [--host 127.0.0.1] [--port 8000] [--model NAME] [--adapter NAME] [--hmm NAME] [--weights FORMAT]``
 
 Serves the editor offline on the CPU. By default the LM is the embedded SmolLM2-135M-Instruct with
 the ``stories-continue`` adapter (fine-tuned to continue story text, Ctrl-G §5's recipe) and the
@@ -8,8 +8,12 @@ instruction before the writer's text. ``--model`` takes what :func:`ctrlg.lm.mod
 takes (a local folder, a ``.gguf`` file, a hub id); ``--adapter`` an embedded adapter's name, a
 folder, or ``none``; ``--hmm`` an embedded HMM's name, a checkpoint folder written by
 ``HMM.save`` (checked against the tokenizer), or ``none`` for logical masking only;
-``--int8-weights`` stores the LM's linear layers as int8 (:mod:`ctrlg.lm.int8_weights`: faster
-steps, next-token distributions moved by ≈ 0.005 nats of KL). Binds to
+``--weights`` says how the LM's linear layers hold their weights: ``auto`` (the default) bfloat16
+where the CPU multiplies bfloat16 natively (:mod:`ctrlg.lm.bf16_weights`, next-token
+distributions moved by ≈ 0.0007 nats of KL), else int8 (:mod:`ctrlg.lm.int8_weights`, ≈ 0.005
+nats); ``float32`` the LM as trained; ``bfloat16`` or ``int8`` force a format
+(``--int8-weights`` is ``--weights int8``). The LM is loaded, and every model call made, on one
+compute thread (:mod:`ctrlg.app.compute`). Binds to
 127.0.0.1 unless ``--host`` says otherwise, and answers only requests addressed to the bound
 host or to loopback names (``--allowed-hosts`` adds others).
 """

@@ -13,8 +13,8 @@ residual stream, the normalisations, attention's softmax and the logits stay flo
 what keeps the next-token distribution close to the float32 LM's (a whole-model bfloat16 cast, the
 ``model.dtype=bfloat16`` setting, rounds every activation too and moves it ~1000× more). On CPUs
 with native bfloat16 products (AVX512-BF16 or AMX, reported by
-``torch.ops.mkldnn._is_mkldnn_bf16_supported()``) oneDNN runs them at full speed; elsewhere they
-are emulated and can be slower than float32. ``python -m benchmarks.bench_infill_floor
+``torch.ops.mkldnn._is_mkldnn_bf16_supported()``) oneDNN runs them at full speed; elsewhere it
+emulates them, with no speed measured here. ``python -m benchmarks.bench_infill_floor
 --quantization`` measures the step time and the next-token KL divergence from the float32 LM
 beside weight-only int8 (:mod:`ctrlg.lm.int8_weights`).
 
