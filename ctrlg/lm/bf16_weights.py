@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ctrlg.lm.replace_linears import replace_linears
+
 __all__ = ["Bf16WeightLinear", "use_bf16_weights", "native_bf16"]
 
 
@@ -67,10 +69,4 @@ class Bf16WeightLinear(torch.nn.Module):
 def use_bf16_weights(model: torch.nn.Module) -> int:
     """Replace every ``torch.nn.Linear`` (subclasses included) of ``model`` by a
     :class:`Bf16WeightLinear` in place. Returns how many; a model not on the CPU raises ValueError."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, Bf16WeightLinear(child))
-                replaced += 1
-    return replaced
+    return replace_linears(model, Bf16WeightLinear)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from ctrlg.lm.replace_linears import replace_linears
+
 __all__ = ["Int8WeightLinear", "use_int8_weights"]
 
 
@@ -61,10 +63,4 @@ class Int8WeightLinear(torch.nn.Module):
 def use_int8_weights(model: torch.nn.Module) -> int:
     """Replace every ``torch.nn.Linear`` (subclasses included) of ``model`` by an
     :class:`Int8WeightLinear` in place. Returns how many; a model not on the CPU raises ValueError."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, Int8WeightLinear(child))
-                replaced += 1
-    return replaced
+    return replace_linears(model, Int8WeightLinear)
