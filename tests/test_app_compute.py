@@ -44,6 +44,20 @@ def test_every_forward_of_a_request_runs_on_the_editors_compute_thread(smollm2_t
     assert threads and {t.split("_")[0] for t in threads} == {"ctrlg-compute"}
 
 
+def test_services_built_without_one_share_the_process_compute_thread(smollm2_tokenizer):
+    from ctrlg.app.compute import shared_compute_thread
+    from ctrlg.app.service import EditorService
+
+    model, hmm = tiny_model(smollm2_tokenizer)
+    first, second = (EditorService(model, smollm2_tokenizer, hmm) for _ in range(2))
+    assert first.compute is second.compute is shared_compute_thread()
+    own = ComputeThread()
+    try:
+        assert EditorService(model, smollm2_tokenizer, hmm, compute=own).compute is own
+    finally:
+        own.shutdown()
+
+
 def test_the_editor_weight_format(monkeypatch):
     import ctrlg.app.__main__ as editor
 

@@ -16,9 +16,13 @@ makes its model calls there (they are serialised by the service's model lock any
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["ComputeThread"]
+__all__ = ["ComputeThread", "shared_compute_thread"]
+
+_shared: ComputeThread | None = None
+_shared_lock = threading.Lock()
 
 
 class ComputeThread:
@@ -43,3 +47,14 @@ def _set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def shared_compute_thread() -> ComputeThread:
+    """The process's default :class:`ComputeThread` (created on first use, torch's default thread
+    count): editor services built without one share it, so a process that serves several models
+    still opens one more OpenMP pool, not one per service."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ComputeThread()
+        return _shared

@@ -137,7 +137,7 @@ def create_app(model, tokenizer, hmm=None, *, limits: Limits | None = None,
     address (DNS rebinding) cannot drive the editor. A body over ``max_body_bytes`` is refused
     with 413 before it is read. Tests pass tiny models; ``python -m ctrlg.app`` passes the
     editing LM and HMM. ``compute``: the thread that runs the model calls
-    (:mod:`ctrlg.app.compute`; pass the one that loaded the model; default a new one)."""
+    (:mod:`ctrlg.app.compute`; pass the one that loaded the model; default the process's shared one)."""
     service = EditorService(model, tokenizer, hmm, limits=limits, model_name=model_name,
                             prompt_header=prompt_header, compute=compute)
     app = FastAPI(title="ctrlg editor",

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ctrlg.app.compute import ComputeThread
+from ctrlg.app.compute import ComputeThread, shared_compute_thread
 from ctrlg.dfa.edit_constraint import EditConstraint, build_constraint
 from ctrlg.errors import CtrlgError, UnsatisfiableConstraintError
 from ctrlg.lm.shared_context import ContextCache
@@ -158,8 +158,8 @@ class EditorService:
                  compute: ComputeThread | None = None):
         self.model, self.tokenizer, self.hmm = model, tokenizer, hmm
         # the thread every model call runs on (ctrlg.app.compute: one OpenMP pool, not one per
-        # request thread); pass the one that loaded the model
-        self.compute = compute or ComputeThread()
+        # request thread); pass the one that loaded the model, else the process's shared one
+        self.compute = compute or shared_compute_thread()
         # what the LM reads before the writer's text: the continuation LM's BOS + instruction
         # (ctrlg.data.story_prompts.continuation_prompt); "" for a plain LM
         self.prompt_header = prompt_header
