@@ -293,7 +293,6 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
                     classes: TokenClasses, minimal: bool,
                     max_states: int = MAX_CONCAT_STATES) -> TokenDFA:
     """Subset construction: state (q1, set of D2 states running on suffixes after a split)."""
-    C = classes.num_classes
     acc1, i2 = d1.accepting, d2.initial
     live2 = d2.live_states()
 
@@ -311,10 +310,15 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
         q1, subset = states[head]
         head += 1
         members = np.fromiter(sorted(subset), dtype=np.int64, count=len(subset))
-        nxt_sets = t2[members] if len(members) else np.zeros((0, C), dtype=np.int64)
-        row = np.empty(C, dtype=np.int64)
-        for c in range(C):
-            key = close(int(t1[q1, c]), frozenset(nxt_sets[:, c].tolist()))
+        # column c: D1's next state, then the D2 runs' next states; classes with equal columns
+        # lead to the same subset state, so each distinct column is closed once, in the order of
+        # its first class (the states are numbered as a class-by-class loop would number them)
+        columns = np.vstack([t1[q1][None, :], t2[members]]) if len(members) else t1[q1][None, :]
+        distinct, first, inverse = np.unique(columns, axis=1, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        target = np.empty(distinct.shape[1], dtype=np.int64)
+        for j in order:
+            key = close(int(distinct[0, j]), frozenset(distinct[1:, j].tolist()))
             if key not in ids:
                 if len(states) >= max_states:
                     raise ConstraintError(
@@ -324,8 +328,8 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
                         "(e.g. make the first one end unambiguously) or raise max_states")
                 ids[key] = len(states)
                 states.append(key)
-            row[c] = ids[key]
-        rows.append(row)
+            target[j] = ids[key]
+        rows.append(target[np.asarray(inverse).reshape(-1)])
     table = np.vstack(rows)
     accepting = np.array([bool(d2.accepting[list(sub)].any()) if sub else False
                           for _, sub in states])
