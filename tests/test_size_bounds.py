@@ -27,12 +27,12 @@ from tiny_bpe import tiny_bpe_tokenizer
 def test_commongen_with_20_concepts_is_refused_at_once(smollm2_tokenizer):
     """It ran for more than 60 s without an answer; now the estimate is refused before the
     inflections are looked up."""
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ConstraintError, match=r"20 concepts needs about [\d,]+ states.*"
                                               r"max_states=500,000; use at most 10 concepts"):
         dfa.commongen_constraint([f"word{i}" for i in range(20)], smollm2_tokenizer,
                                  min_words=5, max_words=30)
-    assert time.perf_counter() - start < 1
+    assert time.process_time() - start < 1
 
 
 def test_keyword_and_substring_builders_refuse_large_estimates(smollm2_tokenizer):
@@ -62,13 +62,13 @@ def test_estimates_track_the_measured_sizes(smollm2_tokenizer):
 
 
 def test_length_beyond_the_token_bound_fails_at_once():
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ConstraintError, match="max_tokens=1000000000 is above the supported "
                                               "token bound 1,048,576"):
         dfa.length(0, 10**9, vocab_size=7)
     with pytest.raises(ConstraintError, match="min_tokens"):
         dfa.length(10**9, None, vocab_size=7)
-    assert time.perf_counter() - start < 1
+    assert time.process_time() - start < 1
     assert dfa.length(0, 1 << 20, vocab_size=7).num_states == (1 << 20) + 2
 
 
@@ -213,9 +213,9 @@ def test_edit_distance_beyond_the_estimate_is_refused_at_once():
     from ctrlg.relm.edits import within_edit_distance
 
     base = compile_bytes_dfa("hello world")
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ConstraintError, match=r"edit distance 8 on a pattern of 12 byte states "
                                               r"needs about 78,732 .* use edit_distance ≤ 5"):
         within_edit_distance(base, 8)
-    assert time.perf_counter() - start < 1
+    assert time.process_time() - start < 1
     assert within_edit_distance(base, 2).num_states == 142

@@ -198,11 +198,11 @@ def test_byte_refinement_finished_by_hopcroft_is_exact(monkeypatch, rounds):
 def test_a_long_chain_regex_is_fast():
     """``(a{100}){100}`` (10,000 positions) minimises in seconds: the byte refinement no longer
     spends a pass over a whole block per state of the chain (it took 14 s before)."""
-    t = time.perf_counter()
+    t = time.process_time()
     d = compile_bytes_dfa("(a{100}){100}")
     assert d.num_states == 10_002
     assert d.fullmatch(b"a" * 10_000) and not d.fullmatch(b"a" * 9_999)
-    assert time.perf_counter() - t < 20
+    assert time.process_time() - t < 20
 
 
 # ------------------------------------------------------------------ Lark: anchors, raw errors
@@ -334,21 +334,21 @@ def test_gbnf_counts_by_enumeration(count, lo, hi):
 ])
 def test_size_bounds_are_checked_before_the_work(build, match):
     """Each was minutes of work (or no answer in 60 s); now a ValueError naming the bound,
-    at once."""
-    t = time.perf_counter()
+    at once. Timed in this process's CPU seconds, which other jobs on the machine do not inflate."""
+    t = time.process_time()
     with pytest.raises(ConstraintError if "grammar" in str(build.__code__.co_names) else ValueError,
                        match=match):
         build()
-    assert time.perf_counter() - t < 2.0
+    assert time.process_time() - t < 2.0
 
 
 def test_within_the_bounds_it_finishes():
-    t = time.perf_counter()
+    t = time.process_time()
     g = dfa.grammar("start: /(a{100}){20}/", BYTES, eos_token_id=EOS)
     assert g.matches("a" * 2000) and not g.matches("a" * 1999)
     d = dfa.regex("((ab){1000}){2}", BYTES, eos_token_id=EOS)
     assert d.accepts(list(b"ab" * 2000)) and not d.accepts(list(b"ab" * 1999))
-    assert time.perf_counter() - t < 30
+    assert time.process_time() - t < 30
 
 
 # ------------------------------------------------------------------ JSON Schema numbers
