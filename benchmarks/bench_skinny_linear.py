@@ -52,7 +52,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    models = {"f_linear": load_model(None, skinny_linears=False), "weight_first": load_model(None)}
+    models = {"f_linear": load_model(None, skinny_linears=False),
+              "weight_first": load_model(None, skinny_linears=True)}
     seconds = {(v, r): [] for v in VARIANTS for r in args.rows}
     for _ in range(args.repeats):
         for rows in args.rows:

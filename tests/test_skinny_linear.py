@@ -69,12 +69,37 @@ def test_a_decoding_lm_keeps_its_parameters_and_its_outputs():
                            reference.generate(prompt, max_new_tokens=6, do_sample=False))
 
 
-def test_load_model_switches_float32_cpu_models_unless_told_not_to(tmp_path, smollm2_tokenizer):
+def test_load_model_switches_float32_cpu_models_where_it_helps_or_as_told(tmp_path, smollm2_tokenizer, monkeypatch):
+    import ctrlg.lm.skinny_linear as skinny
+    from ctrlg.lm.models import ModelLoadError
+
     _tiny_llama().save_pretrained(tmp_path)
     smollm2_tokenizer.save_pretrained(tmp_path)
-    assert isinstance(load_model(tmp_path).lm_head, SkinnyLinear)
+    assert isinstance(load_model(tmp_path, skinny_linears=True).lm_head, SkinnyLinear)
     assert type(load_model(tmp_path, skinny_linears=False).lm_head) is torch.nn.Linear
-    assert type(load_model(tmp_path, dtype=torch.bfloat16).lm_head) is torch.nn.Linear
+    assert type(load_model(tmp_path, skinny_linears=True, dtype=torch.bfloat16).lm_head) is torch.nn.Linear
+    for vendor, weight_first in (("AuthenticAMD", True), ("GenuineIntel", False), (None, True)):
+        monkeypatch.setattr(skinny, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert skinny.weight_first_helps() is weight_first
+        for setting in ("auto", None, "AUTO"):
+            assert isinstance(load_model(tmp_path, skinny_linears=setting).lm_head, SkinnyLinear) is weight_first
+        assert isinstance(load_model(tmp_path).lm_head, SkinnyLinear) is weight_first
+    assert skinny.resolve_skinny_linears("false") is False and skinny.resolve_skinny_linears("true") is True
+    with pytest.raises(ModelLoadError, match="skinny_linears='sometimes': expected true, false or auto"):
+        load_model(tmp_path, skinny_linears="sometimes")
+
+
+def test_the_cpu_vendor_is_read_from_linux():
+    from pathlib import Path
+
+    from ctrlg.lm.skinny_linear import cpu_vendor
+
+    info = Path("/proc/cpuinfo")
+    if info.exists() and "vendor_id" in info.read_text(errors="replace"):
+        line = next(l for l in info.read_text(errors="replace").splitlines() if l.startswith("vendor_id"))
+        assert cpu_vendor() == line.split(":", 1)[1].strip()
+    else:
+        assert cpu_vendor() is None
 
 
 def test_the_switch_is_an_execution_setting_that_resume_and_merges_ignore():
@@ -86,11 +111,12 @@ def test_the_switch_is_an_execution_setting_that_resume_and_merges_ignore():
     def config(**model):
         return OmegaConf.create({"seed": 0, "model": {"name": None, "dtype": "float32", **model}})
 
-    on, off, older = config(skinny_linears=True), config(skinny_linears=False), config()
+    on, off, auto, older = (config(skinny_linears=True), config(skinny_linears=False),
+                            config(skinny_linears="auto"), config())
     assert generation_config(on, ["seed", "model"]) == generation_config(off, ["seed", "model"]) \
-        == generation_config(older, ["seed", "model"])
-    containers = [OmegaConf.to_container(c) for c in (on, off, older)]
-    assert setting(containers[0], "model") == setting(containers[1], "model") == setting(containers[2], "model")
+        == generation_config(auto, ["seed", "model"]) == generation_config(older, ["seed", "model"])
+    containers = [OmegaConf.to_container(c) for c in (on, off, auto, older)]
+    assert len({repr(setting(c, "model")) for c in containers}) == 1
     assert generation_config(config(dtype="bfloat16"), ["model"]) != generation_config(older, ["model"])
 
 
@@ -100,4 +126,4 @@ def test_every_shipped_model_config_names_the_switch():
     from omegaconf import OmegaConf
 
     for path in sorted((Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml")):
-        assert OmegaConf.load(path).skinny_linears is True, path.name
+        assert OmegaConf.load(path).skinny_linears == "auto", path.name

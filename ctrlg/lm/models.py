@@ -41,7 +41,7 @@ from ctrlg.lm.adapters import merge_adapter
 from ctrlg.lm.int8_weights import use_int8_weights
 from ctrlg.lm.bf16_weights import use_bf16_weights
 from ctrlg.lm.shared_context import cache_keyword, returned_cache  # noqa: F401  (re-exported)
-from ctrlg.lm.skinny_linear import use_skinny_linears
+from ctrlg.lm.skinny_linear import resolve_skinny_linears, use_skinny_linears
 
 __all__ = [
     "EMBEDDED_NAME",
@@ -332,14 +332,16 @@ def load_tokenizer(name: str | os.PathLike | None = None, **kwargs):
 
 def load_model(name: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, adapter: str | os.PathLike | None = None,
-               skinny_linears: bool = True, int8_weights: bool = False, bf16_weights: bool = False,
+               skinny_linears: bool | str = "auto", int8_weights: bool = False, bf16_weights: bool = False,
                **kwargs):
     """The causal LM for ``name`` in eval mode on ``device`` (see module docstring). ``adapter``:
     a LoRA adapter (an embedded name such as ``"commongen"`` or a folder,
     :mod:`ctrlg.lm.adapters`) merged into the weights once here; an adapter trained on another
     base raises :class:`ctrlg.lm.adapters.AdapterMismatchError`. ``skinny_linears``: a float32
     model on the CPU computes its decoding steps' linear layers weight-first
-    (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding, faster steps).
+    (:mod:`ctrlg.lm.skinny_linear`; the same outputs up to float rounding), where that is faster:
+    ``"auto"`` (the default) decides by the CPU (:func:`ctrlg.lm.skinny_linear.weight_first_helps`),
+    True / False force it.
     ``int8_weights``: every linear layer stored as int8 with one scale per output channel
     (:mod:`ctrlg.lm.int8_weights`; CPU only, an approximation: faster steps, outputs move).
     ``bf16_weights``: every linear layer's weight in bfloat16, its products accumulated in float32
@@ -347,6 +349,10 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
     native bfloat16 products)."""
     if int8_weights and bf16_weights:
         raise ModelLoadError("int8_weights=True and bf16_weights=True: choose one weight format")
+    try:
+        weight_first = resolve_skinny_linears(skinny_linears)
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
     for flag, on in (("int8_weights", int8_weights), ("bf16_weights", bf16_weights)):
         if on and torch.device(device).type != "cpu":
             raise ModelLoadError(f"{flag}=True is a CPU decoding option; the model was asked for "
@@ -367,7 +373,7 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | torch.dev
         use_int8_weights(model)
     elif bf16_weights:
         use_bf16_weights(model)
-    elif skinny_linears and torch.device(device).type == "cpu" and dtype == torch.float32:
+    elif weight_first and torch.device(device).type == "cpu" and dtype == torch.float32:
         use_skinny_linears(model)
     return model
 

@@ -63,14 +63,15 @@ def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
     ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
     weights in ``model.dtype`` (:func:`lm_dtype`), on ``device``; ``model.skinny_linears`` (default
-    true) computes a float32 CPU model's decoding steps weight-first (:mod:`ctrlg.lm.skinny_linear`);
+    auto: where the CPU gains by it) computes a float32 CPU model's decoding steps weight-first
+    (:mod:`ctrlg.lm.skinny_linear`);
     ``model.int8_weights`` (default false) stores its linear layers as int8 (:mod:`ctrlg.lm.int8_weights`),
     ``model.bf16_weights`` (default false) as bfloat16 (:mod:`ctrlg.lm.bf16_weights`)."""
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
     model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device,
-                       skinny_linears=bool(model_cfg.get("skinny_linears", True)),
+                       skinny_linears=model_cfg.get("skinny_linears", "auto"),
                        int8_weights=bool(model_cfg.get("int8_weights", False)),
                        bf16_weights=bool(model_cfg.get("bf16_weights", False)))
     model.eval()
