@@ -1,6 +1,7 @@
 """bfloat16-weight linear layers (ctrlg.lm.bf16_weights): the product is that of the rounded
 weights and inputs summed in float32, a model's every linear replaced and its outputs those of
-its rounded twin; load_model's switch, its refusal of two formats, and the runs' comparison."""
+its rounded twin; load_model's switch and its refusal of two formats (the runs' comparison of
+the setting: tests/test_int8_weights.py, for both weight formats)."""
 
 import copy
 
@@ -76,23 +77,6 @@ def test_load_model_applies_bf16_weights_on_the_cpu_only_and_one_format_at_a_tim
         load_model(tmp_path, bf16_weights=True, device="meta")
     with pytest.raises(ModelLoadError, match="choose one weight format"):
         load_model(tmp_path, bf16_weights=True, int8_weights=True)
-
-
-def test_the_setting_is_compared_only_when_on_and_every_model_config_names_it_off():
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    from ctrlg.tasks.config import generation_config
-
-    def config(**model):
-        return OmegaConf.create({"seed": 0, "model": {"name": None, "dtype": "float32", **model}})
-
-    older, off, on = config(), config(bf16_weights=False), config(bf16_weights=True)
-    assert generation_config(off, ["model"]) == generation_config(older, ["model"])
-    assert generation_config(on, ["model"]) != generation_config(off, ["model"])
-    for path in sorted((Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml")):
-        assert OmegaConf.load(path).bf16_weights is False, path.name
 
 
 def test_native_bf16_is_what_onednn_reports():

@@ -1,6 +1,7 @@
 """Weight-only int8 linear layers (ctrlg.lm.int8_weights): the product is the dequantised
 weight's, each weight within half a step of its float value, a model's every linear replaced,
-its outputs close; load_model's switch and the runs' comparison of the setting."""
+its outputs close; load_model's switch; and the runs' comparison of the weight-format settings
+(int8 and bfloat16 weights: ctrlg.tasks.config.OMITTED_AT_DEFAULT)."""
 
 import copy
 
@@ -13,6 +14,7 @@ from ctrlg.lm.int8_weights import Int8WeightLinear, use_int8_weights
 from ctrlg.lm.models import ModelLoadError, load_model
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.lm.skinny_linear import SkinnyLinear
+from ctrlg.tasks.config import OMITTED_AT_DEFAULT
 
 
 def _tiny_llama():
@@ -87,7 +89,8 @@ def test_load_model_applies_int8_weights_on_the_cpu_only(tmp_path, smollm2_token
         load_model(tmp_path, int8_weights=True, device="meta")
 
 
-def test_the_setting_is_compared_only_when_on():
+@pytest.mark.parametrize("key", sorted(OMITTED_AT_DEFAULT))     # int8_weights, bf16_weights
+def test_the_setting_is_compared_only_when_on(key):
     from omegaconf import OmegaConf
 
     from benchmarks.merge_common import setting
@@ -96,7 +99,7 @@ def test_the_setting_is_compared_only_when_on():
     def config(**model):
         return OmegaConf.create({"seed": 0, "model": {"name": None, "dtype": "float32", **model}})
 
-    older, off, on = config(), config(int8_weights=False), config(int8_weights=True)
+    older, off, on = config(), config(**{key: False}), config(**{key: True})
     # a run kept before the key existed computed in float: it stays comparable with the default
     assert generation_config(off, ["model"]) == generation_config(older, ["model"])
     assert generation_config(on, ["model"]) != generation_config(off, ["model"])
@@ -104,10 +107,11 @@ def test_the_setting_is_compared_only_when_on():
     assert setting(containers[0], "model") == setting(containers[1], "model") != setting(containers[2], "model")
 
 
-def test_every_shipped_model_config_names_the_setting_off():
+@pytest.mark.parametrize("key", sorted(OMITTED_AT_DEFAULT))
+def test_every_shipped_model_config_names_the_setting_off(key):
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
     for path in sorted((Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml")):
-        assert OmegaConf.load(path).int8_weights is False, path.name
+        assert OmegaConf.load(path)[key] is False, path.name

@@ -313,7 +313,7 @@ def _concat_subsets(d1: TokenDFA, d2: TokenDFA, t1: np.ndarray, t2: np.ndarray,
         # column c: D1's next state, then the D2 runs' next states; classes with equal columns
         # lead to the same subset state, so each distinct column is closed once, in the order of
         # its first class (the states are numbered as a class-by-class loop would number them)
-        columns = np.vstack([t1[q1][None, :], t2[members]]) if len(members) else t1[q1][None, :]
+        columns = np.vstack([t1[q1][None, :], t2[members]])
         distinct, first, inverse = np.unique(columns, axis=1, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         target = np.empty(distinct.shape[1], dtype=np.int64)
