@@ -80,11 +80,13 @@ class LMClock:
 
     def __init__(self, model):
         self.seconds, self.tokens, self._start = 0.0, 0, None
-        self._hooks = [model.register_forward_pre_hook(self._before, with_kwargs=True),
-                       model.register_forward_hook(self._after, with_kwargs=True)]
+        # from the input embedding to the LM head: both forwards (the model's and the lean one,
+        # ctrlg.lm.lean_decoder) run them first and last
+        self._hooks = [model.get_input_embeddings().register_forward_pre_hook(self._before, with_kwargs=True),
+                       model.lm_head.register_forward_hook(self._after, with_kwargs=True)]
 
     def _before(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = kwargs.get("input", args[0] if args else None)
         self.tokens += 0 if ids is None else int(ids.numel())
         self._start = time.perf_counter()
 

@@ -8,18 +8,20 @@ posterior over its generated tokens, :meth:`ctrlg.guide.GuideTables.advance`), t
 so far and the LM's next-token logits. One iteration:
 
 1. **choice** — every row draws x ~ p(x | x≤t, α) ∝ p_lm(x | x≤t)^{1/T} · p_hmm(α | x≤t, x)^{w}
-   (:func:`ctrlg.guide.guidance.guided_log_probs` with the row's remaining budget; w = 0 or no HMM:
-   logical masking), unless its state is *forced*: exactly one token is feasible
+   (:func:`ctrlg.guide.guidance.guided_log_probs` with the row's remaining budget, all free rows in
+   one call; w = 0 or no HMM: logical masking; drawn by inverting the cumulative sum,
+   :func:`ctrlg.hmm.sampling.draw_inverse_cdf`), unless its state is *forced*: exactly one token is feasible
    (:meth:`~ctrlg.guide.feasibility.Feasibility.feasible_counts`), which is then taken;
 2. **fast-forward** — while the row's state is forced and it has not ended (EOS or the budget),
    the forced token is appended without consulting the LM (the guided distribution gives it
    probability 1, so the sampled distribution is unchanged);
 3. **one LM forward** over each row's new tokens at once (a ragged batch: rows padded on the right
    of their chunk, masked out of attention, positions counted per row; the KV cache holds the pad
-   slots, masked for ever after). Its logits give log p_lm of every forced token (for the
+   slots, masked for ever after; :mod:`ctrlg.lm.lean_decoder`'s forward where it covers the LM). Its logits give log p_lm of every forced token (for the
    likelihood used to rank samples) and the next choice's distribution.
 
-A finished row (EOS, or the budget spent) leaves the batch (:meth:`DynamicCache.batch_select_indices`).
+A finished row (EOS, or the budget spent) leaves the batch (``batch_select_indices``). The KV cache
+grows in place (:class:`ctrlg.lm.growing_cache.GrowingCache`), not by concatenation.
 Cost: LM forwards = choices + 1 instead of tokens; guidance per choice as in the processor
 (O(h² + h·V) per row). Every output is accepted (feasibility is exact); the LM log-likelihood of
 each sample is summed from the logits already computed, so reranking needs no second pass.
@@ -40,6 +42,8 @@ from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.guidance import guided_log_probs
 from ctrlg.guide.tables import GuideTables
+from ctrlg.hmm.sampling import draw_inverse_cdf
+from ctrlg.lm.lean_decoder import lean_llama
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 __all__ = ["Sample", "sample_fast_forward", "build_guide"]
@@ -124,7 +128,7 @@ class _Sampler:
 
     def __init__(self, model, table, n: int, eos: list[int], guided: bool, strength: float,
                  temperature: float, generator):
-        from transformers import DynamicCache
+        from ctrlg.lm.growing_cache import GrowingCache   # imports transformers: only when an LM runs
 
         self.model, self.table, self.n = model, table, n
         self.eos_set, self.guided, self.strength = set(eos), guided, strength
@@ -132,7 +136,8 @@ class _Sampler:
         self.V = table.vocab_size
         self.keyword = cache_keyword(model)
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache()
+        self.cache = GrowingCache()
+        self.lean = lean_llama(model)          # the same forward in fewer operations, where it applies
 
     def ended(self, rows: _Rows, i: int) -> bool:
         ids = rows.tokens[i]
@@ -169,16 +174,15 @@ class _Sampler:
         remaining = np.array([self.n - len(rows.tokens[i]) for i in todo], dtype=np.int64)
         chosen = _forced_tokens(self.table, rows.states[idx], remaining)
         free = np.flatnonzero(chosen < 0)
-        for r in np.unique(remaining[free]):
-            group = free[remaining[free] == r]
-            at = torch.as_tensor(idx[group])
+        if len(free):            # every free row in one guided call (one HMM product), one draw each
+            at = torch.as_tensor(idx[free])
             scores = torch.log_softmax(rows.last_logits[at], dim=-1) / self.temperature
             priors = rows.priors[at] if self.guided else None
-            dist = guided_log_probs(scores, [self.table], np.zeros(len(group), dtype=np.int64),
-                                    rows.states[idx[group]], priors, int(r),
+            dist = guided_log_probs(scores, [self.table], np.zeros(len(free), dtype=np.int64),
+                                    rows.states[idx[free]], priors, remaining[free],
                                     self.strength if self.guided else 1.0)
-            picks = torch.multinomial(torch.softmax(dist.float(), -1), 1, generator=self.generator)
-            chosen[group] = picks[:, 0].numpy()
+            picks, _ = draw_inverse_cdf(dist.float(), self.generator)
+            chosen[free] = picks.numpy()
         chosen_forced = np.ones(len(todo), dtype=bool)
         chosen_forced[free] = False
         for k, i in enumerate(todo):
@@ -236,11 +240,15 @@ class _Sampler:
             mask[i, :len(chunk)] = 1
         positions = torch.as_tensor(rows.positions)[:, None] + torch.arange(width)[None, :]
         attention = torch.cat([rows.attention, mask.to(self.device)], dim=1)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=attention,
-                         position_ids=positions.to(self.device), use_cache=True,
-                         **{self.keyword: self.cache})
-        self.cache = returned_cache(out)
-        logits = out.logits[..., :self.V].float()
+        if self.lean is not None:
+            logits = self.lean(ids.to(self.device), attention, positions.to(self.device),
+                               self.cache)[..., :self.V]
+        else:
+            out = self.model(input_ids=ids.to(self.device), attention_mask=attention,
+                             position_ids=positions.to(self.device), use_cache=True,
+                             **{self.keyword: self.cache})
+            self.cache = returned_cache(out)
+            logits = out.logits[..., :self.V].float()
         rows.attention = attention
         new_last = torch.empty(R, self.V)
         for i, chunk in enumerate(chunks):

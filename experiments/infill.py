@@ -24,7 +24,7 @@ import hydra
 from omegaconf import DictConfig
 
 from ctrlg.errors import CtrlgError, ExperimentConfigError, InsufficientMemoryError
-from ctrlg.tasks.config import generation_config, load_hmm, load_lm
+from ctrlg.tasks.config import generation_config, load_hmm, load_lm, resolve_weight_formats
 from ctrlg.tasks.infill import pipeline
 from ctrlg.tasks.record_files import RecordSchema
 from ctrlg.tasks.records import RecordWriter, format_table, progress, read_records, write_json
@@ -103,6 +103,7 @@ def record_schema(stories, methods) -> RecordSchema:
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The experiment (module docstring); returns ``{"ratio/method": row}``."""
     _check(cfg)
+    resolve_weight_formats(cfg, ("model", "ilm_model"))    # bf16_weights: auto → what it is here
     stories = _passages(cfg)
     resume_dir = find_resume_dir(cfg, out_dir, _settings)
     methods = start_run(cfg, out_dir, pipeline.METHODS)

@@ -10,10 +10,14 @@ import torch
 import torch.nn.functional as F
 from helpers import tiny_llama
 
+from omegaconf import OmegaConf
+
+from ctrlg.errors import ExperimentConfigError
 from ctrlg.lm.bf16_weights import Bf16WeightLinear, native_bf16, use_bf16_weights
 from ctrlg.lm.models import ModelLoadError, load_model
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.lm.skinny_linear import SkinnyLinear
+from ctrlg.tasks import config as task_config
 
 
 def _rounded(t: torch.Tensor) -> torch.Tensor:
@@ -81,3 +85,21 @@ def test_load_model_applies_bf16_weights_on_the_cpu_only_and_one_format_at_a_tim
 
 def test_native_bf16_is_what_onednn_reports():
     assert native_bf16() == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_means_bf16_weights_where_the_cpu_multiplies_bfloat16_and_nothing_else_is_asked(monkeypatch, native):
+    monkeypatch.setattr(task_config, "native_bf16", lambda: native)
+    auto = OmegaConf.create({"bf16_weights": "auto", "int8_weights": False, "dtype": "float32"})
+    assert task_config.bf16_weights_setting(auto) is native
+    assert task_config.bf16_weights_setting(auto, device="cuda") is False
+    assert task_config.bf16_weights_setting(OmegaConf.merge(auto, {"int8_weights": True})) is False
+    assert task_config.bf16_weights_setting(OmegaConf.merge(auto, {"dtype": "bfloat16"})) is False
+    for fixed in (True, False):
+        assert task_config.bf16_weights_setting(OmegaConf.merge(auto, {"bf16_weights": fixed})) is fixed
+    with pytest.raises(ExperimentConfigError, match="model.bf16_weights must be true, false or auto, got 'yes'"):
+        task_config.bf16_weights_setting(OmegaConf.merge(auto, {"bf16_weights": "yes"}))
+    run = OmegaConf.create({"model": {"bf16_weights": "auto"}, "ilm_model": {"bf16_weights": False}, "seed": 0})
+    OmegaConf.set_struct(run, True)
+    task_config.resolve_weight_formats(run, ("model", "ilm_model", "missing"))
+    assert run.model.bf16_weights is native and run.ilm_model.bf16_weights is False

@@ -11,7 +11,7 @@ import torch
 from ctrlg import HMM
 from ctrlg.guide import build_tables
 from ctrlg.guide import emission_operands as operands_module
-from ctrlg.guide.guidance import guidance_log_ratio
+from ctrlg.guide.guidance import guidance_log_ratio, guided_log_probs
 from ctrlg.guide.token_weights import log_ratios
 from helpers import random_dfa, random_hmm, random_letter_dfa
 
@@ -116,3 +116,26 @@ def test_guidance_over_rows_of_several_tables_equals_each_row_alone(monkeypatch,
         _, log_marginal = tables[k].token_weights([states[i]], priors[i:i + 1], remaining)
         want = torch.logsumexp(log_marginal[0] + alone, 0)
         torch.testing.assert_close(accept[0][i], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_guidance_with_a_budget_per_row_equals_each_budget_alone(shifted):
+    """``remaining`` as one count per row (the fast-forward sampler's rows at different budgets in
+    one call): every row gets what a call at its own budget gives it, and the guided
+    log-probabilities are those of the per-budget calls."""
+    hmm = random_hmm(3, V, 40)
+    tables = [build_tables(hmm, random_letter_dfa(5, V, 41), N, eos_token_id=4)]
+    states, priors, remaining = _rows(tables[0].dfa, 2)
+    zeros = np.zeros(len(states), dtype=np.int64)
+    got = guidance_log_ratio(tables, zeros, states, priors, remaining, shifted=shifted)
+    scores = torch.log_softmax(torch.randn(len(states), V, generator=torch.Generator().manual_seed(3)), -1)
+    guided = guided_log_probs(scores, tables, zeros, states, priors, remaining)
+    assert len(np.unique(remaining)) == N
+    for left in np.unique(remaining):
+        rows = np.flatnonzero(remaining == left)
+        alone = guidance_log_ratio(tables, zeros[rows], states[rows], priors[rows], int(left), shifted=shifted)
+        assert torch.equal(torch.isinf(got[rows]), torch.isinf(alone))
+        if not shifted:
+            torch.testing.assert_close(got[rows], alone, rtol=1e-5, atol=1e-5)
+        want = guided_log_probs(scores[rows], tables, zeros[rows], states[rows], priors[rows], int(left))
+        torch.testing.assert_close(guided[rows], want, rtol=1e-5, atol=1e-5)

@@ -56,12 +56,13 @@ __all__ = ["guidance_log_ratio", "apply_guidance", "guided_log_probs", "lookahea
 
 
 def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, states: np.ndarray,
-                       priors: torch.Tensor | None, remaining: int,
+                       priors: torch.Tensor | None, remaining: int | np.ndarray,
                        device: torch.device | str = "cpu", *, shifted: bool = False,
                        log_accept: list | None = None) -> torch.Tensor:
     """log p_hmm(α | x≤t, v), float32 [R, V], for rows using ``tables[table_of_row[i]]`` in DFA
     state ``states[i]`` with prior ``priors[i]`` (None: logical guidance) and ``remaining`` tokens
-    left (including v). Rows whose state cannot reach acceptance get −inf everywhere. With
+    left (including v; one count for all rows, or one per row: the rows of a table and budget
+    are one query, and the queries of one HMM one product, :func:`log_ratios`). Rows whose state cannot reach acceptance get −inf everywhere. With
     ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`). A list
     ``log_accept`` (not with ``shifted``) receives log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v |
     x≤t) + log p_hmm(α | x≤t, v)), float32 [R] (−inf on rows that cannot reach acceptance), with
@@ -71,16 +72,18 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = len(states), tables[0].vocab_size
+    remaining_of_row = np.broadcast_to(np.asarray(remaining, dtype=np.int64), (R,))
     queries, where = [], []
     for k in np.unique(table_of_row):
         table = tables[k]
-        rows = np.flatnonzero(table_of_row == k)
-        rows = rows[table.feasible[remaining, states[rows]]]
-        if not len(rows):
-            continue
-        rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
-        queries.append((table, states[rows], None if priors is None else priors[rows_t], remaining))
-        where.append(rows)
+        for left in np.unique(remaining_of_row[table_of_row == k]):   # one query per budget
+            rows = np.flatnonzero((table_of_row == k) & (remaining_of_row == left))
+            rows = rows[table.feasible[left, states[rows]]]
+            if not len(rows):
+                continue
+            rows_t = torch.as_tensor(rows, device=priors.device) if priors is not None else None
+            queries.append((table, states[rows], None if priors is None else priors[rows_t], int(left)))
+            where.append(rows)
     marginals = [] if log_accept is not None else None
     tiled = bool(where) and sum(map(len, where)) == R and \
         np.array_equal(np.concatenate(where), np.arange(R))   # a batch's items are row blocks
@@ -113,11 +116,11 @@ def apply_guidance(lm_scores: torch.Tensor, log_ratio: torch.Tensor,
 
 
 def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
-                     states: np.ndarray, priors: torch.Tensor | None, remaining: int,
+                     states: np.ndarray, priors: torch.Tensor | None, remaining: int | np.ndarray,
                      strength: float = 1.0) -> torch.Tensor:
     """Guided log-probabilities [R, V] from the LM's ``scores`` [R, V] (module docstring):
-    :func:`apply_guidance` of :func:`guidance_log_ratio` at guidance strength ``strength``. Pure:
-    no state is read or kept.
+    :func:`apply_guidance` of :func:`guidance_log_ratio` at guidance strength ``strength``
+    (``remaining``: one count, or one per row). Pure: no state is read or kept.
 
     Cost: besides the HMM products, four passes over [R, V] (quotient, log, the sum with the LM's
     scores in place, log_softmax); the guidance term is computed up to a per-row constant (the
@@ -128,9 +131,10 @@ def guided_log_probs(scores: torch.Tensor, tables: Sequence[Feasibility], table_
 
     def ratio_again(bad: torch.Tensor) -> torch.Tensor:   # ``ratio`` was consumed: recompute
         rows = bad.nonzero()[:, 0].cpu().numpy()
+        left = remaining if np.ndim(remaining) == 0 else np.asarray(remaining)[rows]
         return guidance_log_ratio(tables, table_of_row[rows], states[rows],
                                   None if priors is None else priors[bad.to(priors.device)],
-                                  remaining, scores.device, shifted=True)
+                                  left, scores.device, shifted=True)
 
     return _guide(scores, ratio, strength, ratio_again)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ctrlg.kernels.packed_linear import PackedLinear
 from ctrlg.lm.replace_linears import replace_linears
 
 __all__ = ["Bf16WeightLinear", "use_bf16_weights", "native_bf16"]
@@ -55,9 +56,28 @@ class Bf16WeightLinear(torch.nn.Module):
         self.register_buffer("weight", weight.to(torch.bfloat16).clone())
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
+        self._packed: PackedLinear | None = None       # built on the first product (not state)
+        self._packed_source: torch.Tensor | None = None
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        """bf16(x) · W̃ᵀ in bfloat16: oneDNN's packed weight where it is available (the weight
+        reordered once, not on every call: :mod:`ctrlg.kernels.packed_linear`), else ``linear``."""
+        x = x.to(torch.bfloat16)
+        if x.numel() == 0 or self.weight.device.type != "cpu":
+            return F.linear(x, self.weight)
+        if self._packed is None or self._packed_source is not self.weight:
+            self._packed, self._packed_source = PackedLinear(self.weight), self.weight
+        if not self._packed.packed:
+            return F.linear(x, self.weight)
+        return self._packed(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+
+    def __getstate__(self):                             # deepcopy / pickle: the packed copy is rebuilt
+        state = self.__dict__.copy()
+        state["_packed"] = state["_packed_source"] = None
+        return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+        y = self._product(x).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y

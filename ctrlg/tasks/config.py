@@ -21,10 +21,11 @@ from ctrlg.errors import ExperimentConfigError
 from ctrlg.guide import resolve_precision
 from ctrlg.hmm import load_default_hmm, load_embedded_hmm, prior_head_path
 from ctrlg.hmm.model import HMM
+from ctrlg.lm.bf16_weights import native_bf16
 from ctrlg.lm.models import load_model, load_tokenizer
 
-__all__ = ["LM_DTYPES", "EXECUTION_ONLY", "lm_dtype", "resolve_device", "load_lm", "load_hmm", "generation_config",
-           "without_execution_only"]
+__all__ = ["LM_DTYPES", "EXECUTION_ONLY", "lm_dtype", "resolve_device", "bf16_weights_setting",
+           "resolve_weight_formats", "load_lm", "load_hmm", "generation_config", "without_execution_only"]
 
 LM_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -59,6 +60,30 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
+def bf16_weights_setting(model_cfg: DictConfig, device: str | torch.device = "cpu") -> bool:
+    """``model.bf16_weights`` as a boolean: true / false, or ``auto`` = bfloat16 weights where they
+    are fast and nothing else is asked for (a CPU with native bfloat16 products,
+    :func:`ctrlg.lm.bf16_weights.native_bf16`, and neither int8 weights nor a bfloat16 /
+    float16 LM); anything else is an :class:`~ctrlg.errors.ExperimentConfigError` naming the key."""
+    value = model_cfg.get("bf16_weights", False)
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() != "auto":
+        raise ExperimentConfigError(f"model.bf16_weights must be true, false or auto, got {value!r}")
+    return (torch.device(device).type == "cpu" and not bool(model_cfg.get("int8_weights", False))
+            and str(model_cfg.get("dtype", "float32")) == "float32" and native_bf16())
+
+
+def resolve_weight_formats(cfg: DictConfig, sections: Sequence[str], device: str | torch.device = "cpu") -> None:
+    """Replace ``bf16_weights: auto`` in the model ``sections`` of ``cfg`` by what it means on this
+    machine (:func:`bf16_weights_setting`), in place: a run's saved settings then say which weights
+    it decoded with, and a resumed or merged run is compared on that."""
+    for name in sections:
+        section = cfg.get(name)
+        if section is not None and "bf16_weights" in section:
+            OmegaConf.update(cfg, f"{name}.bf16_weights", bf16_weights_setting(section, device), force_add=True)
+
+
 def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     """(model, tokenizer) for ``model.name`` (None → the embedded SmolLM2-135M-Instruct), with
     ``model.adapter`` (a LoRA adapter name or folder, :mod:`ctrlg.lm.adapters`) merged when set, the
@@ -66,14 +91,15 @@ def load_lm(model_cfg: DictConfig, device: str | torch.device = "cpu"):
     auto: where the CPU gains by it) computes a float32 CPU model's decoding steps weight-first
     (:mod:`ctrlg.lm.skinny_linear`);
     ``model.int8_weights`` (default false) stores its linear layers as int8 (:mod:`ctrlg.lm.int8_weights`),
-    ``model.bf16_weights`` (default false) as bfloat16 (:mod:`ctrlg.lm.bf16_weights`)."""
+    ``model.bf16_weights`` (default false; ``auto``: :func:`bf16_weights_setting`) as bfloat16
+    (:mod:`ctrlg.lm.bf16_weights`)."""
     name = model_cfg.get("name")
     dtype = lm_dtype(model_cfg.get("dtype", "float32"))
     tokenizer = load_tokenizer(name)
     model = load_model(name, dtype=dtype, adapter=model_cfg.get("adapter"), device=device,
                        skinny_linears=model_cfg.get("skinny_linears", "auto"),
                        int8_weights=bool(model_cfg.get("int8_weights", False)),
-                       bf16_weights=bool(model_cfg.get("bf16_weights", False)))
+                       bf16_weights=bf16_weights_setting(model_cfg, device))
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
