@@ -52,7 +52,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from ctrlg.lm.bf16_weights import use_bf16_weights
+from ctrlg.lm.growing_cache import GrowingCache
 from ctrlg.lm.int8_weights import use_int8_weights
+from ctrlg.lm.lean_decoder import lean_llama
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.lm.skinny_linear import SkinnyLinear
 
@@ -60,17 +62,29 @@ from ctrlg.lm.skinny_linear import SkinnyLinear
 def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10, positions: int = 1) -> float:
     """Median seconds of one decoding step of ``rows`` rows on a ``cache_tokens`` KV cache, each row
     bringing ``positions`` new tokens (1: a sampling step; more: a forward that carries a
-    fragment's forced tokens, as the infilling sampler's do)."""
+    fragment's forced tokens, as the infilling sampler's do), by the forward the sampler uses: the
+    lean one where it covers the model (:mod:`ctrlg.lm.lean_decoder`), else the model's own."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
+    lean = lean_llama(model)
     times = []
     with torch.no_grad():
-        keyword = cache_keyword(model)
-        cache = returned_cache(model(ids, use_cache=True))
+        if lean is not None:
+            cache, length = GrowingCache(), cache_tokens
+            lean(ids, torch.ones(rows, length, dtype=torch.long),
+                 torch.arange(length).repeat(rows, 1), cache)
+        else:
+            keyword = cache_keyword(model)
+            cache = returned_cache(model(ids, use_cache=True))
         for s in range(steps):
+            step = torch.full((rows, positions), 200 + s)
             start = time.perf_counter()
-            cache = returned_cache(model(torch.full((rows, positions), 200 + s), **{keyword: cache},
-                                         use_cache=True))
+            if lean is not None:
+                mask = torch.ones(rows, length + positions, dtype=torch.long)
+                lean(step, mask, torch.arange(length, length + positions).repeat(rows, 1), cache)
+                length += positions
+            else:
+                cache = returned_cache(model(step, **{keyword: cache}, use_cache=True))
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -166,7 +180,7 @@ def main(argv=None) -> dict:
     from hydra import compose, initialize_config_dir
 
     from ctrlg.data.stories import load_stories
-    from ctrlg.tasks.config import load_hmm, load_lm
+    from ctrlg.tasks.config import bf16_weights_setting, load_hmm, load_lm
     from ctrlg.tasks.infill import pipeline
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -211,7 +225,8 @@ def main(argv=None) -> dict:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}),
               flush=True)
     result = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "overrides": list(args.override),
+              "overrides": list(args.override), "bf16_weights": bf16_weights_setting(cfg.model),
+              "lean_forward": lean_llama(model) is not None,
               "samples": samples, "lm_step_ms": 1000 * t_step, "rows": rows,
               "mean_seconds": float(np.mean([r["seconds"] for r in rows])),
               "mean_floor_seconds": float(np.mean([r["floor_seconds"] for r in rows]))}

@@ -26,8 +26,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--method", default="ctrlg")
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--same-masks-only", action="store_true",
+                        help="leave out (and count) the items the two runs masked differently")
     args = parser.parse_args(argv)
-    rows = paired_rows(read_records(args.first), read_records(args.second), args.method, args.resamples)
+    rows = paired_rows(read_records(args.first), read_records(args.second), args.method, args.resamples,
+                       same_masks_only=args.same_masks_only)
     print(f"first: {args.first}   second: {args.second}   method: {args.method}")
     for r in rows:
         d = r["second_minus_first"]
@@ -36,7 +39,8 @@ def main(argv=None) -> list[dict]:
               f"{d['bleu4']['high']:+.2f}])  ROUGE-L {r['first']['rouge_l']:.2f} → {r['second']['rouge_l']:.2f} "
               f"({d['rouge_l']['delta']:+.2f} [{d['rouge_l']['low']:+.2f}, {d['rouge_l']['high']:+.2f}])  "
               f"identical {r['identical']:.0f} %  s {r['seconds'][0]:.1f} → {r['seconds'][1]:.1f}  "
-              f"success {r['success'][0]:.0f} / {r['success'][1]:.0f} %")
+              f"success {r['success'][0]:.0f} / {r['success'][1]:.0f} %"
+              + (f"  ({r['other_masks']} masked otherwise, left out)" if r["other_masks"] else ""))
     out = args.out or args.second / "comparison.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"first": str(args.first), "second": str(args.second),

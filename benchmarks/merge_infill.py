@@ -67,9 +67,11 @@ def parse_run(spec: str) -> tuple[Path, list[str] | None, list[float] | None]:
     return Path(folder), methods, ratios
 
 
-def merge(runs: list, out: Path) -> dict:
+def merge(runs: list, out: Path, first_mask_wins: bool = False) -> dict:
     """Merge ``runs`` (paths, or ``(path, methods)`` pairs / ``(path, methods, ratios)`` triples
-    taking only those methods / target ratios; None: all) into ``out``."""
+    taking only those methods / target ratios; None: all) into ``out``. ``first_mask_wins``: a
+    (ratio, passage) keeps the mask of the first run listed that holds it, and the records of later
+    runs masked otherwise are left out (counted), instead of refusing the merge."""
     specs = [(*run, None)[:3] if isinstance(run, tuple) else (Path(run), None, None) for run in runs]
     runs = [Path(path) for path, _, _ in specs]
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
@@ -90,7 +92,10 @@ def merge(runs: list, out: Path) -> dict:
     kept_ratios = [{float(r) for r in c.ratios} for c in configs]
     read = [(run, t, [r for r in read_records(run) if float(r["target_ratio"]) in kept])
             for run, t, kept in zip(runs, taken, kept_ratios)]
-    records, dropped = _join(read, methods)
+    records, dropped, superseded = _join(read, methods, first_mask_wins)
+    if superseded:
+        print(f"left out {superseded} records masked otherwise than an earlier run's (first mask wins)",
+              file=sys.stderr)
     if dropped:
         print(f"left out {dropped} (ratio, passage) records that not every method reached",
               file=sys.stderr)
@@ -137,12 +142,20 @@ def missed_ratios(records: list[dict], runs: list[tuple[Path, list[dict]]],
     return lines
 
 
-def _join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str]) -> tuple[list[dict], int]:
-    """Records joined by (ratio, passage), and how many were left out for a missing method."""
+def _join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str],
+          first_mask_wins: bool = False) -> tuple[list[dict], int, int]:
+    """Records joined by (ratio, passage), how many were left out for a missing method, and how
+    many records were left out for another mask than an earlier run's (``first_mask_wins``)."""
     joined: dict[tuple, tuple[dict, set]] = {}
+    superseded = 0
     for run, run_methods, records in runs:
         for record in records:
             key = (float(record["target_ratio"]), int(record["index"]))
+            if first_mask_wins and key in joined and "skipped" not in record \
+                    and "skipped" not in joined[key][0] \
+                    and any(joined[key][0].get(f) != record.get(f) for f in MASK_FIELDS):
+                superseded += 1
+                continue
             if key not in joined:
                 others = [m for m in METHODS if m not in run_methods]
                 base = {k: v for k, v in record.items()
@@ -170,7 +183,7 @@ def _join(runs: list[tuple[Path, list[str], list[dict]]], methods: list[str]) ->
                     base["seconds"][method] = record["seconds"][method]
             have |= set(run_methods)
     complete = [r for key, (r, have) in sorted(joined.items()) if set(methods) <= have]
-    return complete, len(joined) - len(complete)
+    return complete, len(joined) - len(complete), superseded
 
 
 def main(argv=None) -> None:
@@ -179,8 +192,12 @@ def main(argv=None) -> None:
                         "methods of it (e.g. a run whose ILM was decoded with older settings), "
                         "FOLDER@r1,r2 only those target ratios, or FOLDER@r1,r2:m1,m2")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--first-mask-wins", action="store_true",
+                        help="a (ratio, passage) keeps the first listed run's mask; later runs' "
+                        "records masked otherwise are left out (e.g. an old run's ILM where a new "
+                        "shard redrew the masks and ILM was decoded again on them)")
     args = parser.parse_args(argv)
-    merge([parse_run(run) for run in args.runs], args.out)
+    merge([parse_run(run) for run in args.runs], args.out, first_mask_wins=args.first_mask_wins)
 
 
 if __name__ == "__main__":

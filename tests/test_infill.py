@@ -288,6 +288,17 @@ def test_runs_split_by_method_join_per_passage_into_the_single_runs_report(tiny_
     (tmp_path / "ilm" / "generations.jsonl").write_text(json.dumps(altered) + "\n")
     with pytest.raises(ExperimentConfigError, match="another mask"):
         merge(runs, tmp_path / "again")
+    # the first run's masks win: the other-masked ILM record is left out, ILM comes from a run
+    # decoded on the first run's masks (a re-run of ILM alone), listed before the stale one
+    infill.run(compose("infill", base + ["methods=[ilm]", "ratios=[0.3]"]), tmp_path / "ilm_again")
+    with pytest.raises(ExperimentConfigError, match="another mask"):   # without the option: refused
+        merge(runs + [tmp_path / "ilm_again"], tmp_path / "twice")
+    redone = merge([tmp_path / "g3", tmp_path / "g5", tmp_path / "ilm_again", tmp_path / "ilm"],
+                   tmp_path / "redone", first_mask_wins=True)
+    assert [(r["target_ratio"], r["index"]) for r in read_records(tmp_path / "redone")] == [(0.3, 0), (0.3, 1)]
+    assert redone["0.3/ilm"]["passages"] == 2 and "0.5/ilm" not in redone
+    assert [r["ilm"] for r in read_records(tmp_path / "redone")] == \
+        [r["ilm"] for r in read_records(tmp_path / "ilm_again")]
 
 
 def test_ilm_decoding_writes_every_answer_when_the_answer_marker_is_the_lms_eos(smollm2_tokenizer):

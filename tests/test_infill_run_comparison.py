@@ -1,5 +1,5 @@
 """Two infilling runs paired by passage and ratio (ctrlg.tasks.infill.run_comparison): the deltas are
-the scores' differences, identical runs differ by nothing, unpaired masks are refused."""
+the scores' differences, identical runs differ by nothing, unpaired masks are refused or left out."""
 
 import pytest
 
@@ -44,3 +44,14 @@ def test_identical_runs_differ_by_nothing_and_only_shared_items_count():
 def test_runs_masked_differently_are_refused():
     with pytest.raises(RunMismatchError, match="masked differently"):
         paired_rows(_run(ORIGINALS), _run(ORIGINALS, masked="the ___ sat"), resamples=10)
+
+
+def test_items_masked_differently_can_be_left_out_and_are_counted():
+    second = _run(ORIGINALS)
+    for record in second:
+        if record["index"] == 1 and record["target_ratio"] == 0.4:
+            record["masked"] = "a ___ ran"
+    rows = paired_rows(_run(ORIGINALS), second, resamples=10, same_masks_only=True)
+    assert [(r["target_ratio"], r["passages"], r["other_masks"]) for r in rows] == \
+        [(0.13, 3, 0), (0.4, 2, 1), ("all", 5, 1)]
+    assert rows[-1]["identical"] == 100.0

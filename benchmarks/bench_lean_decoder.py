@@ -1,0 +1,128 @@
+"""The lean Llama forward against transformers' own, in one process: decoding steps of the story LM.
+
+    python -m benchmarks.bench_lean_decoder --threads 2
+
+For each weight format (float32, bfloat16 weights: :mod:`ctrlg.lm.bf16_weights`) and each step
+shape (rows × new positions per row, on a 96-token cache), the median seconds of one step by
+
+* ``model``: ``LlamaForCausalLM.forward`` with transformers' ``DynamicCache`` (grown by ``cat``);
+* ``lean``: :class:`ctrlg.lm.lean_decoder.LeanLlama` with :class:`ctrlg.lm.growing_cache.GrowingCache`
+  (fused q/k/v and gate/up products, ``rms_norm``, the KV written in place),
+
+interleaved (a shared machine's drift hits both), their ratio, and the largest |Δ logit| and the
+next-token KL(model ‖ lean) over a tuning passage's prefill: float rounding only. The step's
+matrix products read the weights once whatever the rows, so at a few rows the step is bound by
+those bytes (float32 540 MB, bfloat16 270 MB for SmolLM2-135M) plus the per-operation overhead
+the lean forward removes. Writes ``benchmarks/results/bench_lean_decoder.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from ctrlg.lm.bf16_weights import native_bf16, use_bf16_weights
+from ctrlg.lm.growing_cache import GrowingCache
+from ctrlg.lm.lean_decoder import lean_llama
+from ctrlg.lm.shared_context import cache_keyword
+
+SHAPES = ((1, 1), (4, 1), (4, 8), (16, 1), (4, 16))
+
+
+def _timer(model, lean: bool, rows: int, positions: int, cache_tokens: int = 96):
+    """A function that runs one more step of ``rows`` × ``positions`` and returns its seconds."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
+    state = {"length": cache_tokens, "token": 200}
+    forward = lean_llama(model) if lean else None
+    cache = GrowingCache() if lean else DynamicCache()
+    keyword = cache_keyword(model)
+
+    def run(step_ids: torch.Tensor) -> None:
+        length, width = state["length"], step_ids.shape[1]
+        mask = torch.ones(rows, length, dtype=torch.long)
+        positions_ids = torch.arange(length - width, length).repeat(rows, 1)
+        if forward is not None:
+            forward(step_ids, mask, positions_ids, cache)
+        else:
+            model(input_ids=step_ids, attention_mask=mask, position_ids=positions_ids, use_cache=True,
+                  **{keyword: cache})
+
+    with torch.no_grad():
+        run(ids)
+
+    def step() -> float:
+        state["length"] += positions
+        state["token"] += 1
+        with torch.no_grad():
+            start = time.perf_counter()
+            run(torch.full((rows, positions), state["token"]))
+            return time.perf_counter() - start
+    return step
+
+
+def agreement(model, tokenizer, text: str) -> dict:
+    """max |Δ logit| and mean next-token KL(model ‖ lean) over ``text``'s prefill."""
+    ids = tokenizer(tokenizer.eos_token + text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        reference = model(ids).logits.float()
+        lean = lean_llama(model)(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None], GrowingCache())
+    p, q = torch.log_softmax(reference, -1), torch.log_softmax(lean, -1)
+    return {"max_abs_logit_difference": float((reference - lean).abs().max()),
+            "kl_model_to_lean": float((p.exp() * (p - q)).sum(-1).mean())}
+
+
+def main(argv=None) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from ctrlg.data.stories import load_stories
+    from ctrlg.tasks.config import load_lm
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds of steps per shape")
+    parser.add_argument("--out", default="benchmarks/results/bench_lean_decoder.json")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = compose("infill", overrides=["model.bf16_weights=false"])
+    float_model, tokenizer = load_lm(cfg.model)
+    formats = {"float32": float_model}
+    if native_bf16():
+        formats["bf16_weights"] = copy.deepcopy(float_model)
+        use_bf16_weights(formats["bf16_weights"])
+    text = load_stories("tune", None, offset=0, limit=1)[0].text
+    result = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+              "cache_tokens": 96, "formats": {}}
+    for name, model in formats.items():
+        rows_out = []
+        for rows, positions in SHAPES:
+            timers = {kind: _timer(model, kind == "lean", rows, positions) for kind in ("model", "lean")}
+            times = {kind: [] for kind in timers}
+            for _ in range(args.repeats):
+                for kind, step in timers.items():
+                    times[kind].append(step())
+            model_s, lean_s = statistics.median(times["model"]), statistics.median(times["lean"])
+            rows_out.append({"rows": rows, "positions": positions, "model_ms": 1000 * model_s,
+                             "lean_ms": 1000 * lean_s, "speedup": model_s / lean_s})
+            print(name, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows_out[-1].items()}),
+                  flush=True)
+        result["formats"][name] = {"steps": rows_out, **agreement(model, tokenizer, text)}
+        print(name, json.dumps({k: v for k, v in result["formats"][name].items() if k != "steps"}), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
