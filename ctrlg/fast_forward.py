@@ -20,8 +20,9 @@ so far and the LM's next-token logits. One iteration:
    slots, masked for ever after; :mod:`ctrlg.lm.lean_decoder`'s forward where it covers the LM). Its logits give log p_lm of every forced token (for the
    likelihood used to rank samples) and the next choice's distribution.
 
-A finished row (EOS, or the budget spent) leaves the batch (``batch_select_indices``). The KV cache
-grows in place (:class:`ctrlg.lm.growing_cache.GrowingCache`), not by concatenation.
+A finished row (EOS, or the budget spent) leaves the batch (``batch_select_indices``). With the
+lean forward the KV cache grows in place (:class:`ctrlg.lm.growing_cache.GrowingCache`), not by
+concatenation.
 Cost: LM forwards = choices + 1 instead of tokens; guidance per choice as in the processor
 (O(h² + h·V) per row). Every output is accepted (feasibility is exact); the LM log-likelihood of
 each sample is summed from the logits already computed, so reranking needs no second pass.
@@ -128,6 +129,8 @@ class _Sampler:
 
     def __init__(self, model, table, n: int, eos: list[int], guided: bool, strength: float,
                  temperature: float, generator):
+        from transformers import DynamicCache
+
         from ctrlg.lm.growing_cache import GrowingCache   # imports transformers: only when an LM runs
 
         self.model, self.table, self.n = model, table, n
@@ -136,8 +139,9 @@ class _Sampler:
         self.V = table.vocab_size
         self.keyword = cache_keyword(model)
         self.device = next(model.parameters()).device
-        self.cache = GrowingCache()
         self.lean = lean_llama(model)          # the same forward in fewer operations, where it applies
+        # its KV cache written in place; other models keep transformers' own
+        self.cache = GrowingCache() if self.lean is not None else DynamicCache()
 
     def ended(self, rows: _Rows, i: int) -> bool:
         ids = rows.tokens[i]

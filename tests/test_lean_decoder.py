@@ -96,3 +96,4 @@ def test_models_it_does_not_cover_are_declined():
     scaled.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     assert lean_llama(scaled) is None
     assert lean_llama(torch.nn.Linear(3, 3)) is None
+    assert lean_llama(tiny_llama(61, hidden=32, layers=1).to(torch.bfloat16)) is None

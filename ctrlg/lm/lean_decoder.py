@@ -25,8 +25,9 @@ sum, float32 ones stay float32 (and weight-first where the model's are,
 rounding (tests compare both on random Llamas, prompts, padded ragged steps and beam reorders).
 
 :func:`lean_llama` returns None for a model this does not cover (another architecture, a rope
-scaling other than the default, biases, int8 or LoRA layers, a GPU): callers then run the model
-itself. The fused weights are built once per model and kept on it (``_ctrlg_lean``, rebuilt if its
+scaling other than the default, biases, int8 or LoRA layers, a model computed in bfloat16 or
+float16 (``model.dtype``, whose norms transformers computes in float32), a GPU): callers then run
+the model itself. The fused weights are built once per model and kept on it (``_ctrlg_lean``, rebuilt if its
 linear layers are swapped; weights changed in place afterwards are not seen); they add a copy of
 the fused layers' weights (≈ 150 MB in bfloat16 for SmolLM2-135M).
 """
@@ -176,7 +177,8 @@ def lean_llama(model) -> LeanLlama | None:
         return None
     if device.type != "cpu" or not _supported_config(getattr(model, "config", None)) \
             or not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head") \
-            or getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+            or getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager") \
+            or model.get_input_embeddings().weight.dtype != torch.float32:
         return None
     key = _fingerprint(model)
     cached = model.__dict__.get("_ctrlg_lean")
