@@ -38,17 +38,11 @@ def test_decoding_with_the_growing_cache_equals_decoding_with_the_dynamic_cache(
                     c.batch_repeat_interleave(2)
                 mask, positions = mask.repeat_interleave(2, 0), positions.repeat_interleave(2, 0)
                 continue
-            if action == "select":
-                keep = torch.tensor([0, 2, 3])
+            if action in ("select", "reorder"):           # rows kept, or beams reordered
+                rows_kept = torch.tensor([0, 2, 3] if action == "select" else [2, 2, 0])
                 for c in caches:
-                    c.batch_select_indices(keep)
-                mask, positions = mask[keep], positions[keep]
-                continue
-            if action == "reorder":
-                order = torch.tensor([2, 2, 0])
-                for c in caches:
-                    c.reorder_cache(order)
-                mask, positions = mask[order], positions[order]
+                    (c.batch_select_indices if action == "select" else c.reorder_cache)(rows_kept)
+                mask, positions = mask[rows_kept], positions[rows_kept]
                 continue
             if action == "crop":
                 for c in caches:
