@@ -25,7 +25,8 @@ never the evaluation split's.
 
 ``--quantization`` also measures the levers that make t_step itself smaller on a CPU whose LM
 step is bound by reading the weights, each by its step time and its KL divergence from the
-float32 LM's next-token distribution on the same passages:
+float32 LM's next-token distribution on the same passages (against the float32 LM, loaded for
+it when the decoding above used bfloat16 weights, the infilling default where the CPU has them):
 
 * ``int8``: torch's dynamic int8 quantisation of the linear layers
   (``torch.ao.quantization.quantize_dynamic``, per-channel weights, activations quantised per
@@ -51,6 +52,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
+
 from ctrlg.lm.bf16_weights import use_bf16_weights
 from ctrlg.lm.growing_cache import GrowingCache
 from ctrlg.lm.int8_weights import use_int8_weights
@@ -230,11 +233,13 @@ def main(argv=None) -> dict:
               "samples": samples, "lm_step_ms": 1000 * t_step, "rows": rows,
               "mean_seconds": float(np.mean([r["seconds"] for r in rows])),
               "mean_floor_seconds": float(np.mean([r["floor_seconds"] for r in rows]))}
-    if args.quantization:
-        result["quantization"] = quantization(model, tokenizer, texts, samples)
-        result["quantization_weights_only"] = quantization(model, tokenizer, texts, samples, "int8_weights")
-        result["bf16_weights"] = quantization(model, tokenizer, texts, samples, "bf16_weights")
-        for key in ("quantization", "quantization_weights_only", "bf16_weights"):
+    if args.quantization:                       # each format against the float32 LM
+        reference = model if not result["bf16_weights"] else \
+            load_lm(OmegaConf.merge(cfg.model, {"bf16_weights": False}))[0]
+        result["quantization"] = quantization(reference, tokenizer, texts, samples)
+        result["quantization_weights_only"] = quantization(reference, tokenizer, texts, samples, "int8_weights")
+        result["bf16_weights_format"] = quantization(reference, tokenizer, texts, samples, "bf16_weights")
+        for key in ("quantization", "quantization_weights_only", "bf16_weights_format"):
             print(json.dumps(result[key]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -67,11 +67,12 @@ def parse_run(spec: str) -> tuple[Path, list[str] | None, list[float] | None]:
     return Path(folder), methods, ratios
 
 
-def merge(runs: list, out: Path, first_mask_wins: bool = False) -> dict:
+def merge(runs: list, out: Path, first_mask_wins: bool = False, resamples: int | None = None) -> dict:
     """Merge ``runs`` (paths, or ``(path, methods)`` pairs / ``(path, methods, ratios)`` triples
     taking only those methods / target ratios; None: all) into ``out``. ``first_mask_wins``: a
     (ratio, passage) keeps the mask of the first run listed that holds it, and the records of later
-    runs masked otherwise are left out (counted), instead of refusing the merge."""
+    runs masked otherwise are left out (counted), instead of refusing the merge. ``resamples``: the
+    bootstrap's resamples for the merged report (default: the first run's ``bootstrap.resamples``)."""
     specs = [(*run, None)[:3] if isinstance(run, tuple) else (Path(run), None, None) for run in runs]
     runs = [Path(path) for path, _, _ in specs]
     configs = [OmegaConf.load(run / "config.yaml") for run in runs]
@@ -105,6 +106,8 @@ def merge(runs: list, out: Path, first_mask_wins: bool = False) -> dict:
             cfg[key] = configs[index][key]
     cfg.ratios = sorted({float(r) for c in configs for r in c.ratios})
     cfg.methods = methods
+    if resamples is not None:
+        cfg.bootstrap.resamples = int(resamples)
     shards = sorted({tuple(shard) for c in configs
                      for shard in (c.data.get("shards") or [(int(c.data.offset), c.data.limit)])},
                     key=lambda shard: (shard[0], -1 if shard[1] is None else shard[1]))
@@ -196,8 +199,11 @@ def main(argv=None) -> None:
                         help="a (ratio, passage) keeps the first listed run's mask; later runs' "
                         "records masked otherwise are left out (e.g. an old run's ILM where a new "
                         "shard redrew the masks and ILM was decoded again on them)")
+    parser.add_argument("--resamples", type=int, default=None,
+                        help="bootstrap resamples of the merged report (default: the first run's)")
     args = parser.parse_args(argv)
-    merge([parse_run(run) for run in args.runs], args.out, first_mask_wins=args.first_mask_wins)
+    merge([parse_run(run) for run in args.runs], args.out, first_mask_wins=args.first_mask_wins,
+          resamples=args.resamples)
 
 
 if __name__ == "__main__":
