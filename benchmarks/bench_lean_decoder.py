@@ -80,6 +80,11 @@ def agreement(model, tokenizer, text: str) -> dict:
             "kl_model_to_lean": float((p.exp() * (p - q)).sum(-1).mean())}
 
 
+def flat_rows(result: dict) -> list[dict]:
+    """Every format's steps as one list, each row naming its format (the report's table)."""
+    return [{"format": name, **step} for name, entry in result["formats"].items() for step in entry["steps"]]
+
+
 def main(argv=None) -> dict:
     from hydra import compose, initialize_config_dir
 
@@ -119,6 +124,7 @@ def main(argv=None) -> dict:
                   flush=True)
         result["formats"][name] = {"steps": rows_out, **agreement(model, tokenizer, text)}
         print(name, json.dumps({k: v for k, v in result["formats"][name].items() if k != "steps"}), flush=True)
+    result["rows"] = flat_rows(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
