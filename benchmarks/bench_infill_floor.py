@@ -62,14 +62,18 @@ from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.lm.skinny_linear import SkinnyLinear
 
 
-def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10, positions: int = 1) -> float:
+def step_seconds(model, rows: int, cache_tokens: int = 96, steps: int = 10, positions: int = 1,
+                 forward: str = "sampler") -> float:
     """Median seconds of one decoding step of ``rows`` rows on a ``cache_tokens`` KV cache, each row
     bringing ``positions`` new tokens (1: a sampling step; more: a forward that carries a
-    fragment's forced tokens, as the infilling sampler's do), by the forward the sampler uses: the
-    lean one where it covers the model (:mod:`ctrlg.lm.lean_decoder`), else the model's own."""
+    fragment's forced tokens, as the infilling sampler's do). ``forward``: ``"sampler"`` the one
+    the sampler uses (the lean one where it covers the model, :mod:`ctrlg.lm.lean_decoder`, else
+    the model's own), ``"lean"`` or ``"model"``."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
-    lean = lean_llama(model)
+    lean = None if forward == "model" else lean_llama(model)
+    if forward == "lean" and lean is None:
+        raise ValueError("the lean forward does not cover this model")
     times = []
     with torch.no_grad():
         if lean is not None:

@@ -3,14 +3,15 @@
     python -m benchmarks.bench_lean_decoder --threads 2
 
 For each weight format (float32, bfloat16 weights: :mod:`ctrlg.lm.bf16_weights`) and each step
-shape (rows × new positions per row, on a 96-token cache), the median seconds of one step by
+shape (rows × new positions per row, on a 96-token cache), the median over interleaved rounds of
+the median of three steps (:func:`benchmarks.bench_infill_floor.step_seconds`) by
 
 * ``model``: ``LlamaForCausalLM.forward`` with transformers' ``DynamicCache`` (grown by ``cat``);
 * ``lean``: :class:`ctrlg.lm.lean_decoder.LeanLlama` with :class:`ctrlg.lm.growing_cache.GrowingCache`
   (fused q/k/v and gate/up products, ``rms_norm``, the KV written in place),
 
-interleaved (a shared machine's drift hits both), their ratio, and the largest |Δ logit| and the
-next-token KL(model ‖ lean) over a tuning passage's prefill: float rounding only. The step's
+(rounds interleaved: a shared machine's drift hits both), their ratio, and the largest |Δ logit|
+and the next-token KL(model ‖ lean) over a tuning passage's prefill: float rounding only. The step's
 matrix products read the weights once whatever the rows, so at a few rows the step is bound by
 those bytes (float32 540 MB, bfloat16 270 MB for SmolLM2-135M) plus the per-operation overhead
 the lean forward removes. Writes ``benchmarks/results/bench_lean_decoder.json``.
@@ -23,50 +24,15 @@ import copy
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
-
+from benchmarks.bench_infill_floor import step_seconds
 from ctrlg.lm.bf16_weights import native_bf16, use_bf16_weights
 from ctrlg.lm.growing_cache import GrowingCache
 from ctrlg.lm.lean_decoder import lean_llama
-from ctrlg.lm.shared_context import cache_keyword
 
 SHAPES = ((1, 1), (4, 1), (4, 8), (16, 1), (4, 16))
-
-
-def _timer(model, lean: bool, rows: int, positions: int, cache_tokens: int = 96):
-    """A function that runs one more step of ``rows`` × ``positions`` and returns its seconds."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, 20000, (rows, cache_tokens), generator=generator)
-    state = {"length": cache_tokens, "token": 200}
-    forward = lean_llama(model) if lean else None
-    cache = GrowingCache() if lean else DynamicCache()
-    keyword = cache_keyword(model)
-
-    def run(step_ids: torch.Tensor) -> None:
-        length, width = state["length"], step_ids.shape[1]
-        mask = torch.ones(rows, length, dtype=torch.long)
-        positions_ids = torch.arange(length - width, length).repeat(rows, 1)
-        if forward is not None:
-            forward(step_ids, mask, positions_ids, cache)
-        else:
-            model(input_ids=step_ids, attention_mask=mask, position_ids=positions_ids, use_cache=True,
-                  **{keyword: cache})
-
-    with torch.no_grad():
-        run(ids)
-
-    def step() -> float:
-        state["length"] += positions
-        state["token"] += 1
-        with torch.no_grad():
-            start = time.perf_counter()
-            run(torch.full((rows, positions), state["token"]))
-            return time.perf_counter() - start
-    return step
 
 
 def agreement(model, tokenizer, text: str) -> dict:
@@ -112,11 +78,10 @@ def main(argv=None) -> dict:
     for name, model in formats.items():
         rows_out = []
         for rows, positions in SHAPES:
-            timers = {kind: _timer(model, kind == "lean", rows, positions) for kind in ("model", "lean")}
-            times = {kind: [] for kind in timers}
-            for _ in range(args.repeats):
-                for kind, step in timers.items():
-                    times[kind].append(step())
+            times = {"model": [], "lean": []}
+            for _ in range(args.repeats):          # interleaved rounds of a few steps each
+                for kind in times:
+                    times[kind].append(step_seconds(model, rows, positions=positions, steps=3, forward=kind))
             model_s, lean_s = statistics.median(times["model"]), statistics.median(times["lean"])
             rows_out.append({"rows": rows, "positions": positions, "model_ms": 1000 * model_s,
                              "lean_ms": 1000 * lean_s, "speedup": model_s / lean_s})

@@ -2,6 +2,7 @@
 model, keyword or positional, and the lean forward's, and stops counting once closed; the step
 timer runs either forward."""
 
+import pytest
 import torch
 from helpers import tiny_llama
 
@@ -36,5 +37,8 @@ def test_the_clock_counts_the_lean_forward_and_the_step_is_timed_by_either_forwa
     assert clock.tokens == 8 and clock.seconds > 0
     model = tiny_llama(20_300, layers=1)            # the timer feeds token ids up to 20,000
     assert step_seconds(model, rows=2, cache_tokens=5, steps=2, positions=3) > 0
+    assert step_seconds(model, rows=2, cache_tokens=5, steps=2, forward="model") > 0
     use_int8_weights(model)                         # a model the lean forward does not cover
     assert lean_llama(model) is None and step_seconds(model, rows=2, cache_tokens=5, steps=2) > 0
+    with pytest.raises(ValueError, match="does not cover"):
+        step_seconds(model, rows=2, cache_tokens=5, steps=2, forward="lean")

@@ -32,17 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from ctrlg.kernels.packed_linear import PackedLinear
+from ctrlg.kernels.packed_linear import native_bfloat16 as native_bf16   # the one oneDNN probe
 from ctrlg.lm.replace_linears import replace_linears
 
 __all__ = ["Bf16WeightLinear", "use_bf16_weights", "native_bf16"]
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 / AMX), as oneDNN reports it."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 class Bf16WeightLinear(torch.nn.Module):

@@ -72,7 +72,7 @@ def _fused(linears: list[torch.nn.Module]) -> torch.nn.Module | None:
 class _Layer:
     """One decoder layer's fused products and norm weights."""
 
-    def __init__(self, layer, head_dim: int):
+    def __init__(self, layer):
         attention, mlp = layer.self_attn, layer.mlp
         self.qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
         self.o = attention.o_proj
@@ -110,7 +110,7 @@ class LeanLlama:
         self.model = model
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.layers = [_Layer(layer, self.head_dim) for layer in model.model.layers]
+        self.layers = [_Layer(layer) for layer in model.model.layers]
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     @property
