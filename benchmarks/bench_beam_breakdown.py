@@ -6,6 +6,7 @@ broken down by manual timers, beside the LM-only floor, measured in one process.
     python -m benchmarks.bench_beam_breakdown --variants before dense after   # all three codes
     python -m benchmarks.bench_beam_breakdown --variants after kept   # keep_top against all scores
     python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
+    python -m benchmarks.bench_beam_breakdown --beams 128 --lift 4        # the cost at h = 2,048
 
 Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instruct + the
 ``commongen-human-balanced`` LoRA adapter, the h = 512 HMM ``commongen_human_h512`` stored as
@@ -167,6 +168,23 @@ def lm_floor_samples(model, rows: int, repeats: int, context: int = 16) -> list[
     return times
 
 
+def lifted_hmm(hmm, factor: int):
+    """``hmm`` with each hidden state split into ``factor`` copies: π'(i, a) = π(i) / k,
+    A'[(i, a), (j, b)] = A[i, j] / k, B'[(i, a)] = B[i]. Summing over the copies gives back
+    the original chain, so every sequence (and every guidance value) has the same probability
+    up to rounding, at h · k hidden states: the cost of a larger HMM on a real distribution.
+    The emission keeps its rank-1 tail (rows are copies)."""
+    if factor == 1:
+        return hmm
+    from ctrlg.hmm.model import HMM
+
+    k = int(factor)
+    initial = hmm.initial.double().repeat_interleave(k) / k
+    transition = torch.kron(hmm.transition.double(), torch.full((k, k), 1.0 / k, dtype=torch.float64))
+    emission = hmm.emission.repeat_interleave(k, 0)
+    return HMM.from_params(initial, transition, emission, config=dict(hmm.config))
+
+
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
@@ -210,7 +228,7 @@ def summarise(runs: list[dict], variant: str, beams: int, items: int, floor_step
 
 
 @contextlib.contextmanager
-def variant_code(variant: str, beams: int = 1):
+def variant_code(variant: str):
     """The code of each variant (:func:`set_variant` has their settings):
 
     * ``before`` — the first round's code: the guide tables' backward step as it was
@@ -219,10 +237,10 @@ def variant_code(variant: str, beams: int = 1):
     * ``dense`` — the guide's product x · B over all V columns (``PackedLinear``, no rank-1
       tail: ``ctrlg.guide.factored_emission``) and the lookahead's log p_hmm(α | x≤t) from a
       second product, as before the factored product;
-    * ``after`` — the code as it is;
-    * ``kept`` — ``after`` with the processor's ``keep_top`` (4 · ``beams``: transformers keeps
-      max(2, 1 + #EOS) · beams, and the later steps read the exact number) and the search's
-      running scores recorded (:func:`ctrlg.lm.beam_scores.record_beam_scores` around
+    * ``after`` — the code as it is, every entry scored (``generation.score_kept_only=false``);
+    * ``kept`` — the code as it is with the experiments' default ``score_kept_only=true``: the
+      processor's ``keep_top`` (4 · ``beams``: transformers keeps max(2, 1 + #EOS) · beams, and
+      the later steps read the exact number from the search's running scores, recorded around
       ``generate``): only the entries the search can keep are scored
       (:mod:`ctrlg.guide.beam_candidates`)."""
     import ctrlg.guide.emission_operands as operands
@@ -235,7 +253,6 @@ def variant_code(variant: str, beams: int = 1):
     saved_cache = operands._CACHE
     operands._CACHE = _VARIANT_CACHES.setdefault(variant, weakref.WeakKeyDictionary())
     saved = (tables.compiled, operands.emission_product, sampler.lookahead_scores)
-    undo_kept = _keep_top_code(beams) if variant == "kept" else (lambda: None)
     if variant == "before":
         tables.compiled = lambda: False
     if variant not in ("after", "kept"):
@@ -244,37 +261,8 @@ def variant_code(variant: str, beams: int = 1):
     try:
         yield
     finally:
-        undo_kept()
         tables.compiled, operands.emission_product, sampler.lookahead_scores = saved
         operands._CACHE = saved_cache
-
-
-def _keep_top_code(beams: int):
-    """The ``kept`` variant's code (:func:`variant_code`): the CommonGen decoder's processors
-    get ``keep_top`` = 4 · ``beams``, and its ``generate`` call records the running beam scores.
-    Returns an undo callable."""
-    import ctrlg.tasks.commongen.decoding as decoding
-    import ctrlg.tasks.search_options as search_options
-    from ctrlg.lm.beam_scores import record_beam_scores
-
-    processor, topk = decoding.ConstraintLogitsProcessor, search_options.two_stage_topk
-
-    def kept_processor(*args, **kwargs):
-        proc = processor(*args, **kwargs)
-        proc.keep_top = None if proc.beam_score != "lookahead" else 4 * beams
-        return proc
-
-    @contextlib.contextmanager
-    def topk_and_record(model):
-        with topk(model), record_beam_scores(model):
-            yield
-
-    decoding.ConstraintLogitsProcessor = kept_processor
-    search_options.two_stage_topk = topk_and_record
-
-    def undo():
-        decoding.ConstraintLogitsProcessor, search_options.two_stage_topk = processor, topk
-    return undo
 
 
 _VARIANT_CACHES: dict = {}
@@ -310,13 +298,15 @@ def _lookahead_scores_two_products(scores, tables, table_of_row, states, priors,
 def set_variant(cfg, variant: str):
     """Decoding settings of each variant: ``before`` (the first round's code: transformers'
     no-repeat / min-new-tokens processors and one top-k, plus :func:`variant_code`'s), ``dense``,
-    ``after`` and ``kept`` (``generation.fast_search``; :func:`variant_code` sets the rest: identical
+    ``after`` and ``kept`` (``generation.fast_search``, ``generation.score_kept_only``;
+    :func:`variant_code` sets the rest: identical
     beams up to rounding)."""
     from omegaconf import OmegaConf
 
     if variant not in ("before", "dense", "after", "kept"):
         raise SystemExit(f"unknown variant {variant!r}: before | dense | after | kept")
-    return OmegaConf.merge(cfg, {"generation": {"fast_search": variant != "before"}})
+    return OmegaConf.merge(cfg, {"generation": {"fast_search": variant != "before",
+                                                 "score_kept_only": variant == "kept"}})
 
 
 def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int) -> dict:
@@ -367,12 +357,14 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats-128", type=int, default=1)
     parser.add_argument("--floor-repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", help="model.dtype: float32 | auto | bfloat16")
-    parser.add_argument("--variants", nargs="+", default=["dense", "after"])
+    parser.add_argument("--variants", nargs="+", default=["after", "kept"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="float32", help="generation.precision of the guidance "
                         "products: float32 | auto")
     parser.add_argument("--hmm", default=None, help="hmm.path: another HMM checkpoint folder "
                         "(e.g. one saved with output.emission_support_min_count)")
+    parser.add_argument("--lift", type=int, default=1, help="split each hidden state into this many "
+                        "(the same distribution at h × lift: the cost of a larger HMM, same outputs)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--tables-only", action="store_true",
                         help="time only the guide tables of --items items (variants alternating)")
@@ -383,7 +375,7 @@ def main(argv=None) -> list[dict]:
                    f"generation.precision={args.precision}", "generation.widen_below_loglik=null",
                    *([f"hmm.path={args.hmm}"] if args.hmm else [])])
     model, tokenizer = load_lm(cfg.model, cfg.device)
-    hmm = load_hmm(cfg.hmm, tokenizer).to(cfg.device)
+    hmm = lifted_hmm(load_hmm(cfg.hmm, tokenizer), args.lift).to(cfg.device)
     n_max = max(args.items, args.items_128)
     examples = cg.select_items(compose([f"data.offset={args.offset}", f"data.limit={n_max}"]))
     if args.tables_only:
@@ -405,7 +397,7 @@ def main(argv=None) -> list[dict]:
         for _ in range(repeats):           # variants and the floor alternate: the same machine state
             floors += lm_floor_samples(model, len(items) * beams, args.floor_repeats)
             for variant in args.variants:
-                with variant_code(variant, beams):
+                with variant_code(variant):
                     seconds, texts = decode_once(set_variant(cfg, variant), model, tokenizer, hmm,
                                                  items, beams)
                 runs[variant].append(seconds)
@@ -419,10 +411,12 @@ def main(argv=None) -> list[dict]:
         if len({tuple(v) for v in outputs.values()}) > 1:
             print(f"OUTPUTS DIFFER between variants at {beams} beams: {outputs}")
     print(format_rows(results))
-    suffix = "" if args.precision == "float32" else f"_products_{args.precision}"
+    suffix = ("" if args.precision == "float32" else f"_products_{args.precision}") + \
+        ("" if args.lift == 1 else f"_h{hmm.hidden_size}")
     out = Path(args.out or f"benchmarks/results/bench_beam_breakdown_{args.dtype}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"dtype": args.dtype, "precision": args.precision, "hmm": args.hmm,
+                               "hidden_size": hmm.hidden_size, "lift": args.lift,
                                "cpu_threads": 1,
                                "device": args.device,
                                "results": results}, indent=1))

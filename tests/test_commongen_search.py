@@ -55,10 +55,46 @@ def test_fast_search_keeps_every_candidate_and_the_options_run(tiny_lm_dir, tiny
 
 @pytest.mark.parametrize("key, value, beams", [
     ("fast_search", "yes", 4), ("beam_score", "best", 4), ("sibling_penalty", -1.0, 4),
+    ("score_kept_only", "on", 4),
     ("sibling_penalty", float("inf"), 4), ("sibling_penalty", 0.5, 1)])
 def test_bad_search_options_name_the_key(key, value, beams):
     with pytest.raises(SearchOptionError, match=f"generation.{key}"):
         SearchOptions.from_config({key: value}, beams, beams)
+
+
+def test_score_kept_only_keeps_every_candidate(tiny_lm_dir, tiny_hmm_dir, tmp_path, monkeypatch):
+    """The guide scoring only the entries the search can keep gives the same beams and
+    candidates as scoring every entry (up to float rounding: equal texts on the tiny LM)."""
+    import ctrlg.sampler as sampler
+
+    calls = []
+    kept_scores = sampler.top_lookahead_scores
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return kept_scores(*args, **kwargs)
+
+    monkeypatch.setattr(sampler, "top_lookahead_scores", counted)
+    settings = ["generation.beam_score=lookahead", "generation.fast_search=true"]
+    _, every = _run(tmp_path, tiny_lm_dir, tiny_hmm_dir, "every", *settings,
+                    "generation.score_kept_only=false")
+    assert not calls
+    _, kept = _run(tmp_path, tiny_lm_dir, tiny_hmm_dir, "kept", *settings,
+                   "generation.score_kept_only=true")
+    assert calls                                  # the kept path ran
+    assert _outputs(every) == _outputs(kept)
+    assert all(r["ctrlg"]["candidates"] for r in kept)
+
+
+@pytest.mark.parametrize("options, keep", [
+    ({"score_kept_only": True, "beam_score": "lookahead"}, 32),
+    ({"score_kept_only": False, "beam_score": "lookahead"}, None),
+    ({"score_kept_only": True, "beam_score": "guided"}, None),       # needs every token's score
+    ({"score_kept_only": True, "beam_score": "lookahead", "sibling_penalty": 0.5}, None)])
+def test_keep_top_applies_only_to_lookahead_beams_without_a_sibling_penalty(options, keep):
+    assert SearchOptions.from_config(options, 8, 8).keep_top() == keep
+    if not options.get("sibling_penalty"):
+        assert SearchOptions.from_config(options, 1, 8).keep_top() is None   # sampling
 
 
 def test_processors_run_bans_first_and_the_sibling_penalty_last():

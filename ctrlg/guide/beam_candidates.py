@@ -36,7 +36,8 @@ Rows that cannot be settled so — fewer than K finite scores, a feasible weight
 part for large beam scores) on every comparison covers float rounding, so the pick equals the
 full computation's up to ties within rounding.
 
-Cost per step: one ``torch.topk`` and one [R, V] fill, O(h) per scored entry (a few times K per
+Cost per step: two reads of the LM's [R, V] scores (the top tokens and the entries above the
+floors, each one compiled pass: :mod:`ctrlg.kernels.row_candidates_cpu`) and one [R, V] fill, O(h) per scored entry (a few times K per
 input at 8–128 beams on CommonGen: a few hundred to a few thousand, against R·V for the product),
 and O(h · pairs) per row: independent of V·h, so an HMM of h = 2,048 costs little more than
 h = 512.
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 
 from ctrlg.guide.feasibility import Feasibility
+from ctrlg.kernels.row_candidates_cpu import at_least_per_row, top_per_row
 
 __all__ = ["top_lookahead_scores", "MARGIN", "MAX_ENTRIES"]
 
@@ -100,7 +102,7 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     live_rows = np.flatnonzero(live)
     top_l = np.full(R, -math.inf)
     if len(live_rows):
-        values, index = torch.topk(lm[torch.as_tensor(live_rows, device=dev)], m0)
+        values, index = top_per_row(lm, live_rows, m0)
         top_l[live_rows] = values[:, -1].double().cpu().numpy()
         entries.add(np.repeat(live_rows, m0), index.reshape(-1).cpu().numpy())
         eos = _eos_ids(tables)
@@ -118,7 +120,7 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
         if not len(short):
             break
         m = min(V, MAX_ENTRIES, 4 * m)
-        values, index = torch.topk(lm[torch.as_tensor(short, device=dev)], m)
+        values, index = top_per_row(lm, short, m)
         top_l[short] = values[:, -1].double().cpu().numpy()
         entries.add(np.repeat(short, m), index.reshape(-1).cpu().numpy())
         theta = _thresholds(entries, R, keep, running, groups)
@@ -133,14 +135,10 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
         entries.add(small_rows[pick], small_tok[pick])
     open_rows = np.flatnonzero(settle & (top_l + beta >= theta - margin))
     if len(open_rows):
-        floor = torch.as_tensor(theta[open_rows] - beta[open_rows] - margin[open_rows], device=dev)
-        hit = lm[torch.as_tensor(open_rows, device=dev)] >= floor[:, None].float()
-        counts = hit.sum(1).cpu().numpy()
-        crowded = counts > MAX_ENTRIES
-        fallback[open_rows[crowded]] = True
-        hit[torch.as_tensor(crowded, device=dev)] = False
-        r, v = hit.nonzero(as_tuple=True)
-        entries.add(open_rows[r.cpu().numpy()], v.cpu().numpy())
+        floor = theta[open_rows] - beta[open_rows] - margin[open_rows]
+        at, columns, counts = at_least_per_row(lm, open_rows, floor, MAX_ENTRIES)
+        fallback[open_rows[counts > MAX_ENTRIES]] = True
+        entries.add(open_rows[at], columns)
     fallback |= entries.lost_rows(R)
 
     out = torch.full((R, V), -math.inf, device=dev)

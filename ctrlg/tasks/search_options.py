@@ -12,6 +12,13 @@ Keys (all optional; the defaults reproduce plain beam search):
   beams ranked by log p_lm(prefix) + w · log p_hmm(α | prefix)).
 * ``sibling_penalty`` γ ≥ 0 (default 0, off): diverse beams by intra-sibling rank
   (:class:`ctrlg.lm.beam_search.SiblingRankPenalty`).
+* ``score_kept_only`` (bool, default false here; the experiments' config turns it on): with beam
+  search, ``beam_score: lookahead`` and no sibling penalty, the guide scores only the entries the
+  search can keep (``ConstraintLogitsProcessor(keep_top=4·B)`` inside
+  :func:`ctrlg.lm.beam_scores.record_beam_scores`; :mod:`ctrlg.guide.beam_candidates`): the same
+  beams and scores up to float rounding, without most of the [R, h]·[h, V] products. Ignored
+  otherwise (sampling and the guided score need every token's score; a sibling penalty reorders
+  entries after the guide).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+from ctrlg.lm.beam_scores import record_beam_scores
 from ctrlg.lm.beam_search import InPlaceBans, SiblingRankPenalty, two_stage_topk
 from ctrlg.errors import CtrlgError
 from ctrlg.sampler import BEAM_SCORES
@@ -37,6 +45,7 @@ class SearchOptions:
     fast_search: bool = False
     beam_score: str = "guided"
     sibling_penalty: float = 0.0
+    score_kept_only: bool = False
 
     @classmethod
     def from_config(cls, gen, num_beams: int, num_samples: int) -> "SearchOptions":
@@ -44,6 +53,10 @@ class SearchOptions:
         fast = gen.get("fast_search", False)
         if not isinstance(fast, bool):
             raise SearchOptionError(f"generation.fast_search must be true or false, got {fast!r}")
+        kept_only = gen.get("score_kept_only", False)
+        if not isinstance(kept_only, bool):
+            raise SearchOptionError(f"generation.score_kept_only must be true or false, "
+                                    f"got {kept_only!r}")
         score = str(gen.get("beam_score", "guided"))
         if score not in BEAM_SCORES:
             raise SearchOptionError(f"generation.beam_score must be one of {BEAM_SCORES}, got {score!r}")
@@ -56,7 +69,7 @@ class SearchOptions:
         if penalty and beams == 1:
             raise SearchOptionError("generation.sibling_penalty > 0 needs beam search "
                                     "(generation.num_beams > 1)")
-        return cls(beams, fast, score, float(penalty))
+        return cls(beams, fast, score, float(penalty), kept_only)
 
     def bans(self, decoding: dict, extra: dict, prompt_width: int, eos: list[int]):
         """With ``fast_search`` and beams: (an :class:`InPlaceBans` taking over
@@ -83,6 +96,23 @@ class SearchOptions:
         # transformers keeps max(2, 1 + #EOS) · B continuations per input; 4·B covers up to 3 EOS ids
         return 4 * self.beams
 
+    def keep_top(self) -> int | None:
+        """The guide's ``keep_top`` (:class:`ctrlg.ConstraintLogitsProcessor`): 4·B continuations
+        per input (transformers keeps max(2, 1 + #EOS) · B; the processor reads the exact number
+        inside :func:`record_beam_scores` and refuses one above it) where ``score_kept_only``
+        applies (module docstring), else None (every entry scored)."""
+        applies = self.score_kept_only and self.beams > 1 and self.beam_score == "lookahead" \
+            and not self.sibling_penalty
+        return self._kept() if applies else None
+
+    @contextlib.contextmanager
     def topk(self, model):
-        """The context of the ``generate`` call: :func:`two_stage_topk` with ``fast_search``."""
-        return two_stage_topk(model) if self.fast_search and self.beams > 1 else contextlib.nullcontext()
+        """The context of the ``generate`` call: :func:`two_stage_topk` with ``fast_search``, and
+        the running beam scores recorded (:func:`record_beam_scores`) where :meth:`keep_top`
+        applies."""
+        with contextlib.ExitStack() as stack:
+            if self.fast_search and self.beams > 1:
+                stack.enter_context(two_stage_topk(model))
+            if self.keep_top() is not None:
+                stack.enter_context(record_beam_scores(model))
+            yield

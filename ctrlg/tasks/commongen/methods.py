@@ -35,7 +35,7 @@ GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hm
 
 # sub-keys of those that say how the generations are computed, not what they are (left out of a
 # run's identity: a GPU run resumes and merges with a CPU one)
-COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel", "fast_search")}
+COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel", "fast_search", "score_kept_only")}
 # sub-keys left out of a run's identity while at these values (runs from before they existed match)
 DEFAULT_VALUED_KEYS = {"generation": {"beam_score": "guided", "sibling_penalty": 0.0,
                                       "widen_below_loglik": None, "widen_factor": 2}}
