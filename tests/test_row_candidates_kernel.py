@@ -1,6 +1,7 @@
-"""The compiled row passes of the kept-entries lookahead (ctrlg.kernels.row_candidates_cpu)
-against torch: the top m per row against torch.topk, the entries above a floor against a
-comparison over the whole row, on random scores with −inf, ties and rows shorter than a block."""
+"""The compiled loops of the kept-entries lookahead against torch: the top m per row against
+torch.topk and the entries above a floor against a comparison over the whole row
+(ctrlg.kernels.row_candidates_cpu; random scores with −inf, ties and rows shorter than a block),
+and the entries' dot products against float64 products (ctrlg.kernels.entry_dots_cpu)."""
 
 import math
 
@@ -64,3 +65,40 @@ def test_other_layouts_fall_back_to_torch(make):
     assert torch.equal(values.float(), torch.topk(scores, 5).values)
     at, columns, counts = kernel.at_least_per_row(other, np.arange(4), np.zeros(4), 1000)
     assert counts.tolist() == (scores >= 0).sum(1).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), h=st.integers(1, 70), K=st.integers(0, 30))
+def test_entry_dots_equal_the_torch_products(seed, h, K):
+    from ctrlg.kernels.entry_dots_cpu import entry_dots
+
+    gen = torch.Generator().manual_seed(seed)
+    priors = torch.rand(5, h, generator=gen).softmax(1)
+    emission_t = torch.rand(40, h, generator=gen)
+    tables = torch.rand(12, h, generator=gen)
+    tables[3] = 0.0                                  # a dead successor: exact zeros
+    rng = np.random.default_rng(seed)
+    rows, tokens, table_rows = rng.integers(0, 5, K), rng.integers(0, 40, K), rng.integers(0, 12, K)
+    joint, marginal = entry_dots(priors, emission_t, tables, rows, tokens, table_rows)
+    q = priors.double()[rows] * emission_t.double()[tokens]
+    torch.testing.assert_close(marginal, q.sum(1), rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(joint, (q * tables.double()[table_rows]).sum(1), rtol=1e-6, atol=0.0)
+    assert bool((joint[torch.as_tensor(table_rows == 3)] == 0).all())
+    slow = entry_dots(priors.double().float().t().contiguous().t(), emission_t, tables,
+                      rows, tokens, table_rows)     # a non-contiguous operand: the torch form
+    torch.testing.assert_close(slow[0], joint, rtol=1e-6, atol=0.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), h=st.integers(1, 70), K=st.integers(0, 30))
+def test_triple_dots_equal_the_float64_products(seed, h, K):
+    from ctrlg.kernels.entry_dots_cpu import triple_dots
+
+    gen = torch.Generator().manual_seed(seed)
+    a, b, c = (torch.rand(n, h, generator=gen) for n in (5, 9, 7))
+    rng = np.random.default_rng(seed)
+    ia, ib, ic = rng.integers(0, 5, K), rng.integers(0, 9, K), rng.integers(0, 7, K)
+    expected = (a.double()[ia] * b.double()[ib] * c.double()[ic]).sum(1)
+    torch.testing.assert_close(triple_dots(a, b, c, ia, ib, ic), expected, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(triple_dots(a.double(), b, c, ia, ib, ic), expected,
+                               rtol=1e-6, atol=0.0)           # another dtype: the torch form

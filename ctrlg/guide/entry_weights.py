@@ -15,7 +15,8 @@ the tables at r − 1:
 
 with M_s and Ē the backward recurrence's non-exception mass and pair masses: the sum the
 recurrence forms for W_r(s) before its product with A, read with the row's own prior. Cost:
-O(h) per entry, O(h · (1 + pairs of s)) per row.
+O(h) per entry (both dot products in one compiled pass on the CPU:
+:mod:`ctrlg.kernels.entry_dots_cpu`), O(h · (1 + pairs of s)) per row.
 
 Bounds. Ŵ(t) ≤ 1 entrywise (each row is scaled to max 1), so log p_hmm(α | x≤t, v) ≤ c(δ(s, v))
 for every token: :meth:`EntryWeights.successor_bounds` gives each row the largest such bound over
@@ -36,6 +37,7 @@ import torch
 
 from ctrlg.dfa.core import ragged_indices
 from ctrlg.errors import ConstraintError
+from ctrlg.kernels.entry_dots_cpu import entry_dots, triple_dots
 
 __all__ = ["EntryWeights", "BOUND_LETTER", "row_logsumexp"]
 
@@ -75,18 +77,24 @@ class EntryWeights:
         d = torch.as_tensor(self.dfa.default[states], device=dev)
         has = torch.as_tensor(self.has_default[states], device=dev)
         rows_t = torch.arange(R, device=dev)
-        mass = self._nonexc_mass[torch.as_tensor(states, device=dev)]
-        default = (priors * self.w_hat[rr, d] * mass).sum(1)
-        terms = [torch.where(has, torch.log(default.double()) + scale[rr, d], -math.inf)]
+        S = self.dfa.num_states
+        priors = priors.contiguous()
+        tables = self.w_hat.reshape(-1, self.w_hat.shape[-1])          # [(n + 1) · S, h]
+        steps_np = remaining.astype(np.int64) - 1
+        default_np = np.where(self.has_default[states], self.dfa.default[states], 0)
+        default = triple_dots(priors, tables, self._nonexc_mass, np.arange(R),
+                              steps_np * S + default_np, states).to(dev)
+        terms = [torch.where(has, torch.log(default) + scale[rr, d], -math.inf)]
         owners = [rows_t]
         lo, hi = self._pair_ptr[states], self._pair_ptr[states + 1]
         if int((hi - lo).sum()):
             rows = np.repeat(np.arange(R), hi - lo)
-            pairs = torch.as_tensor(ragged_indices(lo, hi - lo), device=dev)
+            pairs = ragged_indices(lo, hi - lo)
             rows_p = torch.as_tensor(rows, device=dev)
-            t, steps = self._pair_dst_t[pairs], rr[rows_p]
-            value = (priors[rows_p] * self.w_hat[steps, t] * self._pair_emission[pairs]).sum(1)
-            terms.append(torch.log(value.double()) + scale[steps, t])
+            dst = self._pair_dst[pairs]
+            value = triple_dots(priors, tables, self._pair_emission, rows,
+                                steps_np[rows] * S + dst, pairs).to(dev)
+            terms.append(torch.log(value) + scale[rr[rows_p], torch.as_tensor(dst, device=dev)])
             owners.append(rows_p)
         eos_rows, eos_tokens = self._allowed_eos(states, remaining)
         if len(eos_rows):
@@ -131,11 +139,10 @@ class EntryWeights:
             r, v = rows[regular], tokens[regular]
             succ = self.dfa.step_many(states[r], v)
             steps = remaining[r] - 1
-            r_t, v_t = torch.as_tensor(r, device=dev), torch.as_tensor(v, device=dev)
-            q = priors[r_t] * self._emission_t[v_t]                         # p ⊙ B[:, v]
-            marginal = q.sum(1).double()
-            joint = (q * self.w_hat[torch.as_tensor(steps, device=dev),
-                                    torch.as_tensor(succ, device=dev)]).sum(1).double()
+            S = self.dfa.num_states
+            joint, marginal = entry_dots(priors.contiguous(), self._emission_t,
+                                         self.w_hat.reshape(-1, self.w_hat.shape[-1]), r, v,
+                                         steps.astype(np.int64) * S + succ)
             scale = self.log_scale[torch.as_tensor(steps, device=dev), torch.as_tensor(succ, device=dev)]
             value = torch.log(joint) - torch.log(marginal) + scale
             feasible = self.feasible[steps, succ]

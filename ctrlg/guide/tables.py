@@ -317,7 +317,8 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
         key = exc.src.astype(np.int64) * S + exc.dst
         pairs, of_exception = np.unique(key, return_inverse=True)
         self._pair_src_t = torch.as_tensor(pairs // S, device=device)
-        self._pair_dst_t = torch.as_tensor(pairs % S, device=device)
+        self._pair_dst = pairs % S                                        # numpy, for the CPU loops
+        self._pair_dst_t = torch.as_tensor(self._pair_dst, device=device)
         self._pair_ptr = np.searchsorted(pairs // S, np.arange(S + 1)).astype(np.int64)
         sums = grouped_sums(of_exception.reshape(-1), exc.tok, rows, len(pairs)).double()
         return sums

@@ -1,0 +1,109 @@
+"""The two dot products of Ctrl-G's guidance at listed entries, one compiled loop on the CPU.
+
+For entries k = (row i, token v, table row j) of ``ctrlg.guide.entry_weights``:
+
+    marginal_k = Σ_z p[i, z] · Bᵀ[v, z]                 = P(v | x≤t)
+    joint_k    = Σ_z p[i, z] · Bᵀ[v, z] · Ŵ[j, z]        = P(v, α | x≤t) / e^{c(j)}
+
+(p the rows' priors [R, h], Bᵀ the emission [V, h], Ŵ the guide tables flattened to
+[(n + 1) · S, h], j = step · S + successor state). The torch form gathers three [K, h]
+operands and writes two [K, h] products before its sums; this loop reads each operand row once
+and keeps the sums in registers, so it costs one pass over the K · h gathered entries. Sums in
+float32 (vectorised, so in another order than torch's: the results agree to float32 rounding),
+returned as float64. Without numba, torch computes the same (:func:`compiled`).
+
+:func:`triple_dots` is the general form Σ_z a[i, z] · b[j, z] · c[l, z] per listed (i, j, l),
+which p_hmm(α | x≤t) needs per row (the default's p · (M_s ⊙ Ŵ(d)) and each pair's
+p · (Ē ⊙ Ŵ(t)), :meth:`ctrlg.guide.entry_weights.EntryWeights.log_accept_rows`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["entry_dots", "triple_dots", "compiled"]
+
+
+def _entry_dots_py(priors, emission_t, tables, rows, tokens, table_rows, joint, marginal):
+    h = priors.shape[1]
+    for k in range(rows.shape[0]):
+        p = priors[rows[k]]
+        b = emission_t[tokens[k]]
+        w = tables[table_rows[k]]
+        m = np.float32(0.0)
+        j = np.float32(0.0)
+        for z in range(h):
+            q = p[z] * b[z]
+            m += q
+            j += q * w[z]
+        marginal[k] = m
+        joint[k] = j
+
+
+def _triple_dots_py(a, b, c, ia, ib, ic, out):
+    h = a.shape[1]
+    for k in range(ia.shape[0]):
+        x = a[ia[k]]
+        y = b[ib[k]]
+        w = c[ic[k]]
+        acc = np.float32(0.0)
+        for z in range(h):
+            acc += x[z] * y[z] * w[z]
+        out[k] = acc
+
+
+try:   # compiled loops when numba is installed (a dependency)
+    import numba as _numba
+    _entry_dots = _numba.njit(cache=True, nogil=True, fastmath=True)(_entry_dots_py)
+    _triple_dots = _numba.njit(cache=True, nogil=True, fastmath=True)(_triple_dots_py)
+except ImportError:  # pragma: no cover - odd platforms
+    _entry_dots = _triple_dots = None
+
+
+def compiled() -> bool:
+    """Whether the compiled loop is available (numba); else torch computes the same."""
+    return _entry_dots is not None
+
+
+def _native(*tensors) -> bool:
+    return compiled() and all(t.device.type == "cpu" and t.dtype == torch.float32 and
+                              t.is_contiguous() for t in tensors)
+
+
+def _indices(*arrays) -> list[np.ndarray]:
+    return [np.ascontiguousarray(a, dtype=np.int64) for a in arrays]
+
+
+def triple_dots(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ia: np.ndarray,
+                ib: np.ndarray, ic: np.ndarray) -> torch.Tensor:
+    """Σ_z a[ia[k], z] · b[ib[k], z] · c[ic[k], z] per k, float64 [K], from float32 [·, h]
+    operands (module docstring)."""
+    if _native(a, b, c):
+        out = np.empty(len(ia), dtype=np.float32)
+        if len(ia):
+            _triple_dots(a.numpy(), b.numpy(), c.numpy(), *_indices(ia, ib, ic), out)
+        return torch.from_numpy(out).double()
+    dev = a.device
+    ia, ib, ic = (torch.as_tensor(x, device=dev) for x in _indices(ia, ib, ic))
+    return (a[ia] * b[ib] * c[ic]).sum(1).double()
+
+
+def entry_dots(priors: torch.Tensor, emission_t: torch.Tensor, tables: torch.Tensor,
+               rows: np.ndarray, tokens: np.ndarray, table_rows: np.ndarray
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(joint, marginal), float64 [K] each (module docstring): float32 ``priors`` [R, h],
+    ``emission_t`` [V, h] and ``tables`` [rows, h]; entry k reads row ``rows[k]`` of the priors,
+    ``tokens[k]`` of the emission and ``table_rows[k]`` of the tables."""
+    if _native(priors, emission_t, tables):
+        K = len(rows)
+        joint = np.empty(K, dtype=np.float32)
+        marginal = np.empty(K, dtype=np.float32)
+        if K:
+            _entry_dots(priors.numpy(), emission_t.numpy(), tables.numpy(),
+                        *_indices(rows, tokens, table_rows), joint, marginal)
+        return torch.from_numpy(joint).double(), torch.from_numpy(marginal).double()
+    dev = priors.device
+    as_index = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=dev)  # noqa: E731
+    q = priors[as_index(rows)] * emission_t[as_index(tokens)]
+    return (q * tables[as_index(table_rows)]).sum(1).double(), q.sum(1).double()
