@@ -9,6 +9,13 @@ sample sentence tokenised by the tokenizer, then EOS. Per step:
   advance (the recogniser over the token's bytes) and A's step;
 * llguidance: ``fill_next_token_bitmask`` + ``consume_token`` (no budget: prefix viability).
 
+``dfa.lazy_grammar`` (columns ``lazy_*``): compile time, and for a grammar it makes lazy (regular
+as written: the SQL subset) the mask + step time per token along the same walks, one fresh
+constraint per walk (first visits to a state included), prefix viability without a budget as
+llguidance; the self-embedding grammars fall back to ``dfa.grammar`` (``lazy_kind: eager``).
+The vocabulary trie and numba's compiled walk are built once before any timing (as llguidance's
+tokenizer is).
+
 Budgets: ``loose`` (n = 4 × the walk's length: the masks are the grammar's prefix masks) and
 ``tight`` (n = the walk's length: the last steps must decide which tokens still fit, the case
 only ctrlg handles). Reported per grammar: compile time (ctrlg: ``dfa.grammar`` + the tables'
@@ -34,6 +41,8 @@ import numpy as np
 
 from ctrlg import dfa
 from ctrlg.dfa.cfg.examples import EXAMPLES, SAMPLES
+from ctrlg.dfa.lazy import LazyTokenDFA
+from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.masks import token_mask
 from ctrlg.lm.models import load_tokenizer
@@ -64,6 +73,22 @@ def ctrlg_masks(constraint, walk: list[int], n: int, eos: int) -> tuple[list[flo
     return times, masks
 
 
+def lazy_masks(text: str, tok, walk: list[int]) -> tuple[float, list[float]]:
+    """(compile seconds, seconds per step of mask + step) of a fresh ``dfa.lazy_grammar``."""
+    t0 = time.perf_counter()
+    lazy = dfa.lazy_grammar(text, tok)
+    compile_s = time.perf_counter() - t0
+    q, times = lazy.initial, []
+    for t in walk:
+        t0 = time.perf_counter()
+        allowed = lazy.mask(q)
+        q = lazy.step(q, t)
+        times.append(time.perf_counter() - t0)
+        if not allowed[t]:
+            raise AssertionError(f"the lazy mask refuses token {t} of a valid walk")
+    return compile_s, times
+
+
 def llguidance_masks(ll, ll_tok, grammar, walk: list[int]) -> tuple[list[float], list]:
     import llguidance.numpy as llnp
 
@@ -92,6 +117,20 @@ def bench_grammar(name: str, tok, ll, ll_tok, repeats: int) -> dict:
                superset_states=constraint.num_states)
     UNDECIDED.clear()
     walks = walks_of(tok, name)
+    t0 = time.perf_counter()
+    lazy = dfa.lazy_grammar(EXAMPLES[name], tok)
+    row["lazy_compile_s"] = time.perf_counter() - t0
+    row["lazy_kind"] = "lazy" if isinstance(lazy, LazyTokenDFA) else "eager"
+    if row["lazy_kind"] == "lazy":
+        compiles, times = [], []
+        for _ in range(repeats):
+            for walk in walks:
+                c, t = lazy_masks(EXAMPLES[name], tok, walk)
+                compiles.append(c)
+                times += t
+        row["lazy_compile_p50_s"] = float(np.median(compiles))
+        row["lazy_mask_p50_ms"] = 1e3 * float(np.median(times))
+        row["lazy_mask_p99_ms"] = 1e3 * float(np.percentile(times, 99))
     for budget in ("loose", "tight"):
         times, agree, steps = [], 0, 0
         for _ in range(repeats):
@@ -137,6 +176,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_grammar.json")
     args = parser.parse_args()
     tok = load_tokenizer()
+    vocab_trie(tok)                                    # built once, before any timing
+    warm = dfa.lazy_regex("ab", tok)
+    warm.mask(warm.initial)                            # numba's trie walk compiled / loaded
     ll = ll_tok = None
     notes = []
     try:

@@ -13,7 +13,7 @@ from ctrlg.dfa.builders import (any_phrase, banned_phrases, banned_tokens, eos, 
 from ctrlg.dfa.core import DFABuilder, TokenClasses, TokenDFA, token_classes
 from ctrlg.dfa.minimize import minimize
 from ctrlg.dfa.ops import complement, concat, intersect, union
-from ctrlg.dfa.grammar import grammar
+from ctrlg.dfa.grammar import grammar, lazy_grammar
 from ctrlg.dfa.json_schema import json_schema, schema_to_regex
 from ctrlg.dfa.json_schema.lazy import lazy_json_schema
 from ctrlg.dfa.lazy import LazyTokenDFA, lazy_regex
@@ -28,5 +28,5 @@ __all__ = [
     "banned_phrases", "banned_tokens", "word_count", "keywords", "inflections", "count_words",
     "commongen_constraint",
     "intersect", "union", "complement", "concat", "minimize",
-    "regex", "json_schema", "schema_to_regex", "lazy_regex", "lazy_json_schema", "LazyTokenDFA", "grammar", "contains", "contains_all", "contains_any",
+    "regex", "json_schema", "schema_to_regex", "lazy_regex", "lazy_json_schema", "LazyTokenDFA", "grammar", "lazy_grammar", "contains", "contains_all", "contains_any",
 ]

@@ -9,19 +9,29 @@ and per-row batching accept it wherever they accept a :class:`~ctrlg.dfa.core.To
 tables are built over the regular superset ``R_d`` (the grammar unrolled to nesting depth d,
 :mod:`ctrlg.dfa.cfg.approximation`) and the grammar's exact masks under the remaining budget
 (:mod:`ctrlg.guide.grammar_masks`) are applied after, renormalised. See docs/grammar.md.
+
+``lazy_grammar(...)`` takes the same arguments and returns, for a grammar whose language is
+regular as written (its only recursion is loops: ``x*``, ``x+``, ``a: a "," b | b``; no
+self-embedding such as parentheses inside parentheses), a
+:class:`~ctrlg.dfa.lazy.LazyTokenDFA` over the grammar's minimal byte DFA: no token automaton is
+built before the first mask, each state's mask is one walk of the vocabulary trie on first use
+(what ``dfa.lazy_json_schema`` does for a schema). Other grammars get :func:`grammar`'s
+constraint.
 """
 
 from __future__ import annotations
 
-from ctrlg.dfa.cfg.constraint import GrammarConstraint
+from ctrlg.dfa.cfg.approximation import dfa_as_nfa, regular_superset
+from ctrlg.dfa.cfg.constraint import GrammarConstraint, prepared_bnf
 from ctrlg.dfa.cfg.gbnf_syntax import from_gbnf
 from ctrlg.dfa.cfg.grammar_ir import Grammar
 from ctrlg.dfa.cfg.lark_syntax import from_lark
+from ctrlg.dfa.lazy import LazyByteDFA, LazyTokenDFA
 from ctrlg.dfa.regex_index import AUTO
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError
 
-__all__ = ["grammar", "SYNTAXES"]
+__all__ = ["grammar", "lazy_grammar", "SYNTAXES"]
 
 SYNTAXES = ("lark", "gbnf")
 
@@ -51,6 +61,31 @@ def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str 
         ConstraintError: bad ``syntax`` or ``depth``, or a depth whose superset exceeds the
             construction's budget (fixed before it starts: bounded time and memory).
     """
+    g, what = _read(text, syntax, start, depth)
+    return GrammarConstraint(g, vocab_trie(tokenizer), eos_token_id=eos_token_id,
+                             vocab_size=vocab_size, depth=depth, what=what)
+
+
+def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str | None = None,
+                 eos_token_id=AUTO, vocab_size: int | None = None,
+                 depth: int | str = "auto") -> LazyTokenDFA | GrammarConstraint:
+    """:func:`grammar`'s constraint, built lazily where the grammar is regular as written
+    (module docstring): a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` of the same token sequences
+    (every encoding of every sentence, then EOS), whose masks are computed on first use;
+    otherwise (self-embedding recursion) :func:`grammar`'s :class:`GrammarConstraint` (``depth``
+    is its superset's). The same arguments and errors as :func:`grammar`."""
+    g, what = _read(text, syntax, start, depth)
+    trie = vocab_trie(tokenizer)
+    byte_dfa, _, exact = regular_superset(prepared_bnf(g, what), 1)
+    if not exact:
+        return GrammarConstraint(g, trie, eos_token_id=eos_token_id, vocab_size=vocab_size,
+                                 depth=depth, what=what)
+    return LazyTokenDFA(LazyByteDFA(*dfa_as_nfa(byte_dfa)), trie, eos_token_id=eos_token_id,
+                        vocab_size=vocab_size, what=what)
+
+
+def _read(text: str | Grammar, syntax: str, start: str | None, depth) -> tuple[Grammar, str]:
+    """(the grammar, a description for messages), with ``syntax`` and ``depth`` checked."""
     if isinstance(text, Grammar):
         g, what = text, f"grammar (start {text.nonterminals[text.start]!r})"
     elif syntax == "lark":
@@ -61,5 +96,4 @@ def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str 
         raise ConstraintError(f"syntax must be one of {SYNTAXES}, got {syntax!r}")
     if depth != "auto" and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
         raise ConstraintError(f"depth must be an int ≥ 1 or 'auto', got {depth!r}")
-    return GrammarConstraint(g, vocab_trie(tokenizer), eos_token_id=eos_token_id,
-                             vocab_size=vocab_size, depth=depth, what=what)
+    return g, what

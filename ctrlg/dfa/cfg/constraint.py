@@ -33,7 +33,25 @@ from ctrlg.dfa.regex_index import resolve_eos, resolve_vocab_size, token_dfa_fro
 from ctrlg.dfa.vocab_trie import VocabTrie
 from ctrlg.errors import ConstraintError, GrammarError
 
-__all__ = ["GrammarConstraint"]
+__all__ = ["GrammarConstraint", "prepared_bnf"]
+
+
+def prepared_bnf(grammar: Grammar, what: str = "grammar") -> Grammar:
+    """``grammar`` as the constraint reads it: reduced (rules that derive no sentence or are
+    unreachable removed), ignored terminals placed, its size checked, anchored terminals
+    resolved. GrammarError when it generates no sentence."""
+    bnf = with_ignored(reduce(grammar))
+    check_grammar_size(bnf, f"the {what}")
+    anchored = resolve_anchors(bnf)
+    if anchored is not bnf:
+        try:
+            bnf = reduce(anchored)
+        except GrammarError:
+            raise GrammarError(
+                f"the {what} generates no sentence once its anchored terminals are read as "
+                f"Lark reads them ('^'/'\\A' only at the start of the input, '\\Z' only "
+                f"at its end, '$' at its end or before a final newline)") from None
+    return bnf
 
 
 class GrammarConstraint(WrapsTokenDFA):
@@ -57,17 +75,7 @@ class GrammarConstraint(WrapsTokenDFA):
                  depth: int | str = "auto", what: str = "grammar"):
         self.grammar = grammar
         self.what = what
-        self.bnf = with_ignored(reduce(grammar))
-        check_grammar_size(self.bnf, f"the {what}")
-        anchored = resolve_anchors(self.bnf)
-        if anchored is not self.bnf:
-            try:
-                self.bnf = reduce(anchored)
-            except GrammarError:
-                raise GrammarError(
-                    f"the {what} generates no sentence once its anchored terminals are read as "
-                    f"Lark reads them ('^'/'\\A' only at the start of the input, '\\Z' only "
-                    f"at its end, '$' at its end or before a final newline)") from None
+        self.bnf = prepared_bnf(grammar, what)
         self.recogniser = Recogniser(self.bnf)
         bdfa, self.depth, self.exact = regular_superset(self.bnf, depth)
         dfa = token_dfa_from_bytes_dfa(bdfa, trie, eos_token_id=eos_token_id,

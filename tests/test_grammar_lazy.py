@@ -1,0 +1,106 @@
+"""dfa.lazy_grammar: a grammar whose language is regular as written becomes a lazy token
+automaton with exactly the eager constraint's language (every state's mask against the eager
+token DFA's live successors, by a walk over the product of the two automata), whose sampled and
+guided outputs parse with ``lark``; a self-embedding grammar keeps the eager constraint."""
+
+import numpy as np
+import pytest
+
+from ctrlg import dfa
+from ctrlg.dfa.cfg.constraint import GrammarConstraint
+from ctrlg.dfa.cfg.examples import EXAMPLES
+from ctrlg.dfa.lazy import DEAD, LazyTokenDFA
+from ctrlg.errors import ConstraintError, GrammarError
+from ctrlg.sampler import generate
+from helpers import random_hmm
+from test_grammar import _lm, assert_parses
+from tiny_bpe import tiny_bpe_tokenizer
+
+REGULAR = {
+    "sql": EXAMPLES["sql"],
+    "left loop": 'start: items\nitems: items "," item | item\nitem: /[a-c]+/ | "the " ITEM\n'
+                 'ITEM: "cat" | "hat"\n',
+    "optional and counted": 'start: "a"? ("b" | "cd")~2..3 /[0-9]{1,2}/ "!"\n',
+}
+GBNF_REGULAR = 'root ::= "at " [0-9]{1,2} (":" [0-5] [0-9])? " " ("am" | "pm")'
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_bpe_tokenizer()
+
+
+def live_states(token_dfa, V: int) -> np.ndarray:
+    """The eager DFA's states from which an accepting state is reachable (a fixpoint)."""
+    S = token_dfa.num_states
+    table = np.array([[token_dfa.step(q, v) for v in range(V)] for q in range(S)])
+    live = np.array([bool(token_dfa.accepting[q]) for q in range(S)])
+    while True:
+        grown = live | live[table].any(1)
+        if (grown == live).all():
+            return live
+        live = grown
+
+
+def assert_same_language(lazy: LazyTokenDFA, eager: GrammarConstraint, V: int, limit: int = 400):
+    """Over every pair (lazy state, eager state) reachable together (up to ``limit`` pairs):
+    the same acceptance, and a token is in the lazy mask iff the eager DFA's successor is live."""
+    live = live_states(eager.dfa, V)
+    seen, todo = set(), [(lazy.initial, eager.dfa.initial)]
+    while todo and len(seen) < limit:
+        q, r = todo.pop()
+        if (q, r) in seen:
+            continue
+        seen.add((q, r))
+        assert lazy.is_accepting(q) == bool(eager.dfa.accepting[r])
+        mask = lazy.mask(q)[:V]
+        for v in range(V):
+            r2 = eager.dfa.step(r, v)
+            assert bool(mask[v]) == bool(live[r2]), (q, r, v)
+            if mask[v]:
+                q2 = lazy.step(q, v)
+                assert q2 != DEAD
+                todo.append((q2, r2))
+    assert len(seen) > 5
+
+
+@pytest.mark.parametrize("name", sorted(REGULAR))
+def test_a_regular_grammar_is_lazy_with_the_eager_language(tiny, name):
+    lazy = dfa.lazy_grammar(REGULAR[name], tiny)
+    assert isinstance(lazy, LazyTokenDFA)
+    eager = dfa.grammar(REGULAR[name], tiny)
+    assert eager.exact
+    assert_same_language(lazy, eager, eager.vocab_size)
+
+
+def test_gbnf_goes_through_the_same_lazy_path(tiny):
+    lazy = dfa.lazy_grammar(GBNF_REGULAR, tiny, syntax="gbnf")
+    assert isinstance(lazy, LazyTokenDFA)
+    ids = tiny.encode("at 7:05 pm", add_special_tokens=False)
+    assert lazy.accepts(ids) and not lazy.accepts(tiny.encode("at 7:65 pm", add_special_tokens=False))
+    assert_same_language(lazy, dfa.grammar(GBNF_REGULAR, tiny, syntax="gbnf"), len(tiny))
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "lists", "json"])
+def test_a_self_embedding_grammar_keeps_the_eager_constraint(tiny, name):
+    g = dfa.lazy_grammar(EXAMPLES[name], tiny, depth=2)
+    assert isinstance(g, GrammarConstraint) and g.depth == 2 and not g.exact
+
+
+@pytest.mark.parametrize("mode", ["logical", "ctrlg"])
+def test_guided_outputs_of_the_lazy_grammar_parse_with_lark(tiny, mode):
+    g = dfa.lazy_grammar(REGULAR["left loop"], tiny)
+    V, eos = len(tiny), tiny.eos_token_id
+    out = generate(_lm(2, V, eos), tiny, [0], g, hmm=random_hmm(4, V, 1) if mode == "ctrlg" else None,
+                   mode=mode, max_new_tokens=12, num_samples=6, seed=3, rank_by_lm=False)
+    assert out and all(g.accepts(x.token_ids) for x in out)
+    assert_parses(REGULAR["left loop"], [x.text for x in out])
+
+
+def test_bad_input_is_the_eager_path_s_error(tiny):
+    with pytest.raises(ConstraintError, match="syntax"):
+        dfa.lazy_grammar(EXAMPLES["sql"], tiny, syntax="ebnf")
+    with pytest.raises(ConstraintError, match="depth"):
+        dfa.lazy_grammar(EXAMPLES["sql"], tiny, depth=0)
+    with pytest.raises(GrammarError):
+        dfa.lazy_grammar("start: x", tiny)
