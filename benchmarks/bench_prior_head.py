@@ -21,7 +21,7 @@ import torch
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
@@ -70,8 +70,8 @@ def main(argv=None) -> dict:
 
         lm_times, head_times, ratios = [], [], []
         for _ in range(args.rounds):
-            lm_t = _median_time(lm_step, args.repeats)
-            head_t = _median_time(head_step, args.repeats)
+            lm_t = median_time(lm_step, args.repeats)
+            head_t = median_time(head_step, args.repeats)
             lm_times.append(lm_t)
             head_times.append(head_t)
             ratios.append(head_t / lm_t)

@@ -14,25 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.bench_prior_head import median_time
 from ctrlg.kernels.entry_dots_cpu import entry_dots
 from ctrlg.kernels.row_candidates_cpu import at_least_per_row, top_per_row
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_time(fn, repeats)
 
 
 def torch_at_least(scores, rows, floor):

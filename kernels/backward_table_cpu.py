@@ -34,6 +34,8 @@ import math
 import numpy as np
 import torch
 
+from ctrlg.kernels.cpu_loops import compiled_loop
+
 __all__ = ["recurrence_step_cpu", "compiled"]
 
 TINY = float(np.finfo(np.float32).tiny)
@@ -91,12 +93,8 @@ def _normalise_py(raw, m, rows, feasible, w_out, c_out, tiny):
             c_out[s] = m_safe + np.log(tiny)
 
 
-try:   # compiled loops when numba is installed (a dependency)
-    import numba as _numba
-    _build_g = _numba.njit(cache=True, nogil=True)(_build_g_py)
-    _normalise = _numba.njit(cache=True, nogil=True)(_normalise_py)
-except ImportError:  # pragma: no cover - odd platforms
-    _build_g = _normalise = None
+_build_g = compiled_loop(_build_g_py)
+_normalise = compiled_loop(_normalise_py)
 
 
 def compiled() -> bool:

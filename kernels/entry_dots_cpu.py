@@ -22,48 +22,34 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ctrlg.kernels.cpu_loops import compiled_loop
+
 __all__ = ["entry_dots", "triple_dots", "compiled"]
 
 
-def _entry_dots_py(priors, emission_t, tables, rows, tokens, table_rows, joint, marginal):
-    h = priors.shape[1]
-    for k in range(rows.shape[0]):
-        p = priors[rows[k]]
-        b = emission_t[tokens[k]]
-        w = tables[table_rows[k]]
-        m = np.float32(0.0)
-        j = np.float32(0.0)
-        for z in range(h):
-            q = p[z] * b[z]
-            m += q
-            j += q * w[z]
-        marginal[k] = m
-        joint[k] = j
-
-
-def _triple_dots_py(a, b, c, ia, ib, ic, out):
+def _dots_py(a, b, c, ia, ib, ic, triple, double):
+    """triple[k] = Σ_z a[ia[k], z] · b[ib[k], z] · c[ic[k], z], double[k] = the same without c."""
     h = a.shape[1]
     for k in range(ia.shape[0]):
         x = a[ia[k]]
         y = b[ib[k]]
         w = c[ic[k]]
-        acc = np.float32(0.0)
+        acc3 = np.float32(0.0)
+        acc2 = np.float32(0.0)
         for z in range(h):
-            acc += x[z] * y[z] * w[z]
-        out[k] = acc
+            q = x[z] * y[z]
+            acc2 += q
+            acc3 += q * w[z]
+        triple[k] = acc3
+        double[k] = acc2
 
 
-try:   # compiled loops when numba is installed (a dependency)
-    import numba as _numba
-    _entry_dots = _numba.njit(cache=True, nogil=True, fastmath=True)(_entry_dots_py)
-    _triple_dots = _numba.njit(cache=True, nogil=True, fastmath=True)(_triple_dots_py)
-except ImportError:  # pragma: no cover - odd platforms
-    _entry_dots = _triple_dots = None
+_dots = compiled_loop(_dots_py, fastmath=True)
 
 
 def compiled() -> bool:
     """Whether the compiled loop is available (numba); else torch computes the same."""
-    return _entry_dots is not None
+    return _dots is not None
 
 
 def _native(*tensors) -> bool:
@@ -80,9 +66,9 @@ def triple_dots(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ia: np.ndarra
     """Σ_z a[ia[k], z] · b[ib[k], z] · c[ic[k], z] per k, float64 [K], from float32 [·, h]
     operands (module docstring)."""
     if _native(a, b, c):
-        out = np.empty(len(ia), dtype=np.float32)
+        out, pairs = np.empty(len(ia), dtype=np.float32), np.empty(len(ia), dtype=np.float32)
         if len(ia):
-            _triple_dots(a.numpy(), b.numpy(), c.numpy(), *_indices(ia, ib, ic), out)
+            _dots(a.numpy(), b.numpy(), c.numpy(), *_indices(ia, ib, ic), out, pairs)
         return torch.from_numpy(out).double()
     dev = a.device
     ia, ib, ic = (torch.as_tensor(x, device=dev) for x in _indices(ia, ib, ic))
@@ -100,8 +86,8 @@ def entry_dots(priors: torch.Tensor, emission_t: torch.Tensor, tables: torch.Ten
         joint = np.empty(K, dtype=np.float32)
         marginal = np.empty(K, dtype=np.float32)
         if K:
-            _entry_dots(priors.numpy(), emission_t.numpy(), tables.numpy(),
-                        *_indices(rows, tokens, table_rows), joint, marginal)
+            _dots(priors.numpy(), emission_t.numpy(), tables.numpy(),
+                  *_indices(rows, tokens, table_rows), joint, marginal)
         return torch.from_numpy(joint).double(), torch.from_numpy(marginal).double()
     dev = priors.device
     as_index = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=dev)  # noqa: E731

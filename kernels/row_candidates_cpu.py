@@ -24,43 +24,46 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ctrlg.kernels.cpu_loops import compiled_loop
+
 __all__ = ["top_per_row", "at_least_per_row", "compiled", "BLOCK"]
 
 #: Columns per block: one vectorised max decides whether a block can hold an entry.
 BLOCK = 64
 
 
+def _block_max_py(row, start, stop):
+    """max(row[start:stop]) (one vectorised pass under numba's fastmath)."""
+    best = row[start]
+    for v in range(start + 1, stop):
+        best = max(best, row[v])
+    return best
+
+
+_block_max = compiled_loop(_block_max_py, fastmath=True) or _block_max_py
+
+
 def _top_per_row_py(scores, rows, m, out_values, out_index):
     V = scores.shape[1]
     for i in range(rows.shape[0]):
         row = scores[rows[i]]
-        # the row's first m entries, sorted decreasingly
-        for j in range(m):
-            value = row[j]
-            k = j
-            while k > 0 and out_values[i, k - 1] < value:
-                out_values[i, k] = out_values[i, k - 1]
-                out_index[i, k] = out_index[i, k - 1]
-                k -= 1
-            out_values[i, k] = value
-            out_index[i, k] = j
-        start = m
+        filled = 0                      # out_values[i, :filled] holds the best so far, decreasing
+        start = 0
         while start < V:
             stop = min(V, start + BLOCK)
-            block_max = row[start]
-            for v in range(start + 1, stop):
-                block_max = max(block_max, row[v])
-            if block_max > out_values[i, m - 1]:
+            block_max = _block_max(row, start, stop)
+            if filled < m or block_max > out_values[i, m - 1]:
                 for v in range(start, stop):
                     value = row[v]
-                    if value > out_values[i, m - 1]:
-                        k = m - 1
+                    if filled < m or value > out_values[i, m - 1]:
+                        k = filled if filled < m else m - 1      # insertion sort into the top m
                         while k > 0 and out_values[i, k - 1] < value:
                             out_values[i, k] = out_values[i, k - 1]
                             out_index[i, k] = out_index[i, k - 1]
                             k -= 1
                         out_values[i, k] = value
                         out_index[i, k] = v
+                        filled = min(filled + 1, m)
             start = stop
 
 
@@ -73,9 +76,7 @@ def _at_least_per_row_py(scores, rows, floor, max_entries, out_tokens, counts):
         start = 0
         while start < V:
             stop = min(V, start + BLOCK)
-            block_max = row[start]
-            for v in range(start + 1, stop):
-                block_max = max(block_max, row[v])
+            block_max = _block_max(row, start, stop)
             if block_max >= bar:
                 for v in range(start, stop):
                     if row[v] >= bar:
@@ -86,12 +87,8 @@ def _at_least_per_row_py(scores, rows, floor, max_entries, out_tokens, counts):
         counts[i] = n
 
 
-try:   # compiled loops when numba is installed (a dependency)
-    import numba as _numba
-    _top_per_row = _numba.njit(cache=True, nogil=True, fastmath=True)(_top_per_row_py)
-    _at_least_per_row = _numba.njit(cache=True, nogil=True, fastmath=True)(_at_least_per_row_py)
-except ImportError:  # pragma: no cover - odd platforms
-    _top_per_row = _at_least_per_row = None
+_top_per_row = compiled_loop(_top_per_row_py, fastmath=True)
+_at_least_per_row = compiled_loop(_at_least_per_row_py, fastmath=True)
 
 
 def compiled() -> bool:
