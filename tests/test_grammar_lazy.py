@@ -104,3 +104,51 @@ def test_bad_input_is_the_eager_path_s_error(tiny):
         dfa.lazy_grammar(EXAMPLES["sql"], tiny, depth=0)
     with pytest.raises(GrammarError):
         dfa.lazy_grammar("start: x", tiny)
+
+
+def _paren_depth(s: str, brackets: str = "()") -> int:
+    depth = best = 0
+    for ch in s:
+        depth += {brackets[0]: 1, brackets[1]: -1}.get(ch, 0)
+        best = max(best, depth)
+    return best
+
+
+@pytest.mark.parametrize("levels", [0, 1, 2])
+def test_max_nesting_is_the_language_cut_at_that_depth(tiny, levels):
+    """Over every string of up to 7 characters of "(1+)": the lazy automaton with max_nesting =
+    n accepts exactly the arithmetic sentences (Lark's recogniser) with parentheses ≤ n deep."""
+    import itertools
+
+    from ctrlg.dfa.cfg.earley import Recogniser
+
+    with pytest.warns(UserWarning, match=f"more than {levels} levels"):
+        lazy = dfa.lazy_grammar(EXAMPLES["arithmetic"], tiny, max_nesting=levels)
+    assert isinstance(lazy, LazyTokenDFA)
+    rec = Recogniser(dfa.grammar(EXAMPLES["arithmetic"], tiny, depth=1).bnf)
+    for k in range(1, 8):
+        for chars in itertools.product("(1+)", repeat=k):
+            s = "".join(chars)
+            expected = rec.accepts(s.encode()) and _paren_depth(s) <= levels
+            assert lazy.accepts(tiny.encode(s, add_special_tokens=False)) == expected, s
+
+
+def test_nested_outputs_parse_with_lark_and_stay_within_the_depth(tiny):
+    g = dfa.lazy_grammar(EXAMPLES["lists"], tiny, max_nesting=2, warn=False)
+    V, eos = len(tiny), tiny.eos_token_id
+    out = generate(_lm(2, V, eos), tiny, [0], g, hmm=random_hmm(4, V, 1), max_new_tokens=14,
+                   num_samples=6, seed=3, rank_by_lm=False)
+    assert out and all(g.accepts(x.token_ids) for x in out)
+    assert_parses(EXAMPLES["lists"], [x.text for x in out])
+    assert all(_paren_depth(x.text, "[]") <= 3 for x in out)    # the list and 2 levels inside
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
+def test_a_bad_max_nesting_is_a_clear_error(tiny, bad):
+    with pytest.raises(ConstraintError, match="max_nesting"):
+        dfa.lazy_grammar(EXAMPLES["lists"], tiny, max_nesting=bad)
+
+
+def test_a_regular_grammar_ignores_max_nesting_without_a_warning(tiny, recwarn):
+    assert isinstance(dfa.lazy_grammar(EXAMPLES["sql"], tiny, max_nesting=0), LazyTokenDFA)
+    assert not [w for w in recwarn if "levels deep" in str(w.message)]

@@ -16,12 +16,16 @@ self-embedding such as parentheses inside parentheses), a
 :class:`~ctrlg.dfa.lazy.LazyTokenDFA` over the grammar's minimal byte DFA: no token automaton is
 built before the first mask, each state's mask is one walk of the vocabulary trie on first use
 (what ``dfa.lazy_json_schema`` does for a schema). Other grammars get :func:`grammar`'s
-constraint.
+constraint, or, with ``max_nesting=n``, the lazy automaton of the sentences nesting at most n
+levels deep (a subset of the language, with a warning: what ``lazy_json_schema`` does for a
+recursive ``$ref``).
 """
 
 from __future__ import annotations
 
-from ctrlg.dfa.cfg.approximation import dfa_as_nfa, regular_superset
+import warnings
+
+from ctrlg.dfa.cfg.approximation import dfa_as_nfa, nesting_subset, regular_superset
 from ctrlg.dfa.cfg.constraint import GrammarConstraint, prepared_bnf
 from ctrlg.dfa.cfg.gbnf_syntax import from_gbnf
 from ctrlg.dfa.cfg.grammar_ir import Grammar
@@ -67,19 +71,35 @@ def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str 
 
 
 def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str | None = None,
-                 eos_token_id=AUTO, vocab_size: int | None = None,
-                 depth: int | str = "auto") -> LazyTokenDFA | GrammarConstraint:
+                 eos_token_id=AUTO, vocab_size: int | None = None, depth: int | str = "auto",
+                 max_nesting: int | None = None, warn: bool = True
+                 ) -> LazyTokenDFA | GrammarConstraint:
     """:func:`grammar`'s constraint, built lazily where the grammar is regular as written
     (module docstring): a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` of the same token sequences
-    (every encoding of every sentence, then EOS), whose masks are computed on first use;
-    otherwise (self-embedding recursion) :func:`grammar`'s :class:`GrammarConstraint` (``depth``
-    is its superset's). The same arguments and errors as :func:`grammar`."""
+    (every encoding of every sentence, then EOS), whose masks are computed on first use.
+
+    A self-embedding grammar gets :func:`grammar`'s :class:`GrammarConstraint` (``depth`` is its
+    superset's), unless ``max_nesting`` = n ≥ 0 is given: then the lazy automaton of its
+    sentences with at most n self-embedded levels (parentheses n deep in the arithmetic example;
+    :func:`~ctrlg.dfa.cfg.approximation.nesting_subset`), a subset of the language, announced
+    by a warning unless ``warn=False``. Otherwise the same arguments and errors as
+    :func:`grammar`; a bad ``max_nesting`` is a ConstraintError."""
     g, what = _read(text, syntax, start, depth)
+    if max_nesting is not None and (isinstance(max_nesting, bool) or not isinstance(max_nesting, int)
+                                    or max_nesting < 0):
+        raise ConstraintError(f"max_nesting must be None or an int ≥ 0, got {max_nesting!r}")
     trie = vocab_trie(tokenizer)
-    byte_dfa, _, exact = regular_superset(prepared_bnf(g, what), 1)
+    bnf = prepared_bnf(g, what)
+    byte_dfa, _, exact = regular_superset(bnf, 1)
     if not exact:
-        return GrammarConstraint(g, trie, eos_token_id=eos_token_id, vocab_size=vocab_size,
-                                 depth=depth, what=what)
+        if max_nesting is None:
+            return GrammarConstraint(g, trie, eos_token_id=eos_token_id, vocab_size=vocab_size,
+                                     depth=depth, what=what)
+        byte_dfa = nesting_subset(bnf, max_nesting)
+        if warn:
+            warnings.warn(f"{what}: sentences nesting more than {max_nesting} levels deep are "
+                          f"refused (max_nesting={max_nesting}: a subset of the language)",
+                          stacklevel=2)
     return LazyTokenDFA(LazyByteDFA(*dfa_as_nfa(byte_dfa)), trie, eos_token_id=eos_token_id,
                         vocab_size=vocab_size, what=what)
 

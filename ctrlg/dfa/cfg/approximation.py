@@ -46,7 +46,7 @@ from ctrlg.dfa.bytes_dfa import (AutomatonTooLarge, Budget, ByteDFA, ByteNFA, de
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import ConstraintError
 
-__all__ = ["regular_superset", "dfa_as_nfa", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES", "grammar_positions",
+__all__ = ["regular_superset", "nesting_subset", "dfa_as_nfa", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES", "grammar_positions",
            "check_grammar_size", "MAX_GRAMMAR_POSITIONS", "SUPERSET_BUDGET", "AUTO_BUDGET"]
 
 #: ``depth="auto"`` unrolls at most this deep ...
@@ -450,10 +450,15 @@ class Unroller:
             items.append(Inline(ref) if self._inlined(ref) else Embedded(self.memo[ref]))
         return Concat(tuple(items))
 
+    def unrolled(self, depth: int) -> ByteDFA:
+        """The start symbol unrolled to ``depth`` levels: its sentences derivable within them,
+        plus a :data:`CUT` byte where a derivation would go deeper (module docstring)."""
+        self.levels = int(depth)
+        return self.lang(self.g.start, self.levels)
+
     def top(self, depth: int) -> tuple[ByteDFA, bool]:
         """(the byte DFA of ``R_depth``, whether it is exact: no cut was reached)."""
-        self.levels = int(depth)
-        top = self.lang(self.g.start, self.levels)
+        top = self.unrolled(depth)
         if not (top.table[:, CUT] != 0).any():
             return top, True
         nfa = _NFA()
@@ -552,6 +557,25 @@ def regular_superset(g: Grammar, depth: int | str = "auto") -> tuple[ByteDFA, in
         if exact or same or bdfa.num_states * growth > AUTO_STATES:
             break
     return best
+
+
+def nesting_subset(g: Grammar, levels: int) -> ByteDFA:
+    """The byte DFA of ``L_≤n ⊆ L(g)``: the sentences derivable with at most ``levels`` = n
+    self-embedded references in a row (n = 0: none; for the arithmetic example, parentheses at
+    most n deep) — ``R_{n+1}``'s automaton with its cut edges removed, so every string that
+    would need a deeper level is refused instead of let through (module docstring). Within
+    :data:`SUPERSET_BUDGET`; ConstraintError past it."""
+    unroller = Unroller(g, Budget(SUPERSET_BUDGET.states, SUPERSET_BUDGET.work))
+    try:
+        top = unroller.unrolled(int(levels) + 1)
+    except AutomatonTooLarge:
+        raise ConstraintError(
+            f"the grammar with {levels} nesting levels needs byte automata beyond the bound of "
+            f"{SUPERSET_BUDGET.states:,} states (or {SUPERSET_BUDGET.work:,} subset entries); "
+            f"allow fewer levels") from None
+    table = top.table.copy()
+    table[:, CUT] = 0
+    return ByteDFA(table=table, accepting=top.accepting.copy(), initial=top.initial)
 
 
 def _same_dfa(a: ByteDFA, b: ByteDFA) -> bool:
