@@ -41,9 +41,10 @@ rows add up to the batch's total):
 
 ``total/LM forward`` divides by the LM's own time inside the same decode instead (prefill
 included; it moves with the machine's load as the rest of the decode does, where the floor's
-separate samples may not). The LM-only floor: the median of single-token forwards of the same model at the same number of
-rows with a KV cache of 16 tokens (``--floor-repeats`` before each repeat of the variants), times
-the number of LM calls the search made. Writes ``benchmarks/results/bench_beam_breakdown[_<dtype>].json``.
+separate samples may not). The LM-only floor: the median of single-token forwards of the same
+model at the same number of rows with a KV cache of 16 tokens (``--floor-repeats`` before each
+repeat of the variants), times the number of LM calls the search made. Writes
+``benchmarks/results/bench_beam_breakdown[_<dtype>].json``.
 """
 
 from __future__ import annotations

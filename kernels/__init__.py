@@ -4,7 +4,8 @@ reference (:mod:`ctrlg.kernels.reference`) and an equivalence test run on the CP
 ``TRITON_INTERPRET=1``; the CPU's own loops compiled with numba (:mod:`ctrlg.kernels.cpu_loops`:
 the backward-table step, :mod:`ctrlg.kernels.backward_table_cpu`; the kept-entry lookahead's row
 passes and dot products, :mod:`ctrlg.kernels.row_candidates_cpu` and
-:mod:`ctrlg.kernels.entry_dots_cpu`; each tested against the torch code it replaces); the oneDNN-packed product (:mod:`ctrlg.kernels.packed_linear`).
+:mod:`ctrlg.kernels.entry_dots_cpu`; each tested against the torch code it replaces); the
+oneDNN-packed product (:mod:`ctrlg.kernels.packed_linear`).
 
 May import: its own modules and third-party packages (torch, triton, numba); nothing else of ctrlg.
 """

@@ -37,8 +37,8 @@ part for large beam scores) on every comparison covers float rounding, so the pi
 full computation's up to ties within rounding.
 
 Cost per step: two reads of the LM's [R, V] scores (the top tokens and the entries above the
-floors, each one compiled pass: :mod:`ctrlg.kernels.row_candidates_cpu`) and one [R, V] fill, O(h) per scored entry (a few times K per
-input at 8–128 beams on CommonGen: a few hundred to a few thousand, against R·V for the product),
+floors, each one compiled pass: :mod:`ctrlg.kernels.row_candidates_cpu`) and one [R, V] fill,
+O(h) per scored entry (a few times K per input at 8–128 beams on CommonGen: a few hundred to a few thousand, against R·V for the product),
 and O(h · pairs) per row: independent of V·h, so an HMM of h = 2,048 costs little more than
 h = 512.
 """

@@ -46,7 +46,8 @@ from ctrlg.dfa.bytes_dfa import (AutomatonTooLarge, Budget, ByteDFA, ByteNFA, de
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import ConstraintError
 
-__all__ = ["regular_superset", "nesting_subset", "dfa_as_nfa", "Unroller", "MAX_AUTO_DEPTH", "AUTO_STATES", "grammar_positions",
+__all__ = ["regular_superset", "nesting_subset", "dfa_as_nfa", "Unroller", "MAX_AUTO_DEPTH",
+           "AUTO_STATES", "grammar_positions",
            "check_grammar_size", "MAX_GRAMMAR_POSITIONS", "SUPERSET_BUDGET", "AUTO_BUDGET"]
 
 #: ``depth="auto"`` unrolls at most this deep ...
