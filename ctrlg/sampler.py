@@ -145,9 +145,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             :func:`ctrlg.lm.beam_scores.record_beam_scores` (which also tells the exact K; one
             above ``keep_top`` is a ConstraintError), its input's K best running scores — and −inf
             elsewhere (:mod:`ctrlg.guide.beam_candidates`): the same beams and scores, without
-            the [R, h]·[h, V] product on the rows that settle. Ignored for constraints whose
-            exact mask refines their automaton (grammars, the canonical filter). None: every
-            score.
+            the [R, h]·[h, V] product on the rows that settle. After the first step the
+            returned scores are written into the input ``scores`` (float32) when they can be,
+            instead of a new [R, V] buffer: read the input before calling the processor if you
+            need it after. Ignored for constraints whose exact mask refines their automaton
+            (grammars, the canonical filter). None: every score.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -313,9 +315,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                                     priors[rows_t.to(priors.device)], remaining, self.strength,
                                     first=first)
 
-        if not first:
+        if not first:   # the result overwrites ``lm`` where it can (keep_top's docstring)
+            reuse = lm.dtype == torch.float32 and lm.is_contiguous()
             return top_lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
-                                        self.strength, first, keep, running, groups, full)
+                                        self.strength, first, keep, running, groups, full,
+                                        out=lm if reuse else None)
         copy = _copies_of_previous(lm, table_of_row, states, priors)
         distinct = np.flatnonzero(~copy)
         source = np.cumsum(~copy) - 1                     # each row's distinct original

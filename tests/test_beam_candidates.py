@@ -182,6 +182,15 @@ def test_kept_entries_equal_the_full_lookahead(name, table, strength):
                                        keep, full=full_rows)
             _check_kept(out, full, min(keep, V))
             rows_seen += R
+            # written into the scores themselves (the processor's way): the same result, the
+            # fallback rows read before the fill
+            scratch = lm.clone()
+            same = top_lookahead_scores(
+                scratch, [table], tor, states, priors, remaining, strength, first, keep,
+                full=lambda rows: lookahead_scores(scratch[rows], [table], tor[rows], states[rows],
+                                                   priors[rows], remaining, strength, first=first),
+                out=scratch)
+            assert same.data_ptr() == scratch.data_ptr() and torch.equal(same, out)
         beams = R // 2
         running = -5 * torch.rand(2 * beams, generator=torch.Generator().manual_seed(remaining))
         running[1] = -1e9                                   # transformers' placeholder beams
@@ -213,6 +222,16 @@ def test_crowded_and_lost_rows_fall_back_to_the_full_scores(monkeypatch):
     out = top_lookahead_scores(lm, [table], tor, states, priors, N - 1, 1.0, False, 4, full=full_rows)
     _check_kept(out, full, 4)
     assert called and len(called[-1]) > 0
+    def full_of(scores):                                     # the fallback rows from ``scores``
+        return lambda rows: lookahead_scores(scores[rows], [table], tor[rows], states[rows],
+                                             priors[rows], N - 1)
+
+    expected = top_lookahead_scores(lm, [table], tor, states, priors, N - 1, 1.0, False, 4,
+                                    full=full_of(lm))
+    scratch = lm.clone()                                     # fallback rows read before the fill
+    same = top_lookahead_scores(scratch, [table], tor, states, priors, N - 1, 1.0, False, 4,
+                                full=full_of(scratch), out=scratch)
+    assert torch.equal(same, expected)
     monkeypatch.undo()
 
     original = type(table).entry_log_ratios

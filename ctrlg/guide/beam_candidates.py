@@ -65,12 +65,15 @@ MAX_ENTRIES = 4096
 def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], table_of_row: np.ndarray,
                          states: np.ndarray, priors: torch.Tensor, remaining: int, strength: float,
                          first: bool, keep: int, running: torch.Tensor | None = None,
-                         groups: np.ndarray | None = None, full=None) -> torch.Tensor:
+                         groups: np.ndarray | None = None, full=None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
     """Lookahead scores [R, V] (module docstring): exact at every entry that can be among the
     ``keep`` best of its row — or, with ``running`` [R] beam scores and ``groups`` [R] (the
     input of each row), among the ``keep`` best ``running + score`` of its input — and −inf
     elsewhere. ``full(rows)``: the full lookahead scores of those rows (for the rows that fall
-    back); ``strength`` > 0."""
+    back); ``strength`` > 0. ``out``: a float32 [R, V] tensor to write the result into, which
+    may be ``scores`` itself (everything is read from ``scores`` before it is overwritten): the
+    −inf fill then writes memory already in use instead of a fresh [R, V] buffer."""
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = scores.shape
@@ -141,16 +144,17 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
         entries.add(open_rows[at], columns)
     fallback |= entries.lost_rows(R)
 
-    out = torch.full((R, V), -math.inf, device=dev)
+    where = np.flatnonzero(fallback)
+    if len(where) and full is None:
+        raise ValueError("rows need the full lookahead scores but no `full` was given")
+    full_rows = full(where).float() if len(where) else None     # read before ``out`` is filled
+    out = out.fill_(-math.inf) if out is not None else torch.full((R, V), -math.inf, device=dev)
     rows, tokens, values = entries.result()
     keep_entry = ~fallback[rows]
     out[torch.as_tensor(rows[keep_entry], device=dev),
         torch.as_tensor(tokens[keep_entry], device=dev)] = values[torch.as_tensor(keep_entry, device=dev)].float()
-    if fallback.any():
-        if full is None:
-            raise ValueError("rows need the full lookahead scores but no `full` was given")
-        where = np.flatnonzero(fallback)
-        out[torch.as_tensor(where, device=dev)] = full(where).float()
+    if full_rows is not None:
+        out[torch.as_tensor(where, device=dev)] = full_rows
     return out
 
 
