@@ -8,7 +8,9 @@ module's callers then take its torch equivalent.
 
 from __future__ import annotations
 
-__all__ = ["compiled_loop", "NUMBA"]
+import torch
+
+__all__ = ["compiled_loop", "NUMBA", "numpy_ready"]
 
 try:
     import numba as _numba
@@ -24,3 +26,10 @@ def compiled_loop(fn, *, fastmath: bool = False):
     if _numba is None:
         return None
     return _numba.njit(cache=True, nogil=True, fastmath=fastmath)(fn)
+
+
+def numpy_ready(*tensors) -> bool:
+    """Whether the compiled loops can take ``tensors`` as numpy views: numba installed, and
+    every tensor float32, contiguous and on the CPU (else the callers' torch equivalents run)."""
+    return NUMBA and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                         for t in tensors)

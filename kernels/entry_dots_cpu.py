@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ctrlg.kernels.cpu_loops import compiled_loop
+from ctrlg.kernels.cpu_loops import compiled_loop, numpy_ready
 
 __all__ = ["entry_dots", "triple_dots", "compiled"]
 
@@ -52,11 +52,6 @@ def compiled() -> bool:
     return _dots is not None
 
 
-def _native(*tensors) -> bool:
-    return compiled() and all(t.device.type == "cpu" and t.dtype == torch.float32 and
-                              t.is_contiguous() for t in tensors)
-
-
 def _indices(*arrays) -> list[np.ndarray]:
     return [np.ascontiguousarray(a, dtype=np.int64) for a in arrays]
 
@@ -65,7 +60,7 @@ def triple_dots(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ia: np.ndarra
                 ib: np.ndarray, ic: np.ndarray) -> torch.Tensor:
     """Σ_z a[ia[k], z] · b[ib[k], z] · c[ic[k], z] per k, float64 [K], from float32 [·, h]
     operands (module docstring)."""
-    if _native(a, b, c):
+    if numpy_ready(a, b, c):
         out, pairs = np.empty(len(ia), dtype=np.float32), np.empty(len(ia), dtype=np.float32)
         if len(ia):
             _dots(a.numpy(), b.numpy(), c.numpy(), *_indices(ia, ib, ic), out, pairs)
@@ -81,7 +76,7 @@ def entry_dots(priors: torch.Tensor, emission_t: torch.Tensor, tables: torch.Ten
     """(joint, marginal), float64 [K] each (module docstring): float32 ``priors`` [R, h],
     ``emission_t`` [V, h] and ``tables`` [rows, h]; entry k reads row ``rows[k]`` of the priors,
     ``tokens[k]`` of the emission and ``table_rows[k]`` of the tables."""
-    if _native(priors, emission_t, tables):
+    if numpy_ready(priors, emission_t, tables):
         K = len(rows)
         joint = np.empty(K, dtype=np.float32)
         marginal = np.empty(K, dtype=np.float32)

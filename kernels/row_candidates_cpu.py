@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ctrlg.kernels.cpu_loops import compiled_loop
+from ctrlg.kernels.cpu_loops import compiled_loop, numpy_ready
 
 __all__ = ["top_per_row", "at_least_per_row", "compiled", "BLOCK"]
 
@@ -98,8 +98,7 @@ def compiled() -> bool:
 
 def _cpu_rows(scores: torch.Tensor, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(float32 numpy view of ``scores``, int64 rows) when the compiled loops apply, else None."""
-    if not compiled() or scores.device.type != "cpu" or scores.dtype != torch.float32 \
-            or not scores.is_contiguous():
+    if not numpy_ready(scores):
         return None
     return scores.numpy(), np.ascontiguousarray(rows, dtype=np.int64)
 

@@ -74,7 +74,6 @@ class EntryWeights:
         dev, R = priors.device, len(states)
         rr = torch.as_tensor(remaining - 1, device=dev)
         scale = self.log_scale
-        d = torch.as_tensor(self.dfa.default[states], device=dev)
         has = torch.as_tensor(self.has_default[states], device=dev)
         rows_t = torch.arange(R, device=dev)
         S = self.dfa.num_states
@@ -84,6 +83,7 @@ class EntryWeights:
         default_np = np.where(self.has_default[states], self.dfa.default[states], 0)
         default = triple_dots(priors, tables, self._nonexc_mass, np.arange(R),
                               steps_np * S + default_np, states).to(dev)
+        d = torch.as_tensor(default_np, device=dev)                  # rows without one: masked
         terms = [torch.where(has, torch.log(default) + scale[rr, d], -math.inf)]
         owners = [rows_t]
         lo, hi = self._pair_ptr[states], self._pair_ptr[states + 1]

@@ -63,8 +63,8 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     state ``states[i]`` with prior ``priors[i]`` (None: logical guidance) and ``remaining`` tokens
     left (including v; one count for all rows, or one per row: the rows of a table and budget
     are one query, and the queries of one HMM one product, :func:`log_ratios`). Rows whose state
-    cannot reach acceptance get −inf everywhere. With ``shifted`` a row may be off by a constant (:meth:`GuideTables.log_ratio`). A list
-    ``log_accept`` (not with ``shifted``) receives log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v |
+    cannot reach acceptance get −inf everywhere. With ``shifted`` a row may be off by a constant
+    (:meth:`GuideTables.log_ratio`). A list ``log_accept`` (not with ``shifted``) receives log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v |
     x≤t) + log p_hmm(α | x≤t, v)), float32 [R] (−inf on rows that cannot reach acceptance), with
     the marginal p_hmm(v | x≤t) read off the same products."""
     if log_accept is not None and (shifted or priors is None):

@@ -99,7 +99,7 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
         proc = cache[key]
         proc.reset()
         proc.strength = float(spec.get("strength", 1.0))
-        proc.keep_top = search.keep_top() if proc.beam_score == "lookahead" else None
+        proc.keep_top = search.keep_top()              # None unless the lookahead ranks beams
         processors = [proc]
     recorder = None
     if rerank_from_search(model, decoding, cfg):   # each beam's log p_lm summed during the search
