@@ -7,7 +7,7 @@ rows s of the band B_r (``rows``), with the exceptions grouped by (source, succe
 
     m_s      = max(c_{r-1}(default(s)), max_p c_{r-1}(dst_p), [EOS live] c_eos)
     G[s, z'] = (Ŵ[default(s), z'] · e^{c(default(s)) − m_s}) · M[s, z']
-             + Σ_{p: src_p = s} (Ŵ[dst_p, z'] · Ē_p[z']) · e^{c(dst_p) − m_s}
+             + Σ_{p: src_p = s} (Ŵ[dst_p, z'] · Ē_p[z']) · e^{c(dst_p) − m_s}   (Ē_p = row pair_row[p])
              + eos_term[s, z'] · e^{c_eos − m_s}
     raw      = G · Aᵀ                                             ((|B_r|×h)·(h×h), oneDNN)
     Ŵ_r(s)   = raw_s / max_z raw_s,   c_r(s) = m_s + log max_z raw_s
@@ -41,8 +41,8 @@ __all__ = ["recurrence_step_cpu", "compiled"]
 TINY = float(np.finfo(np.float32).tiny)
 
 
-def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_emission,
-                eos_term, eos_live, eos_log, eos_ok, g, m_out):
+def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row,
+                pair_emission, eos_term, eos_live, eos_log, eos_ok, g, m_out):
     """G (module docstring) into ``g`` [len(rows), h]; each row's m_s into ``m_out``."""
     h = g.shape[1]
     for i in range(rows.shape[0]):
@@ -62,11 +62,12 @@ def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair
             g[i, z] = (w_prev[d, z] * coef) * mass[s, z]
         for p in range(pair_ptr[s], pair_ptr[s + 1]):
             t = pair_dst[p]
+            e = pair_row[p]
             coef = np.float32(np.exp(c_prev[t] - m_safe))
             if coef == 0.0:       # the successor is dead (or negligible): exact zeros
                 continue
             for z in range(h):
-                g[i, z] += (w_prev[t, z] * pair_emission[p, z]) * coef
+                g[i, z] += (w_prev[t, z] * pair_emission[e, z]) * coef
         if live:
             coef = np.float32(np.exp(eos_log - m_safe))
             for z in range(h):
@@ -104,7 +105,8 @@ def compiled() -> bool:
 
 def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray,
                         default: np.ndarray, has_default: np.ndarray, mass: np.ndarray,
-                        pair_ptr: np.ndarray, pair_dst: np.ndarray, pair_emission: np.ndarray,
+                        pair_ptr: np.ndarray, pair_dst: np.ndarray, pair_row: np.ndarray,
+                        pair_emission: np.ndarray,
                         eos_term: np.ndarray, eos_live: np.ndarray, eos_log: float, eos_ok: bool,
                         feasible: np.ndarray, transition_t: torch.Tensor,
                         w_out: np.ndarray, c_out: np.ndarray) -> None:
@@ -113,7 +115,7 @@ def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray
     ``transition_t`` is Aᵀ, float32."""
     g = np.empty((len(rows), w_prev.shape[1]), dtype=np.float32)
     m = np.empty(len(rows), dtype=np.float64)
-    _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_emission,
+    _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row, pair_emission,
              eos_term, eos_live, float(eos_log) if eos_ok else -math.inf, bool(eos_ok), g, m)
     raw = (torch.from_numpy(g) @ transition_t).numpy()
     _normalise(raw, m, rows, feasible, w_out, c_out, TINY)

@@ -26,6 +26,22 @@ def test_the_loops_are_compiled():
     assert kernel.compiled()                         # numba is a dependency
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), R=st.integers(1, 5), V=st.integers(1, 300), ties=st.booleans())
+def test_block_maxima_are_each_blocks_maximum(seed, R, V, ties):
+    scores = _scores(seed, R, V, ties)
+    got = kernel.block_maxima(scores)
+    width = kernel.BLOCK
+    expected = [[max(row[b:b + width]) for b in range(0, V, width)] for row in scores.tolist()]
+    assert got.tolist() == expected                  # the short last block included
+
+
+def test_a_shared_block_maxima_of_the_wrong_shape_is_refused():
+    scores = _scores(0, 3, 200, False)
+    with pytest.raises(ValueError, match="block_max has shape"):
+        kernel.top_per_row(scores, np.arange(3), 4, block_max=kernel.block_maxima(scores[:2]))
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), R=st.integers(1, 6), V=st.integers(1, 300),
        m=st.integers(1, 12), ties=st.booleans())
@@ -33,7 +49,8 @@ def test_top_per_row_equals_torch_topk(seed, R, V, m, ties):
     scores = _scores(seed, R, V, ties)
     m = min(m, V)
     rows = np.arange(R)[::-1].copy()                # any order, as listed
-    values, index = kernel.top_per_row(scores, rows, m)
+    shared = kernel.block_maxima(scores) if seed % 2 else None     # given, or computed inside
+    values, index = kernel.top_per_row(scores, rows, m, block_max=shared)
     expected, _ = torch.topk(scores[torch.as_tensor(rows)], m)
     assert torch.equal(values, expected)             # the same values, decreasing
     picked = scores[torch.as_tensor(rows)[:, None], index]
@@ -49,7 +66,8 @@ def test_at_least_per_row_equals_a_full_comparison(seed, R, V, cap, ties):
     rows = np.array([r for r in range(R) if r % 2 == 0] + [r for r in range(R) if r % 2])
     floor = np.random.default_rng(seed).normal(size=len(rows)) * 4
     floor[0] = -math.inf                             # every finite entry and −inf itself
-    at, columns, counts = kernel.at_least_per_row(scores, rows, floor, cap)
+    shared = kernel.block_maxima(scores) if seed % 2 else None
+    at, columns, counts = kernel.at_least_per_row(scores, rows, floor, cap, block_max=shared)
     hit = scores[torch.as_tensor(rows)] >= torch.as_tensor(floor, dtype=torch.float32)[:, None]
     assert counts.tolist() == hit.sum(1).tolist()
     r, v = hit.nonzero(as_tuple=True)

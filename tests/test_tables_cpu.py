@@ -85,6 +85,23 @@ def test_letter_emission_sums_equal_brute_force(eos):
     assert bool((got >= 0).all())
 
 
+def test_pairs_with_the_same_letters_share_one_emission_row():
+    """Ē is stored once per distinct letter set: two pairs share a row exactly when their
+    exceptions carry the same letters, and every row is used."""
+    hmm = random_hmm(4, 20, 5)
+    for seed in range(4):
+        dfa = random_letter_dfa(9, 20, seed)
+        tables = GuideTables(dfa, hmm, 3, precision="float32", eos_token_id=[19])
+        src, dst = tables._pair_src_t.numpy(), tables._pair_dst_t.numpy()
+        letters = [frozenset(tables.exc.tok[(tables.exc.src == s) & (tables.exc.dst == t)].tolist())
+                   for s, t in zip(src, dst)]
+        row = tables._pair_row
+        assert sorted(set(row.tolist())) == list(range(len(tables._pair_emission)))
+        for a in range(len(row)):
+            for b in range(len(row)):
+                assert (row[a] == row[b]) == (letters[a] == letters[b])
+
+
 def test_pairs_group_exceptions_by_source_and_successor():
     """Ē_{s,t} sums the letters of s that lead to t; every exception lands in its pair."""
     hmm = random_hmm(4, 20, 5)
@@ -96,6 +113,7 @@ def test_pairs_group_exceptions_by_source_and_successor():
         k = np.flatnonzero((tables.exc.src == s) & (tables.exc.dst == t))
         assert len(k)
         want = tables._emission_rows[torch.as_tensor(tables.exc.tok[k])].double().sum(0)
-        torch.testing.assert_close(tables._pair_emission[p].double(), want, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(tables._pair_emission[tables._pair_row[p]].double(), want,
+                                   rtol=1e-6, atol=1e-7)
     assert len(src) == len({(int(s), int(t)) for s, t in zip(tables.exc.src, tables.exc.dst)})
     assert math.isfinite(tables.log_prob_accept())

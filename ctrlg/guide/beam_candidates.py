@@ -52,7 +52,8 @@ import numpy as np
 import torch
 
 from ctrlg.guide.feasibility import Feasibility
-from ctrlg.kernels.row_candidates_cpu import at_least_per_row, top_per_row
+from ctrlg.kernels.cpu_loops import numpy_ready
+from ctrlg.kernels.row_candidates_cpu import at_least_per_row, block_maxima, top_per_row
 
 __all__ = ["top_lookahead_scores", "MARGIN", "MAX_ENTRIES"]
 
@@ -83,12 +84,12 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     prev = np.zeros(R)
     common = np.full(R, -math.inf)
     small = []
-    for k in np.unique(table_of_row):
-        rows = np.flatnonzero(table_of_row == k)
+    split = _split_by_table(table_of_row, states, priors)
+    for k, (rows, table_states, table_priors) in split.items():
         table = tables[k]
         if not first:
-            prev[rows] = table.log_accept_rows(states[rows], priors[rows], remaining).cpu().numpy()
-        bound, (srow, stok, sbound) = table.successor_bounds(states[rows], remaining)
+            prev[rows] = table.log_accept_rows(table_states, table_priors, remaining).cpu().numpy()
+        bound, (srow, stok, sbound) = table.successor_bounds(table_states, remaining)
         common[rows] = bound
         small.append((rows[srow], stok, sbound))
     live = np.isfinite(prev) & np.array([tables[k].feasible[remaining, s]
@@ -97,15 +98,16 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     fallback[~np.isfinite(prev) & live] = True          # p_hmm(α | x≤t) underflowed: the full path
     live &= ~fallback
     beta = np.where(live, w * (common - prev), -math.inf)
-    entries = _Entries(lm, tables, table_of_row, states, priors, remaining, w, prev)
+    entries = _Entries(lm, tables, table_of_row, split, remaining, w, prev)
 
     # 1. each live row's m₀ tokens of largest l, and its EOS tokens
     per_row = keep if running is None else max(4, -(-2 * keep // max(1, _largest_group(groups))))
     m0 = min(V, per_row)
     live_rows = np.flatnonzero(live)
     top_l = np.full(R, -math.inf)
+    blocks = block_maxima(lm) if len(live_rows) and numpy_ready(lm) else None   # shared by both passes
     if len(live_rows):
-        values, index = top_per_row(lm, live_rows, m0)
+        values, index = top_per_row(lm, live_rows, m0, blocks)
         top_l[live_rows] = values[:, -1].double().cpu().numpy()
         entries.add(np.repeat(live_rows, m0), index.reshape(-1).cpu().numpy())
         eos = _eos_ids(tables)
@@ -123,7 +125,7 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
         if not len(short):
             break
         m = min(V, MAX_ENTRIES, 4 * m)
-        values, index = top_per_row(lm, short, m)
+        values, index = top_per_row(lm, short, m, blocks)
         top_l[short] = values[:, -1].double().cpu().numpy()
         entries.add(np.repeat(short, m), index.reshape(-1).cpu().numpy())
         theta = _thresholds(entries, R, keep, running, groups)
@@ -139,7 +141,7 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     open_rows = np.flatnonzero(settle & (top_l + beta >= theta - margin))
     if len(open_rows):
         floor = theta[open_rows] - beta[open_rows] - margin[open_rows]
-        at, columns, counts = at_least_per_row(lm, open_rows, floor, MAX_ENTRIES)
+        at, columns, counts = at_least_per_row(lm, open_rows, floor, MAX_ENTRIES, blocks)
         fallback[open_rows[counts > MAX_ENTRIES]] = True
         entries.add(open_rows[at], columns)
     fallback |= entries.lost_rows(R)
@@ -158,17 +160,30 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     return out
 
 
+def _split_by_table(table_of_row: np.ndarray, states: np.ndarray, priors: torch.Tensor) -> dict:
+    """table → (its rows, their states, their priors [rows, h] contiguous), gathered once per
+    step (every pass of the step reads them; one table's rows are ``priors`` itself)."""
+    split = {}
+    for k in np.unique(table_of_row):
+        rows = np.flatnonzero(table_of_row == k)
+        part = priors if len(rows) == len(table_of_row) else \
+            priors[torch.as_tensor(rows, device=priors.device)]
+        split[int(k)] = rows, states[rows], part.contiguous()
+    return split
+
+
 class _Entries:
     """The exactly scored entries so far: (row, token) pairs, their scores, lost rows."""
 
-    def __init__(self, lm, tables, table_of_row, states, priors, remaining, w, prev):
+    def __init__(self, lm, tables, table_of_row, split, remaining, w, prev):
         self.lm, self.tables, self.table_of_row = lm, tables, table_of_row
-        self.states, self.priors, self.remaining, self.w = states, priors, remaining, w
+        self.remaining, self.w = remaining, w
         self.prev = torch.as_tensor(prev, device=lm.device)
         self.V = lm.shape[1]
         self._keys = np.zeros(0, dtype=np.int64)
         self._values = torch.zeros(0, dtype=torch.float64, device=lm.device)
         self._lost = np.zeros(0, dtype=np.int64)
+        self._split = split                  # _split_by_table
 
     def add(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Score the new (row, token) entries exactly (entries already scored are skipped)."""
@@ -180,11 +195,10 @@ class _Entries:
         values = torch.empty(len(keys), dtype=torch.float64, device=self.lm.device)
         for k in np.unique(self.table_of_row[rows]):
             at = np.flatnonzero(self.table_of_row[rows] == k)
-            table_rows = np.flatnonzero(self.table_of_row == k)
+            table_rows, table_states, table_priors = self._split[int(k)]
             local = np.searchsorted(table_rows, rows[at])
-            ratio, lost = self.tables[k].entry_log_ratios(
-                local, tokens[at], self.states[table_rows],
-                self.priors[torch.as_tensor(table_rows, device=self.priors.device)], self.remaining)
+            ratio, lost = self.tables[k].entry_log_ratios(local, tokens[at], table_states,
+                                                          table_priors, self.remaining)
             values[torch.as_tensor(at, device=values.device)] = ratio.to(values.device)
             self._lost = np.concatenate([self._lost, rows[at][lost]])
         rows_t = torch.as_tensor(rows, device=self.lm.device)

@@ -93,7 +93,7 @@ class EntryWeights:
             rows_p = torch.as_tensor(rows, device=dev)
             dst = self._pair_dst[pairs]
             value = triple_dots(priors, tables, self._pair_emission, rows,
-                                steps_np[rows] * S + dst, pairs).to(dev)
+                                steps_np[rows] * S + dst, self._pair_row[pairs]).to(dev)
             terms.append(torch.log(value) + scale[rr[rows_p], torch.as_tensor(dst, device=dev)])
             owners.append(rows_p)
         eos_rows, eos_tokens = self._allowed_eos(states, remaining)
