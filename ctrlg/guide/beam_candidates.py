@@ -133,17 +133,22 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
                               + (0.0 if running is None else np.abs(running.double().cpu().numpy())))
     fallback |= live & ~np.isfinite(theta)
     settle = live & ~fallback
+    last_rows, last_tokens = [], []       # scored together: one pass per table
     if len(small_rows):
         at = torch.as_tensor(small_rows, device=dev), torch.as_tensor(small_tok, device=dev)
         reach = lm[at].double().cpu().numpy() + w * (small_bound - prev[small_rows])
         pick = settle[small_rows] & (reach >= theta[small_rows] - margin[small_rows])
-        entries.add(small_rows[pick], small_tok[pick])
+        last_rows.append(small_rows[pick])
+        last_tokens.append(small_tok[pick])
     open_rows = np.flatnonzero(settle & (top_l + beta >= theta - margin))
     if len(open_rows):
         floor = theta[open_rows] - beta[open_rows] - margin[open_rows]
         at, columns, counts = at_least_per_row(lm, open_rows, floor, MAX_ENTRIES, blocks)
         fallback[open_rows[counts > MAX_ENTRIES]] = True
-        entries.add(open_rows[at], columns)
+        last_rows.append(open_rows[at])
+        last_tokens.append(columns)
+    if last_rows:
+        entries.add(np.concatenate(last_rows), np.concatenate(last_tokens))
     fallback |= entries.lost_rows(R)
 
     where = np.flatnonzero(fallback)
