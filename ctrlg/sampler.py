@@ -123,8 +123,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             gives every row's prior afresh at each step).
         precision: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (default: bfloat16 where the
             hardware computes it natively, :func:`ctrlg.guide.resolve_precision`) for the
-            per-token products with the emission matrix (float32 accumulation; see
-            ``ctrlg.guide.PRECISIONS``): about 2× faster on CPUs with AVX512-BF16/AMX, ≤ ~1%
+            guide's matrix products — per token with the emission matrix, the tables' recurrence
+            on the CPU and the filter's step p·A (float32 accumulation; see
+            ``ctrlg.guide.PRECISIONS``): 2-4× faster on CPUs with AVX512-BF16/AMX, ≤ ~1-3%
             relative error on the guidance term; feasibility is exact either way. Pass
             ``"float32"`` for results that reproduce bit for bit across machines.
         strength: guidance strength w ≥ 0, p ∝ p_lm · p_hmm(α | x≤t, v)^w (:mod:`ctrlg.guide.guidance`;
@@ -202,7 +203,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         resolve_precision(precision)      # a bad value is an error in logical mode too
         self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress, precision)
         if self.hmm is not None and prior is None:
-            prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t)
+            prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t,
+                                   precision=self.tables[0].precision)
         self.prior = prior if self.hmm is not None else None
         self.rows = RowStates([t.dfa for t in self.tables], self.prior, self.masks)
         self.reset()

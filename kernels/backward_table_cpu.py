@@ -112,10 +112,11 @@ def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray
                         w_out: np.ndarray, c_out: np.ndarray) -> None:
     """One step (module docstring) for the states ``rows``, written into ``w_out`` [S, h]
     float32 (zeros) and ``c_out`` [S] float64 (−inf): numpy arrays (views of the tables);
-    ``transition_t`` is Aᵀ, float32."""
+    ``transition_t`` is Aᵀ, float32 or bfloat16 (then G is rounded to bfloat16 for the product,
+    which accumulates in float32: the guide's ``precision``)."""
     g = np.empty((len(rows), w_prev.shape[1]), dtype=np.float32)
     m = np.empty(len(rows), dtype=np.float64)
     _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row, pair_emission,
              eos_term, eos_live, float(eos_log) if eos_ok else -math.inf, bool(eos_ok), g, m)
-    raw = (torch.from_numpy(g) @ transition_t).numpy()
+    raw = (torch.from_numpy(g).to(transition_t.dtype) @ transition_t).float().numpy()
     _normalise(raw, m, rows, feasible, w_out, c_out, TINY)

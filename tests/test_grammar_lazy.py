@@ -152,3 +152,30 @@ def test_a_bad_max_nesting_is_a_clear_error(tiny, bad):
 def test_a_regular_grammar_ignores_max_nesting_without_a_warning(tiny, recwarn):
     assert isinstance(dfa.lazy_grammar(EXAMPLES["sql"], tiny, max_nesting=0), LazyTokenDFA)
     assert not [w for w in recwarn if "levels deep" in str(w.message)]
+
+
+def test_a_complete_lazy_byte_dfa_runs_as_its_dfa():
+    """LazyByteDFA.complete: every row known, states that cannot accept merged into dead; on
+    every string of up to 4 bytes over the DFA's alphabet and one byte outside it, the lazy run
+    is dead exactly where the DFA's run cannot reach acceptance, and accepts where it does."""
+    import itertools
+
+    from ctrlg.dfa.bytes_dfa import ByteDFA
+    from ctrlg.dfa.lazy import LazyByteDFA
+
+    # states: 0 dead, 1 initial, 2 after "a", 3 accepting after "ab", 4 a trap that is not 0
+    table = np.zeros((5, 256), dtype=np.int32)
+    table[1, ord("a")], table[1, ord("c")] = 2, 4
+    table[2, ord("b")], table[2, ord("a")] = 3, 2
+    table[3, ord("a")] = 2
+    table[4, :] = 4
+    byte_dfa = ByteDFA(table=table, accepting=np.array([False, False, False, True, False]), initial=1)
+    live = byte_dfa.live()
+    lazy = LazyByteDFA.complete(byte_dfa)
+    assert lazy.computed.all() and lazy.num_states == byte_dfa.num_states + 1
+    for n in range(5):
+        for word in itertools.product(b"abcx", repeat=n):
+            data = bytes(word)
+            q, d = lazy.run_bytes(lazy.initial, data), byte_dfa.run(data)
+            assert (q == DEAD) == (not live[d]), data
+            assert bool(lazy.accepting[q]) == bool(byte_dfa.accepting[d]), data

@@ -310,3 +310,20 @@ def test_precision_auto_resolves_to_what_the_hardware_has():
     hmm, dfa = random_hmm(2, 4, 0), random_dfa(3, 4, 0)
     assert build_tables(hmm, dfa, 3, precision="auto").precision == resolve_precision("auto")
     assert build_tables(hmm, dfa, 3).precision == "float32"          # the tables' default
+
+
+def test_the_filter_step_in_bfloat16_stays_within_bfloat16_rounding():
+    """HMMFilterPrior(precision="bfloat16"): p·A with bfloat16 inputs, float32 accumulation; a
+    distribution close to the float32 step's (relative error of bfloat16 rounding)."""
+    from ctrlg.guide.priors import HMMFilterPrior
+
+    hmm = random_hmm(64, 30, 3)
+    exact, low = HMMFilterPrior(hmm), HMMFilterPrior(hmm, precision="bfloat16")
+    assert low.transition.dtype == torch.bfloat16 and exact.transition.dtype == torch.float32
+    p = exact.initial(4)
+    tokens = torch.tensor([1, 7, 7, 29])
+    want, got = exact.advance(p, tokens), low.advance(p, tokens)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.sum(1), torch.ones(4))
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-6)
+    assert not torch.equal(got, want)          # the product did run in bfloat16

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 
-from ctrlg.dfa.cfg.approximation import dfa_as_nfa, nesting_subset, regular_superset
+from ctrlg.dfa.cfg.approximation import nesting_subset, regular_superset
 from ctrlg.dfa.cfg.constraint import GrammarConstraint, prepared_bnf
 from ctrlg.dfa.cfg.gbnf_syntax import from_gbnf
 from ctrlg.dfa.cfg.grammar_ir import Grammar
@@ -100,7 +100,7 @@ def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start:
             warnings.warn(f"{what}: sentences nesting more than {max_nesting} levels deep are "
                           f"refused (max_nesting={max_nesting}: a subset of the language)",
                           stacklevel=2)
-    return LazyTokenDFA(LazyByteDFA(*dfa_as_nfa(byte_dfa)), trie, eos_token_id=eos_token_id,
+    return LazyTokenDFA(LazyByteDFA.complete(byte_dfa), trie, eos_token_id=eos_token_id,
                         vocab_size=vocab_size, what=what)
 
 

@@ -282,6 +282,35 @@ class LazyByteDFA:
             else ()
         self.initial = self._intern(init) if init else DEAD
 
+    @classmethod
+    def complete(cls, dfa: ByteDFA) -> "LazyByteDFA":
+        """A lazy byte DFA whose rows are all known: ``dfa``'s, renumbered (its live state d is
+        d + 1 here, since 1 is reserved; states that cannot reach acceptance become the dead
+        state 0, as the subset construction's empty set). Nothing is determinised on first
+        use, so a state's first mask is the trie walk alone — for an automaton already
+        determinised and minimised (a regular grammar's, :func:`ctrlg.dfa.lazy_grammar`), whose
+        subset construction over an NFA copy of itself would only rebuild it row by row in
+        Python, inside the first masks. O(Q · 256) numpy work."""
+        live = dfa.live()
+        live[0] = False
+        Q = dfa.num_states
+        ids = np.where(live, np.arange(Q, dtype=np.int64) + 1, DEAD).astype(np.int32)
+        self = cls.__new__(cls)
+        self._live, self._accept, self.notes_of, self._nfa = None, -2, None, None
+        self._edges_of = self._eps_of = lambda s: ()     # no NFA: every row is computed
+        self._row_bases, self._keys, self._depths, self._class_steps = {}, {}, {}, {}
+        self.translated_rows = 0
+        self._closure, self._move = {}, {}
+        self._sets = [(), (-1,)] + [(d,) for d in range(1, Q)]
+        self._index = {subset: q for q, subset in enumerate(self._sets)}
+        self.table = np.zeros((Q + 1, 256), dtype=np.int32)
+        self.table[2:] = np.where(live[1:, None], ids[dfa.table[1:]], DEAD)
+        self.computed = np.ones(Q + 1, dtype=np.bool_)
+        self.accepting = np.zeros(Q + 1, dtype=np.bool_)
+        self.accepting[2:] = dfa.accepting[1:] & live[1:]
+        self.initial = int(ids[dfa.initial])
+        return self
+
     @property
     def num_states(self) -> int:
         """States interned so far (dead and the reserved id included)."""

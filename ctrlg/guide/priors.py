@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ctrlg.errors import ConstraintError, VocabularyMismatchError
-from ctrlg.guide.tables import forward_update
+from ctrlg.guide.tables import PRECISIONS, forward_update, resolve_precision
 
 __all__ = ["PriorSource", "HMMFilterPrior", "HeadPrior"]
 
@@ -46,11 +46,13 @@ class HMMFilterPrior:
         hmm: a :class:`ctrlg.HMM`.
         emission_t: Bᵀ [V, h] in float32 if already at hand (``GuideTables`` keeps one), so it is
             not copied twice.
+        precision: of the product p·A, "float32", "bfloat16" or "auto" (the guide's
+            ``precision``, :data:`ctrlg.guide.tables.PRECISIONS`).
     """
 
-    def __init__(self, hmm, emission_t: torch.Tensor | None = None):
+    def __init__(self, hmm, emission_t: torch.Tensor | None = None, precision: str = "float32"):
         self.hmm = hmm
-        self.transition = hmm.transition.float()
+        self.transition = hmm.transition.to(PRECISIONS[resolve_precision(precision, hmm.transition.device)])
         self.emission_t = hmm.emission.float().T.contiguous() if emission_t is None else emission_t
 
     def initial(self, num_rows: int) -> torch.Tensor:

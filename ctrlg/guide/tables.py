@@ -95,10 +95,13 @@ __all__ = [
 #: Exceptional letters with at least this many tokens are evaluated as one matrix product per
 #: letter over a contiguous block of B's columns (grouped by letter); smaller ones token by token.
 BLOCK_LETTER = 64
-#: ``precision`` of the per-token products p·B: "float32", or "bfloat16" inputs with float32
-#: accumulation (the output rounded to bfloat16: relative error ≤ ~1% on P(v | x≤t) and
-#: P(v, α | x≤t); feasibility stays exact), about 2× faster on CPUs with AVX512-BF16/AMX.
-#: "auto" (:func:`resolve_precision`) picks bfloat16 where the hardware computes it natively.
+#: ``precision`` of the guide's matrix products: "float32", or "bfloat16" inputs with float32
+#: accumulation (outputs rounded to bfloat16) for the per-token products p·B, the CPU
+#: recurrence's G·Aᵀ (:mod:`ctrlg.kernels.backward_table_cpu`; the torch and Triton steps keep
+#: float32) and the filter's p·A (:func:`forward_update`): relative error ≤ ~1% on P(v | x≤t)
+#: and P(v, α | x≤t) at the budgets of the tests, a few % after tens of recurrence steps;
+#: feasibility stays exact. 2-4× faster products on CPUs with AVX512-BF16/AMX. "auto"
+#: (:func:`resolve_precision`) picks bfloat16 where the hardware computes it natively.
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -119,13 +122,14 @@ def resolve_precision(precision: str, device: torch.device | str = "cpu") -> str
 
 def forward_update(priors: torch.Tensor, tokens: torch.Tensor, transition: torch.Tensor,
                    emission_t: torch.Tensor) -> torch.Tensor:
-    """Filtering step: q ∝ p ⊙ B[:, v]; returns p_next = q A ([R, h]). ``emission_t`` is Bᵀ
-    [V, h] (rows are contiguous). Rows where the HMM gives the chosen token probability 0 keep
-    p A (the HMM cannot explain the token; we move on)."""
+    """Filtering step: q ∝ p ⊙ B[:, v]; returns p_next = q A ([R, h], float32). ``emission_t``
+    is Bᵀ [V, h] (rows are contiguous); the product q A runs in ``transition``'s dtype (bfloat16:
+    the ``precision`` of :data:`PRECISIONS`). Rows where the HMM gives the chosen token
+    probability 0 keep p A (the HMM cannot explain the token; we move on)."""
     q = priors * emission_t[tokens]
     norm = q.sum(-1, keepdim=True)
     q = torch.where(norm > 0, q / norm.clamp_min(torch.finfo(q.dtype).tiny), priors)
-    out = q @ transition
+    out = (q.to(transition.dtype) @ transition).float()
     return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
 
 
@@ -231,6 +235,8 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
                      eos_term=self._eos_term.float().contiguous().numpy(),
                      eos_live=self._eos_live.numpy(), eos_log=self._eos_log,
                      transition_t=A.T)
+        if self.precision != "float32":                     # G·Aᵀ with bfloat16 inputs
+            fixed["transition_t"] = A.T.to(PRECISIONS[self.precision])
         w_np, c_np = w_hat.numpy(), log_scale.numpy()
         for r in steps:
             recurrence_step_cpu(w_np[r - 1], c_np[r - 1], np.flatnonzero(self.band[r]),

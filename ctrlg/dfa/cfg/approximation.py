@@ -46,7 +46,7 @@ from ctrlg.dfa.bytes_dfa import (AutomatonTooLarge, Budget, ByteDFA, ByteNFA, de
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import ConstraintError
 
-__all__ = ["regular_superset", "nesting_subset", "dfa_as_nfa", "Unroller", "MAX_AUTO_DEPTH",
+__all__ = ["regular_superset", "nesting_subset", "Unroller", "MAX_AUTO_DEPTH",
            "AUTO_STATES", "grammar_positions",
            "check_grammar_size", "MAX_GRAMMAR_POSITIONS", "SUPERSET_BUDGET", "AUTO_BUDGET"]
 
@@ -159,16 +159,6 @@ class _NFA(ByteNFA):
                     self.edges[s].append((lo, hi - 1, ids[target]))
             if dfa.accepting[q]:
                 self.eps[s].append(end)
-
-
-def dfa_as_nfa(dfa: ByteDFA) -> tuple[ByteNFA, int, int]:
-    """``dfa`` as an ε-NFA fragment (start, accept): one NFA state per live DFA state, its byte
-    runs as range edges, ε from its accepting states to ``accept`` (what the lazy token
-    automaton, :class:`ctrlg.dfa.lazy.LazyByteDFA`, determinises again on demand)."""
-    nfa = _NFA()
-    start, accept = nfa.add_state(), nfa.add_state()
-    nfa.embed(dfa, start, accept)
-    return nfa, start, accept
 
 
 def _cut_marker() -> ByteDFA:
