@@ -116,7 +116,8 @@ def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray
     which accumulates in float32: the guide's ``precision``)."""
     g = np.empty((len(rows), w_prev.shape[1]), dtype=np.float32)
     m = np.empty(len(rows), dtype=np.float64)
-    _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row, pair_emission,
-             eos_term, eos_live, float(eos_log) if eos_ok else -math.inf, bool(eos_ok), g, m)
+    _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row,
+             pair_emission, eos_term, eos_live, float(eos_log) if eos_ok else -math.inf,
+             bool(eos_ok), g, m)
     raw = (torch.from_numpy(g).to(transition_t.dtype) @ transition_t).float().numpy()
     _normalise(raw, m, rows, feasible, w_out, c_out, TINY)

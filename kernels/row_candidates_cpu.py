@@ -111,9 +111,11 @@ def _cpu_rows(scores: torch.Tensor, rows: np.ndarray, block_max: np.ndarray | No
         return None
     if block_max is None:
         block_max = block_maxima(scores)
-    elif block_max.shape != (scores.shape[0], -(-scores.shape[1] // BLOCK)):
-        raise ValueError(f"block_max has shape {block_max.shape}, expected "
-                         f"{(scores.shape[0], -(-scores.shape[1] // BLOCK))} for scores {tuple(scores.shape)}")
+    else:
+        expected = (scores.shape[0], -(-scores.shape[1] // BLOCK))
+        if block_max.shape != expected:
+            raise ValueError(f"block_max has shape {block_max.shape}, expected {expected} for "
+                             f"scores {tuple(scores.shape)}")
     return scores.numpy(), block_max, np.ascontiguousarray(rows, dtype=np.int64)
 
 

@@ -11,7 +11,8 @@ rows (by its generated prefix) and keeps
 reading log p_lm(x_t | x<t) from the parent's scores of the previous call. A hypothesis that ended
 with EOS at step t is scored L(x<t) + log p_lm(EOS | x<t) (recorded at that call for every row); one
 that ran to the token budget is scored from the last call's scores. Cost per step: one copy of the
-[B, V] scores (into the same buffer while B stays) and O(B·T) to key the rows — against a full second forward pass over every beam.
+[B, V] scores (into the same buffer while B stays) and O(B·T) to key the rows — against a full
+second forward pass over every beam.
 
 The recorded values equal the LM's own log-probabilities only when nothing rescaled the scores
 before this processor: transformers' built-in processors that merely set entries to −inf
@@ -93,7 +94,7 @@ class BeamLogLikelihoods(LogitsProcessor):
                     self._ended[(key[0], key[1] + (e,))] = total + logp
         self._rows = rows
         if self._scores is not None and self._scores.shape == scores_now.shape:
-            self._scores.copy_(scores_now)     # the previous scores are read above: reuse their memory
+            self._scores.copy_(scores_now)    # the previous ones were read above: reuse the memory
         else:
             self._scores = scores_now.clone()
         return scores
