@@ -242,6 +242,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def reset(self) -> None:
         """Forget the row states (a new ``generate`` call starts)."""
         self.rows.reset()
+        self._scored = None        # the kept path's entries of the last call (_kept_lookahead)
         self._last_width = -1
         self.prompt_length = self._fixed_prompt_length
 
@@ -250,6 +251,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         B = input_ids.shape[0]
         self._check_shapes(input_ids, scores)
         generated = self._generated(input_ids)
+        scored, self._scored = self._scored, None      # only a kept-path call leaves its entries
         table_of_row = self._table_of_dfa[np.arange(B) // (B // len(self.dfas))]
         finished = self._finished(generated)
         safe = generated.masked_fill(finished[:, None], 0) if bool(finished.any()) else generated
@@ -275,7 +277,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if self.beam_score == "lookahead" and priors is not None:
             if self.keep_top is not None and self.rows.cursors is None:
                 guided = self._kept_lookahead(lm, table_of_row, states, priors, remaining,
-                                              input_ids, generated.shape[1], active)
+                                              input_ids, generated.shape[1], active, scored)
             else:
                 guided = lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
                                           self.strength, first=generated.shape[1] == 0)
@@ -289,13 +291,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     def _kept_lookahead(self, lm: torch.Tensor, table_of_row: np.ndarray, states: np.ndarray,
                         priors: torch.Tensor, remaining: int, input_ids: torch.Tensor,
-                        length: int, active: np.ndarray) -> torch.Tensor:
+                        length: int, active: np.ndarray, scored=None) -> torch.Tensor:
         """Lookahead scores on the entries a beam search keeping :attr:`keep_top` continuations
         can pick (:func:`ctrlg.guide.beam_candidates.top_lookahead_scores`), with the search's
         running scores when :func:`ctrlg.lm.beam_scores.record_beam_scores` recorded this very
         step of a search over these rows (the same token ids). At the first step the rows of an
         input are copies (transformers repeats each input once per beam): each distinct row is
-        scored once. Raises ConstraintError when the record shows that the search keeps more
+        scored once. From the second step on, a row's log p_hmm(α | x≤t) is its parent's exact
+        entry for the row's last token, kept from the previous call (``scored``), where there is
+        one. Raises ConstraintError when the record shows that the search keeps more
         than ``keep_top`` continuations (the first step's scores may then have missed some)."""
         first = length == 0
         record = latest_beam_scores()
@@ -319,9 +323,18 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
         if not first:   # the result overwrites ``lm`` where it can (keep_top's docstring)
             reuse = lm.dtype == torch.float32 and lm.is_contiguous()
+            known = self._parents_entries(scored, active, input_ids[:, -1].cpu().numpy(),
+                                          lm.shape[1])
+
+            def remember(rows, tokens, log_ratios):      # keyed by (row of this call, token)
+                keys = active[rows] * lm.shape[1] + tokens
+                order = np.argsort(keys)
+                self._scored = keys[order], log_ratios[order]
+
             return top_lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
                                         self.strength, first, keep, running, groups, full,
-                                        out=lm if reuse else None)
+                                        out=lm if reuse else None, known_prev=known,
+                                        on_scored=remember)
         copy = _copies_of_previous(lm, table_of_row, states, priors)
         distinct = np.flatnonzero(~copy)
         source = np.cumsum(~copy) - 1                     # each row's distinct original
@@ -331,6 +344,23 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                                    self.strength, first, keep,
                                    full=lambda rows: full(distinct[rows]))
         return out[torch.as_tensor(source, device=lm.device)]
+
+    def _parents_entries(self, scored, active: np.ndarray, last_tokens: np.ndarray, V: int
+                         ) -> np.ndarray | None:
+        """log p_hmm(α | x≤t) of the ``active`` rows whose parent's entry for their last token
+        was scored exactly at the previous call (``scored``: its sorted keys row · V + token and
+        their log ratios; NaN for the other rows), or None."""
+        parents = self.rows.parents
+        if scored is None or parents is None or not len(scored[0]):
+            return None
+        keys, log_ratios = scored
+        parent = parents[active]
+        want = parent * V + last_tokens[active]
+        at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+        hit = (parent >= 0) & (keys[at] == want)
+        out = np.full(len(active), np.nan)
+        out[hit] = log_ratios[at[hit]]
+        return out
 
     def _exact_rows(self, guided: torch.Tensor, cursors: list, table_of_row: np.ndarray,
                     states: np.ndarray, remaining: int) -> torch.Tensor:

@@ -369,3 +369,36 @@ def test_keep_top_below_the_search_width_and_without_lookahead_are_refused():
         ConstraintLogitsProcessor(hmm, constraint, keep_top=8, **kw)
     with pytest.raises(ConstraintError, match="keep_top"):
         ConstraintLogitsProcessor(hmm, constraint, beam_score="lookahead", keep_top=0, **kw)
+
+
+def test_rows_take_their_parents_exact_entry_instead_of_recomputing_it(monkeypatch):
+    """From the second step on, the kept path reads a row's log p_hmm(α | x≤t) off its parent's
+    exact entry (``known_prev``) instead of recomputing it (the beams and scores equal the full
+    processor's: the comparison of every step above runs with it): few rows are recomputed."""
+    import ctrlg.sampler as sampler_module
+    from ctrlg.guide.entry_weights import EntryWeights
+
+    V, beams, eos = 48, 4, [1]
+    model = tiny_llama(V, seed=5)
+    hmm = random_hmm(6, V, seed=5, concentration=0.3)
+    constraints = [dfa.any_phrase([[3, 4], [6]], V), dfa.any_phrase([[9, 10, 11], [20]], V)]
+    recomputed, later_rows = [], []
+    accept_rows, top_scores = EntryWeights.log_accept_rows, sampler_module.top_lookahead_scores
+
+    def counting_accept(self, states, priors, remaining):
+        recomputed.append(len(states))
+        return accept_rows(self, states, priors, remaining)
+
+    def counting_top(scores, *args, **kwargs):
+        if not args[6]:                                  # ``first``
+            later_rows.append(scores.shape[0])
+        return top_scores(scores, *args, **kwargs)
+
+    monkeypatch.setattr(EntryWeights, "log_accept_rows", counting_accept)
+    monkeypatch.setattr(sampler_module, "top_lookahead_scores", counting_top)
+    proc = ConstraintLogitsProcessor(hmm, constraints, prompt_length=2, max_new_tokens=7,
+                                     min_new_tokens=2, eos_token_id=eos, precision="float32",
+                                     beam_score="lookahead", keep_top=2 * beams)
+    _search(model, [proc], beams, eos, True)
+    assert len(later_rows) >= 3
+    assert sum(recomputed) < sum(later_rows) / 2     # the second step's rows, and few others

@@ -67,14 +67,23 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
                          states: np.ndarray, priors: torch.Tensor, remaining: int, strength: float,
                          first: bool, keep: int, running: torch.Tensor | None = None,
                          groups: np.ndarray | None = None, full=None,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
+                         out: torch.Tensor | None = None, known_prev: np.ndarray | None = None,
+                         on_scored=None) -> torch.Tensor:
     """Lookahead scores [R, V] (module docstring): exact at every entry that can be among the
     ``keep`` best of its row — or, with ``running`` [R] beam scores and ``groups`` [R] (the
     input of each row), among the ``keep`` best ``running + score`` of its input — and −inf
     elsewhere. ``full(rows)``: the full lookahead scores of those rows (for the rows that fall
     back); ``strength`` > 0. ``out``: a float32 [R, V] tensor to write the result into, which
     may be ``scores`` itself (everything is read from ``scores`` before it is overwritten): the
-    −inf fill then writes memory already in use instead of a fresh [R, V] buffer."""
+    −inf fill then writes memory already in use instead of a fresh [R, V] buffer.
+
+    ``known_prev`` [R] float64: log p_hmm(α | x≤t) of the rows where it is already known (NaN
+    elsewhere, where it is computed). A row's value is its parent's exact entry log p_hmm(α |
+    x<t, x_t) of the previous step: the same quantity (the tables' recurrence), so reusing it
+    changes the scores only by float rounding, and makes the beam scores telescope exactly.
+    ``on_scored(rows, tokens, log_ratios)``: called with the exactly scored entries that are
+    written (rows of the fallback excluded) and their finite log p_hmm(α | x≤t, v), for the
+    caller to pass on as the next step's ``known_prev``."""
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = scores.shape
@@ -88,7 +97,14 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     for k, (rows, table_states, table_priors) in split.items():
         table = tables[k]
         if not first:
-            prev[rows] = table.log_accept_rows(table_states, table_priors, remaining).cpu().numpy()
+            need = np.ones(len(rows), dtype=bool) if known_prev is None else np.isnan(known_prev[rows])
+            if not need.all():
+                prev[rows[~need]] = known_prev[rows[~need]]
+            if need.any():
+                sub = np.flatnonzero(need)
+                part = table_priors if need.all() else \
+                    table_priors[torch.as_tensor(sub, device=table_priors.device)]
+                prev[rows[sub]] = table.log_accept_rows(table_states[sub], part, remaining).cpu().numpy()
         bound, (srow, stok, sbound) = table.successor_bounds(table_states, remaining)
         common[rows] = bound
         small.append((rows[srow], stok, sbound))
@@ -158,6 +174,10 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     out = out.fill_(-math.inf) if out is not None else torch.full((R, V), -math.inf, device=dev)
     rows, tokens, values = entries.result()
     keep_entry = ~fallback[rows]
+    if on_scored is not None:
+        ratios = entries.log_ratios()
+        scored = keep_entry & np.isfinite(ratios)
+        on_scored(rows[scored], tokens[scored], ratios[scored])
     out[torch.as_tensor(rows[keep_entry], device=dev),
         torch.as_tensor(tokens[keep_entry], device=dev)] = values[torch.as_tensor(keep_entry, device=dev)].float()
     if full_rows is not None:
@@ -187,6 +207,7 @@ class _Entries:
         self.V = lm.shape[1]
         self._keys = np.zeros(0, dtype=np.int64)
         self._values = torch.zeros(0, dtype=torch.float64, device=lm.device)
+        self._ratios = np.zeros(0)           # log p_hmm(α | x≤t, v) of the same entries
         self._lost = np.zeros(0, dtype=np.int64)
         self._split = split                  # _split_by_table
 
@@ -208,11 +229,13 @@ class _Entries:
             self._lost = np.concatenate([self._lost, rows[at][lost]])
         rows_t = torch.as_tensor(rows, device=self.lm.device)
         lm = self.lm[rows_t, torch.as_tensor(tokens, device=self.lm.device)].double()
+        ratios = values.cpu().numpy()
         # −inf stays −inf: w · (−inf − prev) is −inf for w > 0
         values = lm + self.w * (values - self.prev[rows_t])
         order = np.argsort(np.concatenate([self._keys, keys]), kind="stable")
         self._keys = np.concatenate([self._keys, keys])[order]
         self._values = torch.cat([self._values, values])[torch.as_tensor(order, device=values.device)]
+        self._ratios = np.concatenate([self._ratios, ratios])[order]
 
     def lost_rows(self, R: int) -> np.ndarray:
         out = np.zeros(R, dtype=bool)
@@ -221,6 +244,10 @@ class _Entries:
 
     def result(self) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
         return self._keys // self.V, self._keys % self.V, self._values
+
+    def log_ratios(self) -> np.ndarray:
+        """log p_hmm(α | x≤t, v) of the entries of :meth:`result`, in its order."""
+        return self._ratios
 
 
 def _thresholds(entries: _Entries, R: int, keep: int, running, groups) -> np.ndarray:

@@ -44,6 +44,8 @@ class RowStates:
     Attributes:
         cursors: after :meth:`update`, the rows' mask cursors (a list, ``None`` for rows whose
             mask keeps none), or ``None`` when no mask keeps one.
+        parents: after :meth:`update`, each row's parent among the previous call's rows (int64
+            [B], −1 where it has none), or ``None`` before the first call.
     """
 
     def __init__(self, dfas: Sequence[TokenDFA], prior=None, masks: Sequence | None = None):
@@ -61,6 +63,7 @@ class RowStates:
         self._states: np.ndarray | None = None
         self._priors: torch.Tensor | None = None
         self.cursors: list | None = None
+        self.parents: np.ndarray | None = None
 
     def update(self, generated: torch.Tensor, dfa_index: torch.Tensor
                ) -> tuple[np.ndarray, torch.Tensor | None]:
@@ -84,6 +87,7 @@ class RowStates:
         if any(self._stateful):
             self.cursors = self._advance_cursors(generated, dfa_index.numpy(), parent)
         self._ids, self._dfa_index, self._states, self._priors = generated, dfa_index, states, priors
+        self.parents = parent
         return states, priors
 
     def _advance_cursors(self, generated: torch.Tensor, dfa_index: np.ndarray,
