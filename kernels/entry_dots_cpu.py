@@ -61,9 +61,9 @@ def triple_dots(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ia: np.ndarra
     """Σ_z a[ia[k], z] · b[ib[k], z] · c[ic[k], z] per k, float64 [K], from float32 [·, h]
     operands (module docstring)."""
     if numpy_ready(a, b, c):
-        out, pairs = np.empty(len(ia), dtype=np.float32), np.empty(len(ia), dtype=np.float32)
-        if len(ia):
-            _dots(a.numpy(), b.numpy(), c.numpy(), *_indices(ia, ib, ic), out, pairs)
+        out, unused = np.empty(len(ia), dtype=np.float32), np.empty(len(ia), dtype=np.float32)
+        if len(ia):     # the loop's second output (the sums without c) is not needed here
+            _dots(a.numpy(), b.numpy(), c.numpy(), *_indices(ia, ib, ic), out, unused)
         return torch.from_numpy(out).double()
     dev = a.device
     ia, ib, ic = (torch.as_tensor(x, device=dev) for x in _indices(ia, ib, ic))

@@ -36,11 +36,13 @@ Rows that cannot be settled so — fewer than K finite scores, a feasible weight
 part for large beam scores) on every comparison covers float rounding, so the pick equals the
 full computation's up to ties within rounding.
 
-Cost per step: two reads of the LM's [R, V] scores (the top tokens and the entries above the
-floors, each one compiled pass: :mod:`ctrlg.kernels.row_candidates_cpu`) and one [R, V] fill,
-O(h) per scored entry (a few times K per input at 8–128 beams on CommonGen: a few hundred to a few thousand, against R·V for the product),
-and O(h · pairs) per row: independent of V·h, so an HMM of h = 2,048 costs little more than
-h = 512.
+Cost per step: one streaming read of the LM's [R, V] scores for their block maxima, then only
+the blocks that can hold the top tokens or entries above the floors (compiled passes,
+:mod:`ctrlg.kernels.row_candidates_cpu`), and one [R, V] fill; O(h) per scored entry (a few
+times K per input at 8–128 beams on CommonGen: a few hundred to a few thousand, against R·V for
+the product); and O(h · pairs) per row without a parent entry (``known_prev``: from the second
+step on, only the rows of the full fallback): independent of V·h, so an HMM of h = 2,048 costs
+little more than h = 512.
 """
 
 from __future__ import annotations
@@ -97,12 +99,10 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     for k, (rows, table_states, table_priors) in split.items():
         table = tables[k]
         if not first:
-            need = np.ones(len(rows), dtype=bool) if known_prev is None else np.isnan(known_prev[rows])
-            if not need.all():
-                prev[rows[~need]] = known_prev[rows[~need]]
-            if need.any():
-                sub = np.flatnonzero(need)
-                part = table_priors if need.all() else \
+            prev[rows] = np.nan if known_prev is None else known_prev[rows]
+            sub = np.flatnonzero(np.isnan(prev[rows]))          # rows without a parent entry
+            if len(sub):
+                part = table_priors if len(sub) == len(rows) else \
                     table_priors[torch.as_tensor(sub, device=table_priors.device)]
                 prev[rows[sub]] = table.log_accept_rows(table_states[sub], part, remaining).cpu().numpy()
         bound, (srow, stok, sbound) = table.successor_bounds(table_states, remaining)

@@ -64,9 +64,10 @@ def guidance_log_ratio(tables: Sequence[Feasibility], table_of_row: np.ndarray, 
     left (including v; one count for all rows, or one per row: the rows of a table and budget
     are one query, and the queries of one HMM one product, :func:`log_ratios`). Rows whose state
     cannot reach acceptance get −inf everywhere. With ``shifted`` a row may be off by a constant
-    (:meth:`GuideTables.log_ratio`). A list ``log_accept`` (not with ``shifted``) receives log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v |
-    x≤t) + log p_hmm(α | x≤t, v)), float32 [R] (−inf on rows that cannot reach acceptance), with
-    the marginal p_hmm(v | x≤t) read off the same products."""
+    (:meth:`GuideTables.log_ratio`). A list ``log_accept`` (not with ``shifted``) receives
+    log p_hmm(α | x≤t) = logsumexp_v(log p_hmm(v | x≤t) + log p_hmm(α | x≤t, v)), float32 [R]
+    (−inf on rows that cannot reach acceptance), with the marginal p_hmm(v | x≤t) read off the
+    same products."""
     if log_accept is not None and (shifted or priors is None):
         raise ValueError("log_accept needs the exact (unshifted) ratio of HMM guidance (priors)")
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
