@@ -74,7 +74,9 @@ from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, Vocabula
 from ctrlg.guide.canonical_masks import restrict_to_mask
 from ctrlg.guide.feasibility import Feasibility
 from ctrlg.guide.beam_candidates import top_lookahead_scores
-from ctrlg.guide.guidance import guided_log_probs, lookahead_scores
+from ctrlg.dfa.lazy import LazyTokenDFA
+from ctrlg.guide.guidance import apply_guidance, guided_log_probs, lookahead_scores
+from ctrlg.guide.horizon import MAX_REGION_STATES, HorizonGuide, HorizonRows
 from ctrlg.guide.masks import TokenMask, is_constraint, regular_automaton, token_mask
 from ctrlg.guide.priors import HeadPrior, HMMFilterPrior
 from ctrlg.guide.row_state import RowStates
@@ -138,6 +140,16 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             finished accepted beam by log p_lm(x) (:func:`ctrlg.guide.guidance.lookahead_scores`;
             one more [R, h]·[h, V] product per step). Sampling draws from the same guided
             distribution either way.
+        horizon: guide lazy automata (:class:`~ctrlg.dfa.lazy.LazyTokenDFA`, e.g.
+            :func:`ctrlg.dfa.lazy_json_schema`) without tables over the budget: exact budget
+            masks, and the HMM's estimate that the next ``horizon`` tokens stay within the
+            constraint (:mod:`ctrlg.guide.horizon`; ``horizon ≥ max_new_tokens`` is Ctrl-G's
+            exact quantity). Nothing is built before the first token. Every constraint must then
+            be lazy; ``beam_score="guided"``, the HMM's filtering prior, ``min_new_tokens=0`` and
+            no suffix (ConstraintError otherwise). None (default): tables over the budget.
+        max_region_states: with ``horizon``, the states of one lookahead region at most (the
+            horizon shrinks where more would be needed; default
+            :data:`ctrlg.guide.horizon.MAX_REGION_STATES`).
         keep_top: beam search with ``beam_score="lookahead"`` only (ConstraintError
             otherwise), the processor being the last one: the number K of continuations the
             search keeps per input (transformers: max(2, 1 + #EOS) · num_beams; a larger K is
@@ -167,6 +179,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                  suffix_ids: Sequence[int] | None = None, use_kernel: bool | None = None,
                  progress: bool | None = None, prior=None, precision: str = "auto",
                  strength: float = 1.0, beam_score: str = "guided", keep_top: int | None = None,
+                 horizon: int | None = None, max_region_states: int = MAX_REGION_STATES,
                  **old_names):
         constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
         if constraint is None:
@@ -201,6 +214,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self._fixed_prompt_length = None if prompt_length is None else int(prompt_length)
         self.prompt_length = self._fixed_prompt_length
         resolve_precision(precision)      # a bad value is an error in logical mode too
+        self.horizon_rows = None
+        if horizon is not None:
+            self._build_horizon_guides(horizon, prior, precision, max_region_states)
+            return
         self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress, precision)
         if self.hmm is not None and prior is None:
             prior = HMMFilterPrior(self.hmm, emission_t=self.tables[0]._emission_t,
@@ -239,8 +256,65 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             table_of_dfa.append(built[id(original)])
         return tables, np.asarray(table_of_dfa, dtype=np.int64)
 
+    def _build_horizon_guides(self, horizon, prior, precision, max_region_states) -> None:
+        """One :class:`~ctrlg.guide.horizon.HorizonGuide` per distinct lazy constraint."""
+        horizon = check_count("horizon", horizon, minimum=1)
+        for i, d in enumerate(self.dfas):
+            if not isinstance(d, LazyTokenDFA):
+                raise ConstraintError(f"horizon= guides lazy automata (dfa.lazy_regex, "
+                                      f"dfa.lazy_json_schema); constraint {i} is a {type(d).__name__}")
+        unsupported = [name for name, bad in (
+            ("suffix_ids", self.suffix_ids is not None), ("min_new_tokens > 0", self.min_new_tokens > 0),
+            ("a custom prior", prior is not None), ("keep_top", self.keep_top is not None),
+            ("beam_score='lookahead'", self.beam_score != "guided")) if bad]
+        if unsupported:
+            raise ConstraintError(f"horizon= does not support {', '.join(unsupported)}; leave "
+                                  f"horizon=None for tables over the budget")
+        guides, built, of_dfa = [], {}, []
+        for d in self.dfas:
+            if id(d) not in built:
+                built[id(d)] = len(guides)
+                guides.append(HorizonGuide(d, self.hmm, self.max_new_tokens, horizon=horizon,
+                                           precision=precision,
+                                           max_region_states=max_region_states))
+            of_dfa.append(built[id(d)])
+        self.tables, self._table_of_dfa = guides, np.asarray(of_dfa, dtype=np.int64)
+        self.horizon_rows = HorizonRows(guides)
+        self.prior = None
+        self.reset()
+
+    def _horizon_call(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """``__call__`` with lazy guides: exact masks and horizon estimates per row
+        (:class:`~ctrlg.guide.horizon.HorizonRows`), combined with the LM as everywhere else
+        (:func:`~ctrlg.guide.guidance.apply_guidance`)."""
+        B = input_ids.shape[0]
+        self._check_shapes(input_ids, scores)
+        generated = self._generated(input_ids)
+        finished = self._finished(generated)
+        if bool(finished.all()):
+            return scores
+        remaining = self.max_new_tokens - generated.shape[1]
+        if remaining < 1:
+            raise ConstraintError(
+                f"generation reached token {generated.shape[1] + 1} but the processor was built for "
+                f"max_new_tokens={self.max_new_tokens}; pass the same max_new_tokens to generate")
+        active = np.flatnonzero(~finished.numpy())
+        every = len(active) == B
+        guide_of_row = self._table_of_dfa[np.arange(B) // (B // len(self.dfas))][active]
+        ratio = self.horizon_rows.log_ratios(generated[torch.as_tensor(active)], guide_of_row,
+                                             remaining, use_hmm=self.hmm is not None and self.strength != 0)
+        active_t = None if every else torch.as_tensor(active, device=scores.device)
+        lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
+        guided = apply_guidance(lm, ratio.to(lm.device), self.strength if self.hmm is not None else 1.0)
+        return self._write(scores, guided, active_t)
+
     def reset(self) -> None:
         """Forget the row states (a new ``generate`` call starts)."""
+        if self.horizon_rows is not None:
+            self.horizon_rows.reset()
+            self._last_width = -1
+            self.prompt_length = self._fixed_prompt_length
+            return
         self.rows.reset()
         self._scored = None        # the kept path's entries of the last call (_kept_lookahead)
         self._last_width = -1
@@ -248,6 +322,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     # ------------------------------------------------------------------ the protocol
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.horizon_rows is not None:
+            return self._horizon_call(input_ids, scores)
         B = input_ids.shape[0]
         self._check_shapes(input_ids, scores)
         generated = self._generated(input_ids)
@@ -602,7 +678,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
              min_new_tokens: int = 0, num_samples: int = 8, seed: int = 0, rank_by_lm: bool = True,
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
              eos_token_id=None, prior_head="auto", strength: float = 1.0, precision: str = "auto",
-             contexts: ContextCache | None = None, **generate_kwargs) -> list[Generation]:
+             contexts: ContextCache | None = None, horizon: int | None = None,
+             **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
     ``rerank=`` still works, deprecated: it shadowed :func:`rerank`).
@@ -624,6 +701,9 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     (:class:`ConstraintLogitsProcessor`). ``contexts``: a
     :class:`ctrlg.lm.shared_context.ContextCache` where the prompt's encoding is looked up and kept
     (sampling and the rerank then share it, and so do later calls with the same prompt).
+    ``horizon``: guide a lazy constraint (``dfa.lazy_json_schema``, ``dfa.lazy_regex``) without
+    tables over the budget (:class:`ConstraintLogitsProcessor`; the HMM's filtering prior is
+    used, ``prior_head`` is ignored).
     """
     if "rerank" in generate_kwargs:
         rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
@@ -653,7 +733,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     _check_memory(model, len(prompt_ids), len(suffix_ids or []), max_new_tokens, num_samples,
                   num_beams, rank_by_lm)
     if isinstance(prior_head, str) and prior_head == "auto":
-        prior_head = getattr(hmm, "prior_head", None)
+        prior_head = getattr(hmm, "prior_head", None) if horizon is None else None
     head_prior = (HeadPrior(prior_head, model, hidden_size=hmm.hidden_size)
                   if prior_head is not None and mode == "ctrlg" else None)
     try:
@@ -661,7 +741,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                          max_new_tokens=max_new_tokens,
                                          min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
                                          mode=mode, suffix_ids=suffix_ids, prior=head_prior,
-                                         strength=strength, precision=precision)
+                                         strength=strength, precision=precision, horizon=horizon)
         recorder = None
         if rank_by_lm and suffix_ids is None and records_lm_log_probs(
                 model.generation_config, dict(generate_kwargs, num_beams=num_beams,

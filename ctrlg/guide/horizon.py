@@ -1,0 +1,556 @@
+"""Ctrl-G guidance over a lazy automaton: exact budget masks and a bounded lookahead horizon.
+
+The tables of :mod:`ctrlg.guide.tables` cover every state that a budget of n tokens reaches:
+O(n · S · h²) before the first token. For a JSON schema's lazy automaton
+(:class:`~ctrlg.dfa.lazy.LazyTokenDFA`) S is hundreds to tens of thousands of states, and most are
+never visited. :class:`HorizonGuide` builds nothing up front; at each step, from the row's state q
+with r tokens left, it computes two things.
+
+**Exact masks.** A token v is allowed iff δ(q, v) is live and d(δ(q, v)) ≤ r − 1, where d(s) is
+the fewest tokens from s to an accepting state (a generation that reaches acceptance with tokens to
+spare ends with EOS, and one that ends on the budget needs no EOS), and EOS is allowed iff q is
+accepting. Whether d(s) ≤ k is decided without building the budget's automaton:
+
+* an upper bound u(s) ≥ d(s): the greedy longest-match tokenisation of a shortest *byte*
+  completion of s (breadth-first over the byte DFA; every token of it spells bytes along the
+  completion's path, so it is a token path to acceptance). u(s) ≤ k proves d(s) ≤ k;
+* otherwise an exact breadth-first search over tokens from s, stopped at depth k (its distinct
+  successor states, memoised per state); a failed search records the lower bound d(s) > k.
+
+**The horizon estimate.** With horizon H, let k = min(H, r). Ctrl-G's p_hmm(α | x≤t, v) is
+replaced by p_hmm(α_k | x≤t, v), where α_k = "the next k tokens stay within the constraint, and the
+state reached after them (or the EOS before them) can still finish": the recurrence of
+:mod:`ctrlg.guide.tables` over the states within k tokens of q (a breadth-first *region*), with
+W_0(s) = [u(s) ≤ r − k] (a state whose bound does not prove feasibility counts as dead for the
+estimate; the exact mask still allows it, with the floor below), and for r' = 1..k − 1
+
+    W_r'(s) = A · g_s,   g_s = Σ_t Ē_{s,t} ⊙ W_{r'−1}(t)  +  [s accepting] · Σ_e B[:, e]
+    Ē_{s,t} = Σ_{v : δ(s, v) = t} B[:, v]                  (tokens grouped by successor)
+
+rows scaled to max 1 with a float64 log scale. Then, for the row's prior p over the hidden state of
+the next token (the HMM's filtering posterior, :mod:`ctrlg.guide.priors`),
+
+    p_hmm(α_k | x≤t, v) = (p ⊙ W_{k−1}(δ(q, v))) · B[:, v]  /  p · B[:, v]
+
+(EOS: [q accepting]). When H ≥ r this is exactly Ctrl-G's quantity (W_0 = [s accepting] there:
+u(s) ≤ 0 iff s accepts); with H < r it is a named approximation: it looks H tokens ahead and
+trusts the feasibility bound beyond. A region holds at most ``max_region_states`` states: the
+breadth-first search stops at the last depth that fits (k shrinks; at least one step). Exactly
+feasible tokens whose estimate is 0 (their region path was cut or their bound unproven) get the
+row's smallest positive ratio · e^−``RATIO_FLOOR_GAP`` (:mod:`ctrlg.guide.token_weights`), so the
+mask, not the estimate, decides what is allowed.
+
+Costs per distinct (q, k, W_0): the region's states' token rows (the lazy automaton's walks,
+memoised), Σ over its (source, successor) pairs of |tokens|·h for Ē (a loop slice's sum is kept
+per slice), k − 1 products [S_region, h]·[h, h]; per row and step one [2, h]·[h, V] product
+(p and p ⊙ W(q), the loop group) plus a gather of the other groups' columns. Regions are memoised
+per (q, k, W_0) and hold for every row and step that meets them again.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import deque
+
+import numpy as np
+import torch
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import dijkstra
+
+from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.guide.emission_operands import emission_operands
+from ctrlg.guide.tables import PRECISIONS, resolve_precision
+from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
+
+__all__ = ["HorizonGuide", "HorizonRows", "LazyFeasibility", "DEFAULT_HORIZON", "MAX_REGION_STATES"]
+
+#: Tokens of lookahead by default (the JSONSchemaBench timings of docs/json.md chose it).
+DEFAULT_HORIZON = 8
+#: States in one lookahead region at most (the horizon shrinks to the last depth that fits).
+MAX_REGION_STATES = 96
+#: A group of tokens with one successor this large is read off the dense product p ⊙ W · B
+#: instead of a gather of its columns.
+DENSE_GROUP = 2048
+#: Longest token the greedy bound u(s) tries.
+GREEDY_MATCH = 16
+
+
+_TOKEN_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _token_index(trie, eos, vocab_size) -> tuple[dict, int]:
+    """``({token bytes: a token id}, longest greedy match)`` of a vocabulary trie (non-EOS
+    tokens with bytes), built once per trie."""
+    key = (eos, vocab_size)
+    per_trie = _TOKEN_INDEX.setdefault(trie, {})
+    if key not in per_trie:
+        token_of: dict[bytes, int] = {}
+        for i, b in enumerate(trie.token_bytes):
+            if b and i != eos and i < vocab_size:
+                token_of.setdefault(bytes(b), i)
+        # a greedy match up to GREEDY_MATCH bytes (shorter tokens still give a valid bound)
+        per_trie[key] = (token_of, min(GREEDY_MATCH, max(map(len, token_of), default=1)))
+    return per_trie[key]
+
+
+class LazyFeasibility:
+    """Exact budget feasibility over a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` (module docstring):
+    :meth:`within` decides d(s) ≤ k, :meth:`mask` is the exact next-token mask."""
+
+    def __init__(self, dfa: LazyTokenDFA):
+        if not isinstance(dfa, LazyTokenDFA):
+            raise ConstraintError(f"a lazy guide needs a LazyTokenDFA, got {type(dfa).__name__}")
+        self.dfa = dfa
+        self._edges: dict[int, tuple] = {}
+        self._successors: dict[int, np.ndarray] = {}
+        self._groups: dict[int, tuple] = {}
+        self._upper: dict[tuple, float] = {}    # (s, byte distance) -> the greedy bound
+        self._exact: dict[int, int] = {}        # d(s) where a search found it
+        self._lower: dict[int, int] = {}        # d(s) ≥ this (failed searches)
+        self._token_of, self._longest = _token_index(dfa.trie, dfa.eos_token_id, dfa.vocab_size)
+        #: bytes spelled by a single token: the edges of the byte distances (so a distance in
+        #: bytes is a count of tokens, an upper bound of d)
+        self._single = np.array([bytes([c]) in self._token_of for c in range(256)])
+        self._dist, self._dist_key = None, None
+
+    # ------------------------------------------------------------------ token rows
+    def edges(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(tokens, successors, loop tokens or None)`` of live state ``s`` (EOS not included;
+        :meth:`LazyTokenDFA._expand`, memoised)."""
+        got = self._edges.get(s)
+        if got is None:
+            tok, nxt, loop = self.dfa._expand(s)
+            live = nxt != DEAD
+            got = self._edges[s] = (tok[live], nxt[live], loop if loop is not None and len(loop) else None)
+        return got
+
+    def successors(self, s: int) -> np.ndarray:
+        """The distinct live successors of ``s`` over non-EOS tokens (sorted)."""
+        if s in (DEAD, ENDED):
+            return np.zeros(0, dtype=np.int64)
+        return self.groups(s)[0]
+
+    def groups(self, s: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``(successors, token ids per successor)`` of live state ``s`` (non-EOS tokens grouped
+        by their successor; the loop slice joins the group of ``s`` itself), memoised."""
+        got = self._groups.get(s)
+        if got is None:
+            tok, nxt, loop = self.edges(s)
+            targets, inverse = np.unique(nxt, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")
+            bounds = np.searchsorted(inverse[order], np.arange(len(targets) + 1))
+            members = [tok[order[bounds[j]:bounds[j + 1]]] for j in range(len(targets))]
+            if loop is not None:
+                at = int(np.searchsorted(targets, s))
+                if at < len(targets) and targets[at] == s:
+                    members[at] = np.concatenate([loop, members[at]])
+                else:
+                    targets = np.insert(targets, at, s)
+                    members.insert(at, np.asarray(loop, dtype=np.int64))
+            got = self._groups[s] = (targets.astype(np.int64), members)
+        return got
+
+    # ------------------------------------------------------------------ d(s) ≤ k
+    def _byte_distances(self) -> np.ndarray:
+        """float64 [Q]: for every byte state, the fewest bytes to acceptance along rows built so
+        far, by bytes that are single tokens (inf where none leads there yet): an upper bound of
+        d in tokens that tightens as the automaton is explored. One multi-source shortest-path pass over the reversed
+        explored graph (scipy's compiled Dijkstra, unit weights), redone when rows were added."""
+        b = self.dfa.bdfa
+        Q = b.num_states
+        built = int(np.count_nonzero(b.computed[:Q]))
+        if self._dist is not None and self._dist_key == (Q, built):
+            return self._dist
+        rows = np.flatnonzero(b.computed[:Q])
+        rows = rows[rows > ENDED]
+        dst = b.table[rows][:, self._single].astype(np.int64)
+        src = np.repeat(rows, dst.shape[1]).reshape(dst.shape)
+        live = dst != DEAD
+        pairs = np.unique(dst[live] * Q + src[live])        # reversed edges, deduplicated
+        graph = csr_matrix((np.ones(len(pairs)), (pairs // Q, pairs % Q)), shape=(Q, Q))
+        sources = np.flatnonzero(b.accepting[:Q])
+        sources = sources[sources > ENDED]
+        if len(sources):
+            dist = dijkstra(graph, directed=True, indices=sources, min_only=True, unweighted=True)
+        else:
+            dist = np.full(Q, np.inf)
+        self._dist, self._dist_key = dist, (Q, built)
+        return dist
+
+    def _explore_from(self, s: int) -> None:
+        """Build byte rows breadth first from ``s`` until an accepting state is met."""
+        b = self.dfa.bdfa
+        seen, queue = {s}, deque([s])
+        while queue:
+            q = queue.popleft()
+            if b.accepting[q]:
+                return
+            for nxt in np.unique(b.row(q)).tolist():
+                if nxt != DEAD and nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
+
+    def upper_bound(self, s: int, k: float = -1) -> float:
+        """u(s) ≥ d(s) (module docstring), or any bound ≤ ``k`` found first: the byte distance
+        of :meth:`_byte_distances`, or, when that exceeds ``k``, the greedy tokenisation of the
+        completion it follows. inf: no completion explored yet."""
+        if s == DEAD:
+            return math.inf
+        if s == ENDED or self.dfa.is_accepting(s):
+            return 0
+        dist = self._byte_distances()
+        if s >= len(dist) or not np.isfinite(dist[s]):
+            self._explore_from(s)
+            dist = self._byte_distances()
+        if not np.isfinite(dist[s]):
+            return math.inf
+        length = int(dist[s])
+        if length <= k:
+            return length
+        key = (s, length)
+        got = self._upper.get(key)
+        if got is None:
+            got = self._upper[key] = min(length, self._greedy_tokens(self._gradient_path(s, dist)))
+        return got
+
+    def _gradient_path(self, s: int, dist: np.ndarray) -> bytes:
+        """The bytes of a completion of ``s`` that descends ``dist`` by one per byte."""
+        b = self.dfa.bdfa
+        out, q = [], s
+        while dist[q] > 0:
+            row = b.table[q]
+            byte = int(np.flatnonzero((dist[row] == dist[q] - 1) & self._single)[0])
+            out.append(byte)
+            q = int(row[byte])
+        return bytes(out)
+
+    def _greedy_tokens(self, data: bytes) -> float:
+        count, i, n = 0, 0, len(data)
+        while i < n:
+            for j in range(min(n, i + self._longest), i, -1):
+                if data[i:j] in self._token_of:
+                    i = j
+                    break
+            else:
+                return math.inf
+            count += 1
+        return count
+
+    def within(self, s: int, k: int) -> bool:
+        """Whether d(s) ≤ k: some sequence of at most ``k`` non-EOS tokens from ``s`` reaches an
+        accepting state (exact)."""
+        s, k = int(s), int(k)
+        if s == DEAD or k < 0:
+            return False
+        exact = self._exact.get(s)
+        if exact is not None:
+            return exact <= k
+        if self.upper_bound(s, k) <= k:
+            return True
+        if self._lower.get(s, 0) > k:
+            return False
+        return self._search(s, k)
+
+    def _search(self, s: int, k: int) -> bool:
+        """Breadth-first over tokens from ``s`` to depth ``k``; records d(s) or d(s) > k."""
+        seen = {s}
+        layer = [s]
+        for depth in range(k + 1):
+            for q in layer:
+                if q == ENDED or self.dfa.is_accepting(q) or self._exact.get(q) == 0:
+                    self._exact[s] = depth
+                    return True
+            if depth == k:
+                break
+            nxt = []
+            for q in layer:
+                for t in self.successors(q).tolist():
+                    if t not in seen:
+                        # a successor proven to finish within what is left ends the search early
+                        seen.add(t)
+                        nxt.append(t)
+            layer = nxt
+            if not layer:
+                break
+        self._lower[s] = k + 1
+        return False
+
+    # ------------------------------------------------------------------ the exact mask
+    def mask(self, q: int, remaining: int, eos_ok: bool = True) -> np.ndarray:
+        """bool [V]: the tokens allowed from state ``q`` with ``remaining`` tokens left (this one
+        included): live successor with d ≤ remaining − 1, EOS iff ``q`` accepts (and ``eos_ok``)."""
+        d = self.dfa
+        out = np.zeros(d.vocab_size, dtype=bool)
+        if q in (DEAD,) or remaining < 1:
+            return out
+        if q == ENDED:
+            if d.eos_token_id is not None:
+                out[d.eos_token_id] = True
+            return out
+        targets, members = self.groups(q)
+        for t, tokens in zip(targets.tolist(), members):
+            if self.within(t, remaining - 1):
+                out[tokens] = True
+        if d.eos_token_id is not None:
+            out[d.eos_token_id] = eos_ok and d.is_accepting(q)
+        return out
+
+
+class _Region:
+    """The horizon recurrence's result for one (q, k, W_0): Ŵ_{k−1} [n, h] and c_{k−1} [n] of
+    q's successors, in the order of :meth:`LazyFeasibility.groups`."""
+
+    __slots__ = ("w_hat", "log_scale")
+
+    def __init__(self, w_hat, log_scale):
+        self.w_hat, self.log_scale = w_hat, log_scale
+
+
+class HorizonGuide:
+    """Ctrl-G guidance over a lazy automaton with lookahead horizon H (module docstring).
+
+    Args:
+        dfa: a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` (e.g. :func:`ctrlg.dfa.lazy_json_schema`).
+        hmm: a :class:`ctrlg.HMM` over the same vocabulary, or None (exact masks only).
+        max_new_tokens: the budget n.
+        horizon: H ≥ 1 tokens of lookahead (H ≥ n: Ctrl-G's exact guidance).
+        max_region_states: states in a lookahead region at most.
+        precision: of the per-token product p · B ("float32", "bfloat16" or "auto").
+
+    Raises UnsatisfiableConstraintError when no accepted generation fits the budget.
+    """
+
+    def __init__(self, dfa: LazyTokenDFA, hmm=None, max_new_tokens: int = 32, *,
+                 horizon: int = DEFAULT_HORIZON, max_region_states: int = MAX_REGION_STATES,
+                 precision: str = "float32"):
+        self.feasibility = LazyFeasibility(dfa)
+        self.dfa = dfa
+        self.vocab_size = dfa.vocab_size
+        self.max_new_tokens = int(max_new_tokens)
+        if self.max_new_tokens < 1:
+            raise ConstraintError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        self.horizon = int(horizon)
+        if self.horizon < 1:
+            raise ConstraintError(f"horizon must be ≥ 1, got {horizon}")
+        self.max_region_states = int(max_region_states)
+        if self.max_region_states < 2:
+            raise ConstraintError(f"max_region_states must be ≥ 2, got {max_region_states}")
+        self.hmm = hmm
+        self.eos_ids = [] if dfa.eos_token_id is None else [int(dfa.eos_token_id)]
+        self.precision = "float32"
+        if hmm is not None:
+            if hmm.vocab_size != dfa.vocab_size:
+                raise VocabularyMismatchError(
+                    f"the automaton has vocabulary size {dfa.vocab_size} but the HMM has "
+                    f"{hmm.vocab_size}")
+            self.precision = resolve_precision(precision, hmm.emission.device)
+            ops = emission_operands(hmm, PRECISIONS[self.precision])
+            self._emission_t = ops.emission_t                      # Bᵀ [V, h] float32
+            self._product = ops.product                            # x ↦ x · B
+            self._row_sum = ops.row_sum                            # Σ_v B[:, v], float64
+            self._transition = hmm.transition.float()
+            self._transition_t = self._transition.T.contiguous()
+            self._eos_column = self._emission_t[self.eos_ids].sum(0) if self.eos_ids \
+                else torch.zeros(hmm.hidden_size)
+        self._pair_sums: dict[int, torch.Tensor] = {}
+        self._regions: dict = {}
+        if not self.feasibility.within(dfa.initial, self.max_new_tokens):
+            raise UnsatisfiableConstraintError(
+                f"no accepted generation within max_new_tokens={self.max_new_tokens} tokens")
+
+    # ------------------------------------------------------------------ public queries
+    def mask(self, state: int, remaining: int) -> np.ndarray:
+        """The exact allowed tokens (bool [V]) from ``state`` with ``remaining`` tokens left."""
+        return self.feasibility.mask(int(state), int(remaining))
+
+    def log_ratio(self, state: int, prior: torch.Tensor | None, remaining: int) -> torch.Tensor:
+        """float32 [V]: log p_hmm(α_k | x≤t, v) (module docstring) for the row in ``state`` with
+        ``prior`` [h] over the next token's hidden state and ``remaining`` tokens left; −inf
+        exactly on the tokens :meth:`mask` forbids; 0 on the allowed ones without an HMM (or
+        ``prior`` None)."""
+        state, remaining = int(state), int(remaining)
+        allowed = torch.from_numpy(self.mask(state, remaining))
+        if self.hmm is None or prior is None or state == ENDED or not bool(allowed.any()):
+            return torch.where(allowed, 0.0, -math.inf)
+        k = min(self.horizon, remaining)
+        region = self._region(state, remaining, k)
+        targets, members = self.feasibility.groups(state)
+        p = prior.reshape(-1).float()
+        weighted = p * region.w_hat                                 # [n, h]
+        dense = [j for j, tokens in enumerate(members) if len(tokens) >= DENSE_GROUP]
+        prod = self._product(torch.cat([p[None], weighted[dense]])).float()   # [1 + |dense|, V]
+        log_joint = torch.full((self.vocab_size,), -math.inf, dtype=torch.float64)
+        for row, j in enumerate(dense, start=1):
+            tokens = torch.from_numpy(members[j])
+            log_joint[tokens] = prod[row][tokens].clamp_min(0).log().double() + region.log_scale[j]
+        for j, tokens in enumerate(members):
+            if len(tokens) < DENSE_GROUP and np.isfinite(float(region.log_scale[j])):
+                tokens = torch.from_numpy(tokens)
+                values = self._emission_t[tokens] @ weighted[j]
+                log_joint[tokens] = values.clamp_min(0).log().double() + region.log_scale[j]
+        marginal = prod[0].clamp_min(torch.finfo(torch.float32).tiny).log().double()
+        ratio = (log_joint - marginal).float()
+        if self.eos_ids:
+            ratio[self.eos_ids] = 0.0 if self.dfa.is_accepting(state) else -math.inf
+        ok = allowed & torch.isfinite(ratio)
+        lost = allowed & ~ok
+        if bool(lost.any()):           # exactly feasible, estimated 0: the floor
+            floor = float(ratio[ok].min()) - RATIO_FLOOR_GAP if bool(ok.any()) else 0.0
+            ratio[lost] = floor
+        return torch.where(allowed, ratio, -math.inf)
+
+    def initial_prior(self) -> torch.Tensor:
+        """π [h]: the prior over generated token 1's hidden state."""
+        return self.hmm.initial.float().clone()
+
+    def advance_prior(self, prior: torch.Tensor, token: int) -> torch.Tensor:
+        """The filtering step p' ∝ (p ⊙ B[:, v]) A for one row (a uniform p when the HMM gives
+        the token probability 0)."""
+        q = prior.reshape(-1).float() * self._emission_t[int(token)]
+        total = q.sum()
+        q = q / total if bool(total > 0) else torch.full_like(q, 1.0 / q.numel())
+        return q @ self._transition
+
+    # ------------------------------------------------------------------ regions
+    def _region(self, q: int, remaining: int, k: int) -> _Region:
+        """The region of ``q`` for a horizon of ``k`` tokens: breadth first to depth k (fewer
+        where the next level would pass ``max_region_states``), W_0 from the bounds u(s)."""
+        feas = self.feasibility
+        order, depth = [q], {q: 0}
+        frontier = [q]
+        for level in range(1, k + 1):
+            nxt = []
+            for s in frontier:
+                for t in feas.successors(s).tolist():
+                    if t not in depth:
+                        nxt.append(t)
+                        depth[t] = level
+            if level > 1 and len(order) + len(nxt) > self.max_region_states:
+                for t in nxt:
+                    del depth[t]
+                k = level - 1
+                break
+            order.extend(nxt)
+            frontier = nxt
+        left = remaining - k
+        flags = tuple(s for s in order if feas.upper_bound(s, left) <= left)
+        key = (q, k, flags)
+        got = self._regions.get(key)
+        if got is None:
+            got = self._regions[key] = self._build_region(q, order, depth, k, flags)
+        return got
+
+    def pair_sums(self, s: int) -> torch.Tensor:
+        """Ē_{s,t} = Σ_{v: δ(s, v) = t} B[:, v] for the successors t of :meth:`LazyFeasibility.groups`
+        (float32 [n, h], memoised). A group of more than half the vocabulary is the row sum minus
+        every other column (its complement: the other groups, dead tokens and EOS), in float64."""
+        got = self._pair_sums.get(s)
+        if got is not None:
+            return got
+        targets, members = self.feasibility.groups(s)
+        sizes = np.array([len(m) for m in members], dtype=np.int64)
+        out = torch.zeros(len(targets), self.hmm.hidden_size)
+        big = int(np.argmax(sizes)) if len(sizes) and sizes.max() > self.vocab_size // 2 else -1
+        for j, tokens in enumerate(members):
+            if j != big:
+                out[j] = self._emission_t[torch.from_numpy(tokens)].sum(0)
+        if big >= 0:
+            rest = np.ones(self.vocab_size, dtype=bool)
+            rest[members[big]] = False
+            total = self._row_sum - self._emission_t[torch.from_numpy(np.flatnonzero(rest))].double().sum(0)
+            out[big] = total.clamp_min(0).float()
+        self._pair_sums[s] = out
+        return out
+
+    def _build_region(self, q: int, order: list, depth: dict, k: int, flags: tuple) -> _Region:
+        """Ŵ_{k−1}, c_{k−1} of q's successors by the module docstring's recurrence over the
+        states of ``order`` (depth ≤ k)."""
+        feas, h = self.feasibility, self.hmm.hidden_size
+        S = len(order)
+        local = {s: i for i, s in enumerate(order)}
+        w = torch.zeros(S, h)
+        c = torch.full((S,), -math.inf, dtype=torch.float64)
+        for s in flags:                  # W_0: the states whose bound proves they finish in time
+            w[local[s]] = 1.0
+            c[local[s]] = 0.0
+        # (source, successor) pairs of the states with rows: depth ≤ k − 1 (a state first met at
+        # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth ≤ k − r')
+        src, dst, sums = [], [], []
+        for s in order:
+            if depth[s] <= k - 1:
+                targets = feas.successors(s)
+                src.extend([local[s]] * len(targets))
+                dst.extend(local[t] for t in targets.tolist())
+                sums.append(self.pair_sums(s))
+        depth_t = torch.tensor([depth[s] for s in order])
+        accepting = torch.tensor([self.dfa.is_accepting(s) for s in order]) & bool(self.eos_ids)
+        src_t, dst_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
+        pair_e = torch.cat(sums) if sums else torch.zeros(0, h)
+        for r in range(1, k):
+            rows = depth_t <= k - r                  # the rows W_r is read at
+            use = rows[src_t]
+            m = torch.full((S,), -math.inf, dtype=torch.float64)
+            m.scatter_reduce_(0, src_t[use], c[dst_t[use]], reduce="amax")
+            eos_live = accepting & rows
+            m = torch.where(eos_live, torch.clamp_min(m, 0.0), m)
+            m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            coef = torch.exp(c[dst_t] - m_safe[src_t]).float() * use
+            g = torch.zeros(S, h)
+            g.index_add_(0, src_t, pair_e * w[dst_t] * coef[:, None])
+            g += (eos_live * torch.exp(-m_safe)).float()[:, None] * self._eos_column
+            raw = g @ self._transition_t
+            mx = raw.amax(1)
+            ok = rows & (mx > 0) & torch.isfinite(m)
+            w = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
+            c = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
+        mine = [local[t] for t in feas.successors(q).tolist()]
+        return _Region(w[mine], c[mine])
+
+
+class HorizonRows:
+    """Per-row bookkeeping of the lazy guide inside a LogitsProcessor: each row's automaton state
+    and HMM prior, found from its parent's (the row's generated tokens less the last) kept from
+    the previous call, so beam reordering and duplication need nothing else; a row whose parent
+    is unknown is replayed from its tokens. Rows with the same tokens share one evaluation."""
+
+    def __init__(self, guides: list[HorizonGuide]):
+        self.guides = guides
+        self.reset()
+
+    def reset(self) -> None:
+        self._known: dict[tuple, tuple] = {}       # (guide, tokens) -> (state, prior)
+
+    def _state(self, g: int, tokens: tuple):
+        got = self._known.get((g, tokens))
+        if got is not None:
+            return got
+        guide = self.guides[g]
+        if tokens:
+            state, prior = self._state(g, tokens[:-1])
+            state = guide.dfa.step(state, tokens[-1]) if state != DEAD else DEAD
+            prior = None if prior is None else guide.advance_prior(prior, tokens[-1])
+        else:
+            state = guide.dfa.initial
+            prior = None if guide.hmm is None else guide.initial_prior()
+        self._known[(g, tokens)] = (state, prior)
+        return state, prior
+
+    def log_ratios(self, generated: torch.Tensor, guide_of_row: np.ndarray, remaining: int,
+                   use_hmm: bool = True) -> torch.Tensor:
+        """float32 [R, V]: :meth:`HorizonGuide.log_ratio` of every row of ``generated`` [R, L]
+        (its tokens so far) with ``remaining`` tokens left; ``use_hmm`` False: masks only."""
+        rows = [tuple(r) for r in generated.tolist()]
+        keep = {}
+        out = []
+        done: dict = {}
+        for tokens, g in zip(rows, guide_of_row.tolist()):
+            key = (g, tokens)
+            if key not in done:
+                state, prior = self._state(g, tokens)
+                keep[key] = (state, prior)
+                done[key] = self.guides[g].log_ratio(state, prior if use_hmm else None, remaining)
+            out.append(done[key])
+        self._known = keep               # only this step's rows can be parents next time
+        return torch.stack(out)

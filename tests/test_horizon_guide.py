@@ -1,0 +1,326 @@
+"""The lazy guide (ctrlg.guide.horizon) against enumeration: exact budget masks, the greedy bound
+u(s) ≥ d(s), Ctrl-G's p_hmm(α | x≤t, v) when the horizon covers the budget, and the horizon
+estimate p_hmm(α_k | x≤t, v) by its definition; and against the eager tables (GuideTables over
+the materialised automaton) on a JSON schema with a BPE vocabulary."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import random_hmm
+from tiny_bpe import tiny_bpe_tokenizer
+
+from ctrlg import dfa
+from ctrlg.dfa.lazy import DEAD, ENDED, lazy_regex
+from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
+from ctrlg.guide import GuideTables
+from ctrlg.guide.guidance import guidance_log_ratio
+from ctrlg.guide.horizon import HorizonGuide, LazyFeasibility
+
+# single bytes, pairs, a triple and a token without a single-byte spelling of its own ("d" only
+# inside "dd"); the last token is EOS
+TOKENS = [b"a", b"b", b"c", b"ab", b"ba", b"abc", b"dd", b"\x00"]
+EOS = len(TOKENS) - 1
+V = len(TOKENS)
+PATTERNS = [r"(ab|c)*ba?", r"a(b|c){1,3}(dd)?", r"(a|bc|dd)+c", r"[abc]{2,4}"]
+
+
+def _lazy(pattern):
+    return lazy_regex(pattern, TOKENS, eos_token_id=EOS)
+
+
+def _sequences(max_len):
+    """Every terminal token sequence of at most ``max_len`` tokens: ends with EOS, or has exactly
+    ``max_len`` tokens."""
+    for n in range(1, max_len + 1):
+        for seq in itertools.product(range(V), repeat=n):
+            if EOS in seq[:-1]:
+                continue
+            if seq[-1] == EOS or n == max_len:
+                yield seq
+
+
+def _accepted(d, prefix, rest):
+    q = d.run(prefix)
+    for t in rest:
+        q = d.step(q, t)
+        if q == DEAD:
+            return False
+    return d.is_accepting(q)
+
+
+def _hmm_prob(hmm, seq):
+    pi, A, B = (x.double().numpy() for x in (hmm.initial, hmm.transition, hmm.emission))
+    alpha = pi * B[:, seq[0]]
+    for t in seq[1:]:
+        alpha = (alpha @ A) * B[:, t]
+    return float(alpha.sum())
+
+
+def _min_tokens(d, q, limit=8):
+    """d(q) by breadth-first enumeration over token sequences (non-EOS), None beyond ``limit``."""
+    layer = {q}
+    for depth in range(limit + 1):
+        if any(s != DEAD and d.is_accepting(s) for s in layer):
+            return depth
+        layer = {d.step(s, t) for s in layer for t in range(V) if t != EOS} - {DEAD}
+    return None
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_masks_are_exact_under_the_budget(pattern):
+    d = _lazy(pattern)
+    feas = LazyFeasibility(d)
+    n = 5
+    terminal = list(_sequences(n))
+    for prefix in [(), (0,), (2,), (0, 1), (3,), (4,)]:
+        q = d.run(prefix)
+        if q == DEAD:
+            continue
+        r = n - len(prefix)
+        want = np.zeros(V, dtype=bool)
+        for seq in _sequences(r):
+            if _accepted(d, prefix, seq):
+                want[seq[0]] = True
+        got = feas.mask(q, r)
+        assert np.array_equal(got, want), (pattern, prefix, got, want)
+    assert terminal
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_bound_is_never_below_the_token_distance(pattern):
+    d = _lazy(pattern)
+    feas = LazyFeasibility(d)
+    seen = set()
+    for prefix in itertools.product(range(V - 1), repeat=3):
+        for cut in range(4):
+            q = d.run(prefix[:cut])
+            if q in (DEAD, ENDED) or q in seen:
+                continue
+            seen.add(q)
+            exact = _min_tokens(d, q)
+            bound = feas.upper_bound(q)
+            assert exact is not None and bound >= exact, (pattern, prefix[:cut], bound, exact)
+            for k in range(6):
+                assert feas.within(q, k) == (exact <= k)
+    assert len(seen) >= 3
+
+
+def _brute_ratio(hmm, d, prefix, r, horizon=None, flag=None):
+    """log p_hmm(α | x≤t, v) for every v by enumeration; with ``horizon``, α_k of the module
+    docstring (k = min(horizon, r)) with ``flag(state)`` deciding W_0."""
+    k = r if horizon is None else min(horizon, r)
+    out = np.full(V, -np.inf)
+    for v in range(V):
+        num, den = 0.0, _hmm_prob(hmm, list(prefix) + [v])
+        for rest in _sequences(k - 1) if k > 1 else [()]:
+            seq = [v, *rest]
+            if EOS in seq[:-1]:
+                continue
+            q = d.run(prefix)
+            for t in seq:
+                q = d.step(q, t)
+                if q == DEAD:
+                    break
+            if q == DEAD:
+                continue
+            if seq[-1] == EOS or len(seq) < k:
+                ok = seq[-1] == EOS and d.is_accepting(q)
+            else:
+                ok = d.is_accepting(q) if horizon is None else flag(q)
+            if ok:
+                num += _hmm_prob(hmm, list(prefix) + seq)
+        if v == EOS:
+            num = den if d.is_accepting(d.run(prefix)) else 0.0
+        if num > 0:
+            out[v] = math.log(num) - math.log(den)
+    return out
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_horizon_over_the_budget_is_ctrlg_exactly(pattern):
+    d = _lazy(pattern)
+    hmm = random_hmm(3, V, seed=1)
+    n = 4
+    guide = HorizonGuide(d, hmm, n, horizon=n, max_region_states=10_000)
+    for prefix in [(), (0,), (2,), (3,), (0, 1)]:
+        q = d.run(prefix)
+        if q == DEAD:
+            continue
+        prior = guide.initial_prior()
+        for t in prefix:
+            prior = guide.advance_prior(prior, t)
+        r = n - len(prefix)
+        got = guide.log_ratio(q, prior, r).double().numpy()
+        want = _brute_ratio(hmm, d, prefix, r)
+        assert np.array_equal(np.isfinite(got), np.isfinite(want)), (prefix, got, want)
+        fin = np.isfinite(want)
+        np.testing.assert_allclose(got[fin], want[fin], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("horizon", [1, 2, 3])
+def test_a_short_horizon_is_its_named_approximation(pattern, horizon):
+    d = _lazy(pattern)
+    hmm = random_hmm(3, V, seed=2)
+    n = 6
+    guide = HorizonGuide(d, hmm, n, horizon=horizon, max_region_states=10_000)
+    feas = guide.feasibility
+    for prefix in [(), (0,), (2,), (0, 1)]:
+        q = d.run(prefix)
+        if q == DEAD:
+            continue
+        prior = guide.initial_prior()
+        for t in prefix:
+            prior = guide.advance_prior(prior, t)
+        r = n - len(prefix)
+        k = min(horizon, r)
+        left = r - k
+        got = guide.log_ratio(q, prior, r).double().numpy()
+        want = _brute_ratio(hmm, d, prefix, r, horizon=horizon,
+                            flag=lambda s: feas.upper_bound(s, left) <= left)
+        allowed = feas.mask(q, r)
+        assert np.array_equal(np.isfinite(got), allowed)
+        estimated = np.isfinite(want) & allowed
+        np.testing.assert_allclose(got[estimated], want[estimated], rtol=1e-4, atol=1e-5)
+        floored = allowed & ~np.isfinite(want)      # allowed, estimate 0: below every estimate
+        if floored.any() and estimated.any():
+            assert got[floored].max() < got[estimated].min()
+
+
+def test_a_small_region_keeps_the_masks_exact():
+    d = _lazy(PATTERNS[2])
+    hmm = random_hmm(4, V, seed=3)
+    n = 6
+    small = HorizonGuide(d, hmm, n, horizon=6, max_region_states=2)
+    feas = LazyFeasibility(d)
+    for prefix in [(), (0,), (6,), (0, 6)]:
+        q = d.run(prefix)
+        prior = small.initial_prior()
+        for t in prefix:
+            prior = small.advance_prior(prior, t)
+        got = small.log_ratio(q, prior, n - len(prefix))
+        assert np.array_equal(torch.isfinite(got).numpy(), feas.mask(q, n - len(prefix)))
+
+
+def test_matches_the_eager_tables_on_a_json_schema():
+    tok = tiny_bpe_tokenizer()
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    lazy = dfa.lazy_json_schema(schema, tok, whitespace="")
+    n = 14
+    hmm = random_hmm(4, lazy.vocab_size, seed=4)
+    eager = lazy.materialize(n)
+    tables = GuideTables(eager, hmm, n, eos_token_id=lazy.eos_token_id)
+    guide = HorizonGuide(lazy, hmm, n, horizon=n, max_region_states=100_000)
+    rng = np.random.default_rng(0)
+    q_lazy, q_eager, prior = lazy.initial, eager.initial, guide.initial_prior()
+    for step in range(n):
+        r = n - step
+        got = guide.log_ratio(q_lazy, prior, r)
+        want = guidance_log_ratio([tables], [0], [q_eager], prior[None], r)[0]
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), step
+        fin = torch.isfinite(want)
+        torch.testing.assert_close(got[fin], want[fin], rtol=2e-3, atol=2e-3)
+        allowed = np.flatnonzero(fin.numpy())
+        v = int(rng.choice(allowed))
+        if v == lazy.eos_token_id:
+            break
+        q_lazy, q_eager = lazy.step(q_lazy, v), eager.step(q_eager, v)
+        prior = guide.advance_prior(prior, v)
+
+
+def test_bad_arguments_are_named():
+    d = _lazy(PATTERNS[0])
+    with pytest.raises(ConstraintError, match="horizon"):
+        HorizonGuide(d, None, 4, horizon=0)
+    with pytest.raises(ConstraintError, match="max_region_states"):
+        HorizonGuide(d, None, 4, max_region_states=1)
+    with pytest.raises(VocabularyMismatchError, match="vocabulary size"):
+        HorizonGuide(d, random_hmm(2, V + 1, seed=0), 4)
+    with pytest.raises(UnsatisfiableConstraintError, match="max_new_tokens=1"):
+        HorizonGuide(_lazy("abcabc"), None, 1)
+    with pytest.raises(ConstraintError, match="LazyTokenDFA"):
+        LazyFeasibility(dfa.regex("ab", TOKENS, eos_token_id=EOS))
+
+
+def _schema_constraints(tok):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4},
+                                               "id": {"type": "integer"}},
+              "required": ["name"], "additionalProperties": False}
+    eager = dfa.json_schema(schema, tok, whitespace="")
+    lazy = dfa.lazy_json_schema(schema, tok, whitespace="")
+    return eager, lazy
+
+
+@pytest.mark.parametrize("mode", ["logical", "ctrlg"])
+def test_the_processor_with_a_full_horizon_matches_the_tables(mode):
+    """Sampled rows (some finishing early, rows re-drawn each step as beams are): the lazy guide
+    with horizon = budget gives the tables' guided scores, step by step."""
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    tok = tiny_bpe_tokenizer()
+    eager, lazy = _schema_constraints(tok)
+    V, eos, n = eager.vocab_size, tok.eos_token_id, 16
+    hmm = random_hmm(4, V, seed=5) if mode == "ctrlg" else None
+    procs = [ConstraintLogitsProcessor(hmm, eager, max_new_tokens=n, eos_token_id=eos, mode=mode,
+                                       precision="float32"),
+             ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=n, eos_token_id=eos, mode=mode,
+                                       precision="float32", horizon=n, max_region_states=10**6)]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.zeros(4, 1, dtype=torch.long)
+    done = torch.zeros(4, dtype=torch.bool)
+    for _ in range(n):
+        logits = torch.randn(4, V, generator=g) * 3
+        a, b = (p(ids, logits.clone()) for p in procs)
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+        torch.testing.assert_close(a[torch.isfinite(a)], b[torch.isfinite(b)], atol=2e-3, rtol=2e-3)
+        nxt = torch.multinomial(torch.softmax(a, -1), 1, generator=g)[:, 0]
+        nxt = torch.where(done, eos, nxt)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        done |= nxt == eos
+        order = torch.randperm(4, generator=g)        # rows reordered, as beams are
+        ids, done = ids[order], done[order]
+        if done.all():
+            break
+    for row in ids[:, 1:].tolist():
+        toks = row[:row.index(eos) + 1] if eos in row else row
+        assert lazy.accepts(toks)
+
+
+def test_a_short_horizon_keeps_every_generation_accepted():
+    from helpers import tiny_llama
+
+    from ctrlg.sampler import generate
+
+    tok = tiny_bpe_tokenizer()
+    _, lazy = _schema_constraints(tok)
+    V = lazy.vocab_size
+    model = tiny_llama(V, seed=1)
+    hmm = random_hmm(6, V, seed=6)
+    out = generate(model, tok, [0], lazy, hmm=hmm, max_new_tokens=14, num_samples=6, seed=0,
+                   eos_token_id=tok.eos_token_id, horizon=3)
+    assert out, "no accepted output"
+    for gen in out:
+        assert lazy.accepts(gen.token_ids)
+        assert gen.token_ids[-1] == tok.eos_token_id or len(gen.token_ids) == 14
+
+
+def test_the_processor_names_what_horizon_does_not_support():
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    tok = tiny_bpe_tokenizer()
+    eager, lazy = _schema_constraints(tok)
+    hmm = random_hmm(2, eager.vocab_size, seed=0)
+    eos = tok.eos_token_id
+    with pytest.raises(ConstraintError, match="lazy automata"):
+        ConstraintLogitsProcessor(hmm, eager, max_new_tokens=8, eos_token_id=eos, horizon=4)
+    for kwargs, name in [({"suffix_ids": [3]}, "suffix_ids"), ({"min_new_tokens": 2}, "min_new_tokens"),
+                         ({"beam_score": "lookahead"}, "lookahead")]:
+        with pytest.raises(ConstraintError, match=name):
+            ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4, **kwargs)
+    with pytest.raises(ConstraintError, match="horizon"):
+        ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=0)
