@@ -11,9 +11,11 @@ the fewest tokens from s to an accepting state (a generation that reaches accept
 spare ends with EOS, and one that ends on the budget needs no EOS), and EOS is allowed iff q is
 accepting. Whether d(s) ≤ k is decided without building the budget's automaton:
 
-* an upper bound u(s) ≥ d(s): the greedy longest-match tokenisation of a shortest *byte*
-  completion of s (breadth-first over the byte DFA; every token of it spells bytes along the
-  completion's path, so it is a token path to acceptance). u(s) ≤ k proves d(s) ≤ k;
+* an upper bound u(s) ≥ d(s): a completion of s in bytes, found over the byte rows built so far
+  (one multi-source shortest-path pass from the accepting states; a depth-first search builds
+  rows towards a known state when none reaches s yet), counted in single-byte tokens, or, when
+  that is not enough, in the fewest tokens that spell it (every token of it spells bytes along
+  the completion's path, so it is a token path to acceptance). u(s) ≤ k proves d(s) ≤ k;
 * otherwise an exact breadth-first search over tokens from s, stopped at depth k (its distinct
   successor states, memoised per state); a failed search records the lower bound d(s) > k.
 
@@ -73,7 +75,7 @@ MAX_REGION_STATES = 96
 #: A group of tokens with one successor this large is read off the dense product p ⊙ W · B
 #: instead of a gather of its columns.
 DENSE_GROUP = 2048
-#: Longest token the greedy bound u(s) tries.
+#: Longest token (in bytes) the token bound u(s) tries.
 GREEDY_MATCH = 16
 
 
@@ -81,7 +83,7 @@ _TOKEN_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _token_index(trie, eos, vocab_size) -> tuple[dict, int]:
-    """``({token bytes: a token id}, longest greedy match)`` of a vocabulary trie (non-EOS
+    """``({token bytes: a token id}, longest match tried)`` of a vocabulary trie (non-EOS
     tokens with bytes), built once per trie."""
     key = (eos, vocab_size)
     per_trie = _TOKEN_INDEX.setdefault(trie, {})
@@ -90,7 +92,7 @@ def _token_index(trie, eos, vocab_size) -> tuple[dict, int]:
         for i, b in enumerate(trie.token_bytes):
             if b and i != eos and i < vocab_size:
                 token_of.setdefault(bytes(b), i)
-        # a greedy match up to GREEDY_MATCH bytes (shorter tokens still give a valid bound)
+        # matches up to GREEDY_MATCH bytes (shorter tokens still give a valid bound)
         per_trie[key] = (token_of, min(GREEDY_MATCH, max(map(len, token_of), default=1)))
     return per_trie[key]
 
@@ -106,7 +108,7 @@ class LazyFeasibility:
         self._edges: dict[int, tuple] = {}
         self._successors: dict[int, np.ndarray] = {}
         self._groups: dict[int, tuple] = {}
-        self._upper: dict[tuple, float] = {}    # (s, byte distance) -> the greedy bound
+        self._upper: dict[int, float] = {}      # s -> a bound of d(s) in tokens
         self._exact: dict[int, int] = {}        # d(s) where a search found it
         self._lower: dict[int, int] = {}        # d(s) ≥ this (failed searches)
         self._token_of, self._longest = _token_index(dfa.trie, dfa.eos_token_id, dfa.vocab_size)
@@ -180,63 +182,86 @@ class LazyFeasibility:
         return dist
 
     def _explore_from(self, s: int) -> None:
-        """Build byte rows breadth first from ``s`` until an accepting state is met."""
+        """Build byte rows from ``s`` along one path to a state whose distance is known (or an
+        accepting one): depth first, never revisiting a state, trying first the successors
+        that a state reaches by the fewest bytes (a closing quote or bracket before the bytes
+        of a string's body or a number's digits), so the path is short without a breadth-first
+        search over every state nearer than the end (whose rows cost a subset construction
+        each). Every live state reaches acceptance, so the search ends; any path gives an upper
+        bound, which :meth:`_byte_distances` then shortens over every row built so far."""
         b = self.dfa.bdfa
-        seen, queue = {s}, deque([s])
-        while queue:
-            q = queue.popleft()
-            if b.accepting[q]:
+        known = self._dist if self._dist is not None else np.zeros(0)
+        seen = {s}
+        stack = [iter(self._successors_by_rarity(s))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                continue
+            if nxt in seen:
+                continue
+            seen.add(nxt)
+            if b.accepting[nxt] or (nxt < len(known) and np.isfinite(known[nxt])):
                 return
-            for nxt in np.unique(b.row(q)).tolist():
-                if nxt != DEAD and nxt not in seen:
-                    seen.add(nxt)
-                    queue.append(nxt)
+            stack.append(iter(self._successors_by_rarity(nxt)))
+
+    def _successors_by_rarity(self, q: int) -> list[int]:
+        """The live byte successors of ``q`` (by single-token bytes), fewest bytes first."""
+        row = self.dfa.bdfa.row(q)[self._single]
+        targets, counts = np.unique(row, return_counts=True)
+        keep = targets != DEAD
+        targets, counts = targets[keep], counts[keep]
+        return targets[np.argsort(counts, kind="stable")].tolist()
 
     def upper_bound(self, s: int, k: float = -1) -> float:
         """u(s) ≥ d(s) (module docstring), or any bound ≤ ``k`` found first: the byte distance
-        of :meth:`_byte_distances`, or, when that exceeds ``k``, the greedy tokenisation of the
-        completion it follows. inf: no completion explored yet."""
+        of :meth:`_byte_distances`, or, when that exceeds ``k``, the fewest tokens that spell the
+        completion it follows (:meth:`_token_bound`). inf: no completion explored yet."""
         if s == DEAD:
             return math.inf
         if s == ENDED or self.dfa.is_accepting(s):
             return 0
-        dist = self._byte_distances()
-        if s >= len(dist) or not np.isfinite(dist[s]):
-            self._explore_from(s)
-            dist = self._byte_distances()
+        dist = self._dist
+        if dist is None or s >= len(dist) or not np.isfinite(dist[s]):
+            dist = self._byte_distances()       # rows built since the last pass may reach s
+            if s >= len(dist) or not np.isfinite(dist[s]):
+                self._explore_from(s)
+                dist = self._byte_distances()
         if not np.isfinite(dist[s]):
             return math.inf
         length = int(dist[s])
         if length <= k:
             return length
-        key = (s, length)
-        got = self._upper.get(key)
-        if got is None:
-            got = self._upper[key] = min(length, self._greedy_tokens(self._gradient_path(s, dist)))
-        return got
+        return min(length, self._token_bound(s, dist))
 
-    def _gradient_path(self, s: int, dist: np.ndarray) -> bytes:
-        """The bytes of a completion of ``s`` that descends ``dist`` by one per byte."""
+    def _token_bound(self, s: int, dist: np.ndarray) -> float:
+        """A bound of d(s) in tokens along the completion that descends ``dist`` by one byte at
+        a time, up to the first state with a bound of its own: the fewest tokens that spell
+        the path's bytes (right to left, f_i = 1 + min over tokens t starting at byte i of
+        f_{i+|t|}; matches up to GREEDY_MATCH bytes), plus that state's bound. Every state along
+        the path gets its bound (a suffix of a token path is one); any valid bound stays valid
+        as the explored automaton grows."""
         b = self.dfa.bdfa
-        out, q = [], s
+        data, states, q, tail = [], [], s, 0
         while dist[q] > 0:
+            known = self._upper.get(q)
+            if known is not None:
+                tail = known
+                break
             row = b.table[q]
             byte = int(np.flatnonzero((dist[row] == dist[q] - 1) & self._single)[0])
-            out.append(byte)
+            states.append(q)
+            data.append(byte)
             q = int(row[byte])
-        return bytes(out)
-
-    def _greedy_tokens(self, data: bytes) -> float:
-        count, i, n = 0, 0, len(data)
-        while i < n:
-            for j in range(min(n, i + self._longest), i, -1):
-                if data[i:j] in self._token_of:
-                    i = j
-                    break
-            else:
-                return math.inf
-            count += 1
-        return count
+        data = bytes(data)
+        n = len(data)
+        best = [math.inf] * n + [tail]
+        for i in range(n - 1, -1, -1):
+            for j in range(i + 1, min(n, i + self._longest) + 1):
+                if best[j] + 1 < best[i] and data[i:j] in self._token_of:
+                    best[i] = best[j] + 1
+            self._upper[states[i]] = min(best[i], self._upper.get(states[i], math.inf))
+        return self._upper.get(s, tail)
 
     def within(self, s: int, k: int) -> bool:
         """Whether d(s) ≤ k: some sequence of at most ``k`` non-EOS tokens from ``s`` reaches an
