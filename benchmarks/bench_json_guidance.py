@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_json_guidance --data /path/to/jsonschemabench/data \\
         [--sample-of benchmarks/results/bench_jsonschemabench_2049.json] [--limit N] [--seed 0]
-        [--engines horizon,tables] [--budget 256] [--horizon 8] [--timeout 20] [--steps 16]
+        [--engines horizon,tables] [--budget 256] [--horizon 4] [--timeout 20] [--steps 16]
         [--hmm stories-h512] [--precision auto] [--out benchmarks/results/bench_json_guidance.json]
 
 Takes the schemas of an earlier JSONSchemaBench run (``--sample-of``: its rows' category and file,
@@ -197,7 +197,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engines", default="horizon,tables")
     p.add_argument("--budget", type=int, default=256)
-    p.add_argument("--horizon", type=int, default=8)
+    p.add_argument("--horizon", type=int, default=4)
     p.add_argument("--region-states", type=int, default=96)
     p.add_argument("--precision", default="auto")
     p.add_argument("--hmm", default="stories-h512")

@@ -679,7 +679,7 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
              eos_token_id=None, prior_head="auto", strength: float = 1.0, precision: str = "auto",
              contexts: ContextCache | None = None, horizon: int | None = None,
-             **generate_kwargs) -> list[Generation]:
+             max_region_states: int = MAX_REGION_STATES, **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
     ``rerank=`` still works, deprecated: it shadowed :func:`rerank`).
@@ -702,8 +702,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     :class:`ctrlg.lm.shared_context.ContextCache` where the prompt's encoding is looked up and kept
     (sampling and the rerank then share it, and so do later calls with the same prompt).
     ``horizon``: guide a lazy constraint (``dfa.lazy_json_schema``, ``dfa.lazy_regex``) without
-    tables over the budget (:class:`ConstraintLogitsProcessor`; the HMM's filtering prior is
-    used, ``prior_head`` is ignored).
+    tables over the budget (:class:`ConstraintLogitsProcessor`, with ``max_region_states``; the
+    HMM's filtering prior is used, ``prior_head`` is ignored).
     """
     if "rerank" in generate_kwargs:
         rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
@@ -741,7 +741,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                          max_new_tokens=max_new_tokens,
                                          min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
                                          mode=mode, suffix_ids=suffix_ids, prior=head_prior,
-                                         strength=strength, precision=precision, horizon=horizon)
+                                         strength=strength, precision=precision, horizon=horizon,
+                                         max_region_states=max_region_states)
         recorder = None
         if rank_by_lm and suffix_ids is None and records_lm_log_probs(
                 model.generation_config, dict(generate_kwargs, num_beams=num_beams,

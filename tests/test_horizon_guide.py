@@ -1,7 +1,7 @@
-"""The lazy guide (ctrlg.guide.horizon) against enumeration: exact budget masks, the greedy bound
-u(s) ≥ d(s), Ctrl-G's p_hmm(α | x≤t, v) when the horizon covers the budget, and the horizon
-estimate p_hmm(α_k | x≤t, v) by its definition; and against the eager tables (GuideTables over
-the materialised automaton) on a JSON schema with a BPE vocabulary."""
+"""The lazy guide (ctrlg.guide.horizon) against enumeration: exact budget masks, the token bound
+u(s) ≥ d(s) and its completions, Ctrl-G's p_hmm(α | x≤t, v) when the horizon covers the budget,
+and the horizon estimate p_hmm(α_k | x≤t, v) by its definition; and against the eager tables
+(GuideTables over the materialised automaton) on a JSON schema with a BPE vocabulary."""
 
 import itertools
 import math
@@ -105,12 +105,19 @@ def test_the_bound_is_never_below_the_token_distance(pattern):
             assert exact is not None and bound >= exact, (pattern, prefix[:cut], bound, exact)
             for k in range(6):
                 assert feas.within(q, k) == (exact <= k)
+            tokens, s = [], q                   # the completion behind the bound is accepted
+            while (step := feas.completion_step(s)) is not None:
+                assert d.step(s, step[0]) == step[1]
+                tokens.append(step[0])
+                s = step[1]
+            assert d.is_accepting(s) and len(tokens) == feas.upper_bound(q)
     assert len(seen) >= 3
 
 
-def _brute_ratio(hmm, d, prefix, r, horizon=None, flag=None):
+def _brute_ratio(hmm, d, prefix, r, horizon=None, tail=None):
     """log p_hmm(α | x≤t, v) for every v by enumeration; with ``horizon``, α_k of the module
-    docstring (k = min(horizon, r)) with ``flag(state)`` deciding W_0."""
+    docstring (k = min(horizon, r)): a path of k tokens ending in state s is worth
+    P_hmm(x≤t v y tail(s)), ``tail(s)`` the tokens appended at the horizon (None: worth 0)."""
     k = r if horizon is None else min(horizon, r)
     out = np.full(V, -np.inf)
     for v in range(V):
@@ -126,12 +133,16 @@ def _brute_ratio(hmm, d, prefix, r, horizon=None, flag=None):
                     break
             if q == DEAD:
                 continue
+            extra = []
             if seq[-1] == EOS or len(seq) < k:
                 ok = seq[-1] == EOS and d.is_accepting(q)
+            elif horizon is None:
+                ok = d.is_accepting(q)
             else:
-                ok = d.is_accepting(q) if horizon is None else flag(q)
+                extra = tail(q)
+                ok = extra is not None
             if ok:
-                num += _hmm_prob(hmm, list(prefix) + seq)
+                num += _hmm_prob(hmm, list(prefix) + seq + (extra or []))
         if v == EOS:
             num = den if d.is_accepting(d.run(prefix)) else 0.0
         if num > 0:
@@ -179,8 +190,18 @@ def test_a_short_horizon_is_its_named_approximation(pattern, horizon):
         k = min(horizon, r)
         left = r - k
         got = guide.log_ratio(q, prior, r).double().numpy()
-        want = _brute_ratio(hmm, d, prefix, r, horizon=horizon,
-                            flag=lambda s: feas.upper_bound(s, left) <= left)
+        def tail(s):              # W_0(s) = [u(s) ≤ left] · β(s); left = 0: [s accepting]
+            if feas.upper_bound(s, left) > left:
+                return None
+            if left == 0:
+                return []
+            tokens = []
+            while (step := feas.completion_step(s)) is not None:
+                tokens.append(step[0])
+                s = step[1]
+            return tokens + [EOS]
+
+        want = _brute_ratio(hmm, d, prefix, r, horizon=horizon, tail=tail)
         allowed = feas.mask(q, r)
         assert np.array_equal(np.isfinite(got), allowed)
         estimated = np.isfinite(want) & allowed

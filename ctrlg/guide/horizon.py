@@ -68,8 +68,9 @@ from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
 
 __all__ = ["HorizonGuide", "HorizonRows", "LazyFeasibility", "DEFAULT_HORIZON", "MAX_REGION_STATES"]
 
-#: Tokens of lookahead by default (the JSONSchemaBench timings of docs/json.md chose it).
-DEFAULT_HORIZON = 8
+#: Tokens of lookahead by default: chosen on 30 Glaiveai2K schemas (benchmarks/json_guidance_quality:
+#: H = 4 and 8 within 0.03 nat per token of each other, 4 the cheaper; docs/sampler.md).
+DEFAULT_HORIZON = 4
 #: States in one lookahead region at most (the horizon shrinks to the last depth that fits).
 MAX_REGION_STATES = 96
 #: A group of tokens with one successor this large is read off the dense product p ⊙ W · B
@@ -109,6 +110,7 @@ class LazyFeasibility:
         self._successors: dict[int, np.ndarray] = {}
         self._groups: dict[int, tuple] = {}
         self._upper: dict[int, float] = {}      # s -> a bound of d(s) in tokens
+        self._step: dict[int, tuple] = {}       # s -> (token, next state) of that completion
         self._exact: dict[int, int] = {}        # d(s) where a search found it
         self._lower: dict[int, int] = {}        # d(s) ≥ this (failed searches)
         self._token_of, self._longest = _token_index(dfa.trie, dfa.eos_token_id, dfa.vocab_size)
@@ -255,13 +257,26 @@ class LazyFeasibility:
             q = int(row[byte])
         data = bytes(data)
         n = len(data)
-        best = [math.inf] * n + [tail]
+        states.append(q)                        # the state after the last byte
+        best, take = [math.inf] * n + [tail], [n] * (n + 1)
         for i in range(n - 1, -1, -1):
             for j in range(i + 1, min(n, i + self._longest) + 1):
                 if best[j] + 1 < best[i] and data[i:j] in self._token_of:
-                    best[i] = best[j] + 1
-            self._upper[states[i]] = min(best[i], self._upper.get(states[i], math.inf))
-        return self._upper.get(s, tail)
+                    best[i], take[i] = best[j] + 1, j
+            if best[i] < self._upper.get(states[i], math.inf):
+                self._upper[states[i]] = best[i]
+                if best[i] < math.inf:
+                    self._step[states[i]] = (self._token_of[data[i:take[i]]], states[take[i]])
+        return self._upper.get(s, math.inf)
+
+    def completion_step(self, s: int):
+        """``(token, next state)``: the first token of the completion behind u(s) (None when
+        ``s`` accepts or no completion is explored yet)."""
+        if s in (DEAD, ENDED) or self.dfa.is_accepting(s):
+            return None
+        if s not in self._step:
+            self.upper_bound(s)
+        return self._step.get(s)
 
     def within(self, s: int, k: int) -> bool:
         """Whether d(s) ≤ k: some sequence of at most ``k`` non-EOS tokens from ``s`` reaches an
@@ -380,6 +395,7 @@ class HorizonGuide:
             self._eos_column = self._emission_t[self.eos_ids].sum(0) if self.eos_ids \
                 else torch.zeros(hmm.hidden_size)
         self._pair_sums: dict[int, torch.Tensor] = {}
+        self._completion: dict[int, tuple] = {}
         self._regions: dict = {}
         if not self.feasibility.within(dfa.initial, self.max_new_tokens):
             raise UnsatisfiableConstraintError(
@@ -461,11 +477,50 @@ class HorizonGuide:
             frontier = nxt
         left = remaining - k
         flags = tuple(s for s in order if feas.upper_bound(s, left) <= left)
-        key = (q, k, flags)
+        key = (q, k, flags, left == 0)
         got = self._regions.get(key)
         if got is None:
-            got = self._regions[key] = self._build_region(q, order, depth, k, flags)
+            got = self._regions[key] = self._build_region(q, order, depth, k, flags, left)
         return got
+
+    def completion_weight(self, s: int) -> tuple[torch.Tensor, float]:
+        """β(s) = P_hmm(the next tokens are y(s), then EOS | z) for every hidden state z of the
+        token just emitted, as (vector with max 1 [h], log scale): y(s) the token completion
+        behind u(s) (:meth:`LazyFeasibility.completion_step`), so β(s) ≤ W_∞(s), the probability
+        of finishing from s by any path. β(s) = A · (B[:, y_1] ⊙ β(δ(s, y_1))), β(accepting) =
+        A · Σ_e B[:, e]; memoised per state (O(h²) per token of each new completion)."""
+        chain, q = [], s
+        while q not in self._completion:
+            step = self.feasibility.completion_step(q)
+            if step is None:
+                break
+            chain.append((q, step[0]))
+            q = step[1]
+        if q in self._completion:
+            vec, scale = self._completion[q]
+        elif self.feasibility.dfa.is_accepting(q) and self.eos_ids:
+            vec, scale = self._normalise(self._transition @ self._eos_column)
+            self._completion[q] = (vec, scale)
+        elif self.feasibility.dfa.is_accepting(q):
+            vec, scale = torch.ones(self.hmm.hidden_size), 0.0
+            self._completion[q] = (vec, scale)
+        else:                                      # no completion explored: nothing to say
+            vec, scale = torch.zeros(self.hmm.hidden_size), -math.inf
+        for state, token in reversed(chain):
+            if scale == -math.inf:
+                self._completion[state] = (vec, scale)
+                continue
+            vec, extra = self._normalise(self._transition @ (self._emission_t[token] * vec))
+            scale += extra
+            self._completion[state] = (vec, scale)
+        return self._completion.get(s, (vec, scale))
+
+    @staticmethod
+    def _normalise(vec: torch.Tensor) -> tuple[torch.Tensor, float]:
+        top = float(vec.max())
+        if not top > 0:
+            return torch.zeros_like(vec), -math.inf
+        return vec / top, math.log(top)
 
     def pair_sums(self, s: int) -> torch.Tensor:
         """Ē_{s,t} = Σ_{v: δ(s, v) = t} B[:, v] for the successors t of :meth:`LazyFeasibility.groups`
@@ -489,7 +544,8 @@ class HorizonGuide:
         self._pair_sums[s] = out
         return out
 
-    def _build_region(self, q: int, order: list, depth: dict, k: int, flags: tuple) -> _Region:
+    def _build_region(self, q: int, order: list, depth: dict, k: int, flags: tuple,
+                      left_after: int) -> _Region:
         """Ŵ_{k−1}, c_{k−1} of q's successors by the module docstring's recurrence over the
         states of ``order`` (depth ≤ k)."""
         feas, h = self.feasibility, self.hmm.hidden_size
@@ -498,8 +554,10 @@ class HorizonGuide:
         w = torch.zeros(S, h)
         c = torch.full((S,), -math.inf, dtype=torch.float64)
         for s in flags:                  # W_0: the states whose bound proves they finish in time
-            w[local[s]] = 1.0
-            c[local[s]] = 0.0
+            if left_after == 0:          # the budget ends at the horizon: [s accepting], exact
+                w[local[s]], c[local[s]] = 1.0, 0.0
+            else:                        # what finishing costs from s: β(s) (module docstring)
+                w[local[s]], c[local[s]] = self.completion_weight(s)
         # (source, successor) pairs of the states with rows: depth ≤ k − 1 (a state first met at
         # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth ≤ k − r')
         src, dst, sums = [], [], []
