@@ -22,6 +22,11 @@ under the lazy automaton (:func:`ctrlg.dfa.lazy_json_schema`, exact budget masks
 
 Ctrl-G modes use the HMM ``--hmm`` (an embedded name, or ``default``).
 
+``--write-prompts FILE`` instead writes the training prompts of a JSON HMM
+(``configs/distill_json.yaml``): one line per schema of every category (text at most
+``--max-schema-chars``, seeded order, at most ``--prompt-limit``), the instruction then the
+schema, leaving out the schemas that the evaluation samples of ``--exclude-seeds`` pick.
+
 Per document: log p_lm(y | prompt) (EOS included, as :func:`ctrlg.generate` reranks), its
 tokens, whether it ended with EOS before the budget (a budget-forced ending closes whatever was
 open), and ``jsonschema`` validity. Per mode: the means over schemas of the per-schema means,
@@ -40,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).parent / "results"
-INSTRUCTION = "Write a JSON object that matches this JSON Schema. Answer with the JSON only.\n\n"
+INSTRUCTION = "Write a JSON object that matches this JSON Schema. Answer with the JSON only. "
 
 
 def _pick_schemas(args, tok):
@@ -66,6 +71,31 @@ def _pick_schemas(args, tok):
         if len(picked) == args.schemas:
             break
     return picked
+
+
+def _write_prompts(args) -> None:
+    from ctrlg.lm.models import load_tokenizer
+
+    tok = load_tokenizer()
+    excluded = set()
+    for seed in [int(x) for x in args.exclude_seeds.split(",") if x]:
+        excluded |= {name for name, _, _ in _pick_schemas(argparse.Namespace(**{**vars(args), "seed": seed}), tok)}
+    files = sorted(f for c in sorted(args.data.iterdir()) if c.is_dir() for f in c.glob("*.json"))
+    random.Random(args.seed).shuffle(files)
+    lines = []
+    for f in files:
+        text = f.read_text()
+        if f.name in excluded or len(text) > args.max_schema_chars:
+            continue
+        try:
+            lines.append(INSTRUCTION + json.dumps(json.loads(text)))
+        except ValueError:
+            continue
+        if len(lines) == args.prompt_limit:
+            break
+    args.write_prompts.parent.mkdir(parents=True, exist_ok=True)
+    args.write_prompts.write_text("\n".join(lines) + "\n")
+    print(f"wrote {len(lines)} prompts to {args.write_prompts} ({len(excluded)} schemas left out)")
 
 
 def _mode_options(mode: str, hmm) -> dict:
@@ -102,7 +132,13 @@ def main(argv=None) -> None:
     p.add_argument("--hmm", default="default")
     p.add_argument("--resamples", type=int, default=1000)
     p.add_argument("--out", type=Path, default=RESULTS / "json_guidance_quality.json")
+    p.add_argument("--write-prompts", type=Path, default=None)
+    p.add_argument("--prompt-limit", type=int, default=4096)
+    p.add_argument("--exclude-seeds", default="0,1")
     args = p.parse_args(argv)
+    if args.write_prompts is not None:
+        _write_prompts(args)
+        return
 
     import jsonschema
 

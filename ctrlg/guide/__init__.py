@@ -10,6 +10,8 @@ Read it top down (the processor, :class:`ctrlg.sampler.ConstraintLogitsProcessor
 * :mod:`~ctrlg.guide.tables` — Ctrl-G's backward tables ``W_r(s, z)`` over A and the HMM
   (:class:`GuideTables`, :func:`build_tables`, :func:`forward_update`);
 * :mod:`~ctrlg.guide.token_weights` — per-token queries P(v | x≤t), P(v, α | x≤t) off the tables;
+* :mod:`~ctrlg.guide.horizon` — a lazy automaton without tables: exact budget masks decided per
+  state, and the HMM's estimate over a bounded lookahead horizon (``horizon=`` of the processor);
 * :mod:`~ctrlg.guide.canonical_masks`, :mod:`~ctrlg.guide.grammar_masks` — the exact masks of
   the canonical filter and of context-free grammars;
 * :mod:`~ctrlg.guide.guidance` — the pure function p ∝ p_lm · p_hmm(α | x≤t, v)^w;

@@ -62,7 +62,8 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
     """Prompts from ``prompts.file`` (or the inline list ``prompts.list``): ``format: commongen``
     turns concept lines into chat-template instructions, ``keywords`` into the supervised
     adapter's prompts (BOS + "Concepts: a, b, c.\nSentence:",
-    :func:`ctrlg.data.commongen_prompts.prompt_text`), ``raw`` uses each line as is; ``bos`` is
+    :func:`ctrlg.data.commongen_prompts.prompt_text`), ``raw`` uses each line as is, ``chat``
+    each line as the user's message under the tokenizer's chat template; ``bos`` is
     the single prompt "BOS" (``prompts.bos_token``) of unconditional sampling; ``story_prefixes``
     the continuation LM's prompts over prefixes of the story corpus's training passages
     (:func:`ctrlg.data.story_prompts.continuation_prompts`; ``prompts.file``: another JSONL of
@@ -87,9 +88,13 @@ def build_prompts(cfg: Mapping, tokenizer) -> list[str]:
                                      for line in lines if line.split()))
     elif fmt == "raw":
         prompts = list(dict.fromkeys(lines))
+    elif fmt == "chat":
+        prompts = list(dict.fromkeys(tokenizer.apply_chat_template(
+            [{"role": "user", "content": line}], tokenize=False, add_generation_prompt=True)
+            for line in lines))
     else:
-        raise CtrlgError(f"prompts.format must be 'commongen', 'keywords', 'raw', 'bos' or "
-                         f"'story_prefixes', got {fmt!r}")
+        raise CtrlgError(f"prompts.format must be 'commongen', 'keywords', 'raw', 'chat', 'bos' "
+                         f"or 'story_prefixes', got {fmt!r}")
     return prompts[:limit] if limit else prompts
 
 
