@@ -231,4 +231,15 @@ def test_keyword_prompts_are_the_supervised_adapters_prompts(smollm2_tokenizer):
                        "<|endoftext|>Concepts: field, look.\nSentence:"]
     assert prompts[1] == prompt_text(["field", "look"], "keywords", smollm2_tokenizer)
     with pytest.raises(CtrlgError, match="'keywords'"):
-        distill.build_prompts({"prompts": {"list": ["a"], "format": "chat"}}, smollm2_tokenizer)
+        distill.build_prompts({"prompts": {"list": ["a"], "format": "markdown"}}, smollm2_tokenizer)
+
+
+def test_chat_prompts_wrap_each_line_as_the_users_message(smollm2_tokenizer):
+    """prompts.format=chat (the JSON HMM's prompts): each distinct line is the user's message
+    under the tokenizer's chat template, with the assistant's turn opened."""
+    lines = ['Write JSON. {"type": "object"}', 'Write JSON. {"type": "object"}', "Say hi."]
+    prompts = distill.build_prompts({"prompts": {"list": lines, "format": "chat"}}, smollm2_tokenizer)
+    want = [smollm2_tokenizer.apply_chat_template([{"role": "user", "content": line}], tokenize=False,
+                                                   add_generation_prompt=True) for line in lines[1:]]
+    assert prompts == want and len(set(prompts)) == 2
+    assert all(lines[2] in prompts[1] and p.rstrip().endswith("assistant") for p in prompts[1:])
