@@ -25,7 +25,8 @@ Ctrl-G modes use the HMM ``--hmm`` (an embedded name, or ``default``).
 ``--write-prompts FILE`` instead writes the training prompts of a JSON HMM
 (``configs/distill_json.yaml``): one line per schema of every category (text at most
 ``--max-schema-chars``, seeded order, at most ``--prompt-limit``), the instruction then the
-schema, leaving out the schemas that the evaluation samples of ``--exclude-seeds`` pick.
+schema after a space (the evaluation's blank line would split the line), leaving out the
+schemas that the evaluation samples of ``--exclude-seeds`` pick.
 
 Per document: log p_lm(y | prompt) (EOS included, as :func:`ctrlg.generate` reranks), its
 tokens, whether it ended with EOS before the budget (a budget-forced ending closes whatever was
@@ -45,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).parent / "results"
-INSTRUCTION = "Write a JSON object that matches this JSON Schema. Answer with the JSON only. "
+INSTRUCTION = "Write a JSON object that matches this JSON Schema. Answer with the JSON only.\n\n"
 
 
 def _pick_schemas(args, tok):
@@ -88,7 +89,7 @@ def _write_prompts(args) -> None:
         if f.name in excluded or len(text) > args.max_schema_chars:
             continue
         try:
-            lines.append(INSTRUCTION + json.dumps(json.loads(text)))
+            lines.append(INSTRUCTION.strip() + " " + json.dumps(json.loads(text)))   # one line
         except ValueError:
             continue
         if len(lines) == args.prompt_limit:

@@ -293,11 +293,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         finished = self._finished(generated)
         if bool(finished.all()):
             return scores
-        remaining = self.max_new_tokens - generated.shape[1]
-        if remaining < 1:
-            raise ConstraintError(
-                f"generation reached token {generated.shape[1] + 1} but the processor was built for "
-                f"max_new_tokens={self.max_new_tokens}; pass the same max_new_tokens to generate")
+        remaining = self._remaining(generated)
         active = np.flatnonzero(~finished.numpy())
         every = len(active) == B
         guide_of_row = self._table_of_dfa[np.arange(B) // (B // len(self.dfas))][active]
@@ -336,11 +332,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             return scores
         if priors is not None and hasattr(self.prior, "current"):
             priors = self.prior.current(generated)  # per-step priors, in input_ids' row order
-        remaining = self.max_new_tokens - generated.shape[1]
-        if remaining < 1:
-            raise ConstraintError(
-                f"generation reached token {generated.shape[1] + 1} but the processor was built for "
-                f"max_new_tokens={self.max_new_tokens}; pass the same max_new_tokens to generate")
+        remaining = self._remaining(generated)
         active = np.flatnonzero(~finished.numpy())
         every = len(active) == B
         if not every:
@@ -453,6 +445,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         return guided
 
     # ------------------------------------------------------------------ __call__'s steps
+    def _remaining(self, generated: torch.Tensor) -> int:
+        """Tokens left, this one included; ConstraintError past the budget."""
+        remaining = self.max_new_tokens - generated.shape[1]
+        if remaining < 1:
+            raise ConstraintError(
+                f"generation reached token {generated.shape[1] + 1} but the processor was built for "
+                f"max_new_tokens={self.max_new_tokens}; pass the same max_new_tokens to generate")
+        return remaining
+
     def _check_shapes(self, input_ids: torch.Tensor, scores: torch.Tensor) -> None:
         B, V, k = input_ids.shape[0], self.vocab_size, len(self.dfas)
         check_float_scores(scores)

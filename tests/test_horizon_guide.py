@@ -114,6 +114,13 @@ def test_the_bound_is_never_below_the_token_distance(pattern):
     assert len(seen) >= 3
 
 
+def _prior_after(guide, prefix):
+    prior = guide.initial_prior()
+    for t in prefix:
+        prior = guide.advance_prior(prior, t)
+    return prior
+
+
 def _brute_ratio(hmm, d, prefix, r, horizon=None, tail=None):
     """log p_hmm(α | x≤t, v) for every v by enumeration; with ``horizon``, α_k of the module
     docstring (k = min(horizon, r)): a path of k tokens ending in state s is worth
@@ -160,9 +167,7 @@ def test_a_horizon_over_the_budget_is_ctrlg_exactly(pattern):
         q = d.run(prefix)
         if q == DEAD:
             continue
-        prior = guide.initial_prior()
-        for t in prefix:
-            prior = guide.advance_prior(prior, t)
+        prior = _prior_after(guide, prefix)
         r = n - len(prefix)
         got = guide.log_ratio(q, prior, r).double().numpy()
         want = _brute_ratio(hmm, d, prefix, r)
@@ -183,9 +188,7 @@ def test_a_short_horizon_is_its_named_approximation(pattern, horizon):
         q = d.run(prefix)
         if q == DEAD:
             continue
-        prior = guide.initial_prior()
-        for t in prefix:
-            prior = guide.advance_prior(prior, t)
+        prior = _prior_after(guide, prefix)
         r = n - len(prefix)
         k = min(horizon, r)
         left = r - k
@@ -219,9 +222,7 @@ def test_a_small_region_keeps_the_masks_exact():
     feas = LazyFeasibility(d)
     for prefix in [(), (0,), (6,), (0, 6)]:
         q = d.run(prefix)
-        prior = small.initial_prior()
-        for t in prefix:
-            prior = small.advance_prior(prior, t)
+        prior = _prior_after(small, prefix)
         got = small.log_ratio(q, prior, n - len(prefix))
         assert np.array_equal(torch.isfinite(got).numpy(), feas.mask(q, n - len(prefix)))
 
