@@ -80,7 +80,8 @@ def _write_prompts(args) -> None:
     tok = load_tokenizer()
     excluded = set()
     for seed in [int(x) for x in args.exclude_seeds.split(",") if x]:
-        excluded |= {name for name, _, _ in _pick_schemas(argparse.Namespace(**{**vars(args), "seed": seed}), tok)}
+        sample = argparse.Namespace(**{**vars(args), "seed": seed})
+        excluded |= {name for name, _, _ in _pick_schemas(sample, tok)}
     files = sorted(f for c in sorted(args.data.iterdir()) if c.is_dir() for f in c.glob("*.json"))
     random.Random(args.seed).shuffle(files)
     lines = []

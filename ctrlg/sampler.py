@@ -297,8 +297,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         active = np.flatnonzero(~finished.numpy())
         every = len(active) == B
         guide_of_row = self._table_of_dfa[np.arange(B) // (B // len(self.dfas))][active]
+        use_hmm = self.hmm is not None and self.strength != 0
         ratio = self.horizon_rows.log_ratios(generated[torch.as_tensor(active)], guide_of_row,
-                                             remaining, use_hmm=self.hmm is not None and self.strength != 0)
+                                             remaining, use_hmm=use_hmm)
         active_t = None if every else torch.as_tensor(active, device=scores.device)
         lm = scores[:, :self.vocab_size] if every else scores[active_t, :self.vocab_size]
         guided = apply_guidance(lm, ratio.to(lm.device), self.strength if self.hmm is not None else 1.0)

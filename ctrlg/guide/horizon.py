@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import deque
 
 import numpy as np
 import torch
@@ -107,7 +106,6 @@ class LazyFeasibility:
             raise ConstraintError(f"a lazy guide needs a LazyTokenDFA, got {type(dfa).__name__}")
         self.dfa = dfa
         self._edges: dict[int, tuple] = {}
-        self._successors: dict[int, np.ndarray] = {}
         self._groups: dict[int, tuple] = {}
         self._upper: dict[int, float] = {}      # s -> a bound of d(s) in tokens
         self._step: dict[int, tuple] = {}       # s -> (token, next state) of that completion
@@ -160,8 +158,9 @@ class LazyFeasibility:
     def _byte_distances(self) -> np.ndarray:
         """float64 [Q]: for every byte state, the fewest bytes to acceptance along rows built so
         far, by bytes that are single tokens (inf where none leads there yet): an upper bound of
-        d in tokens that tightens as the automaton is explored. One multi-source shortest-path pass over the reversed
-        explored graph (scipy's compiled Dijkstra, unit weights), redone when rows were added."""
+        d in tokens that tightens as the automaton is explored. One multi-source shortest-path
+        pass over the reversed explored graph (scipy's compiled Dijkstra, unit weights), redone
+        when rows were added."""
         b = self.dfa.bdfa
         Q = b.num_states
         built = int(np.count_nonzero(b.computed[:Q]))
@@ -417,7 +416,7 @@ class HorizonGuide:
             return torch.where(allowed, 0.0, -math.inf)
         k = min(self.horizon, remaining)
         region = self._region(state, remaining, k)
-        targets, members = self.feasibility.groups(state)
+        _, members = self.feasibility.groups(state)
         p = prior.reshape(-1).float()
         weighted = p * region.w_hat                                 # [n, h]
         dense = [j for j, tokens in enumerate(members) if len(tokens) >= DENSE_GROUP]
