@@ -20,7 +20,7 @@ under the lazy automaton (:func:`ctrlg.dfa.lazy_json_schema`, exact budget masks
 * **hH** / **hHrM**: Ctrl-G with the lazy guide's horizon H (:mod:`ctrlg.guide.horizon`) and
   regions of at most M states (default :data:`ctrlg.guide.horizon.MAX_REGION_STATES`).
 
-Ctrl-G modes use the HMM ``--hmm`` (an embedded name, or ``default``).
+Ctrl-G modes use the HMM ``--hmm`` (an embedded name, ``default``, or a checkpoint folder).
 
 ``--write-prompts FILE`` instead writes the training prompts of a JSON HMM
 (``configs/distill_json.yaml``): one line per schema of every category (text at most
@@ -145,13 +145,18 @@ def main(argv=None) -> None:
     import jsonschema
 
     import ctrlg
+    from ctrlg import HMM
     from ctrlg.hmm import load_default_hmm, load_embedded_hmm
     from ctrlg.lm.models import load_model, load_tokenizer
 
     tok = load_tokenizer()
     model = load_model().eval()
-    hmm = load_default_hmm(tokenizer=tok) if args.hmm == "default" else \
-        load_embedded_hmm(args.hmm, tokenizer=tok)
+    if args.hmm == "default":
+        hmm = load_default_hmm(tokenizer=tok)
+    elif Path(args.hmm).is_dir():                  # a checkpoint folder (experiments.distill)
+        hmm = HMM.load(args.hmm, tokenizer=tok)
+    else:
+        hmm = load_embedded_hmm(args.hmm, tokenizer=tok)
     modes = [m for m in args.modes.split(",") if m]
     if "logical" not in modes:
         p.error("--modes must include logical (the baseline of the intervals)")
