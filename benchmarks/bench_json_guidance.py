@@ -189,6 +189,8 @@ def table(summary) -> str:
 
 
 def main(argv=None) -> None:
+    from ctrlg.guide.horizon import DEFAULT_HORIZON, MAX_REGION_STATES
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True,
                    help="the data/ folder of a guidance-ai/jsonschemabench checkout")
@@ -197,8 +199,8 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engines", default="horizon,tables")
     p.add_argument("--budget", type=int, default=256)
-    p.add_argument("--horizon", type=int, default=4)
-    p.add_argument("--region-states", type=int, default=96)
+    p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON)
+    p.add_argument("--region-states", type=int, default=MAX_REGION_STATES)
     p.add_argument("--precision", default="auto")
     p.add_argument("--hmm", default="stories-h512")
     p.add_argument("--timeout", type=float, default=20.0)

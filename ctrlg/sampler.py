@@ -309,11 +309,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         """Forget the row states (a new ``generate`` call starts)."""
         if self.horizon_rows is not None:
             self.horizon_rows.reset()
-            self._last_width = -1
-            self.prompt_length = self._fixed_prompt_length
-            return
-        self.rows.reset()
-        self._scored = None        # the kept path's entries of the last call (_kept_lookahead)
+        else:
+            self.rows.reset()
+            self._scored = None    # the kept path's entries of the last call (_kept_lookahead)
         self._last_width = -1
         self.prompt_length = self._fixed_prompt_length
 

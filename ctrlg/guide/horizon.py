@@ -62,7 +62,7 @@ from scipy.sparse.csgraph import dijkstra
 from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide.emission_operands import emission_operands
-from ctrlg.guide.tables import PRECISIONS, resolve_precision
+from ctrlg.guide.tables import PRECISIONS, forward_update, resolve_precision
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
 
 __all__ = ["HorizonGuide", "HorizonRows", "LazyFeasibility", "DEFAULT_HORIZON", "MAX_REGION_STATES"]
@@ -446,12 +446,11 @@ class HorizonGuide:
         return self.hmm.initial.float().clone()
 
     def advance_prior(self, prior: torch.Tensor, token: int) -> torch.Tensor:
-        """The filtering step p' ∝ (p ⊙ B[:, v]) A for one row (a uniform p when the HMM gives
-        the token probability 0)."""
-        q = prior.reshape(-1).float() * self._emission_t[int(token)]
-        total = q.sum()
-        q = q / total if bool(total > 0) else torch.full_like(q, 1.0 / q.numel())
-        return q @ self._transition
+        """The filtering step p' ∝ (p ⊙ B[:, v]) A for one row: the tables' own step
+        (:func:`ctrlg.guide.tables.forward_update`, so both paths filter alike)."""
+        tokens = torch.tensor([int(token)])
+        return forward_update(prior.reshape(1, -1).float(), tokens, self._transition,
+                              self._emission_t)[0]
 
     # ------------------------------------------------------------------ regions
     def _region(self, q: int, remaining: int, k: int) -> _Region:
