@@ -235,7 +235,8 @@ def test_iterative_widening_keeps_the_best_of_the_narrow_and_the_wide_search(tin
                                     f"hmm.path={tiny_hmm_dir}", "data.limit=3", "batch_size=3",
                                     "generation.max_new_tokens=10", "metrics.meteor=false",
                                     "bootstrap.resamples=0", "save_candidates=true",
-                                    "methods=[logical,ctrlg]", *extra])
+                                    "methods=[logical,ctrlg]", "rerank_length_penalty=0",
+                                    "judge.weight=0", *extra])
         commongen.run(cfg, folder)
         return {r["index"]: r for r in read_records(folder)}
 

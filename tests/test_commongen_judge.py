@@ -158,7 +158,7 @@ def test_decoding_with_a_judge_equals_re_picking_the_saved_beams_with_it(tiny_lm
 
     plain, judged = tmp_path / "plain", tmp_path / "judged"
     commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir), plain)
-    with_judge = ["judge.weight=2.0", "judge.top_k=3", f"judge.model={tiny_lm_dir}"]
+    with_judge = ["judge.weight=2.0", "judge.top_k=3", f"judge.model={tiny_lm_dir}", "judge.adapter=null"]
     commongen.run(_adapted(tiny_lm_dir, tiny_hmm_dir, *with_judge), judged)
     decoded = read_records(judged)
     for record in decoded:

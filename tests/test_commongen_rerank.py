@@ -39,12 +39,28 @@ def test_the_exponent_decides_between_a_short_and_a_long_candidate():
     assert pick_candidate([-6.0, -12.0], [3, 12], [True, True], 1.0) == 1
 
 
+# the paper's rule (the highest summed log p_lm), which the adapted pipeline's default replaces
+# with p = 0.2 and a judge: the tests of the rerank's mechanics start from it
+PAPER_RULE = ("rerank_length_penalty=0", "judge.weight=0")
+
+
+def test_the_adapted_pipeline_reranks_with_the_supervised_judge_by_default():
+    from ctrlg.tasks.commongen.rerank import rerank_rule
+
+    cfg = compose("commongen", [])
+    assert rerank_rule(cfg) == {"rerank": "lm_loglik", "length_penalty": 0.2, "judge_weight": 0.5,
+                                "judge_top_k": 32}
+    assert cfg.judge.adapter == "commongen-supervised" and cfg.judge.model is None
+    assert rerank_rule(compose("commongen", list(PAPER_RULE))) == {"rerank": "lm_loglik",
+                                                                  "length_penalty": 0.0}
+
+
 def test_a_zero_exponent_keeps_the_settings_of_runs_from_before_it():
     """resume=true compares settings: a run saved without the key equals p = 0, not p = 0.5."""
-    base = compose("commongen", [])
-    assert generation_settings(base) == generation_settings(compose("commongen", ["rerank_length_penalty=0"]))
-    assert "rerank_length_penalty" not in generation_settings(base)
-    assert generation_settings(compose("commongen", ["rerank_length_penalty=0.5"]))["rerank_length_penalty"] == 0.5
+    base = compose("commongen", list(PAPER_RULE))
+    assert "rerank_length_penalty" not in generation_settings(base) and "judge" not in generation_settings(base)
+    assert generation_settings(base) == generation_settings(compose("commongen", [*PAPER_RULE, "rerank_length_penalty=0.0"]))
+    assert generation_settings(compose("commongen", ["judge.weight=0", "rerank_length_penalty=0.5"]))["rerank_length_penalty"] == 0.5
 
 
 def _adapted(lm_dir, hmm_dir, *extra):
@@ -52,7 +68,8 @@ def _adapted(lm_dir, hmm_dir, *extra):
                                  f"hmm.path={hmm_dir}", "data.limit=4", "batch_size=2",
                                  "generation.num_beams=4", "generation.max_new_tokens=12",
                                  "metrics.meteor=false", "bootstrap.resamples=0",
-                                 "methods=[logical,ctrlg]", "save_candidates=true", *extra])
+                                 "methods=[logical,ctrlg]", "save_candidates=true",
+                                 *PAPER_RULE, *extra])
 
 
 def test_re_picking_saved_candidates_equals_decoding_with_the_exponent(tiny_lm_dir, tiny_hmm_dir, tmp_path):
@@ -105,7 +122,7 @@ def test_an_unknown_rerank_fails_before_the_lm_is_loaded(tmp_path):
 
     for override, named in (("rerank=best", "rerank must be one of"),
                             ("mbr_temperature=0", "mbr_temperature must be > 0")):
-        cfg = compose("commongen", ["model.name=/nonexistent/lm", "rerank=mbr", override])
+        cfg = compose("commongen", ["model.name=/nonexistent/lm", "rerank=mbr", "judge.weight=0", override])
         with pytest.raises(ExperimentConfigError, match=named):
             commongen.run(cfg, tmp_path)
 
@@ -177,7 +194,8 @@ def test_keep_as_pairs_the_new_rule_with_the_decoded_pick_on_the_same_items(tmp_
                            _candidate("dog", -1.0, accepted=False)])]
     run = tmp_path / "run"
     run.mkdir()
-    cfg = compose("commongen", ["bootstrap.resamples=50", "metrics.meteor=false", "methods=[ctrlg]"])
+    cfg = compose("commongen", ["bootstrap.resamples=50", "metrics.meteor=false", "methods=[ctrlg]",
+                                *PAPER_RULE])
     OmegaConf.save(cfg, run / "config.yaml")
     with open(run / "generations.jsonl", "w") as handle:   # as decoded: the summed pick kept
         for index, (refs, candidates) in enumerate(items):

@@ -2,15 +2,16 @@
 prompt's key/value cache shared by every candidate.
 
 Reranking K finished candidates y_1..y_K of one item by a judge LM that reads its own prompt c
-(e.g. an instruction naming the concepts) costs one forward pass over c and one over the K
-candidates' tokens: |c| + Σ_k |y_k| token-steps (≈ 2·N FLOPs each for an N-parameter LM) instead
-of K·|c| + Σ_k |y_k| when every row repeats the prompt. With a 45-token instruction and 16
-candidates of 15 tokens that is 285 token-steps against 960.
+(e.g. an instruction naming the concepts) costs one forward pass over c and one over the
+candidates' prefix tree: |c| + (the tree's inner nodes) token-steps (≈ 2·N FLOPs each for an
+N-parameter LM) instead of K·(|c| + |y|) when every row repeats the prompt and every candidate
+is run whole. Eight beams of one CommonGen item are near-paraphrases ("A man is standing …" /
+"A man stands …"), so their tree has about half as many nodes as their tokens.
 
 The score is exact: log p(y | c) = Σ_t log p(y_t | c, y_<t), the first term read from the
-prompt's last logits, the rest from the candidates' pass over the cached prompt (right-padded
-rows; a padded position attends only to the prompt and to the tokens before it, so it never
-changes a real token's logits).
+prompt's last logits, the rest from the tree's pass over the cached prompt (a node attends to the
+prompt and its own ancestors only, at position |c| + its depth, so its logits are those of its
+prefix run alone, up to float rounding).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ctrlg.lm.adapters import base_fingerprint
 from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.vocab import tokenizer_fingerprint
 
-__all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods"]
+__all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods",
+           "judge_log_likelihoods_many", "prefix_tree"]
 
 
 class JudgeCacheError(CtrlgError):
@@ -43,44 +45,140 @@ def judge_identity(model, tokenizer, text_prefix: str = "") -> str:
     return identity + (f" prefix {json.dumps(text_prefix)}" if text_prefix else "")
 
 
+def prefix_tree(candidates: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """The candidates' token prefix tree (a trie): ``(tokens, parents, depths, paths)`` with one
+    node per distinct non-empty prefix, in an order where every node follows its parent
+    (``parents[n] = -1`` for a first token), and ``paths[k]`` the nodes that spell candidate k."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    children: dict[tuple[int, int], int] = {}
+    paths: list[list[int]] = []
+    for candidate in candidates:
+        node, path = -1, []
+        for token in candidate:
+            key = (node, int(token))
+            child = children.get(key)
+            if child is None:
+                child = children[key] = len(tokens)
+                tokens.append(int(token))
+                parents.append(node)
+                depths.append(0 if node < 0 else depths[node] + 1)
+            path.append(child)
+            node = child
+        paths.append(path)
+    return tokens, parents, depths, paths
+
+
+def _row_mask(prompt_length: int, parents: Sequence[int], width: int, left_pad: int) -> torch.Tensor:
+    """Bool [width, width]: which columns each column of one packed row attends to. The row is
+    ``left_pad`` padding columns, the prompt (causal), then the tree's nodes (``parents`` indexes
+    nodes of the same row, −1 for a first token): a node sees the whole prompt, its ancestors and
+    itself. Padding columns see only themselves (their outputs are never read)."""
+    allowed = torch.eye(width, dtype=torch.bool)
+    lo, start = left_pad, left_pad + prompt_length
+    allowed[lo:start, lo:start] = torch.ones(prompt_length, prompt_length, dtype=torch.bool).tril()
+    for node, parent in enumerate(parents):
+        row = start + node
+        allowed[row, lo:start] = True
+        if parent >= 0:
+            allowed[row, start:row] = allowed[start + parent, start:row]
+    return allowed
+
+
+def _packed_rows(requests, batch_size: int):
+    """One row per (request, chunk of ``batch_size`` candidates): ``(request, paths offset,
+    prompt, tree)`` with the chunk's :func:`prefix_tree`."""
+    rows = []
+    for r, (prompt, candidates) in enumerate(requests):
+        for lo in range(0, max(len(candidates), 1), batch_size):
+            rows.append((r, lo, prompt, prefix_tree(candidates[lo:lo + batch_size])))
+    return rows
+
+
 @torch.no_grad()
+def judge_log_likelihoods_many(model, requests: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
+                               batch_size: int = 32, max_positions: int = 2048) -> list[list[float]]:
+    """log p_model(candidate | prompt) of every candidate of every ``(prompt, candidates)``
+    request (the sum of its token log-probabilities; an empty candidate scores 0).
+
+    Each request's candidates (``batch_size`` at a time) are packed with its prompt into one row:
+    the prompt, then the candidates' prefix tree (:func:`prefix_tree`) without its leaves, each
+    node at position |prompt| + its depth and attending to the prompt and its own ancestors
+    (tree attention, as speculative decoders verify draft trees). A shared prefix is run once and
+    a leaf (every candidate's last token) not at all: its token is scored by its parent's logits,
+    a first token by the prompt's last. The rows of all requests go through the LM together, at
+    most ``max_positions`` columns per forward, prompts right-aligned so that the logits read are
+    those of a few shared columns: one weight pass serves many items, where a decoding step of a
+    small LM is bound by reading its weights."""
+    requests = [([int(t) for t in p], [[int(t) for t in c] for c in cands]) for p, cands in requests]
+    for prompt, _ in requests:
+        if not prompt:
+            raise ConstraintError("judge_log_likelihoods needs a non-empty prompt (at least a BOS token)")
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    scores = [[0.0] * len(cands) for _, cands in requests]
+    rows = sorted(_packed_rows(requests, int(batch_size)), key=lambda row: len(row[2]))
+    groups, group, widest = [], [], 0
+    for row in rows:
+        prompt, tree = row[2], row[3]
+        inner = len({p for p in tree[1] if p >= 0})
+        width = max(widest, len(prompt) + inner)
+        if group and width * (len(group) + 1) > max_positions:
+            groups.append(group)
+            group, width = [], len(prompt) + inner
+        group.append(row)
+        widest = width
+    if group:
+        groups.append(group)
+    for group in groups:
+        _score_rows(model, group, scores, device, dtype)
+    return scores
+
+
+def _score_rows(model, group, scores, device, dtype) -> None:
+    """Run one forward over the packed rows of ``group`` and add each candidate's score."""
+    prepared = []
+    for r, offset, prompt, (tokens, parents, depths, paths) in group:
+        inner = sorted({p for p in parents if p >= 0})
+        row_of = {node: k for k, node in enumerate(inner)}
+        prepared.append((r, offset, prompt, tokens, parents, paths, inner, row_of,
+                         [depths[n] for n in inner], [row_of.get(parents[n], -1) for n in inner]))
+    prompt_width = max(len(p[2]) for p in prepared)
+    width = prompt_width + max(len(p[6]) for p in prepared)
+    ids = torch.zeros(len(prepared), width, dtype=torch.long)
+    positions = torch.zeros(len(prepared), width, dtype=torch.long)
+    allowed = torch.zeros(len(prepared), width, width, dtype=torch.bool)
+    for b, (_, _, prompt, tokens, _, _, inner, _, depths, inner_parents) in enumerate(prepared):
+        pad = prompt_width - len(prompt)
+        ids[b, pad:prompt_width] = torch.tensor(prompt)
+        positions[b, pad:prompt_width] = torch.arange(len(prompt))
+        if inner:
+            ids[b, prompt_width:prompt_width + len(inner)] = torch.tensor([tokens[n] for n in inner])
+            positions[b, prompt_width:prompt_width + len(inner)] = len(prompt) + torch.tensor(depths)
+        allowed[b] = _row_mask(len(prompt), inner_parents, width, pad)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    keep = torch.arange(prompt_width - 1, width)       # the prompt's last column and the nodes
+    logits = model(input_ids=ids.to(device), position_ids=positions.to(device),
+                   attention_mask=mask[:, None].to(device), logits_to_keep=keep.to(device)).logits
+    for b, (r, offset, prompt, tokens, parents, paths, inner, row_of, _, _) in enumerate(prepared):
+        # column k of ``logits`` holds the next-token logits after the prompt (k = 0) or after
+        # inner node inner[k - 1]
+        if not tokens:                     # every candidate of the row is empty: scores 0
+            continue
+        source = torch.tensor([0 if p < 0 else 1 + row_of[p] for p in parents], device=device)
+        logp = torch.log_softmax(logits[b].index_select(0, source).float(), -1)
+        node_logp = logp.gather(-1, torch.tensor(tokens, device=device)[:, None])[:, 0].cpu()
+        for k, path in enumerate(paths):
+            scores[r][offset + k] = float(node_logp[path].sum()) if path else 0.0
+
+
 def judge_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
                           batch_size: int = 32) -> list[float]:
-    """log p_model(candidate | prompt) for each candidate (the sum of its token log-probabilities;
-    an empty candidate scores 0), the prompt encoded once and its cache shared by every batch."""
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ConstraintError("judge_log_likelihoods needs a non-empty prompt (at least a BOS token)")
-    device = next(model.parameters()).device
-    prompt_tensor = torch.tensor([prompt], device=device)
-    start = model(input_ids=prompt_tensor, use_cache=True)
-    prompt_cache, keyword = returned_cache(start), cache_keyword(model)
-    first = torch.log_softmax(start.logits[0, -1].float(), -1)
-    scores: list[float] = []
-    for lo in range(0, len(candidates), batch_size):
-        chunk = [[int(t) for t in c] for c in candidates[lo:lo + batch_size]]
-        width = max((len(c) for c in chunk), default=0)
-        if width == 0:
-            scores.extend(0.0 for _ in chunk)
-            continue
-        ids = torch.zeros(len(chunk), width, dtype=torch.long, device=device)
-        mask = torch.zeros(len(chunk), len(prompt) + width, dtype=torch.long, device=device)
-        mask[:, :len(prompt)] = 1
-        for i, c in enumerate(chunk):
-            if c:
-                ids[i, :len(c)] = torch.tensor(c, device=device)
-                mask[i, len(prompt):len(prompt) + len(c)] = 1
-        cache = copy.deepcopy(prompt_cache)
-        cache.batch_repeat_interleave(len(chunk))
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=True,
-                       **{keyword: cache}).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
-        for i, c in enumerate(chunk):
-            if not c:
-                scores.append(0.0)
-                continue
-            scores.append(float(first[c[0]]) + float(logp[i, :len(c) - 1].sum()))
-    return scores
+    """log p_model(candidate | prompt) for each candidate: :func:`judge_log_likelihoods_many`
+    of one request."""
+    return judge_log_likelihoods_many(model, [(prompt_ids, candidates)], batch_size=batch_size)[0]
 
 
 class Judge:
@@ -116,13 +214,24 @@ class Judge:
                               add_special_tokens=False)["input_ids"] + self._end
 
     def score(self, prompt_ids: Sequence[int], texts: Sequence[str]) -> list[float]:
-        prompt = tuple(int(t) for t in prompt_ids)
-        missing = list(dict.fromkeys(t for t in texts if (prompt, t) not in self.memo))
+        return self.score_many([(prompt_ids, texts)])[0]
+
+    def score_many(self, requests: Sequence[tuple[Sequence[int], Sequence[str]]]) -> list[list[float]]:
+        """:meth:`score` of several ``(prompt ids, texts)`` requests (one per item of a batch):
+        the texts not memoised yet are scored together (:func:`judge_log_likelihoods_many`)."""
+        keyed = [(tuple(int(t) for t in prompt), list(texts)) for prompt, texts in requests]
+        missing: dict[tuple, list[str]] = {}
+        for prompt, texts in keyed:
+            todo = missing.setdefault(prompt, [])
+            todo.extend(t for t in dict.fromkeys(texts) if (prompt, t) not in self.memo and t not in todo)
+        missing = {p: texts for p, texts in missing.items() if texts}
         if missing:
-            values = judge_log_likelihoods(self.model, prompt, [self.encode(t) for t in missing],
-                                           batch_size=self.batch_size)
-            self.memo.update({(prompt, t): v for t, v in zip(missing, values)})
-        return [self.memo[(prompt, t)] for t in texts]
+            values = judge_log_likelihoods_many(
+                self.model, [(p, [self.encode(t) for t in texts]) for p, texts in missing.items()],
+                batch_size=self.batch_size)
+            for (prompt, texts), scored in zip(missing.items(), values):
+                self.memo.update({(prompt, t): v for t, v in zip(texts, scored)})
+        return [[self.memo[(prompt, t)] for t in texts] for prompt, texts in keyed]
 
     def save_memo(self, path) -> None:
         """Write every memoised score as JSON lines ``{"prompt": [...], "text": ..., "score": ...}``

@@ -27,7 +27,7 @@ from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.tasks.commongen.items import word_count
 from ctrlg.tasks.commongen.methods import guide_kernel, widening
-from ctrlg.tasks.commongen.rerank import pick_candidate, rerank_rule
+from ctrlg.tasks.commongen.rerank import judge_shortlist, pick_candidate, rerank_rule
 from ctrlg.tasks.search_options import SearchOptions
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids, lm_vocab_size
@@ -193,15 +193,24 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
         decoded, widen, spec, model, tokenizer, prompts, constraints, hmm, cfg, seed)
     rule = rerank_rule(cfg)
     keep_all = bool(cfg.get("save_candidates", False))
+    rerank = rule["rerank"] != "none"
+    judged = bool(rule.get("judge_weight")) and rerank
+    if judged and (judge is None or judge_prompts is None):
+        raise ExperimentConfigError("judge.weight > 0 but no judge LM was loaded")
+    accepted_of = [[c.accepts(s) for s in samples] for (samples, _), c in zip(decoded, constraints)]
+    texts_of = [[candidate_text(tokenizer, s, eos) for s in samples]
+                if keep_all or judged or rule["rerank"] == "mbr" else None for samples, _ in decoded]
+    if judged:   # every item's shortlist scored together: one judge pass for the batch
+        judge.score_many([
+            (judge_prompts[j], [texts[i] for i in judge_shortlist(
+                [i for i, ok in enumerate(accepted) if ok] or list(range(len(samples))),
+                list(scores), [len(s) for s in samples], rule, texts)])
+            for j, ((samples, scores), accepted, texts) in enumerate(zip(decoded, accepted_of, texts_of))])
     results = []
-    for j, ((samples, scores), constraint) in enumerate(zip(decoded, constraints)):
-        accepted = [constraint.accepts(s) for s in samples]
-        rerank = rule["rerank"] != "none"
+    for j, (samples, scores) in enumerate(decoded):
+        accepted, texts = accepted_of[j], texts_of[j]
         scores = list(scores) if rerank else [0.0] * len(samples)
         lengths = [len(s) for s in samples]
-        judged = rule.get("judge_weight") and rerank
-        texts = [candidate_text(tokenizer, s, eos) for s in samples] \
-            if keep_all or judged or rule["rerank"] == "mbr" else None
         verdicts: dict[str, float] = {}
 
         def verdict(chosen: list[str], j=j) -> list[float]:
@@ -209,8 +218,6 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
             verdicts.update(zip(chosen, values))
             return values
 
-        if judged and (judge is None or judge_prompts is None):
-            raise ExperimentConfigError("judge.weight > 0 but no judge LM was loaded")
         best = pick_candidate(scores, lengths, accepted, rule, texts, verdict if judged else None)
         text = texts[best] if texts else candidate_text(tokenizer, samples[best], eos)
         result = {"text": text, "accepted": accepted[best], "num_accepted": sum(accepted),

@@ -47,7 +47,8 @@ def rerank_rule(cfg) -> dict:
             raise ExperimentConfigError(f"judge.top_k must be a positive integer, got {top_k!r}")
         if rerank != "lm_loglik":
             raise ExperimentConfigError(f"judge.weight > 0 adds to the lm_loglik rerank; it does "
-                                        f"not combine with rerank={rerank}")
+                                        f"not combine with rerank={rerank} (add judge.weight=0: "
+                                        f"the adapted pipeline judges by default)")
         rule.update(judge_weight=weight, judge_top_k=int(top_k))
     if rerank == "mbr":
         rule["mbr_temperature"] = float(cfg.get("mbr_temperature", 1.0))
