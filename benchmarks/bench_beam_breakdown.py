@@ -12,7 +12,8 @@ Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instr
 ``commongen-human-balanced`` LoRA adapter, the h = 512 HMM ``commongen_human_h512`` stored as
 ``topk8-4096``, prompt = BOS, ``dfa.commongen_constraint`` with inflections, length_penalty 0.2,
 no_repeat_ngram_size 4, 5–32 new tokens, beams ranked by the lookahead score, every beam
-reranked by its LM log-likelihood summed during the search; no widening), method ``ctrlg``,
+reranked by its LM log-likelihood summed during the search; no widening and no judge: the
+pipeline's judge costs ≈ 0.15 of a decode, docs/notes/commongen_selection.md), method ``ctrlg``,
 guidance products in float32 (``--precision auto``: bfloat16 where the CPU has it), one torch
 thread. CommonGen dev items from
 ``--offset``; at each width ``--items`` of them are decoded together as the main job does (one
@@ -382,6 +383,7 @@ def main(argv=None) -> list[dict]:
 
     cfg = compose([f"model.dtype={args.dtype}", f"device={args.device}",
                    f"generation.precision={args.precision}", "generation.widen_below_loglik=null",
+                   "judge.weight=0",   # the search alone: the judge's pass is timed by the main job
                    *([f"hmm.path={args.hmm}"] if args.hmm else [])])
     model, tokenizer = load_lm(cfg.model, cfg.device)
     hmm = lifted_hmm(load_hmm(cfg.hmm, tokenizer), args.lift).to(cfg.device)
