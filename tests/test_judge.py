@@ -95,3 +95,18 @@ def test_many_requests_share_forwards_and_match_the_chain_rule(max_positions, fo
     for (prompt, candidates), row in zip(requests, scores):
         for candidate, score in zip(candidates, row):
             assert math.isclose(score, chain_rule(model, prompt, candidate), rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_a_judge_with_absolute_positions_and_eager_attention_matches_the_chain_rule():
+    """GPT-2 (learned position embeddings, eager attention): the packed rows' positions and
+    masks carry over to another architecture."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=6, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                        initializer_range=0.5, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).eval()
+    requests = [([0, 3], [[2, 4, 1], [2, 4, 5, 1], [2]]), ([5, 5, 5], [[1], [3, 3, 1]])]
+    for (prompt, candidates), row in zip(requests, judge_log_likelihoods_many(model, requests)):
+        for candidate, score in zip(candidates, row):
+            assert math.isclose(score, chain_rule(model, prompt, candidate), rel_tol=1e-5, abs_tol=1e-5)
