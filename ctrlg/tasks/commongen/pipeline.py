@@ -53,7 +53,7 @@ def load_models(cfg: DictConfig, specs: dict):
 
 def load_judge(cfg: DictConfig) -> Judge | None:
     """The judge LM of ``judge`` (None when ``judge.weight`` is 0): ``judge.model`` (null: the
-    embedded LM) with ``judge.adapter`` (null: none) in ``model.dtype``, reading each candidate
+    embedded LM) with ``judge.adapter`` (null: none) in ``model.dtype`` on ``device``, reading each candidate
     as its prompt style continues (:func:`ctrlg.data.commongen_prompts.target_prefix`)."""
     if not rerank_rule(cfg).get("judge_weight"):
         return None
@@ -61,7 +61,8 @@ def load_judge(cfg: DictConfig) -> Judge | None:
     style = judge_style(judge_cfg)
     model, tokenizer = load_lm(OmegaConf.create({"name": judge_cfg.get("model"),
                                                  "adapter": judge_cfg.get("adapter"),
-                                                 "dtype": cfg.model.get("dtype", "float32")}))
+                                                 "dtype": cfg.model.get("dtype", "float32")}),
+                               resolve_device(cfg.get("device", "cpu")))
     return Judge(model, tokenizer, text_prefix=target_prefix(style["prompt_style"]))
 
 
