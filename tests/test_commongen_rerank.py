@@ -256,3 +256,47 @@ def test_an_unguided_beam_search_decodes_each_distinct_prompt_once(tiny_lm_dir, 
     # sampling is seeded per batch, so a sampled method is never memoised
     assert not decoding.prompt_determines_output({"guide": "none"},
                                                   compose("commongen", ["generation.num_beams=1"]))
+
+
+class _CountingJudge:
+    """A stand-in for ctrlg.lm.judge.Judge: a text's verdict is minus its length; counts the
+    batched calls and the texts that reach the per-item path unscored."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.tokenizer = SimpleNamespace(apply_chat_template=None)
+        self.memo, self.batched_calls, self.unscored = {}, 0, 0
+
+    def score_many(self, requests):
+        self.batched_calls += 1
+        for prompt, texts in requests:
+            self.memo.update({(tuple(prompt), t): -float(len(t)) for t in texts})
+        return [[self.memo[(tuple(p), t)] for t in texts] for p, texts in requests]
+
+    def score(self, prompt, texts):
+        self.unscored += sum((tuple(prompt), t) not in self.memo for t in texts)
+        return [-float(len(t)) for t in texts]
+
+
+def test_re_picking_with_a_judge_scores_ten_items_per_judge_call(tmp_path, monkeypatch):
+    """repick_run and sweep score every shortlisted candidate before picking, ten records per
+    batched judge call (as decoding scores a batch), and pick what the judge's verdicts say."""
+    from ctrlg.tasks.commongen import rerank, repick
+
+    monkeypatch.setattr(rerank, "judge_prompt_ids", lambda concepts, tokenizer, cfg: [0, 1])
+    references = ["a dog runs"]
+    items = [(references, [_candidate("a dog runs in the big park", -2.0),
+                           _candidate(f"dog runs {i}", -3.0), _candidate("dogs", -9.0, accepted=False)])
+             for i in range(23)]
+    run = _candidate_run(tmp_path / "run", items)
+    judge = _CountingJudge()
+    rule = lm_rule(0.0, judge_weight=1.0, judge_top_k=2)
+    out = repick.repick_run(run, tmp_path / "out", rule, judge=judge, judge_cfg={"weight": 1.0})
+    assert judge.batched_calls == 3 and judge.unscored == 0          # 23 items, 10 per call
+    picked = [json.loads(line)["ctrlg"]["text"] for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert picked == [f"dog runs {i}" for i in range(23)]               # −3 − 10 beats −2 − 26
+    judge = _CountingJudge()
+    repick.sweep(run, [rule, lm_rule(0.5, judge_weight=2.0, judge_top_k=1)], [(0, 23)], judge=judge,
+                 judge_cfg={"weight": 1.0}, oracle=False)
+    assert judge.batched_calls == 3 and judge.unscored == 0

@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 
 from ctrlg import metrics
 from ctrlg.errors import ExperimentConfigError
-from ctrlg.tasks.commongen.rerank import (_candidates, _output, lm_rule, oracle_pick, repick_record,
-                                          rerank_rule, rule_name)
+from ctrlg.tasks.commongen.rerank import (_candidates, _output, lm_rule, oracle_pick, prefetch_judge,
+                                          repick_record, rerank_rule, rule_name)
 from ctrlg.tasks.records import read_records
 
 __all__ = ["sweep", "repick_run"]
@@ -48,6 +48,8 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
         cfg.judge = judge_cfg
     methods = list(methods or cfg.methods)
     records = [r for r in read_records(run_dir) if "skipped" not in r]
+    prefetch_judge([r for r in records if any(a <= r["index"] < b for a, b in ranges)], methods,
+                   rules, judge, cfg)
     out: dict = {}
     for start, stop in ranges:
         chosen = [r for r in records if start <= r["index"] < stop]
@@ -94,6 +96,7 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
     decoded_rule = rerank_rule(cfg)   # the run's own rule, before the judge's settings replace its own
     if judge_cfg is not None:
         cfg.judge = judge_cfg
+    prefetch_judge([r for r in records if "skipped" not in r], methods, [rule], judge, cfg)
     rows = [r if "skipped" in r else repick_record(r, methods, rule, judge, cfg) for r in records]
     for row, record in zip(rows, records):
         for method in dropped:

@@ -23,7 +23,7 @@ from ctrlg.errors import ExperimentConfigError
 from ctrlg.lm.mbr import mbr_pick
 from ctrlg.tasks.commongen.items import judge_prompt_ids, word_count
 
-__all__ = ["RERANKS", "rerank_rule", "rerank_settings", "rerank_score", "judge_shortlist", "pick_candidate", "lm_rule", "mbr_rule", "rule_name", "judge_for", "repick_record", "oracle_pick"]
+__all__ = ["RERANKS", "rerank_rule", "rerank_settings", "rerank_score", "judge_shortlist", "pick_candidate", "lm_rule", "mbr_rule", "rule_name", "judge_for", "prefetch_judge", "repick_record", "oracle_pick"]
 
 RERANKS = ("lm_loglik", "mbr", "none")
 
@@ -172,6 +172,33 @@ def judge_for(judge, cfg, record: dict):
         return None
     prompt = judge_prompt_ids(record["concepts"], judge.tokenizer, cfg.get("judge") or {})
     return lambda texts: judge.score(prompt, texts)
+
+
+def prefetch_judge(records: Sequence[dict], methods: Sequence[str], rules: Sequence[dict], judge,
+                   cfg=None, batch: int = 10) -> None:
+    """Score, ``batch`` records per judge call (:meth:`ctrlg.lm.judge.Judge.score_many`), every
+    candidate that a rule with a judge weight would shortlist (:func:`judge_shortlist`) for the
+    ``methods`` of ``records``, so that :func:`repick_record` then reads the judge's memo: the
+    items of a batch share the judge's forward passes, as during decoding."""
+    judged = [rule for rule in rules if rule.get("judge_weight")]
+    if judge is None or not judged:
+        return
+    judge_cfg = (cfg if cfg is not None else {}).get("judge") or {}
+    requests = []
+    for record in records:
+        wanted: dict[str, None] = {}
+        for method in methods:
+            candidates = _candidates(record, method)
+            accepted = [bool(c["accepted"]) for c in candidates]
+            pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(candidates)))
+            texts = [c["text"] for c in candidates]
+            for rule in judged:
+                for i in judge_shortlist(pool, [c["log_likelihood"] for c in candidates],
+                                         [c["tokens"] for c in candidates], rule, texts):
+                    wanted.setdefault(texts[i])
+        requests.append((judge_prompt_ids(record["concepts"], judge.tokenizer, judge_cfg), list(wanted)))
+    for lo in range(0, len(requests), batch):
+        judge.score_many(requests[lo:lo + batch])
 
 
 def repick_record(record: dict, methods: Sequence[str], rule: dict, judge=None, cfg=None) -> dict:
