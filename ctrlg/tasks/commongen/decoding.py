@@ -27,7 +27,7 @@ from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.tasks.commongen.items import word_count
 from ctrlg.tasks.commongen.methods import guide_kernel, widening
-from ctrlg.tasks.commongen.rerank import judge_shortlist, pick_candidate, rerank_rule
+from ctrlg.tasks.commongen.rerank import pick_candidate, rerank_rule, shortlisted_texts
 from ctrlg.tasks.search_options import SearchOptions
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids, lm_vocab_size
@@ -202,9 +202,7 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                 if keep_all or judged or rule["rerank"] == "mbr" else None for samples, _ in decoded]
     if judged:   # every item's shortlist scored together: one judge pass for the batch
         judge.score_many([
-            (judge_prompts[j], [texts[i] for i in judge_shortlist(
-                [i for i, ok in enumerate(accepted) if ok] or list(range(len(samples))),
-                list(scores), [len(s) for s in samples], rule, texts)])
+            (judge_prompts[j], shortlisted_texts(list(scores), [len(s) for s in samples], accepted, rule, texts))
             for j, ((samples, scores), accepted, texts) in enumerate(zip(decoded, accepted_of, texts_of))])
     results = []
     for j, (samples, scores) in enumerate(decoded):

@@ -23,7 +23,7 @@ from ctrlg.errors import ExperimentConfigError
 from ctrlg.lm.mbr import mbr_pick
 from ctrlg.tasks.commongen.items import judge_prompt_ids, word_count
 
-__all__ = ["RERANKS", "rerank_rule", "rerank_settings", "rerank_score", "judge_shortlist", "pick_candidate", "lm_rule", "mbr_rule", "rule_name", "judge_for", "prefetch_judge", "repick_record", "oracle_pick"]
+__all__ = ["RERANKS", "rerank_rule", "rerank_settings", "rerank_score", "judge_shortlist", "shortlisted_texts", "pick_candidate", "lm_rule", "mbr_rule", "rule_name", "judge_for", "prefetch_judge", "repick_record", "oracle_pick"]
 
 RERANKS = ("lm_loglik", "mbr", "none")
 
@@ -85,6 +85,14 @@ def judge_shortlist(pool: list[int], scores: list[float], lengths: list[int], ru
     for i in ranked:
         distinct.setdefault(texts[i], i)
     return list(distinct.values())[:int(rule["judge_top_k"])]
+
+
+def shortlisted_texts(scores: list[float], lengths: list[int], accepted: list[bool], rule: dict,
+                      texts: list[str]) -> list[str]:
+    """The texts a judge scores for one item under ``rule``: :func:`judge_shortlist` of the
+    candidates that compete in :func:`pick_candidate` (the accepted ones, all when none is)."""
+    pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
+    return [texts[i] for i in judge_shortlist(pool, scores, lengths, rule, texts)]
 
 
 def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool],
@@ -189,13 +197,10 @@ def prefetch_judge(records: Sequence[dict], methods: Sequence[str], rules: Seque
         wanted: dict[str, None] = {}
         for method in methods:
             candidates = _candidates(record, method)
-            accepted = [bool(c["accepted"]) for c in candidates]
-            pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(candidates)))
-            texts = [c["text"] for c in candidates]
             for rule in judged:
-                for i in judge_shortlist(pool, [c["log_likelihood"] for c in candidates],
-                                         [c["tokens"] for c in candidates], rule, texts):
-                    wanted.setdefault(texts[i])
+                wanted.update(dict.fromkeys(shortlisted_texts(
+                    [c["log_likelihood"] for c in candidates], [c["tokens"] for c in candidates],
+                    [bool(c["accepted"]) for c in candidates], rule, [c["text"] for c in candidates])))
         requests.append((judge_prompt_ids(record["concepts"], judge.tokenizer, judge_cfg), list(wanted)))
     for lo in range(0, len(requests), batch):
         judge.score_many(requests[lo:lo + batch])
