@@ -1,30 +1,28 @@
-"""A second LM as the judge of finished candidates: log p_judge(y | judge prompt), scored with the
-prompt's key/value cache shared by every candidate.
+"""A second LM as the judge of finished candidates: log p_judge(y | judge prompt), each item's
+prompt and candidates packed into one row, the rows of many items in one forward.
 
 Reranking K finished candidates y_1..y_K of one item by a judge LM that reads its own prompt c
-(e.g. an instruction naming the concepts) costs one forward pass over c and one over the
-candidates' prefix tree: |c| + (the tree's inner nodes) token-steps (≈ 2·N FLOPs each for an
-N-parameter LM) instead of K·(|c| + |y|) when every row repeats the prompt and every candidate
-is run whole. Eight beams of one CommonGen item are near-paraphrases ("A man is standing …" /
-"A man stands …"), so their tree has about half as many nodes as their tokens.
+(e.g. an instruction naming the concepts) costs one row of |c| + (the candidates' prefix tree's
+inner nodes) token-steps (≈ 2·N FLOPs each for an N-parameter LM) instead of K·(|c| + |y|) when
+every candidate is run whole after its own copy of the prompt. Eight beams of one CommonGen item
+are near-paraphrases ("A man is standing …" / "A man stands …"), so their tree has about a third
+as many inner nodes as their tokens.
 
 The score is exact: log p(y | c) = Σ_t log p(y_t | c, y_<t), the first term read from the
-prompt's last logits, the rest from the tree's pass over the cached prompt (a node attends to the
-prompt and its own ancestors only, at position |c| + its depth, so its logits are those of its
-prefix run alone, up to float rounding).
+prompt's last logits, the rest from the tree's nodes (a node attends to the prompt and its own
+ancestors only, at position |c| + its depth, so its logits are those of its prefix run alone, up
+to float rounding).
 """
-
 from __future__ import annotations
 
-import copy
 import json
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ctrlg.errors import ConstraintError, CtrlgError
 from ctrlg.lm.adapters import base_fingerprint
-from ctrlg.lm.shared_context import cache_keyword, returned_cache
 from ctrlg.vocab import tokenizer_fingerprint
 
 __all__ = ["Judge", "JudgeCacheError", "judge_identity", "judge_log_likelihoods",
@@ -86,13 +84,39 @@ def _row_mask(prompt_length: int, parents: Sequence[int], width: int, left_pad: 
     return allowed
 
 
-def _packed_rows(requests, batch_size: int):
-    """One row per (request, chunk of ``batch_size`` candidates): ``(request, paths offset,
-    prompt, tree)`` with the chunk's :func:`prefix_tree`."""
+@dataclass(frozen=True)
+class _PackedRow:
+    """One row of :func:`judge_log_likelihoods_many`: request ``request``'s prompt and the prefix
+    tree (:func:`prefix_tree`) of its candidates from index ``offset``; ``inner`` are the tree's
+    nodes with children (the ones run), ``source[n]`` the column of the row's kept logits that
+    scores node n's token (0: after the prompt; 1 + i: after inner node ``inner[i]``)."""
+
+    request: int
+    offset: int
+    prompt: list
+    tokens: list
+    paths: list
+    inner: list
+    inner_depths: list
+    inner_parents: list      # the parent of each inner node as an index into ``inner`` (−1: none)
+    source: list
+
+    @property
+    def width(self) -> int:
+        return len(self.prompt) + len(self.inner)
+
+
+def _packed_rows(requests, batch_size: int) -> list[_PackedRow]:
+    """One row per (request, chunk of ``batch_size`` candidates)."""
     rows = []
     for r, (prompt, candidates) in enumerate(requests):
         for lo in range(0, max(len(candidates), 1), batch_size):
-            rows.append((r, lo, prompt, prefix_tree(candidates[lo:lo + batch_size])))
+            tokens, parents, depths, paths = prefix_tree(candidates[lo:lo + batch_size])
+            inner = sorted({p for p in parents if p >= 0})
+            row_of = {node: i for i, node in enumerate(inner)}
+            rows.append(_PackedRow(r, lo, prompt, tokens, paths, inner, [depths[n] for n in inner],
+                                   [row_of.get(parents[n], -1) for n in inner],
+                                   [0 if p < 0 else 1 + row_of[p] for p in parents]))
     return rows
 
 
@@ -119,17 +143,13 @@ def judge_log_likelihoods_many(model, requests: Sequence[tuple[Sequence[int], Se
     dtype = next(model.parameters()).dtype
     dtype = dtype if dtype.is_floating_point else torch.float32
     scores = [[0.0] * len(cands) for _, cands in requests]
-    rows = sorted(_packed_rows(requests, int(batch_size)), key=lambda row: len(row[2]))
     groups, group, widest = [], [], 0
-    for row in rows:
-        prompt, tree = row[2], row[3]
-        inner = len({p for p in tree[1] if p >= 0})
-        width = max(widest, len(prompt) + inner)
-        if group and width * (len(group) + 1) > max_positions:
+    for row in sorted(_packed_rows(requests, int(batch_size)), key=lambda row: len(row.prompt)):
+        widest = max(widest, row.width)
+        if group and widest * (len(group) + 1) > max_positions:
             groups.append(group)
-            group, width = [], len(prompt) + inner
+            group, widest = [], row.width
         group.append(row)
-        widest = width
     if group:
         groups.append(group)
     for group in groups:
@@ -137,41 +157,34 @@ def judge_log_likelihoods_many(model, requests: Sequence[tuple[Sequence[int], Se
     return scores
 
 
-def _score_rows(model, group, scores, device, dtype) -> None:
-    """Run one forward over the packed rows of ``group`` and add each candidate's score."""
-    prepared = []
-    for r, offset, prompt, (tokens, parents, depths, paths) in group:
-        inner = sorted({p for p in parents if p >= 0})
-        row_of = {node: k for k, node in enumerate(inner)}
-        prepared.append((r, offset, prompt, tokens, parents, paths, inner, row_of,
-                         [depths[n] for n in inner], [row_of.get(parents[n], -1) for n in inner]))
-    prompt_width = max(len(p[2]) for p in prepared)
-    width = prompt_width + max(len(p[6]) for p in prepared)
-    ids = torch.zeros(len(prepared), width, dtype=torch.long)
-    positions = torch.zeros(len(prepared), width, dtype=torch.long)
-    allowed = torch.zeros(len(prepared), width, width, dtype=torch.bool)
-    for b, (_, _, prompt, tokens, _, _, inner, _, depths, inner_parents) in enumerate(prepared):
-        pad = prompt_width - len(prompt)
-        ids[b, pad:prompt_width] = torch.tensor(prompt)
-        positions[b, pad:prompt_width] = torch.arange(len(prompt))
-        if inner:
-            ids[b, prompt_width:prompt_width + len(inner)] = torch.tensor([tokens[n] for n in inner])
-            positions[b, prompt_width:prompt_width + len(inner)] = len(prompt) + torch.tensor(depths)
-        allowed[b] = _row_mask(len(prompt), inner_parents, width, pad)
+def _score_rows(model, group: list[_PackedRow], scores, device, dtype) -> None:
+    """Run one forward over the packed rows of ``group`` and write each candidate's score."""
+    prompt_width = max(len(row.prompt) for row in group)
+    width = prompt_width + max(len(row.inner) for row in group)
+    ids = torch.zeros(len(group), width, dtype=torch.long)
+    positions = torch.zeros(len(group), width, dtype=torch.long)
+    allowed = torch.zeros(len(group), width, width, dtype=torch.bool)
+    for b, row in enumerate(group):
+        pad = prompt_width - len(row.prompt)
+        ids[b, pad:prompt_width] = torch.tensor(row.prompt)
+        positions[b, pad:prompt_width] = torch.arange(len(row.prompt))
+        if row.inner:
+            nodes = slice(prompt_width, prompt_width + len(row.inner))
+            ids[b, nodes] = torch.tensor([row.tokens[n] for n in row.inner])
+            positions[b, nodes] = len(row.prompt) + torch.tensor(row.inner_depths)
+        allowed[b] = _row_mask(len(row.prompt), row.inner_parents, width, pad)
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     keep = torch.arange(prompt_width - 1, width)       # the prompt's last column and the nodes
     logits = model(input_ids=ids.to(device), position_ids=positions.to(device),
                    attention_mask=mask[:, None].to(device), logits_to_keep=keep.to(device)).logits
-    for b, (r, offset, prompt, tokens, parents, paths, inner, row_of, _, _) in enumerate(prepared):
-        # column k of ``logits`` holds the next-token logits after the prompt (k = 0) or after
-        # inner node inner[k - 1]
-        if not tokens:                     # every candidate of the row is empty: scores 0
+    for b, row in enumerate(group):
+        if not row.tokens:                 # every candidate of the row is empty: scores 0
             continue
-        source = torch.tensor([0 if p < 0 else 1 + row_of[p] for p in parents], device=device)
-        logp = torch.log_softmax(logits[b].index_select(0, source).float(), -1)
-        node_logp = logp.gather(-1, torch.tensor(tokens, device=device)[:, None])[:, 0].cpu()
-        for k, path in enumerate(paths):
-            scores[r][offset + k] = float(node_logp[path].sum()) if path else 0.0
+        logp = torch.log_softmax(
+            logits[b].index_select(0, torch.tensor(row.source, device=device)).float(), -1)
+        node_logp = logp.gather(-1, torch.tensor(row.tokens, device=device)[:, None])[:, 0].cpu()
+        for k, path in enumerate(row.paths):
+            scores[row.request][row.offset + k] = float(node_logp[path].sum()) if path else 0.0
 
 
 def judge_log_likelihoods(model, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]],
