@@ -23,7 +23,7 @@ from ctrlg.errors import ExperimentConfigError
 from ctrlg.lm.mbr import mbr_pick
 from ctrlg.tasks.commongen.items import judge_prompt_ids, word_count
 
-__all__ = ["RERANKS", "rerank_rule", "rerank_settings", "rerank_score", "judge_shortlist", "shortlisted_texts", "pick_candidate", "lm_rule", "mbr_rule", "rule_name", "judge_for", "prefetch_judge", "repick_record", "oracle_pick"]
+__all__ = ["RERANKS", "rerank_rule", "rerank_settings", "rerank_score", "competing", "judge_shortlist", "shortlisted_texts", "pick_candidate", "lm_rule", "mbr_rule", "rule_name", "judge_for", "prefetch_judge", "repick_record", "oracle_pick"]
 
 RERANKS = ("lm_loglik", "mbr", "none")
 
@@ -76,6 +76,11 @@ def rerank_score(log_likelihood: float, tokens: int, exponent: float) -> float:
     return log_likelihood / max(tokens, 1) ** exponent if exponent else log_likelihood
 
 
+def competing(accepted: Sequence[bool]) -> list[int]:
+    """The candidates a rule chooses among: the constraint-satisfying ones, all when none is."""
+    return [i for i, ok in enumerate(accepted) if ok] or list(range(len(accepted)))
+
+
 def judge_shortlist(pool: list[int], scores: list[float], lengths: list[int], rule: dict,
                     texts: list[str]) -> list[int]:
     """The candidates a judge scores: the ``judge_top_k`` best of ``pool`` (the candidates that
@@ -90,9 +95,8 @@ def judge_shortlist(pool: list[int], scores: list[float], lengths: list[int], ru
 def shortlisted_texts(scores: list[float], lengths: list[int], accepted: list[bool], rule: dict,
                       texts: list[str]) -> list[str]:
     """The texts a judge scores for one item under ``rule``: :func:`judge_shortlist` of the
-    candidates that compete in :func:`pick_candidate` (the accepted ones, all when none is)."""
-    pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
-    return [texts[i] for i in judge_shortlist(pool, scores, lengths, rule, texts)]
+    :func:`competing` candidates."""
+    return [texts[i] for i in judge_shortlist(competing(accepted), scores, lengths, rule, texts)]
 
 
 def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool],
@@ -108,7 +112,7 @@ def pick_candidate(scores: list[float], lengths: list[int], accepted: list[bool]
     of the :func:`judge_shortlist` and the kept candidate is the shortlisted one of highest
     rerank_score(y) + a · log p_judge(y) (a product of experts: p_lm(y)^{1/|y|^p} · p_judge(y)^a)."""
     rule = {"rerank": "lm_loglik", "length_penalty": float(rule)} if not isinstance(rule, dict) else rule
-    pool = [i for i, ok in enumerate(accepted) if ok] or list(range(len(scores)))
+    pool = competing(accepted)
     if rule["rerank"] == "none":
         return pool[0]
     if rule.get("judge_weight"):
@@ -232,7 +236,7 @@ def oracle_pick(candidates: list[dict], references: Sequence[str]) -> int:
     first such on ties."""
     from pycocoevalcap.bleu.bleu_scorer import BleuScorer
 
-    pool = [i for i, c in enumerate(candidates) if c["accepted"]] or list(range(len(candidates)))
+    pool = competing([bool(c["accepted"]) for c in candidates])
     refs = [metrics.tokenize_for_eval(r) for r in references]
     scorer = BleuScorer(n=4)
     for i in pool:
