@@ -5,6 +5,7 @@ broken down by manual timers, beside the LM-only floor, measured in one process.
     python -m benchmarks.bench_beam_breakdown --dtype auto --beams 8 32 --repeats 3
     python -m benchmarks.bench_beam_breakdown --variants before dense after   # all three codes
     python -m benchmarks.bench_beam_breakdown --variants after kept   # keep_top against all scores
+    python -m benchmarks.bench_beam_breakdown --variants kept_dense_pick kept   # the search's pick
     python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
     python -m benchmarks.bench_beam_breakdown --beams 128 --lift 4        # the cost at h = 2,048
 
@@ -250,8 +251,13 @@ def variant_code(variant: str):
       processor's ``keep_top`` (4 · ``beams``: transformers keeps max(2, 1 + #EOS) · beams, and
       the later steps read the exact number from the search's running scores, recorded around
       ``generate``): only the entries the search can keep are scored
-      (:mod:`ctrlg.guide.beam_candidates`)."""
+      (:mod:`ctrlg.guide.beam_candidates`), and the search's top-2B taken among the entries the
+      processor wrote (:func:`ctrlg.lm.beam_search.sparse_topk_values`);
+    * ``kept_dense_pick`` — ``kept`` with the search's top-2B over all B · V entries of each
+      input (:func:`ctrlg.lm.beam_search.two_stage_topk_values`), as before the processor
+      published the entries it wrote."""
     import ctrlg.guide.emission_operands as operands
+    import ctrlg.lm.beam_search as beam_search
     import ctrlg.guide.tables as tables
     import ctrlg.sampler as sampler
     from ctrlg.kernels.packed_linear import PackedLinear
@@ -260,16 +266,20 @@ def variant_code(variant: str):
     # keeps its own cache, so alternating variants rebuild nothing.
     saved_cache = operands._CACHE
     operands._CACHE = _VARIANT_CACHES.setdefault(variant, weakref.WeakKeyDictionary())
-    saved = (tables.compiled, operands.emission_product, sampler.lookahead_scores)
+    saved = (tables.compiled, operands.emission_product, sampler.lookahead_scores,
+             beam_search.take_support)
     if variant == "before":
         tables.compiled = lambda: False
-    if variant not in ("after", "kept"):
+    if variant == "kept_dense_pick":
+        beam_search.take_support = lambda steps, rows, width: None
+    if variant not in ("after", "kept", "kept_dense_pick"):
         operands.emission_product = lambda low, emission_t: PackedLinear(low)
         sampler.lookahead_scores = _lookahead_scores_two_products
     try:
         yield
     finally:
-        tables.compiled, operands.emission_product, sampler.lookahead_scores = saved
+        (tables.compiled, operands.emission_product, sampler.lookahead_scores,
+         beam_search.take_support) = saved
         operands._CACHE = saved_cache
 
 
@@ -311,10 +321,10 @@ def set_variant(cfg, variant: str):
     beams up to rounding)."""
     from omegaconf import OmegaConf
 
-    if variant not in ("before", "dense", "after", "kept"):
-        raise SystemExit(f"unknown variant {variant!r}: before | dense | after | kept")
+    if variant not in ("before", "dense", "after", "kept", "kept_dense_pick"):
+        raise SystemExit(f"unknown variant {variant!r}: before | dense | after | kept | kept_dense_pick")
     return OmegaConf.merge(cfg, {"generation": {"fast_search": variant != "before",
-                                                 "score_kept_only": variant == "kept"}})
+                                                 "score_kept_only": variant.startswith("kept")}})
 
 
 def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int) -> dict:

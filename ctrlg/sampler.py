@@ -67,7 +67,7 @@ import torch
 from transformers import LogitsProcessor
 
 from ctrlg.lm.beam_likelihood import BeamLogLikelihoods, records_lm_log_probs
-from ctrlg.lm.beam_scores import latest_beam_scores
+from ctrlg.lm.beam_scores import EntrySupport, latest_beam_scores, publish_support
 from ctrlg.dfa.core import TokenDFA
 from ctrlg.dfa.ops import restrict_to_budget
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
@@ -161,8 +161,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             the [R, h]·[h, V] product on the rows that settle. After the first step the
             returned scores are written into the input ``scores`` (float32) when they can be,
             instead of a new [R, V] buffer: read the input before calling the processor if you
-            need it after. Ignored for constraints whose exact mask refines their automaton
-            (grammars, the canonical filter). None: every score.
+            need it after. Inside ``record_beam_scores`` with
+            :func:`ctrlg.lm.beam_search.two_stage_topk`, the search then picks among the entries
+            written alone (:func:`ctrlg.lm.beam_scores.publish_support`), so no later processor
+            may turn an entry it left at −inf finite. Ignored for constraints whose exact mask
+            refines their automaton (grammars, the canonical filter). None: every score.
 
     Raises UnsatisfiableConstraintError at construction when a DFA cannot be satisfied within
     ``max_new_tokens`` tokens, VocabularyMismatchError when the DFA and HMM vocabularies differ.
@@ -323,6 +326,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self._check_shapes(input_ids, scores)
         generated = self._generated(input_ids)
         scored, self._scored = self._scored, None      # only a kept-path call leaves its entries
+        self._support = None                           # and its written entries (_kept_lookahead)
         table_of_row = self._table_of_dfa[np.arange(B) // (B // len(self.dfas))]
         finished = self._finished(generated)
         safe = generated.masked_fill(finished[:, None], 0) if bool(finished.any()) else generated
@@ -344,7 +348,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if self.beam_score == "lookahead" and priors is not None:
             if self.keep_top is not None and self.rows.cursors is None:
                 guided = self._kept_lookahead(lm, table_of_row, states, priors, remaining,
-                                              input_ids, generated.shape[1], active, scored)
+                                              input_ids, generated.shape[1], active, scored,
+                                              width=scores.shape[1])
             else:
                 guided = lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
                                           self.strength, first=generated.shape[1] == 0)
@@ -354,11 +359,17 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if self.rows.cursors is not None:
             cursors = self.rows.cursors if every else [self.rows.cursors[i] for i in active]
             guided = self._exact_rows(guided, cursors, table_of_row, states, remaining)
-        return self._write(scores, guided, active_t)
+        out = self._write(scores, guided, active_t)
+        if self.keep_top is not None:      # finished rows keep their scores: no support then
+            keys = self._support if every else None
+            publish_support(None if keys is None else
+                            EntrySupport(generated.shape[1], B, scores.shape[1], keys))
+        return out
 
     def _kept_lookahead(self, lm: torch.Tensor, table_of_row: np.ndarray, states: np.ndarray,
                         priors: torch.Tensor, remaining: int, input_ids: torch.Tensor,
-                        length: int, active: np.ndarray, scored=None) -> torch.Tensor:
+                        length: int, active: np.ndarray, scored=None, width: int | None = None
+                        ) -> torch.Tensor:
         """Lookahead scores on the entries a beam search keeping :attr:`keep_top` continuations
         can pick (:func:`ctrlg.guide.beam_candidates.top_lookahead_scores`), with the search's
         running scores when :func:`ctrlg.lm.beam_scores.record_beam_scores` recorded this very
@@ -366,8 +377,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         input are copies (transformers repeats each input once per beam): each distinct row is
         scored once. From the second step on, a row's log p_hmm(α | x≤t) is its parent's exact
         entry for the row's last token, kept from the previous call (``scored``), where there is
-        one. Raises ConstraintError when the record shows that the search keeps more
-        than ``keep_top`` continuations (the first step's scores may then have missed some)."""
+        one. Records the entries it writes (keys row · ``width`` + token, ``width`` the input
+        scores' width) in ``_support`` for :func:`ctrlg.lm.beam_scores.publish_support`; None
+        at the first step and where a row fell back to its full scores. Raises ConstraintError
+        when the record shows that the search keeps more than ``keep_top`` continuations (the
+        first step's scores may then have missed some)."""
         first = length == 0
         record = latest_beam_scores()
         running = groups = None
@@ -398,10 +412,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 order = np.argsort(keys)
                 self._scored = keys[order], log_ratios[order]
 
+            full_width = lm.shape[1] if width is None else width
+
+            def written(rows, tokens):     # keyed by (row, token) over the input's full width
+                self._support = None if rows is None else np.sort(active[rows] * full_width + tokens)
+
             return top_lookahead_scores(lm, self.tables, table_of_row, states, priors, remaining,
                                         self.strength, first, keep, running, groups, full,
                                         out=lm if reuse else None, known_prev=known,
-                                        on_scored=remember)
+                                        on_scored=remember, on_support=written)
         copy = _copies_of_previous(lm, table_of_row, states, priors)
         distinct = np.flatnonzero(~copy)
         source = np.cumsum(~copy) - 1                     # each row's distinct original

@@ -23,7 +23,8 @@ from ctrlg.guide.beam_candidates import top_lookahead_scores
 from ctrlg.guide.entry_weights import BOUND_LETTER
 from ctrlg.guide.guidance import guidance_log_ratio, lookahead_scores
 from ctrlg.guide.tables import build_tables
-from ctrlg.lm.beam_scores import latest_beam_scores, record_beam_scores
+from ctrlg.lm.beam_scores import (EntrySupport, latest_beam_scores, publish_support, record_beam_scores,
+                                  take_support)
 from ctrlg.lm.beam_search import InPlaceBans, two_stage_topk
 from ctrlg.sampler import ConstraintLogitsProcessor
 from helpers import random_dfa, random_hmm, random_letter_dfa, tiny_llama
@@ -286,6 +287,23 @@ def test_recorded_running_scores_are_the_beams_summed_log_probs():
         assert record.describes(seen[-1][0]) and not record.describes(stale)
 
 
+def test_a_published_support_is_read_once_and_only_at_its_own_step():
+    keys = np.array([1, 5, 9])
+    with record_beam_scores(tiny_llama(8, seed=0)):
+        publish_support(EntrySupport(3, 2, 8, keys))
+        assert take_support(4, 2, 8) is None             # another step: stale, and consumed
+        assert take_support(3, 2, 8) is None
+        publish_support(EntrySupport(3, 2, 8, keys))
+        assert take_support(3, 2, 9) is None             # another width
+        publish_support(EntrySupport(3, 2, 8, keys))
+        assert np.array_equal(take_support(3, 2, 8), keys)
+        assert take_support(3, 2, 8) is None
+        publish_support(None)
+        assert take_support(3, 2, 8) is None
+    publish_support(EntrySupport(3, 2, 8, keys))         # outside a block: nothing kept
+    assert take_support(3, 2, 8) is None
+
+
 def test_recording_leaves_a_model_without_the_method_alone():
     with record_beam_scores(object()) as record:
         assert record is None and latest_beam_scores() is None
@@ -333,7 +351,21 @@ def _search(model, processors, beams, eos, fast, max_new=7):
 @pytest.mark.parametrize("seed,beams,eos,fast,strength", [
     (0, 4, [1], False, 1.0), (1, 4, [1], True, 1.0), (2, 6, [1, 2], True, 0.5),
     (3, 2, [1], True, 2.0), (4, 8, [1, 2], False, 1.0)])
-def test_beam_search_with_keep_top_gives_the_same_beams(seed, beams, eos, fast, strength):
+def test_beam_search_with_keep_top_gives_the_same_beams(seed, beams, eos, fast, strength,
+                                                       monkeypatch):
+    """With ``fast`` the search's top-k also reads the kept entries alone (the support the
+    processor publishes): counted, and the beams are again the plain search's."""
+    import ctrlg.lm.beam_search as beam_search_module
+
+    sparse_picks = []
+    sparse = beam_search_module.sparse_topk_values
+
+    def counting(*args):
+        out = sparse(*args)
+        sparse_picks.append(out is not None)
+        return out
+
+    monkeypatch.setattr(beam_search_module, "sparse_topk_values", counting)
     V = 48
     model = tiny_llama(V, seed=seed)
     hmm = random_hmm(6, V, seed=seed, concentration=0.3)
@@ -352,8 +384,11 @@ def test_beam_search_with_keep_top_gives_the_same_beams(seed, beams, eos, fast, 
     assert compare.steps >= 3
     assert torch.equal(plain.sequences, kept.sequences)
     torch.testing.assert_close(plain.sequences_scores, kept.sequences_scores, atol=1e-4, rtol=1e-5)
+    sparse_picks.clear()
     only = _search(model, [processor(4 * beams)], beams, eos, fast)     # without the comparison
     assert torch.equal(plain.sequences, only.sequences)
+    torch.testing.assert_close(plain.sequences_scores, only.sequences_scores, atol=1e-4, rtol=1e-5)
+    assert sum(sparse_picks) >= (2 if fast else 0) and (fast or not sparse_picks)
 
 
 def test_keep_top_below_the_search_width_and_without_lookahead_are_refused():

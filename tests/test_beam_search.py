@@ -4,13 +4,15 @@ replace: same values, same beams."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
                                                     NoRepeatNGramLogitsProcessor)
 
 from ctrlg import dfa
-from ctrlg.lm.beam_search import InPlaceBans, SiblingRankPenalty, two_stage_topk, two_stage_topk_values
+from ctrlg.lm.beam_search import (InPlaceBans, SiblingRankPenalty, sparse_topk_values, two_stage_topk,
+                                  two_stage_topk_values)
 from ctrlg.lm.hmm_lm import HMMForCausalLM
 from ctrlg.sampler import ConstraintLogitsProcessor
 from helpers import random_dfa, random_hmm, tiny_llama
@@ -147,6 +149,33 @@ def test_two_stage_topk_selects_the_same_values_as_one_topk():
         assert torch.equal(x.gather(1, index), top)
         finite = torch.isfinite(want)
         assert torch.equal(index[finite], want_index[finite])   # distinct values: same picks
+
+
+def test_sparse_topk_selects_what_one_topk_over_every_entry_selects():
+    """Scores −inf outside a random key set (some keys −inf too): the top k among the keys
+    equals ``torch.topk`` over the whole rows, values and (distinct values) columns; a row with
+    fewer than k finite keys gives None, as does an empty key set."""
+    g = torch.Generator().manual_seed(1)
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        N, W = int(rng.integers(1, 4)), int(rng.integers(4, 60))
+        k = int(rng.integers(1, 9))
+        density = rng.uniform(0.05, 1.0)
+        keys = np.flatnonzero(rng.random(N * W) < density)
+        x = torch.full((N * W,), -math.inf)
+        x[torch.as_tensor(keys, dtype=torch.long)] = torch.randn(len(keys), generator=g)
+        x[torch.as_tensor(keys[rng.random(len(keys)) < 0.2], dtype=torch.long)] = -math.inf
+        x = x.view(N, W)
+        got = sparse_topk_values(x, k, keys)
+        finite = torch.isfinite(x).sum(1)
+        if len(keys) == 0 or bool((finite < k).any()):
+            assert got is None
+            continue
+        want, want_index = torch.topk(x, k)
+        top, index = got
+        assert torch.equal(top, want)
+        assert torch.equal(index, want_index)
+    assert sparse_topk_values(torch.zeros(2, 3), 1, np.zeros(0, dtype=np.int64)) is None
 
 
 def test_sibling_rank_penalty_subtracts_gamma_times_rank():

@@ -70,7 +70,7 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
                          first: bool, keep: int, running: torch.Tensor | None = None,
                          groups: np.ndarray | None = None, full=None,
                          out: torch.Tensor | None = None, known_prev: np.ndarray | None = None,
-                         on_scored=None) -> torch.Tensor:
+                         on_scored=None, on_support=None) -> torch.Tensor:
     """Lookahead scores [R, V] (module docstring): exact at every entry that can be among the
     ``keep`` best of its row — or, with ``running`` [R] beam scores and ``groups`` [R] (the
     input of each row), among the ``keep`` best ``running + score`` of its input — and −inf
@@ -85,7 +85,9 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
     changes the scores only by float rounding, and makes the beam scores telescope exactly.
     ``on_scored(rows, tokens, log_ratios)``: called with the exactly scored entries that are
     written (rows of the fallback excluded) and their finite log p_hmm(α | x≤t, v), for the
-    caller to pass on as the next step's ``known_prev``."""
+    caller to pass on as the next step's ``known_prev``. ``on_support(rows, tokens)``: called with
+    every entry written (outside them the result is −inf), or ``(None, None)`` when a row fell back
+    to its full scores (:func:`ctrlg.lm.beam_scores.publish_support`)."""
     table_of_row = np.asarray(table_of_row, dtype=np.int64)
     states = np.asarray(states, dtype=np.int64)
     R, V = scores.shape
@@ -178,6 +180,8 @@ def top_lookahead_scores(scores: torch.Tensor, tables: Sequence[Feasibility], ta
         ratios = entries.log_ratios()
         scored = keep_entry & np.isfinite(ratios)
         on_scored(rows[scored], tokens[scored], ratios[scored])
+    if on_support is not None:
+        on_support(*((None, None) if len(where) else (rows, tokens)))
     out[torch.as_tensor(rows[keep_entry], device=dev),
         torch.as_tensor(tokens[keep_entry], device=dev)] = values[torch.as_tensor(keep_entry, device=dev)].float()
     if full_rows is not None:

@@ -15,6 +15,12 @@ rows' token ids and the number of continuations it keeps per input (``beams_to_k
 It wraps ``_get_running_beams_for_next_iteration`` of transformers' ``GenerationMixin`` (5.x) on
 the model instance, for the block only; a transformers version whose method has another
 signature is left alone and nothing is recorded (processors then work without beam scores).
+
+The other direction: a processor whose output is −inf outside a known set of entries (the kept
+path of :class:`ctrlg.ConstraintLogitsProcessor`) publishes that set for the step
+(:func:`publish_support`), and the search's top-k (:func:`ctrlg.lm.beam_search.two_stage_topk`)
+takes it (:func:`take_support`) to select among those entries alone instead of reading all
+B · V scores of each input.
 """
 
 from __future__ import annotations
@@ -24,12 +30,25 @@ import contextvars
 import inspect
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["BeamScores", "record_beam_scores", "latest_beam_scores"]
+__all__ = ["BeamScores", "EntrySupport", "record_beam_scores", "latest_beam_scores",
+           "publish_support", "take_support"]
 
 _EXPECTED = ["self", "topk_log_probs", "topk_running_sequences", "topk_running_beam_indices",
              "next_token_hits_stopping_criteria", "num_beams"]
+
+
+@dataclass(frozen=True)
+class EntrySupport:
+    """The entries outside of which a processor's output at one step is −inf: ``keys`` sorted
+    row · ``width`` + column over the step's ``rows`` × ``width`` scores, after ``steps`` tokens."""
+
+    steps: int
+    rows: int
+    width: int
+    keys: np.ndarray
 
 
 @dataclass
@@ -41,6 +60,7 @@ class BeamScores:
     beams: int = 0                        # rows per input
     keep: int = 0                         # continuations kept per input (2 · beams for one EOS)
     steps: int = 0
+    support: EntrySupport | None = None   # published by the last processor of the current step
 
     def describes(self, input_ids: torch.Tensor) -> bool:
         """Whether this record is about the rows ``input_ids`` [R, T] a processor was handed: the
@@ -88,3 +108,26 @@ def latest_beam_scores() -> BeamScores | None:
     before its first pick)."""
     record = _ACTIVE.get()
     return record if record is not None and record.running is not None else None
+
+
+def publish_support(support: EntrySupport | None) -> None:
+    """Within :func:`record_beam_scores`, tell the search's top-k that this step's scores are
+    −inf outside ``support`` (None: no such set; the top-k reads every score). The caller must be
+    the last processor: a later one that made an entry outside the set finite would go unseen.
+    Outside any block, nothing happens."""
+    record = _ACTIVE.get()
+    if record is not None:
+        record.support = support
+
+
+def take_support(steps: int, rows: int, width: int) -> np.ndarray | None:
+    """The keys of the support published for this very step (``steps`` tokens generated,
+    ``rows`` × ``width`` scores), or None; the support is consumed either way, so a stale one is
+    never read at a later step."""
+    record = _ACTIVE.get()
+    if record is None or record.support is None:
+        return None
+    support, record.support = record.support, None
+    if (support.steps, support.rows, support.width) != (steps, rows, width):
+        return None
+    return support.keys

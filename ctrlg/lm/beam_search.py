@@ -13,7 +13,12 @@ own per-step work, and diverse beams.
   the search's own cost at 128 beams: ~50 ms per step over 6.3 M entries). The same top set is
   the top 2·B of the B per-beam top-(2·B) lists (each beam contributes at most 2·B), which costs
   B small top-k's over V plus one over 2·B². Same values selected; only the order among exactly
-  equal scores (ties, e.g. −inf) may differ from one ``torch.topk``.
+  equal scores (ties, e.g. −inf) may differ from one ``torch.topk``. When the last processor
+  published the entries outside of which its scores are −inf
+  (:func:`ctrlg.lm.beam_scores.publish_support`, the guide's kept path), the top 2·B is taken
+  among those entries alone (:func:`sparse_topk_values`: a gather of a few thousand entries
+  and one small top-k instead of a pass over B·V), provided every input has at least 2·B finite
+  ones; otherwise over all entries as above.
 * :class:`SiblingRankPenalty` — diverse beams (Li, Monroe & Jurafsky 2016, "A simple, fast
   diverse decoding algorithm for neural generation"): the k-th best continuation of each beam
   (k = 0, 1, …, by its score after the other processors) loses γ·k, so the search prefers
@@ -28,12 +33,15 @@ import inspect
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor
 
 from ctrlg.errors import ConstraintError
+from ctrlg.lm.beam_scores import take_support
 
-__all__ = ["InPlaceBans", "two_stage_topk", "two_stage_topk_values", "SiblingRankPenalty"]
+__all__ = ["InPlaceBans", "two_stage_topk", "two_stage_topk_values", "sparse_topk_values",
+           "SiblingRankPenalty"]
 
 
 class InPlaceBans(LogitsProcessor):
@@ -93,6 +101,31 @@ def two_stage_topk_values(scores: torch.Tensor, k: int, groups: int):
     return top, index.gather(1, where)
 
 
+def sparse_topk_values(scores: torch.Tensor, k: int, keys: np.ndarray):
+    """(values, indices) of the top ``k`` of each row of ``scores`` [N, W], best first, when
+    every entry outside ``keys`` (sorted flat indices row · W + column, each at most once) is
+    −inf: the top ``k`` among the ``keys`` entries of each row, the same values ``torch.topk``
+    selects (the order among exactly equal scores aside). None when a row has fewer than ``k``
+    finite entries among its keys: the row's pick then includes −inf entries, whose columns only
+    a pass over the whole row reproduces."""
+    N, W = scores.shape
+    keys_t = torch.as_tensor(keys, dtype=torch.int64, device=scores.device)
+    values = scores.reshape(-1)[keys_t]
+    row = keys_t // W
+    finite = torch.bincount(row[torch.isfinite(values)], minlength=N)
+    if len(keys) == 0 or bool((finite < k).any()):
+        return None
+    counts = torch.bincount(row, minlength=N)
+    start = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(len(keys), device=scores.device) - start[row]
+    padded = torch.full((N, int(counts.max())), -math.inf, dtype=scores.dtype, device=scores.device)
+    padded[row, slot] = values
+    columns = torch.zeros(padded.shape, dtype=torch.int64, device=scores.device)
+    columns[row, slot] = keys_t - row * W
+    top, where = torch.topk(padded, k)
+    return top, columns.gather(1, where)
+
+
 @contextlib.contextmanager
 def two_stage_topk(model):
     """Within the block, ``model``'s beam search (``do_sample=False``) selects its top-2B
@@ -114,9 +147,11 @@ def two_stage_topk(model):
                             cur_len, decoder_prompt_len, do_sample, beams_to_keep, num_beams,
                             batch_size, **kwargs)
         # transformers' own body, with the top-k replaced
-        topk_log_probs, topk_indices = two_stage_topk_values(accumulated_log_probs, beams_to_keep,
-                                                             num_beams)
         vocab_size = accumulated_log_probs.shape[-1] // num_beams
+        keys = take_support(cur_len - decoder_prompt_len, batch_size * num_beams, vocab_size)
+        picked = None if keys is None else sparse_topk_values(accumulated_log_probs, beams_to_keep, keys)
+        topk_log_probs, topk_indices = picked if picked is not None else \
+            two_stage_topk_values(accumulated_log_probs, beams_to_keep, num_beams)
         topk_current_beam_indices = topk_indices // vocab_size
         topk_running_beam_indices = model._gather_beams(running_beam_indices, topk_current_beam_indices)
         topk_running_sequences = model._gather_beams(running_sequences, topk_current_beam_indices)
