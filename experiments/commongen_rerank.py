@@ -6,6 +6,7 @@ decoding again.
     python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --mbr-temperature 1 [--keep-as ctrlg_sum]
     python -m experiments.commongen_rerank RUN_DIR --sweep 0 --judge-weights 0.25 0.5 1 [--judge-top-k 16]
     python -m experiments.commongen_rerank RUN_DIR --out OUT_DIR --judge-weight 0.5 --keep-as ctrlg_lm
+    python -m experiments.commongen_rerank RUN_DIR --sweep 0.2 --candidate-pool beams   # ended run, beams only
 
 A run decoded with ``save_candidates=true`` keeps every beam (or sample) of every item with its
 log p_lm(y | prompt), its length in tokens and whether it satisfies the constraint. The search
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-as", default=None, metavar="NAME",
                         help="with --out: also keep the run's own pick as method NAME (compare "
                              "with commongen_report OUT --baseline NAME)")
+    parser.add_argument("--candidate-pool", choices=["beams", "ended"], default=None,
+                        help="beams: choose among the returned beams alone (a run decoded with "
+                             "generation.candidate_pool=ended keeps the ended hypotheses too); "
+                             "default: every saved candidate")
     args = parser.parse_args(argv)
     sweeping = bool(args.sweep or args.mbr)
     if sweeping == (args.out is not None):
@@ -135,12 +140,13 @@ def main(argv: list[str] | None = None) -> None:
             rules = [lm_rule(p) for p in args.sweep] + [mbr_rule(t) for t in args.mbr]
             rules += [lm_rule(p, a, args.judge_top_k) for p in args.sweep for a in weights]
             _print_sweep(sweep(args.run, rules, args.ranges, args.methods,
-                               oracle=not args.no_oracle, judge=judge, judge_cfg=judge_cfg))
+                               oracle=not args.no_oracle, judge=judge, judge_cfg=judge_cfg,
+                               pool=args.candidate_pool))
         else:
             rule = lm_rule(args.length_penalty, args.judge_weight, args.judge_top_k) \
                 if args.mbr_temperature is None else mbr_rule(args.mbr_temperature, args.length_penalty)
             repick_run(args.run, args.out, rule, args.methods, keep_as=args.keep_as, judge=judge,
-                       judge_cfg=judge_cfg)
+                       judge_cfg=judge_cfg, pool=args.candidate_pool)
         if judge is not None and args.judge_cache is not None:
             judge.save_memo(args.judge_cache)
     except (ExperimentConfigError, JudgeCacheError) as error:

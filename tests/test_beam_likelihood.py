@@ -68,3 +68,43 @@ def test_unknown_hypotheses_and_rescaled_scores_are_not_read_from_the_search():
     assert not records_lm_log_probs(config, dict(num_beams=4, do_sample=True))
     assert not records_lm_log_probs(config, dict(num_beams=1))
     assert records_lm_log_probs(config, dict(num_beams=4, do_sample=False, no_repeat_ngram_size=4))
+
+
+def test_ended_hypotheses_are_every_row_prefix_plus_eos_with_its_lm_log_likelihood():
+    """``ended_hypotheses(j)``: for every call of the search and every row of input j, the row's
+    generated prefix + EOS (EOS banned before ``min_new_tokens``: left out), each once, with the
+    value of a second LM pass; the returned beams that ended with EOS are among them."""
+    model = tiny_llama(V, seed=1)
+    prompts = [[BOS, 4, 5], [BOS]]
+    width, beams, max_new = 3, 4, 5
+    input_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    recorder = BeamLogLikelihoods(width, len(prompts), [EOS])
+    seen: list[set] = [set(), set()]
+
+    class Probe:
+        def __call__(self, ids, scores):
+            for r, row in enumerate(ids[:, width:].tolist()):
+                if len(row) >= 2:                                     # min_new_tokens=2
+                    seen[r // beams].add(tuple(row) + (EOS,))
+            return scores
+
+    with torch.no_grad():
+        out = model.generate(input_ids, attention_mask=attention, max_new_tokens=max_new,
+                             min_new_tokens=2, num_return_sequences=beams, pad_token_id=PAD,
+                             eos_token_id=EOS, do_sample=False, num_beams=beams,
+                             logits_processor=[Probe(), recorder])
+    rows = out[:, width:].tolist()
+    finished_beams = 0
+    for j, prompt in enumerate(prompts):
+        ended = recorder.ended_hypotheses(j)
+        tokens = [tuple(t) for t, _ in ended]
+        assert len(tokens) == len(set(tokens)) and set(tokens) == seen[j]
+        expected = lm_log_likelihood(model, prompt, [list(t) for t in tokens])
+        assert [v for _, v in ended] == pytest.approx(expected, abs=1e-4)
+        returned = {tuple(trim_at_eos(r, [EOS])) for r in rows[j * beams:(j + 1) * beams]}
+        finished = {t for t in returned if t[-1] == EOS}
+        assert finished <= set(tokens)
+        finished_beams += len(finished)
+    assert finished_beams                     # some returned beam ended with EOS
+    assert recorder.ended_hypotheses(5) == []

@@ -259,15 +259,69 @@ def test_iterative_widening_keeps_the_best_of_the_narrow_and_the_wide_search(tin
         assert record["ctrlg"]["log_likelihood"] >= narrow[i]["ctrlg"]["log_likelihood"] - 1e-4
 
 
+class _DigitsTokenizer:
+    """Token i spells "t<i> "; EOS = 1 = pad."""
+    eos_token_id = pad_token_id = 1
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"t{i} " for i in ids if not (skip_special_tokens and i == 1))
+
+
+def test_ended_candidate_pool_adds_the_searchs_ended_hypotheses():
+    """generation.candidate_pool=ended: each item's candidates are the returned beams (as with
+    ``beams``: same order and values), then the accepted hypotheses the search scored ending with
+    EOS, marked ``ended``, each token sequence once and each with its LM log-likelihood (a second
+    pass); the kept output is the best accepted one of all (the paper's rule here)."""
+    from ctrlg import dfa
+    from ctrlg.sampler import lm_log_likelihood
+    from ctrlg.tasks.commongen.decoding import generate_batch
+    from helpers import random_hmm, tiny_llama
+
+    V = 12
+    model, hmm = tiny_llama(V, seed=3), random_hmm(4, V, seed=3)
+    model.generation_config.eos_token_id = 1
+    prompts = [[0, 5], [0]]
+    constraints = [dfa.any_phrase([[3]], V), dfa.any_phrase([[4], [6, 7]], V)]
+    spec = {"guide": "ctrlg", "prior": "filter", "strength": 1.0}
+
+    def run(pool):
+        cfg = compose("commongen", ["pipeline=adapted", "judge.weight=0", "rerank_length_penalty=0",
+                                    "generation.num_beams=4", "generation.max_new_tokens=6",
+                                    "generation.widen_below_loglik=null", "constraint.min_new_tokens=1",
+                                    "save_candidates=true", f"generation.candidate_pool={pool}"])
+        return generate_batch(spec, model, _DigitsTokenizer(), prompts, constraints, hmm, cfg, seed=0)
+
+    beams, pooled = run("beams"), run("ended")
+    added = 0
+    for prompt, kept, got in zip(prompts, beams, pooled):
+        n = len(kept["candidates"])
+        assert got["candidates"][:n] == kept["candidates"]
+        extra = got["candidates"][n:]
+        assert all(c["ended"] and c["accepted"] for c in extra)
+        assert len({c["text"] for c in got["candidates"]}) == len(got["candidates"])
+        tokens = [[int(t[1:]) for t in c["text"].split()] + [1] for c in extra]
+        assert [c["log_likelihood"] for c in extra] == pytest.approx(
+            lm_log_likelihood(model, prompt, tokens), abs=1e-4)
+        best = max(c["log_likelihood"] for c in got["candidates"] if c["accepted"])
+        assert got["log_likelihood"] == pytest.approx(best, abs=1e-6)
+        added += len(extra)
+    assert added > 0
+
+
 @pytest.mark.parametrize("override, named", [
+    ("generation.candidate_pool=all", "candidate_pool"),
     ("generation.widen_factor=1", "widen_factor"),
     ("generation.widen_below_loglik=nan", "widen_below_loglik"),
     ("rerank=none", "rerank=none"),
+    ("generation.candidate_pool=ended generation.widen_below_loglik=null rerank=none judge.weight=0",
+     "candidate_pool"),
+    ("generation.candidate_pool=ended generation.widen_below_loglik=null generation.num_beams=1",
+     "candidate_pool"),
 ])
 def test_bad_widening_settings_are_named_before_the_lm_is_loaded(tmp_path, override, named):
     from experiments import commongen
 
     cfg = compose("commongen", ["pipeline=adapted", "model.name=/nonexistent/lm", "data.limit=1",
-                                "methods=[ctrlg]", override])
+                                "methods=[ctrlg]", *override.split()])
     with pytest.raises(ExperimentConfigError, match=named):
         commongen.run(cfg, tmp_path)

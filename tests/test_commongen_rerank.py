@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from ctrlg import metrics
 from ctrlg.errors import ExperimentConfigError
 from ctrlg.tasks.commongen.methods import generation_settings
-from ctrlg.tasks.commongen.repick import repick_run, sweep
+from ctrlg.tasks.commongen.repick import repick_run, returned_beams_only, sweep
 from ctrlg.tasks.commongen.rerank import (_output, lm_rule, mbr_rule, oracle_pick, pick_candidate,
                                           rerank_score)
 from experiments.merge_runs import merge_runs
@@ -169,6 +169,26 @@ def test_sweep_scores_each_exponent_and_the_oracle(tmp_path):
     assert result["p=1"]["rouge_l"] == pytest.approx(long["rouge_l"]) and long["rouge_l"] > short["rouge_l"]
     assert result["oracle"]["bleu4"] == pytest.approx(long["bleu4"])
     assert set(result) == {"p=0", "p=1", "mbr T=1", "oracle"}
+
+
+def test_the_beams_pool_leaves_the_ended_hypotheses_out(tmp_path):
+    """pool="beams" re-picks a ``candidate_pool=ended`` run among its returned beams alone (the
+    candidates not marked ``ended``), in the sweep, its oracle and ``repick_run``; the default
+    keeps every candidate; another pool name is refused."""
+    references = ["a dog runs across the green field"]
+    ended = {**_candidate("a dog runs across the green field", -1.0), "ended": True}
+    items = [(references, [_candidate("dog runs", -2.0), ended])] * 2
+    run = _candidate_run(tmp_path / "run", items)
+    every = sweep(run, [lm_rule(0.0)], [(0, 2)])["0:2"]["methods"]["ctrlg"]
+    beams = sweep(run, [lm_rule(0.0)], [(0, 2)], pool="beams")["0:2"]["methods"]["ctrlg"]
+    assert every["p=0"]["words"] == 7 and every["oracle"]["words"] == 7
+    assert beams["p=0"]["words"] == 2 and beams["oracle"]["words"] == 2
+    out = repick_run(run, tmp_path / "out", 0.0, pool="beams")
+    assert [r["ctrlg"]["text"] for r in read_records(out)] == ["dog runs"] * 2
+    assert OmegaConf.load(out / "config.yaml").generation.candidate_pool == "beams"
+    assert returned_beams_only(read_records(run)[0])["ctrlg"]["candidates"] == [items[0][1][0]]
+    with pytest.raises(ExperimentConfigError, match="pool"):
+        sweep(run, [lm_rule(0.0)], [(0, 2)], pool="all")
 
 
 def test_a_run_without_candidates_is_refused_by_name(tmp_path):

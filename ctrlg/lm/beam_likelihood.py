@@ -112,6 +112,14 @@ class BeamLogLikelihoods(LogitsProcessor):
             return -math.inf
         return self._totals[parent] + float(self._scores[row, prefix[-1]])
 
+    def ended_hypotheses(self, item: int) -> list[tuple[list[int], float]]:
+        """Every hypothesis of input row ``item`` that the search scored ending with EOS — each
+        running beam's prefix at each step followed by an EOS token — with its finite
+        log p_lm(hypothesis | prompt), in the order met. The search keeps only the best of them
+        (transformers: ``num_beams`` finished hypotheses); a reranker may choose among all."""
+        return [(list(key[1]), value) for key, value in self._ended.items()
+                if key[0] == int(item) and math.isfinite(value)]
+
     def log_likelihood(self, item: int, token_ids: Sequence[int]) -> float | None:
         """log p_lm(token_ids | prompt of ``item``) for a finished hypothesis (EOS included when
         it ended it), or ``None`` when it cannot be read from the recorded scores."""

@@ -26,13 +26,13 @@ from ctrlg.lm.judge import Judge
 from ctrlg.memory import check_lm_fits
 from ctrlg.sampler import ConstraintLogitsProcessor, candidate_log_likelihoods, trim_at_eos
 from ctrlg.tasks.commongen.items import word_count
-from ctrlg.tasks.commongen.methods import guide_kernel, widening
+from ctrlg.tasks.commongen.methods import candidate_pool, guide_kernel, widening
 from ctrlg.tasks.commongen.rerank import pick_candidate, rerank_rule, shortlisted_texts
 from ctrlg.tasks.search_options import SearchOptions
 from ctrlg.validation import check_context_length
 from ctrlg.vocab import eos_token_ids, lm_vocab_size
 
-__all__ = ["eos_ids", "batch_seed", "decoding_options", "decode_candidates", "rerank_from_search", "prompt_determines_output", "widen_low_scoring", "generate_batch", "candidate_text"]
+__all__ = ["with_ended", "eos_ids", "batch_seed", "decoding_options", "decode_candidates", "rerank_from_search", "prompt_determines_output", "widen_low_scoring", "generate_batch", "candidate_text"]
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -58,13 +58,16 @@ def decoding_options(gen, K: int, beams: int) -> dict:
 
 
 def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], constraints, hmm, cfg,
-                      seed: int, processor_cache: dict | None = None
+                      seed: int, processor_cache: dict | None = None, ended: list | None = None
                       ) -> list[tuple[list[list[int]], list[float] | None]]:
     """Decode all ``prompts`` together (left-padded; item j's DFA ``constraints[j]`` guides its
     K rows; ``processor_cache`` lets the methods of one batch share a guide's tables): per item,
     its K samples/beams (cut at EOS) and their log p_lm(candidate | prompt) — summed during beam
     search (:mod:`ctrlg.lm.beam_likelihood`), else by a second pass
-    (:func:`ctrlg.sampler.lm_log_likelihood`); None when ``rerank: none``."""
+    (:func:`ctrlg.sampler.lm_log_likelihood`); None when ``rerank: none``. ``ended`` (a list):
+    appended, per item, every hypothesis the search scored ending with EOS that the item's
+    constraint accepts, with its log p_lm (:meth:`BeamLogLikelihoods.ended_hypotheses`; none
+    without the recorder), for :func:`with_ended`."""
 
     gen = cfg.generation
     K, beams = int(gen.num_samples), int(gen.get("num_beams", 1))
@@ -119,7 +122,28 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
         samples = [trim_at_eos(r, eos) for r in rows[j * K:(j + 1) * K]]
         scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else None
         decoded.append((samples, scores))
+        if ended is not None:
+            ended.append([] if recorder is None else
+                         [(tokens, value) for tokens, value in recorder.ended_hypotheses(j)
+                          if constraints[j].accepts(tokens)])
     return decoded
+
+
+def with_ended(decoded: list, ended: list) -> tuple[list, list[int]]:
+    """Each item's candidates followed by its ``ended`` hypotheses (:func:`decode_candidates`)
+    that are not among them (each token sequence once), and per item the number of candidates
+    that came from the search's returned beams (the rest are ended hypotheses)."""
+    out, returned = [], []
+    for (samples, scores), pool in zip(decoded, ended):
+        seen = {tuple(s) for s in samples}
+        extra = []
+        for tokens, value in pool:
+            if tuple(tokens) not in seen:
+                seen.add(tuple(tokens))
+                extra.append((tokens, value))
+        out.append((list(samples) + [t for t, _ in extra], list(scores) + [v for _, v in extra]))
+        returned.append(len(samples))
+    return out, returned
 
 
 def rerank_from_search(model, decoding: dict, cfg) -> bool:
@@ -132,11 +156,13 @@ def rerank_from_search(model, decoding: dict, cfg) -> bool:
 
 
 def widen_low_scoring(decoded: list, widen: tuple[float, int], spec: dict, model, tokenizer,
-                      prompts: list[list[int]], constraints, hmm, cfg, seed: int) -> set[int]:
+                      prompts: list[list[int]], constraints, hmm, cfg, seed: int,
+                      ended: list | None = None) -> set[int]:
     """Iterative widening (:func:`widening`): the items whose best satisfying candidate (by
     summed log p_lm, whatever the rerank rule) scores below τ are
     decoded again with W beams (W candidates), and their new candidates are appended to
-    ``decoded`` in place. Returns the indices of the widened items."""
+    ``decoded`` in place (and their ended hypotheses to ``ended[j]``, when given). The
+    decision reads the returned beams only. Returns the indices of the widened items."""
     threshold, width = widen
     low = []
     for j, ((samples, scores), constraint) in enumerate(zip(decoded, constraints)):
@@ -148,10 +174,13 @@ def widen_low_scoring(decoded: list, widen: tuple[float, int], spec: dict, model
         wide = copy.deepcopy(cfg)
         wide.generation.num_beams = width
         wide.generation.num_samples = width
+        wide_ended = None if ended is None else []
         more = decode_candidates(spec, model, tokenizer, [prompts[j] for j in low],
-                                 [constraints[j] for j in low], hmm, wide, seed)
+                                 [constraints[j] for j in low], hmm, wide, seed, ended=wide_ended)
         for j, (samples, scores) in zip(low, more):
             decoded[j] = (decoded[j][0] + samples, list(decoded[j][1]) + list(scores))
+        for j, pool in zip(low, wide_ended or []):
+            ended[j] = ended[j] + pool
     return set(low)
 
 
@@ -173,9 +202,15 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
     ``prompt_memo`` (a dict kept across batches): when :func:`prompt_determines_output` (an
     unguided method with beam search), each distinct prompt is decoded once and its candidates
     reused — with the BOS-only prompt of the adapted pipeline the unconstrained LM writes the same
-    beams for every item, so a full split costs one search instead of one per item."""
+    beams for every item, so a full split costs one search instead of one per item.
+
+    ``generation.candidate_pool``: ``beams`` (default) chooses among the returned beams;
+    ``ended`` also among every hypothesis the search scored ending with EOS that the constraint
+    accepts (:func:`with_ended`; beam search with the recorder and a rerank only), marked
+    ``"ended": true`` among the saved candidates."""
 
     eos = eos_ids(model, tokenizer)
+    ended = [] if candidate_pool(cfg) == "ended" else None
     if prompt_memo is not None and prompt_determines_output(spec, cfg):
         missing = list(dict.fromkeys(tuple(p) for p in prompts if tuple(p) not in prompt_memo))
         if missing:
@@ -185,12 +220,16 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
                                       processor_cache)
             prompt_memo.update(zip(missing, found))
         decoded = [prompt_memo[tuple(p)] for p in prompts]
+        ended = None
     else:
         decoded = decode_candidates(spec, model, tokenizer, prompts, constraints, hmm, cfg, seed,
-                                    processor_cache)
+                                    processor_cache, ended=ended)
     widen = widening(spec, cfg)
     widened = None if widen is None else widen_low_scoring(
-        decoded, widen, spec, model, tokenizer, prompts, constraints, hmm, cfg, seed)
+        decoded, widen, spec, model, tokenizer, prompts, constraints, hmm, cfg, seed, ended=ended)
+    returned = None
+    if ended is not None:
+        decoded, returned = with_ended(decoded, ended)
     rule = rerank_rule(cfg)
     keep_all = bool(cfg.get("save_candidates", False))
     rerank = rule["rerank"] != "none"
@@ -227,8 +266,9 @@ def generate_batch(spec: dict, model, tokenizer, prompts: list[list[int]], const
         if keep_all:
             result["candidates"] = [
                 {"text": t, "log_likelihood": score if rerank else None, "tokens": n, "accepted": ok,
-                 **({"judge_log_likelihood": verdicts[t]} if t in verdicts else {})}
-                for t, score, n, ok in zip(texts, scores, lengths, accepted)]
+                 **({"judge_log_likelihood": verdicts[t]} if t in verdicts else {}),
+                 **({"ended": True} if returned is not None and i >= returned[j] else {})}
+                for i, (t, score, n, ok) in enumerate(zip(texts, scores, lengths, accepted))]
         results.append(result)
     return results
 

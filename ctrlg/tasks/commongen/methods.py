@@ -21,11 +21,14 @@ from ctrlg.tasks.commongen.rerank import rerank_rule, rerank_settings
 from ctrlg.tasks.config import generation_config
 from ctrlg.tasks.search_options import SearchOptions
 
-__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "DEFAULT_VALUED_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings", "widening"]
+__all__ = ["GUIDES", "PRIORS", "GENERATION_KEYS", "COMPUTE_ONLY_KEYS", "DEFAULT_VALUED_KEYS", "without_compute_settings", "method_spec", "check_config", "guide_kernel", "generation_settings", "widening",
+           "CANDIDATE_POOLS", "candidate_pool"]
 
 GUIDES = ("none", "logical", "ctrlg")
 
 PRIORS = ("filter", "head")
+
+CANDIDATE_POOLS = ("beams", "ended")
 
 
 # the configuration keys that decide the generations: a resumed run must agree on all of them
@@ -38,7 +41,8 @@ GENERATION_KEYS = ("seed", "methods", "method_specs", "generation", "model", "hm
 COMPUTE_ONLY_KEYS = {"generation": ("guide_kernel", "fast_search", "score_kept_only")}
 # sub-keys left out of a run's identity while at these values (runs from before they existed match)
 DEFAULT_VALUED_KEYS = {"generation": {"beam_score": "guided", "sibling_penalty": 0.0,
-                                      "widen_below_loglik": None, "widen_factor": 2}}
+                                      "widen_below_loglik": None, "widen_factor": 2,
+                                      "candidate_pool": "beams"}}
 
 
 def without_compute_settings(key: str, value):
@@ -98,7 +102,22 @@ def check_config(cfg: DictConfig) -> dict[str, dict]:
     specs = {name: method_spec(cfg, name) for name in cfg.methods}
     for spec in specs.values():
         widening(spec, cfg)
+    candidate_pool(cfg)
     return specs
+
+
+def candidate_pool(cfg) -> str:
+    """``generation.candidate_pool`` checked: ``beams`` (default) or ``ended``, the latter only
+    with beam search and a rerank (its hypotheses' log-likelihoods come from the search)."""
+    pool = str(cfg.generation.get("candidate_pool", "beams"))
+    if pool not in CANDIDATE_POOLS:
+        raise ExperimentConfigError(f"generation.candidate_pool must be one of {CANDIDATE_POOLS}, "
+                                    f"got {pool!r}")
+    if pool == "ended" and (int(cfg.generation.get("num_beams", 1)) <= 1
+                            or rerank_rule(cfg)["rerank"] == "none"):
+        raise ExperimentConfigError("generation.candidate_pool=ended needs beam search "
+                                    "(generation.num_beams > 1) and a rerank (rerank != none)")
+    return pool
 
 
 def widening(spec: dict, cfg) -> tuple[float, int] | None:

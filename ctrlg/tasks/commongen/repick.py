@@ -25,7 +25,7 @@ from ctrlg.tasks.commongen.rerank import (_candidates, _output, lm_rule, oracle_
                                           repick_record, rerank_rule, rule_name)
 from ctrlg.tasks.records import read_records
 
-__all__ = ["sweep", "repick_run"]
+__all__ = ["sweep", "repick_run", "returned_beams_only"]
 
 
 def _scored(records: list[dict], method: str) -> dict:
@@ -37,17 +37,37 @@ def _scored(records: list[dict], method: str) -> dict:
             "success": row["success"], "words": sum(r[method]["words"] for r in records) / len(records)}
 
 
+def returned_beams_only(record: dict) -> dict:
+    """``record`` with each method's saved candidates restricted to the search's returned beams
+    (those of a ``generation.candidate_pool=ended`` run not marked ``ended``): what the run
+    would have chosen among with ``candidate_pool=beams``."""
+    out = dict(record)
+    for key, value in record.items():
+        if isinstance(value, dict) and isinstance(value.get("candidates"), list):
+            out[key] = {**value, "candidates": [c for c in value["candidates"] if not c.get("ended")]}
+    return out
+
+
+def _read(run_dir: Path, pool: str | None) -> list[dict]:
+    if pool not in (None, "ended", "beams"):
+        raise ExperimentConfigError(f"pool must be None, 'ended' or 'beams', got {pool!r}")
+    records = read_records(run_dir)
+    return [returned_beams_only(r) for r in records] if pool == "beams" else records
+
+
 def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] | None = None,
-          oracle: bool = True, judge=None, judge_cfg: dict | None = None) -> dict:
+          oracle: bool = True, judge=None, judge_cfg: dict | None = None,
+          pool: str | None = None) -> dict:
     """``{"start:stop": {"items": n, "methods": {method: {rule name | "oracle": metric row}}}}``:
     every rule (:func:`lm_rule`, :func:`mbr_rule`) and the oracle on every range of indices
     (``judge``: the :class:`ctrlg.lm.judge.Judge` of the rules with a judge weight, prompted as
-    ``judge_cfg`` says)."""
+    ``judge_cfg`` says; ``pool="beams"``: among the returned beams alone,
+    :func:`returned_beams_only`)."""
     cfg = OmegaConf.load(run_dir / "config.yaml")
     if judge_cfg is not None:
         cfg.judge = judge_cfg
     methods = list(methods or cfg.methods)
-    records = [r for r in read_records(run_dir) if "skipped" not in r]
+    records = [r for r in _read(run_dir, pool) if "skipped" not in r]
     prefetch_judge([r for r in records if any(a <= r["index"] < b for a, b in ranges)], methods,
                    rules, judge, cfg)
     out: dict = {}
@@ -72,14 +92,17 @@ def sweep(run_dir: Path, rules: Sequence[dict], ranges, methods: Sequence[str] |
 
 
 def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[str] | None = None,
-               keep_as: str | None = None, judge=None, judge_cfg: dict | None = None) -> Path:
+               keep_as: str | None = None, judge=None, judge_cfg: dict | None = None,
+               pool: str | None = None) -> Path:
     """Write the run folder ``out``: ``run_dir``'s items re-chosen by ``rule`` (a bare number is
     the length exponent of ``lm_loglik``) and its config with that rule.
 
     ``keep_as``: also keep the run's own pick of its one re-picked method, as a method of that
     name, so that ``experiments.commongen_report OUT --baseline NAME`` gives paired intervals of
     the new rule against the decoded one on the same beams (``config.yaml``'s
-    ``differing_settings.rerank`` names each method's rule)."""
+    ``differing_settings.rerank`` names each method's rule). ``pool="beams"``: re-chosen among
+    the returned beams alone (:func:`returned_beams_only`; ``generation.candidate_pool`` of the
+    written config then says ``beams``)."""
     rule = rule if isinstance(rule, dict) else lm_rule(rule)
     cfg = OmegaConf.load(run_dir / "config.yaml")
     methods = list(methods or cfg.methods)
@@ -92,7 +115,7 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
             f"keep_as={keep_as!r} needs exactly one re-picked method (got {methods}) and a name "
             f"that is not one of the run's methods ({list(cfg.methods)})")
     dropped = set(cfg.methods) - set(methods)   # methods not re-picked are left out
-    records = read_records(run_dir)
+    records = _read(run_dir, pool)
     decoded_rule = rerank_rule(cfg)   # the run's own rule, before the judge's settings replace its own
     if judge_cfg is not None:
         cfg.judge = judge_cfg
@@ -118,6 +141,8 @@ def repick_run(run_dir: Path, out: Path, rule: dict | float, methods: Sequence[s
     elif cfg.get("judge") is not None:
         cfg.judge.weight = 0.0
     cfg.save_candidates = False
+    if pool == "beams":
+        OmegaConf.update(cfg, "generation.candidate_pool", "beams", force_add=True)
     cfg.method_specs = {m: cfg.method_specs[m] for m in methods}
     if keep_as is not None:
         cfg.method_specs[keep_as] = cfg.method_specs[methods[0]]
