@@ -18,7 +18,8 @@ built before the first mask, each state's mask is one walk of the vocabulary tri
 (what ``dfa.lazy_json_schema`` does for a schema). Other grammars get :func:`grammar`'s
 constraint, or, with ``max_nesting=n``, the lazy automaton of the sentences nesting at most n
 levels deep (a subset of the language, with a warning: what ``lazy_json_schema`` does for a
-recursive ``$ref``).
+recursive ``$ref``), built on demand too (:mod:`ctrlg.dfa.cfg.lazy_nesting`: the unrolled
+grammar's references expanded when the subset construction first reaches them).
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ from ctrlg.dfa.cfg.constraint import GrammarConstraint, prepared_bnf
 from ctrlg.dfa.cfg.gbnf_syntax import from_gbnf
 from ctrlg.dfa.cfg.grammar_ir import Grammar
 from ctrlg.dfa.cfg.lark_syntax import from_lark
+from ctrlg.dfa.cfg.lazy_nesting import lazy_nesting_subset
 from ctrlg.dfa.lazy import LazyByteDFA, LazyTokenDFA
 from ctrlg.dfa.regex_index import AUTO
 from ctrlg.dfa.vocab_trie import vocab_trie
 from ctrlg.errors import ConstraintError
 
-__all__ = ["grammar", "lazy_grammar", "SYNTAXES"]
+__all__ = ["grammar", "lazy_grammar", "SYNTAXES", "NESTING_AUTOMATA"]
 
 SYNTAXES = ("lark", "gbnf")
+#: how ``lazy_grammar(max_nesting=n)`` builds the nesting-bounded automaton
+NESTING_AUTOMATA = ("on_demand", "minimal")
 
 
 def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str | None = None,
@@ -72,8 +76,8 @@ def grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str 
 
 def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start: str | None = None,
                  eos_token_id=AUTO, vocab_size: int | None = None, depth: int | str = "auto",
-                 max_nesting: int | None = None, warn: bool = True
-                 ) -> LazyTokenDFA | GrammarConstraint:
+                 max_nesting: int | None = None, warn: bool = True,
+                 nesting_automaton: str = "on_demand") -> LazyTokenDFA | GrammarConstraint:
     """:func:`grammar`'s constraint, built lazily where the grammar is regular as written
     (module docstring): a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` of the same token sequences
     (every encoding of every sentence, then EOS), whose masks are computed on first use.
@@ -82,26 +86,37 @@ def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start:
     superset's), unless ``max_nesting`` = n ≥ 0 is given: then the lazy automaton of its
     sentences with at most n self-embedded levels (parentheses n deep in the arithmetic example;
     :func:`~ctrlg.dfa.cfg.approximation.nesting_subset`), a subset of the language, announced
-    by a warning unless ``warn=False``. Otherwise the same arguments and errors as
-    :func:`grammar`; a bad ``max_nesting`` is a ConstraintError."""
+    by a warning unless ``warn=False``. ``nesting_automaton``: ``"on_demand"`` (default) builds
+    that automaton's rows as masks first need them (:mod:`ctrlg.dfa.cfg.lazy_nesting`: a
+    compile in milliseconds at any depth, the construction spread over the first visits to
+    each state); ``"minimal"`` compiles its minimal byte DFA first
+    (:func:`~ctrlg.dfa.cfg.approximation.nesting_subset`: the same language, seconds for JSON
+    six levels deep, whose automaton doubles per level, then only trie walks in the masks).
+    Otherwise the same arguments and errors as :func:`grammar`; a bad ``max_nesting`` or
+    ``nesting_automaton`` is a ConstraintError."""
     g, what = _read(text, syntax, start, depth)
     if max_nesting is not None and (isinstance(max_nesting, bool) or not isinstance(max_nesting, int)
                                     or max_nesting < 0):
         raise ConstraintError(f"max_nesting must be None or an int ≥ 0, got {max_nesting!r}")
+    if nesting_automaton not in NESTING_AUTOMATA:
+        raise ConstraintError(f"nesting_automaton must be one of {NESTING_AUTOMATA}, got "
+                              f"{nesting_automaton!r}")
     trie = vocab_trie(tokenizer)
     bnf = prepared_bnf(g, what)
     byte_dfa, _, exact = regular_superset(bnf, 1)
-    if not exact:
-        if max_nesting is None:
-            return GrammarConstraint(g, trie, eos_token_id=eos_token_id, vocab_size=vocab_size,
-                                     depth=depth, what=what)
-        byte_dfa = nesting_subset(bnf, max_nesting)
-        if warn:
-            warnings.warn(f"{what}: sentences nesting more than {max_nesting} levels deep are "
-                          f"refused (max_nesting={max_nesting}: a subset of the language)",
-                          stacklevel=2)
-    return LazyTokenDFA(LazyByteDFA.complete(byte_dfa), trie, eos_token_id=eos_token_id,
-                        vocab_size=vocab_size, what=what)
+    if exact:
+        return LazyTokenDFA(LazyByteDFA.complete(byte_dfa), trie, eos_token_id=eos_token_id,
+                            vocab_size=vocab_size, what=what)
+    if max_nesting is None:
+        return GrammarConstraint(g, trie, eos_token_id=eos_token_id, vocab_size=vocab_size,
+                                 depth=depth, what=what)
+    if warn:
+        warnings.warn(f"{what}: sentences nesting more than {max_nesting} levels deep are "
+                      f"refused (max_nesting={max_nesting}: a subset of the language)",
+                      stacklevel=2)
+    rows = lazy_nesting_subset(bnf, max_nesting) if nesting_automaton == "on_demand" \
+        else LazyByteDFA.complete(nesting_subset(bnf, max_nesting))
+    return LazyTokenDFA(rows, trie, eos_token_id=eos_token_id, vocab_size=vocab_size, what=what)
 
 
 def _read(text: str | Grammar, syntax: str, start: str | None, depth) -> tuple[Grammar, str]:

@@ -232,6 +232,9 @@ class LazyByteDFA:
         initial: the initial state (1 is reserved for the token automaton's ENDED state).
     """
 
+    #: what the error at :data:`MAX_LAZY_STATES` states advises (a builder may set its own)
+    too_large_hint = ""
+
     def __init__(self, nfa: ByteNFA, start: int, accept: int):
         n = len(nfa.edges)
         if getattr(nfa, "has_empty", True):
@@ -353,7 +356,8 @@ class LazyByteDFA:
         if q is None:
             q = len(self._sets)
             if q >= MAX_LAZY_STATES:
-                raise RegexError(f"the lazy byte DFA exceeds {MAX_LAZY_STATES:,} states")
+                raise RegexError(f"the lazy byte DFA exceeds {MAX_LAZY_STATES:,} states"
+                                 + (f" ({self.too_large_hint})" if self.too_large_hint else ""))
             if q >= len(self.computed):
                 self._grow(2 * q)
             self._index[subset] = q

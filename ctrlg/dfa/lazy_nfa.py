@@ -27,15 +27,32 @@ the only source of dead states, an empty char set, is removed from the AST first
 (:func:`prune_empty`: an empty branch is dropped, an empty concatenation / mandatory repetition
 makes its parent empty, ``x{0,n}`` of an empty ``x`` is ``ε``). Every fragment of a non-empty
 language then reaches its end state, so every NFA state reaches acceptance.
+
+A :class:`Reference` is a named sub-expression that the NFA's ``resolve(key)`` returns when the
+construction first reaches it (a grammar's nonterminal unrolled to a depth,
+:mod:`ctrlg.dfa.cfg.lazy_nesting`): the AST may then be exponentially large as a tree, or
+infinite, and only the parts a generation reaches are ever built. ``resolve`` must return an AST
+of non-empty language whose own empty sub-expressions are pruned (a :class:`Reference` counts
+as non-empty here), so the invariant above holds.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ctrlg.dfa.template_nfa import MAX_LAZY_NFA_STATES, TemplateNFA, _item_class
 from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import RegexError
 
-__all__ = ["LazyThompsonNFA", "lazy_thompson", "prune_empty", "has_empty_charset"]
+__all__ = ["LazyThompsonNFA", "Reference", "lazy_thompson", "prune_empty", "has_empty_charset"]
+
+
+@dataclass(frozen=True, eq=False)
+class Reference(Node):
+    """A sub-expression named by ``key``, of non-empty language, built by the NFA's ``resolve``
+    when first reached (module docstring)."""
+
+    key: object
 
 
 class _Tail:
@@ -86,6 +103,8 @@ def prune_empty(node: Node) -> Node | None:
                 out = EMPTY if x.min == 0 else None
             else:
                 out = x if z is x.item else Repeat(z, x.min, x.max)
+        elif isinstance(x, Reference):          # non-empty by contract
+            out = x
         else:  # pragma: no cover - the parser produces only the node types above
             raise TypeError(f"unknown regex node {x!r}")
         memo[key] = _NONE if out is None else out
@@ -121,9 +140,10 @@ class LazyThompsonNFA(TemplateNFA):
 
     grows_on_demand = True   # states and counted regions appear as the subset construction goes
 
-    def __init__(self):
+    def __init__(self, resolve=None):
         super().__init__()
         self._pending: dict[int, list] = {}
+        self.resolve = resolve      # key -> Node, for the Reference nodes of the AST
 
     def add_state(self) -> int:
         """A fresh state (no bound here: :func:`lazy_thompson` bounds the pattern's size)."""
@@ -174,6 +194,8 @@ class LazyThompsonNFA(TemplateNFA):
             node, end = todo.pop()
             if isinstance(node, CharSet):
                 self._class(node, s, end)
+            elif isinstance(node, Reference):
+                todo.append((self.resolve(node.key), end))
             elif isinstance(node, (Concat, _Tail)):
                 items, i = (node.items, 0) if isinstance(node, Concat) else (node.items, node.i)
                 if i == len(items):
