@@ -25,9 +25,11 @@ from ctrlg.dfa.cfg.approximation import Unroller
 from ctrlg.dfa.cfg.grammar_ir import Grammar, terminal_of
 from ctrlg.dfa.lazy import LazyByteDFA
 from ctrlg.dfa.lazy_nfa import LazyThompsonNFA, Reference, prune_empty
-from ctrlg.dfa.regex_syntax import Alternation, Concat, Node, Repeat
+from ctrlg.dfa.regex_syntax import CharSet, Concat, Node
 
 __all__ = ["LazyNesting", "lazy_nesting_subset"]
+
+NOTHING = CharSet(())          # the empty language, pruned by prune_empty
 
 
 class LazyNesting(Unroller):
@@ -41,22 +43,14 @@ class LazyNesting(Unroller):
         self.root = self.key(g.start, self.levels)
         self.terminal = [prune_empty(t.node) for t in g.terminals]
         self.nonempty = self._nonempty_keys()
-        self._nodes: dict[tuple, Node | None] = {}
-
-    def _keys(self) -> list[tuple]:
-        """The keys reachable from the start, references followed (cut keys have none)."""
-        seen, todo = {self.root}, [self.root]
-        while todo:
-            for ref in self._references(todo.pop()):
-                if ref not in seen:
-                    seen.add(ref)
-                    todo.append(ref)
-        return list(seen)
+        self._nodes: dict[tuple, Node] = {}
 
     def _nonempty_keys(self) -> set[tuple]:
         """The least fixpoint of "some base body has only non-empty items" over the reachable
         keys (a cut key has no body: empty)."""
-        keys = self._keys()
+        self.uses = {}
+        self._count(self.root)                       # every key reachable from the start
+        keys = list(dict.fromkeys([self.root, *self.uses]))
         out: set[tuple] = set()
         changed = True
         while changed:
@@ -76,50 +70,24 @@ class LazyNesting(Unroller):
                    for k, x in enumerate(rhs))
 
     def node(self, key: tuple) -> Node:
-        """The AST of a non-empty ``key``: ``Y = r* α (l | β r* α)*`` of its loop, each body
-        with a reference to an empty key dropped, each other reference a
-        :class:`~ctrlg.dfa.lazy_nfa.Reference` (memoised: a key's AST is built once)."""
+        """The AST of a non-empty ``key``: the eager unrolling's loop form
+        (:meth:`~ctrlg.dfa.cfg.approximation.Unroller._node`) over :meth:`_sequence`'s bodies,
+        with the bodies that refer to an empty key pruned (memoised: a key's AST is built
+        once)."""
         if key not in self._nodes:
-            self._nodes[key] = self._build(key)
+            self._nodes[key] = prune_empty(self._node(key))
         return self._nodes[key]
 
-    def _build(self, key: tuple) -> Node | None:
-        a, left, run, _ = key
-        if key not in self.nonempty:
-            return None
-
-        def alt(bodies):
-            items = [x for x in (self._body(rhs, a, left, run) for rhs in bodies) if x is not None]
-            return None if not items else items[0] if len(items) == 1 else Alternation(tuple(items))
-
-        loop = self._bodies(a)
-        base = alt(loop.base)                  # non-empty: the key is
-        if not (loop.right or loop.left or loop.assoc):
-            return base
-        right = alt(loop.right)
-        head = Concat((Repeat(right, 0, None), base)) if right is not None else base
-        steps = [x for x in (self._body(rhs, a, left, run) for rhs in loop.left) if x is not None]
-        for rhs in loop.assoc:
-            beta = self._body(rhs, a, left, run)
-            if beta is not None:
-                steps.append(Concat((beta, head)))
-        if not steps:
-            return head
-        return Concat((head, Repeat(steps[0] if len(steps) == 1 else Alternation(tuple(steps)),
-                                    0, None)))
-
-    def _body(self, rhs, a: int, left, run) -> Node | None:
-        """One rule body as a concatenation, or None when an item's language is empty."""
+    def _sequence(self, rhs, a: int, left, run) -> Node:
+        """One rule body: its terminals, and each reference a
+        :class:`~ctrlg.dfa.lazy_nfa.Reference` to a non-empty key or the empty language."""
         items = []
         for k, x in enumerate(rhs):
             if x < 0:
-                item = self.terminal[terminal_of(x)]
+                items.append(self.g.terminals[terminal_of(x)].node)
             else:
                 ref = self._ref(x, k, rhs, a, left, run)
-                item = Reference(ref) if ref in self.nonempty else None
-            if item is None:
-                return None
-            items.append(item)
+                items.append(Reference(ref) if ref in self.nonempty else NOTHING)
         return Concat(tuple(items))
 
 
