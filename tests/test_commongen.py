@@ -306,6 +306,9 @@ def test_ended_candidate_pool_adds_the_searchs_ended_hypotheses():
         assert got["log_likelihood"] == pytest.approx(best, abs=1e-6)
         added += len(extra)
     assert added > 0
+    model.generation_config.repetition_penalty = 1.2    # the search's scores are not the LM's
+    with pytest.raises(ExperimentConfigError, match="candidate_pool=ended needs"):
+        run("ended")
 
 
 @pytest.mark.parametrize("override, named", [
@@ -316,6 +319,8 @@ def test_ended_candidate_pool_adds_the_searchs_ended_hypotheses():
     ("generation.candidate_pool=ended generation.widen_below_loglik=null rerank=none judge.weight=0",
      "candidate_pool"),
     ("generation.candidate_pool=ended generation.widen_below_loglik=null generation.num_beams=1",
+     "candidate_pool"),
+    ("generation.candidate_pool=ended generation.widen_below_loglik=null rerank_pass=full",
      "candidate_pool"),
 ])
 def test_bad_widening_settings_are_named_before_the_lm_is_loaded(tmp_path, override, named):

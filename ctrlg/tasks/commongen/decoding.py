@@ -66,8 +66,8 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
     search (:mod:`ctrlg.lm.beam_likelihood`), else by a second pass
     (:func:`ctrlg.sampler.lm_log_likelihood`); None when ``rerank: none``. ``ended`` (a list):
     appended, per item, every hypothesis the search scored ending with EOS that the item's
-    constraint accepts, with its log p_lm (:meth:`BeamLogLikelihoods.ended_hypotheses`; none
-    without the recorder), for :func:`with_ended`."""
+    constraint accepts, with its log p_lm (:meth:`BeamLogLikelihoods.ended_hypotheses`;
+    ExperimentConfigError when the search records none), for :func:`with_ended`."""
 
     gen = cfg.generation
     K, beams = int(gen.num_samples), int(gen.get("num_beams", 1))
@@ -123,8 +123,12 @@ def decode_candidates(spec: dict, model, tokenizer, prompts: list[list[int]], co
         scores = candidate_log_likelihoods(model, prompt, samples, recorder, j) if rerank else None
         decoded.append((samples, scores))
         if ended is not None:
-            ended.append([] if recorder is None else
-                         [(tokens, value) for tokens, value in recorder.ended_hypotheses(j)
+            if recorder is None:
+                raise ExperimentConfigError(
+                    "generation.candidate_pool=ended needs the log-likelihoods recorded during "
+                    "beam search, and these decoding options rescale the LM's scores (e.g. "
+                    "repetition_penalty): use candidate_pool=beams")
+            ended.append([(tokens, value) for tokens, value in recorder.ended_hypotheses(j)
                           if constraints[j].accepts(tokens)])
     return decoded
 

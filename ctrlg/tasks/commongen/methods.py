@@ -114,9 +114,12 @@ def candidate_pool(cfg) -> str:
         raise ExperimentConfigError(f"generation.candidate_pool must be one of {CANDIDATE_POOLS}, "
                                     f"got {pool!r}")
     if pool == "ended" and (int(cfg.generation.get("num_beams", 1)) <= 1
-                            or rerank_rule(cfg)["rerank"] == "none"):
+                            or rerank_rule(cfg)["rerank"] == "none"
+                            or str(cfg.get("rerank_pass", "recorded")) == "full"):
         raise ExperimentConfigError("generation.candidate_pool=ended needs beam search "
-                                    "(generation.num_beams > 1) and a rerank (rerank != none)")
+                                    "(generation.num_beams > 1), a rerank (rerank != none) and "
+                                    "the log-likelihoods recorded during the search "
+                                    "(rerank_pass=recorded)")
     return pool
 
 
