@@ -49,8 +49,10 @@ __all__ = ["LazyThompsonNFA", "Reference", "lazy_thompson", "prune_empty", "has_
 
 @dataclass(frozen=True, eq=False)
 class Reference(Node):
-    """A sub-expression named by ``key``, of non-empty language, built by the NFA's ``resolve``
-    when first reached (module docstring)."""
+    """A sub-expression named by ``key``, built by the automaton builder's callback when its
+    construction reaches it: ``LazyThompsonNFA``'s ``resolve`` (module docstring; its language
+    must then be non-empty), or the eager unrolling's ``expand``
+    (:mod:`ctrlg.dfa.cfg.approximation`)."""
 
     key: object
 

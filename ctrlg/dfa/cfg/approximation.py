@@ -43,6 +43,7 @@ import numpy as np
 from ctrlg.dfa.cfg.grammar_ir import Grammar, terminal_of
 from ctrlg.dfa.bytes_dfa import (AutomatonTooLarge, Budget, ByteDFA, ByteNFA, determinize,
                                   minimize)
+from ctrlg.dfa.lazy_nfa import Reference
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Concat, Node, Repeat, positions
 from ctrlg.errors import ConstraintError
 
@@ -73,14 +74,6 @@ class Embedded(Node):
 CUT = 0xFF
 
 
-@dataclass(frozen=True, eq=False)
-class Inline(Node):
-    """A reference expanded in place: the unrolled language of the memo key ``key`` (one
-    referenced exactly once, :class:`Unroller`), built when the NFA construction reaches it."""
-
-    key: tuple
-
-
 @dataclass
 class Loop:
     """A nonterminal's rule bodies by where it occurs in them (:meth:`Unroller._loop`): the
@@ -95,7 +88,8 @@ class Loop:
 
 class _NFA(ByteNFA):
     """Thompson NFA that also embeds compiled DFAs (:class:`Embedded`) and expands
-    :class:`Inline` references (by ``expand(key) -> Node``), with an explicit work stack: a
+    :class:`~ctrlg.dfa.lazy_nfa.Reference` leaves (by ``expand(key) -> Node``: a memo key
+    referenced exactly once, expanded in place), with an explicit work stack: a
     reference chain 2,000 levels deep uses no Python stack. With ``cut_target``, every
     :data:`CUT` edge of an embedded DFA leads there (the construction's accepting state: what
     follows a cut is never read, module docstring)."""
@@ -112,7 +106,7 @@ class _NFA(ByteNFA):
             node, start, end = todo.pop()
             if isinstance(node, Embedded):
                 self.embed(node.dfa, start, end)
-            elif isinstance(node, Inline):
+            elif isinstance(node, Reference):
                 todo.append((self.expand(node.key), start, end))
             elif isinstance(node, CharSet):
                 self._charset(node, start, end)
@@ -307,7 +301,7 @@ class Unroller:
     def lang(self, a: int, left: int, run: int = 0) -> ByteDFA:
         """``a``'s language (:meth:`key`) as a minimal byte DFA. Every key reachable from it is
         counted (:meth:`_count`); one referenced exactly once is expanded in place
-        (:class:`Inline`) into the automaton that refers to it, every other one compiled once
+        (a :class:`~ctrlg.dfa.lazy_nfa.Reference`) into the automaton that refers to it, every other one compiled once
         and embedded, those it needs first, by a work stack (no Python recursion)."""
         root = self.key(a, left, run)
         if root in self.memo:
@@ -438,7 +432,7 @@ class Unroller:
                 items.append(self.g.terminals[terminal_of(x)].node)
                 continue
             ref = self._ref(x, k, rhs, a, left, run)
-            items.append(Inline(ref) if self._inlined(ref) else Embedded(self.memo[ref]))
+            items.append(Reference(ref) if self._inlined(ref) else Embedded(self.memo[ref]))
         return Concat(tuple(items))
 
     def unrolled(self, depth: int) -> ByteDFA:
