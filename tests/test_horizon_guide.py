@@ -157,8 +157,24 @@ def _brute_ratio(hmm, d, prefix, r, horizon=None, tail=None):
     return out
 
 
+@pytest.fixture(params=["product", "gather", "dense"])
+def product_path(request, monkeypatch):
+    """Each way log_ratio reads p · B[:, v] and p ⊙ Ŵ · B[:, v]: one product over V with the
+    groups' columns gathered, the columns alone (no product), every group off the product."""
+    import ctrlg.guide.horizon as horizon
+
+    if request.param == "product":
+        monkeypatch.setattr(horizon, "PRODUCT_SHARE", 0.0)
+    elif request.param == "gather":
+        monkeypatch.setattr(horizon, "PRODUCT_SHARE", 1.0)
+        monkeypatch.setattr(horizon, "GATHER_BLOCK", 2)          # several blocks
+    else:
+        monkeypatch.setattr(horizon, "DENSE_GROUP", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_a_horizon_over_the_budget_is_ctrlg_exactly(pattern):
+def test_a_horizon_over_the_budget_is_ctrlg_exactly(pattern, product_path):
     d = _lazy(pattern)
     hmm = random_hmm(3, V, seed=1)
     n = 4
@@ -178,7 +194,7 @@ def test_a_horizon_over_the_budget_is_ctrlg_exactly(pattern):
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("horizon", [1, 2, 3])
-def test_a_short_horizon_is_its_named_approximation(pattern, horizon):
+def test_a_short_horizon_is_its_named_approximation(pattern, horizon, product_path):
     d = _lazy(pattern)
     hmm = random_hmm(3, V, seed=2)
     n = 6
@@ -227,7 +243,7 @@ def test_a_small_region_keeps_the_masks_exact():
         assert np.array_equal(torch.isfinite(got).numpy(), feas.mask(q, n - len(prefix)))
 
 
-def test_matches_the_eager_tables_on_a_json_schema():
+def test_matches_the_eager_tables_on_a_json_schema(product_path):
     tok = tiny_bpe_tokenizer()
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3},
                                                "age": {"type": "integer"}},
@@ -346,3 +362,35 @@ def test_the_processor_names_what_horizon_does_not_support():
             ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4, **kwargs)
     with pytest.raises(ConstraintError, match="horizon"):
         ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=0)
+
+
+@pytest.mark.parametrize("gather_sums", [0, 512])
+def test_pair_sums_are_the_groups_column_sums(gather_sums, monkeypatch):
+    """Ē_{s,t} against a direct sum of B's columns, for every group of every state met along a
+    walk of a JSON schema's lazy automaton, a group of more than half the vocabulary (the
+    complement path) included; by the sparse product (``GATHER_SUMS`` 0) and the gather."""
+    import ctrlg.guide.horizon as horizon
+
+    monkeypatch.setattr(horizon, "GATHER_SUMS", gather_sums)
+    tok = tiny_bpe_tokenizer()
+    lazy = dfa.lazy_json_schema({"type": "object", "properties": {"note": {"type": "string"}}},
+                                tok, whitespace="")
+    hmm = random_hmm(4, lazy.vocab_size, seed=5)
+    guide = HorizonGuide(lazy, hmm, 12, horizon=3)
+    B = hmm.emission.double()
+    big_groups = 0
+    walk = [lazy.initial]
+    for _ in range(8):                       # the first allowed token at each step
+        allowed = np.flatnonzero(guide.mask(walk[-1], 12 - len(walk) + 1))
+        allowed = allowed[allowed != lazy.eos_token_id]
+        if not len(allowed):
+            break
+        walk.append(lazy.step(walk[-1], int(allowed[-1])))
+    for s in walk:
+        _, members = guide.feasibility.groups(s)
+        got = guide.pair_sums(s).double()
+        for j, tokens in enumerate(members):
+            big_groups += len(tokens) > lazy.vocab_size // 2
+            np.testing.assert_allclose(got[j].numpy(), B[:, tokens].sum(1).numpy(), rtol=1e-5,
+                                       atol=1e-7)
+    assert big_groups > 0

@@ -44,9 +44,12 @@ mask, not the estimate, decides what is allowed.
 
 Costs per distinct (q, k, W_0): the region's states' token rows (the lazy automaton's walks,
 memoised), Σ over its (source, successor) pairs of |tokens|·h for Ē (a loop slice's sum is kept
-per slice), k − 1 products [S_region, h]·[h, h]; per row and step one [2, h]·[h, V] product
-(p and p ⊙ W(q), the loop group) plus a gather of the other groups' columns. Regions are memoised
-per (q, k, W_0) and hold for every row and step that meets them again.
+per slice), k − 1 products [S_region, h]·[h, h]; per row and step a gather of the allowed
+tokens' columns B[:, v] for p ⊙ W(δ(q, v)) · B[:, v] and p · B[:, v], and one [1 + g, h]·[h, V]
+product instead (p, and p ⊙ W of each of the g groups of ``DENSE_GROUP`` tokens or more) when
+such a group exists or more than ``PRODUCT_SHARE`` of the vocabulary is gathered. At a JSON document's
+first token (two or three tokens allowed) the product over V is then not paid. Regions are
+memoised per (q, k, W_0) and hold for every row and step that meets them again.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from scipy.sparse.csgraph import dijkstra
 from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide.emission_operands import emission_operands
-from ctrlg.guide.tables import PRECISIONS, forward_update, resolve_precision
+from ctrlg.guide.tables import PRECISIONS, forward_update, grouped_sums, resolve_precision
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
 
 __all__ = ["HorizonGuide", "HorizonRows", "LazyFeasibility", "DEFAULT_HORIZON", "MAX_REGION_STATES"]
@@ -75,6 +78,12 @@ MAX_REGION_STATES = 96
 #: A group of tokens with one successor this large is read off the dense product p ⊙ W · B
 #: instead of a gather of its columns.
 DENSE_GROUP = 2048
+#: Tokens whose emission columns are gathered at once (bounds the temporary [T, h] blocks).
+GATHER_BLOCK = 4096
+#: Pair sums over at most this many columns gather them (more: a sparse product).
+GATHER_SUMS = 512
+#: Above this share of the vocabulary gathered, p · B comes from one product over V instead.
+PRODUCT_SHARE = 0.25
 #: Longest token (in bytes) the token bound u(s) tries.
 GREEDY_MATCH = 16
 
@@ -116,6 +125,8 @@ class LazyFeasibility:
         #: bytes is a count of tokens, an upper bound of d)
         self._single = np.array([bytes([c]) in self._token_of for c in range(256)])
         self._dist, self._dist_key = None, None
+        self._in_graph = np.zeros(0, dtype=bool)     # byte rows whose edges are in the graph
+        self._heads = self._tails = np.zeros(0, dtype=np.int64)   # its reversed edges
 
     # ------------------------------------------------------------------ token rows
     def edges(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -140,10 +151,12 @@ class LazyFeasibility:
         got = self._groups.get(s)
         if got is None:
             tok, nxt, loop = self.edges(s)
-            targets, inverse = np.unique(nxt, return_inverse=True)
-            order = np.argsort(inverse, kind="stable")
-            bounds = np.searchsorted(inverse[order], np.arange(len(targets) + 1))
-            members = [tok[order[bounds[j]:bounds[j + 1]]] for j in range(len(targets))]
+            order = np.argsort(nxt, kind="stable")          # tokens by successor, in token order
+            ordered = nxt[order]
+            starts = np.flatnonzero(np.diff(ordered, prepend=ordered[:1] - 1)) if len(nxt) \
+                else np.zeros(0, dtype=np.int64)
+            targets = ordered[starts]
+            members = np.split(tok[order], starts[1:]) if len(nxt) else []
             if loop is not None:
                 at = int(np.searchsorted(targets, s))
                 if at < len(targets) and targets[at] == s:
@@ -160,19 +173,29 @@ class LazyFeasibility:
         far, by bytes that are single tokens (inf where none leads there yet): an upper bound of
         d in tokens that tightens as the automaton is explored. One multi-source shortest-path
         pass over the reversed explored graph (scipy's compiled Dijkstra, unit weights), redone
-        when rows were added."""
+        when rows were added; the graph keeps the edges of the rows already read (a row is final
+        once built) and reads only the new rows' distinct targets."""
         b = self.dfa.bdfa
         Q = b.num_states
-        built = int(np.count_nonzero(b.computed[:Q]))
+        computed = b.computed[:Q]
+        built = int(np.count_nonzero(computed))
         if self._dist is not None and self._dist_key == (Q, built):
             return self._dist
-        rows = np.flatnonzero(b.computed[:Q])
-        rows = rows[rows > ENDED]
-        dst = b.table[rows][:, self._single].astype(np.int64)
-        src = np.repeat(rows, dst.shape[1]).reshape(dst.shape)
-        live = dst != DEAD
-        pairs = np.unique(dst[live] * Q + src[live])        # reversed edges, deduplicated
-        graph = csr_matrix((np.ones(len(pairs)), (pairs // Q, pairs % Q)), shape=(Q, Q))
+        # rows are final once built: only the rows built since the last pass add edges
+        if len(self._in_graph) < Q:
+            grown = np.zeros(max(Q, 2 * len(self._in_graph)), dtype=bool)
+            grown[:len(self._in_graph)] = self._in_graph
+            self._in_graph = grown
+        new = np.flatnonzero(computed & ~self._in_graph[:Q])
+        self._in_graph[new] = True
+        new = new[new > ENDED]
+        if len(new):             # each row's distinct live targets: reversed edges target → row
+            dst = np.sort(b.table[new][:, self._single], axis=1)
+            keep = (dst != DEAD) & (np.diff(dst, axis=1, prepend=DEAD) != 0)
+            self._heads = np.concatenate([self._heads, dst[keep].astype(np.int64)])
+            self._tails = np.concatenate([self._tails, np.repeat(new, keep.sum(1))])
+        heads, tails = self._heads, self._tails
+        graph = csr_matrix((np.ones(len(heads)), (heads, tails)), shape=(Q, Q))
         sources = np.flatnonzero(b.accepting[:Q])
         sources = sources[sources > ENDED]
         if len(sources):
@@ -391,6 +414,8 @@ class HorizonGuide:
             self._row_sum = ops.row_sum                            # Σ_v B[:, v], float64
             self._transition = hmm.transition.float()
             self._transition_t = self._transition.T.contiguous()
+            self._transition_np = self._transition.cpu().numpy()  # β's products (numpy)
+            self._emission_np = self._emission_t.cpu().numpy()
             self._eos_column = self._emission_t[self.eos_ids].sum(0) if self.eos_ids \
                 else torch.zeros(hmm.hidden_size)
         self._pair_sums: dict[int, torch.Tensor] = {}
@@ -419,18 +444,31 @@ class HorizonGuide:
         _, members = self.feasibility.groups(state)
         p = prior.reshape(-1).float()
         weighted = p * region.w_hat                                 # [n, h]
-        dense = [j for j, tokens in enumerate(members) if len(tokens) >= DENSE_GROUP]
-        prod = self._product(torch.cat([p[None], weighted[dense]])).float()   # [1 + |dense|, V]
         log_joint = torch.full((self.vocab_size,), -math.inf, dtype=torch.float64)
-        for row, j in enumerate(dense, start=1):
-            tokens = torch.from_numpy(members[j])
-            log_joint[tokens] = prod[row][tokens].clamp_min(0).log().double() + region.log_scale[j]
-        for j, tokens in enumerate(members):
-            if len(tokens) < DENSE_GROUP and np.isfinite(float(region.log_scale[j])):
-                tokens = torch.from_numpy(tokens)
-                values = self._emission_t[tokens] @ weighted[j]
-                log_joint[tokens] = values.clamp_min(0).log().double() + region.log_scale[j]
-        marginal = prod[0].clamp_min(torch.finfo(torch.float32).tiny).log().double()
+        marginal = torch.zeros(self.vocab_size, dtype=torch.float64)
+        finite = np.isfinite(region.log_scale.numpy())
+        dense = [j for j, tokens in enumerate(members) if len(tokens) >= DENSE_GROUP and finite[j]]
+        small = [j for j, tokens in enumerate(members) if len(tokens) < DENSE_GROUP and finite[j]]
+        tiny = torch.finfo(torch.float32).tiny
+        sizes = [len(members[j]) for j in small]
+        gathered = sum(sizes)
+        use_product = bool(dense) or gathered > PRODUCT_SHARE * self.vocab_size
+        if use_product:      # p · B (and p ⊙ Ŵ · B of the dense groups): one product over V
+            prod = self._product(torch.cat([p[None], weighted[dense]])).float()   # [1 + |dense|, V]
+            marginal = prod[0].clamp_min(tiny).log().double()
+            for row, j in enumerate(dense, start=1):
+                tokens = torch.from_numpy(members[j])
+                log_joint[tokens] = prod[row][tokens].clamp_min(0).log().double() + region.log_scale[j]
+        if small:            # the other groups' columns, gathered in blocks of GATHER_BLOCK
+            tokens_all = torch.from_numpy(np.concatenate([members[j] for j in small]))
+            group_all = torch.repeat_interleave(torch.tensor(small), torch.tensor(sizes))
+            for lo in range(0, gathered, GATHER_BLOCK):
+                tokens, group = tokens_all[lo:lo + GATHER_BLOCK], group_all[lo:lo + GATHER_BLOCK]
+                columns = self._emission_t[tokens]                                 # [T, h]
+                joint = (columns * weighted[group]).sum(1)
+                log_joint[tokens] = joint.clamp_min(0).log().double() + region.log_scale[group]
+                if not use_product:          # p · B[:, v] from the same columns
+                    marginal[tokens] = (columns @ p).clamp_min(tiny).log().double()
         ratio = (log_joint - marginal).float()
         if self.eos_ids:
             ratio[self.eos_ids] = 0.0 if self.dfa.is_accepting(state) else -math.inf
@@ -481,12 +519,13 @@ class HorizonGuide:
             got = self._regions[key] = self._build_region(q, order, depth, k, flags, left)
         return got
 
-    def completion_weight(self, s: int) -> tuple[torch.Tensor, float]:
+    def completion_weight(self, s: int) -> tuple[np.ndarray, float]:
         """β(s) = P_hmm(the next tokens are y(s), then EOS | z) for every hidden state z of the
-        token just emitted, as (vector with max 1 [h], log scale): y(s) the token completion
-        behind u(s) (:meth:`LazyFeasibility.completion_step`), so β(s) ≤ W_∞(s), the probability
-        of finishing from s by any path. β(s) = A · (B[:, y_1] ⊙ β(δ(s, y_1))), β(accepting) =
-        A · Σ_e B[:, e]; memoised per state (O(h²) per token of each new completion)."""
+        token just emitted, as (float32 vector with max 1 [h], log scale): y(s) the token
+        completion behind u(s) (:meth:`LazyFeasibility.completion_step`), so β(s) ≤ W_∞(s), the
+        probability of finishing from s by any path. β(s) = A · (B[:, y_1] ⊙ β(δ(s, y_1))),
+        β(accepting) = A · Σ_e B[:, e]; memoised per state (O(h²) per token of each new
+        completion, in numpy: one matrix-vector product a token, without torch's per-call cost)."""
         chain, q = [], s
         while q not in self._completion:
             step = self.feasibility.completion_step(q)
@@ -494,51 +533,70 @@ class HorizonGuide:
                 break
             chain.append((q, step[0]))
             q = step[1]
+        A, columns = self._transition_np, self._emission_np
         if q in self._completion:
             vec, scale = self._completion[q]
         elif self.feasibility.dfa.is_accepting(q) and self.eos_ids:
-            vec, scale = self._normalise(self._transition @ self._eos_column)
+            vec, scale = self._normalise(A @ self._eos_column.numpy())
             self._completion[q] = (vec, scale)
         elif self.feasibility.dfa.is_accepting(q):
-            vec, scale = torch.ones(self.hmm.hidden_size), 0.0
+            vec, scale = np.ones(self.hmm.hidden_size, dtype=np.float32), 0.0
             self._completion[q] = (vec, scale)
         else:                                      # no completion explored: nothing to say
-            vec, scale = torch.zeros(self.hmm.hidden_size), -math.inf
+            vec, scale = np.zeros(self.hmm.hidden_size, dtype=np.float32), -math.inf
         for state, token in reversed(chain):
             if scale == -math.inf:
                 self._completion[state] = (vec, scale)
                 continue
-            vec, extra = self._normalise(self._transition @ (self._emission_t[token] * vec))
+            vec, extra = self._normalise(A @ (columns[token] * vec))
             scale += extra
             self._completion[state] = (vec, scale)
         return self._completion.get(s, (vec, scale))
 
     @staticmethod
-    def _normalise(vec: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _normalise(vec: np.ndarray) -> tuple[np.ndarray, float]:
         top = float(vec.max())
         if not top > 0:
-            return torch.zeros_like(vec), -math.inf
-        return vec / top, math.log(top)
+            return np.zeros_like(vec), -math.inf
+        vec *= 1.0 / top
+        return vec, math.log(top)
 
     def pair_sums(self, s: int) -> torch.Tensor:
         """Ē_{s,t} = Σ_{v: δ(s, v) = t} B[:, v] for the successors t of :meth:`LazyFeasibility.groups`
-        (float32 [n, h], memoised). A group of more than half the vocabulary is the row sum minus
-        every other column (its complement: the other groups, dead tokens and EOS), in float64."""
+        (float32 [n, h], memoised): one sparse 0/1 [n, V] matrix times Bᵀ, which reads only the
+        members' columns (:func:`ctrlg.guide.tables.grouped_sums`); at most ``GATHER_SUMS``
+        columns in all are gathered and summed per group instead (numpy: no sparse set-up). A
+        group of more than half the vocabulary is the row sum minus every other column (its
+        complement: the other groups, dead tokens and EOS, one more row of that matrix), in
+        float64."""
         got = self._pair_sums.get(s)
         if got is not None:
             return got
         targets, members = self.feasibility.groups(s)
-        sizes = np.array([len(m) for m in members], dtype=np.int64)
-        out = torch.zeros(len(targets), self.hmm.hidden_size)
-        big = int(np.argmax(sizes)) if len(sizes) and sizes.max() > self.vocab_size // 2 else -1
-        for j, tokens in enumerate(members):
-            if j != big:
-                out[j] = self._emission_t[torch.from_numpy(tokens)].sum(0)
-        if big >= 0:
-            rest = np.ones(self.vocab_size, dtype=bool)
-            rest[members[big]] = False
-            total = self._row_sum - self._emission_t[torch.from_numpy(np.flatnonzero(rest))].double().sum(0)
-            out[big] = total.clamp_min(0).float()
+        n = len(targets)
+        sizes = np.fromiter(map(len, members), dtype=np.int64, count=n)
+        total = int(sizes.sum())
+        if not n:
+            out = torch.zeros(0, self.hmm.hidden_size)
+        elif total <= GATHER_SUMS:           # a few columns (no big group): gathered, summed
+            starts = np.concatenate([[0], np.cumsum(sizes[:-1])])
+            out = torch.from_numpy(np.add.reduceat(self._emission_np[np.concatenate(members)],
+                                                   starts, axis=0))
+        else:
+            big = int(np.argmax(sizes)) if sizes.max() > self.vocab_size // 2 else -1
+            group = np.repeat(np.arange(n), sizes)
+            tokens = np.concatenate(members)
+            if big >= 0:                     # row n: the complement of the big group
+                rest = np.ones(self.vocab_size, dtype=bool)
+                rest[members[big]] = False
+                keep = group != big
+                rest_tokens = np.flatnonzero(rest)
+                group = np.concatenate([group[keep], np.full(len(rest_tokens), n)])
+                tokens = np.concatenate([tokens[keep], rest_tokens])
+            sums = grouped_sums(group, tokens, self._emission_t, n + 1)
+            out = sums[:n].contiguous()
+            if big >= 0:
+                out[big] = (self._row_sum - sums[n].double()).clamp_min(0).float()
         self._pair_sums[s] = out
         return out
 
@@ -555,7 +613,8 @@ class HorizonGuide:
             if left_after == 0:          # the budget ends at the horizon: [s accepting], exact
                 w[local[s]], c[local[s]] = 1.0, 0.0
             else:                        # what finishing costs from s: β(s) (module docstring)
-                w[local[s]], c[local[s]] = self.completion_weight(s)
+                vec, c[local[s]] = self.completion_weight(s)
+                w[local[s]] = torch.from_numpy(vec)
         # (source, successor) pairs of the states with rows: depth ≤ k − 1 (a state first met at
         # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth ≤ k − r')
         src, dst, sums = [], [], []
@@ -570,22 +629,28 @@ class HorizonGuide:
         src_t, dst_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
         pair_e = torch.cat(sums) if sums else torch.zeros(0, h)
         for r in range(1, k):
-            rows = depth_t <= k - r                  # the rows W_r is read at
-            use = rows[src_t]
-            m = torch.full((S,), -math.inf, dtype=torch.float64)
-            m.scatter_reduce_(0, src_t[use], c[dst_t[use]], reduce="amax")
-            eos_live = accepting & rows
+            # W_r is read at the rows of depth ≤ k − r only: the pairs and products of those
+            rows = torch.nonzero(depth_t <= k - r)[:, 0]
+            use = torch.nonzero(depth_t[src_t] <= k - r)[:, 0]
+            at = torch.full((S,), -1, dtype=torch.long)
+            at[rows] = torch.arange(len(rows))
+            src_r, dst_r = at[src_t[use]], dst_t[use]                 # row index, local state
+            m = torch.full((len(rows),), -math.inf, dtype=torch.float64)
+            m.scatter_reduce_(0, src_r, c[dst_r], reduce="amax")
+            eos_live = accepting[rows]
             m = torch.where(eos_live, torch.clamp_min(m, 0.0), m)
             m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            coef = torch.exp(c[dst_t] - m_safe[src_t]).float() * use
-            g = torch.zeros(S, h)
-            g.index_add_(0, src_t, pair_e * w[dst_t] * coef[:, None])
+            coef = torch.exp(c[dst_r] - m_safe[src_r]).float()
+            g = torch.zeros(len(rows), h)
+            g.index_add_(0, src_r, pair_e[use] * w[dst_r] * coef[:, None])
             g += (eos_live * torch.exp(-m_safe)).float()[:, None] * self._eos_column
             raw = g @ self._transition_t
             mx = raw.amax(1)
-            ok = rows & (mx > 0) & torch.isfinite(m)
-            w = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
-            c = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
+            ok = (mx > 0) & torch.isfinite(m)
+            w = torch.zeros(S, h)
+            c = torch.full((S,), -math.inf, dtype=torch.float64)
+            w[rows] = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
+            c[rows] = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
         mine = [local[t] for t in feas.successors(q).tolist()]
         return _Region(w[mine], c[mine])
 
