@@ -44,12 +44,13 @@ mask, not the estimate, decides what is allowed.
 
 Costs per distinct (q, k, W_0): the region's states' token rows (the lazy automaton's walks,
 memoised), Σ over its (source, successor) pairs of |tokens|·h for Ē (a loop slice's sum is kept
-per slice), k − 1 products [S_region, h]·[h, h]; per row and step a gather of the allowed
-tokens' columns B[:, v] for p ⊙ W(δ(q, v)) · B[:, v] and p · B[:, v], and one [1 + g, h]·[h, V]
-product instead (p, and p ⊙ W of each of the g groups of ``DENSE_GROUP`` tokens or more) when
-such a group exists or more than ``PRODUCT_SHARE`` of the vocabulary is gathered. At a JSON document's
-first token (two or three tokens allowed) the product over V is then not paid. Regions are
-memoised per (q, k, W_0) and hold for every row and step that meets them again.
+per slice), k − 1 products [S_region, h]·[h, h] over the rows each step reads (depth ≤ k − r);
+per row and step a gather of the allowed tokens' columns B[:, v] for p ⊙ W(δ(q, v)) · B[:, v]
+and p · B[:, v], or one [1 + g, h]·[h, V] product (p, and p ⊙ W of each of the g groups of
+``DENSE_GROUP`` tokens or more) when such a group exists or more than ``PRODUCT_SHARE`` of the
+vocabulary is gathered. At a JSON document's first token (two or three tokens allowed) no
+product over V is paid. Regions are memoised per (q, k, W_0) and hold for every row and step
+that meets them again.
 """
 
 from __future__ import annotations
