@@ -3,14 +3,19 @@
     OMP_NUM_THREADS=1 python -m benchmarks.bench_json_guidance --data /path/to/jsonschemabench/data \\
         [--sample-of benchmarks/results/bench_jsonschemabench_2049.json] [--limit N] [--seed 0]
         [--engines horizon,tables] [--budget 256] [--horizon 4] [--timeout 20] [--steps 16]
-        [--hmm stories-h512] [--precision auto] [--out benchmarks/results/bench_json_guidance.json]
+        [--hmm stories-h512] [--precision auto] [--isolation fork|server]
+        [--out benchmarks/results/bench_json_guidance.json]
 
 Takes the schemas of an earlier JSONSchemaBench run (``--sample-of``: its rows' category and file,
 e.g. the 2,049 of ``bench_jsonschemabench_2049.json``; ``--limit``: a seeded subsample of them)
 from a local checkout of guidance-ai/jsonschemabench (not part of this repository). One process
 loads the SmolLM2 tokenizer, the HMM and warms both engines once; every (schema, engine) then runs
 in a forked child killed at ``--timeout`` seconds (a timeout), as
-:mod:`benchmarks.bench_jsonschemabench` does. The time to the first guided step is:
+:mod:`benchmarks.bench_jsonschemabench` does: with ``--isolation fork`` (the default) a fresh
+child per schema (cold: its first touches of memory and the caches of earlier schemas are its
+own cost), with ``--isolation server`` one long-lived child per engine that takes schema after
+schema, as a serving process does (restarted after a timeout). The time to the first guided
+step is:
 
 * **horizon**: :func:`ctrlg.dfa.lazy_json_schema` + :class:`ctrlg.guide.horizon.HorizonGuide`
   (budget check of the initial state) + one :meth:`~ctrlg.guide.horizon.HorizonGuide.log_ratio`
@@ -42,7 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 
-from benchmarks.bench_jsonschemabench import run_forked  # noqa: E402
+from benchmarks.bench_jsonschemabench import EngineServer, run_forked  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 ENGINES = ("horizon", "tables")
@@ -205,6 +210,10 @@ def main(argv=None) -> None:
     p.add_argument("--hmm", default="stories-h512")
     p.add_argument("--timeout", type=float, default=20.0)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--isolation", choices=("fork", "server"), default="fork",
+                   help="fork: every (schema, engine) in a fresh forked child (cold); server: "
+                        "each engine in one long-lived child that takes schema after schema "
+                        "(caches warm, as a serving process), restarted after a timeout")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_json_guidance.json")
     args = p.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
@@ -214,12 +223,20 @@ def main(argv=None) -> None:
     ctx, warm_s = _setup(args)
     schemas = _schemas(args)
     rows, start = [], time.perf_counter()
+    servers = {e: EngineServer(e, args.timeout, work=lambda task, emit, e=e: RUNNERS[e](
+                   json.loads((args.data / task["cat"] / task["name"]).read_text()), ctx, args,
+                   task["k"], emit)) for e in args.engines} if args.isolation == "server" else {}
     for i, row in enumerate(schemas):
         schema = json.loads((args.data / row["category"] / row["file"]).read_text())
         for e in args.engines:
-            row[e] = run_forked(lambda emit, e=e: RUNNERS[e](schema, ctx, args, i, emit),
-                                args.timeout)
+            if e in servers:
+                row[e] = servers[e].run(i, row["category"], row["file"])
+            else:
+                row[e] = run_forked(lambda emit, e=e: RUNNERS[e](schema, ctx, args, i, emit),
+                                    args.timeout)
         rows.append(row)
+    for server in servers.values():
+        server.stop()
         if (i + 1) % 100 == 0:
             print(f"{i + 1}/{len(schemas)} schemas, {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)

@@ -140,11 +140,19 @@ class EngineServer:
     does (``--isolation server``): per-vocabulary and cross-schema caches stay warm, and
     memory freed by one schema is reused by the next. :meth:`run` sends a schema to it and
     merges what the runner emits, as :func:`run_forked`; at ``timeout`` seconds (or if the
-    process dies) the process is killed, and the next schema starts a fresh one."""
+    process dies) the process is killed, and the next schema starts a fresh one. ``work(task,
+    emit)`` runs one task (the dict given to :meth:`run`) in the server; by default the
+    engine's runner of this module on the schema ``task`` names."""
 
-    def __init__(self, engine: str, timeout: float, memory_gb: float = 8.0):
+    def __init__(self, engine: str, timeout: float, memory_gb: float = 8.0, work=None):
         self.engine, self.timeout, self.memory_gb = engine, timeout, memory_gb
+        self.work = work if work is not None else self._run_schema
         self.pid = None
+
+    def _run_schema(self, task: dict, emit) -> None:
+        ctx, args = _WORKER["ctx"], _WORKER["args"]
+        schema = json.loads((args.data / task["cat"] / task["name"]).read_text())
+        RUNNERS[self.engine](schema, ctx, args, args.seed + task["k"], emit)
 
     def _start(self):
         task_r, task_w = os.pipe()
@@ -154,25 +162,20 @@ class EngineServer:
             os.close(task_w)
             os.close(out_r)
             _, emit = _child_output(out_w, self.memory_gb)
-            ctx, args = _WORKER["ctx"], _WORKER["args"]
-            runner = RUNNERS[self.engine]
             for line in os.fdopen(task_r, "r"):
                 task = json.loads(line)
-
-                def one(emit, task=task):
-                    schema = json.loads((args.data / task["cat"] / task["name"]).read_text())
-                    runner(schema, ctx, args, args.seed + task["k"], emit)
-                _run_reporting(one, emit)
+                _run_reporting(lambda emit, task=task: self.work(task, emit), emit)
                 emit({"__done__": True})
             os._exit(0)
         os.close(task_r)
         os.close(out_w)
         self.pid, self.task_w, self.out_r, self.buf = pid, task_w, out_r, b""
 
-    def run(self, k: int, cat: str, name: str) -> dict:
+    def run(self, k: int, cat: str, name: str, **task) -> dict:
         if self.pid is None:
             self._start()
-        os.write(self.task_w, (json.dumps({"k": k, "cat": cat, "name": name}) + "\n").encode())
+        task = {"k": k, "cat": cat, "name": name, **task}
+        os.write(self.task_w, (json.dumps(task) + "\n").encode())
         deadline = time.monotonic() + self.timeout
         merged: dict = {}
         timed_out = False

@@ -189,6 +189,61 @@ def test_recursive_schema_unrolls_to_valid_documents(tiny):
     assert done >= 10
 
 
+def _nest(depth: int) -> str:
+    """A TREE document whose kids nest ``depth`` levels below the root."""
+    return '{"v":0}' if depth == 0 else '{"v":%d,"kids":[%s]}' % (depth, _nest(depth - 1))
+
+
+def test_a_recursive_schema_too_large_to_unroll_is_nested_on_demand(tiny, monkeypatch):
+    """When the unrolled regex passes MAX_UNROLLED_CHARS, the schema's grammar nests on demand
+    (lazy_nesting_subset, 2 · depth grammar levels): the documents of the compiled nesting
+    subset of that grammar (``nesting_automaton="minimal"``) and of the unrolled regex on
+    shallow, deep and invalid documents, and random walks validate."""
+    import sys
+
+    from ctrlg.dfa.json_schema import _compile
+    from ctrlg.dfa.json_schema.frag import to_grammar
+
+    # the package's name in ctrlg.dfa is the json_schema function: the module from sys.modules
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unrolled = dfa.lazy_json_schema(TREE, tiny, whitespace="", recursion_depth=2)
+        frag, defs = _compile(TREE, "", 2, False)
+        minimal = dfa.lazy_grammar(to_grammar(frag, defs), tiny, max_nesting=4,
+                                   nesting_automaton="minimal")
+    # the package's name in ctrlg.dfa is the json_schema function: the module from sys.modules
+    monkeypatch.setattr(sys.modules["ctrlg.dfa.json_schema.lazy"], "MAX_UNROLLED_CHARS", 10)
+    with pytest.warns(UserWarning, match="on demand"):
+        lazy = dfa.lazy_json_schema(TREE, tiny, whitespace="", recursion_depth=2)
+    assert isinstance(lazy, LazyTokenDFA)
+    ids = lambda s: tiny.encode(s, add_special_tokens=False)  # noqa: E731
+    docs = [_nest(d) for d in range(5)] + ['{"v":1,"kids":[]}', '{"v":1,"x":2}', '{"kids":[]}',
+                                          '{"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4}]}]}',
+                                          '{"v":1,"kids":[{"v":2,"kids":[]},{"v":3}]}']
+    got = [lazy.accepts(ids(doc)) for doc in docs]
+    assert got == [minimal.accepts(ids(doc)) for doc in docs]       # the nesting subset
+    assert got == [unrolled.accepts(ids(doc)) for doc in docs]      # what unrolling accepts
+    assert got == [True, True, False, False, False, True, False, False, False, True]
+    validator = jsonschema.Draft202012Validator(TREE)
+    rng = np.random.default_rng(1)
+    tb = vocab_trie(tiny).token_bytes
+    done = 0
+    for _ in range(30):
+        q, toks = lazy.initial, []
+        for _ in range(200):
+            allowed = lazy.allowed_tokens(q)
+            t = int(allowed[rng.integers(len(allowed))])
+            if t == lazy.eos_token_id:
+                break
+            toks.append(t)
+            q = lazy.step(q, t)
+        else:
+            continue
+        validator.validate(json.loads(b"".join(tb[t] for t in toks).decode()))
+        done += 1
+    assert done >= 10
+
+
 def test_unroll_drops_required_recursion():
     chain = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
                              "required": ["next"]}}, "$ref": "#/$defs/n"}

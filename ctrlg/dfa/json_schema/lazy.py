@@ -14,38 +14,56 @@ A recursive schema (a ``$ref`` to a schema being compiled) is, with ``recursion_
 definition up to ``k`` references deep, and a reference deeper than that by the empty language
 (alternatives holding it are dropped, optional repetitions of it vanish). That is a **sound
 subset** — the documents whose recursive values nest at most ``k`` levels — like ``{}``'s
-``max_nesting``. Where no depth gives a non-empty regex of that size (recursion the schema
-requires, or a language that doubles per level), the exact grammar constraint of
-:func:`ctrlg.dfa.json_schema` is returned instead (eager; ``recursion_depth=None`` always).
+``max_nesting``. Where that regex passes :data:`MAX_UNROLLED_CHARS` (a language that doubles
+per level), the schema's grammar is unrolled on demand instead: the documents whose
+self-embedded references nest at most :data:`GRAMMAR_LEVELS_PER_DEPTH` · ``k`` grammar levels
+(:mod:`ctrlg.dfa.cfg.lazy_nesting`; the NFA
+of a level is built when the subset construction first reaches it, so the compile costs
+milliseconds at any size). Where no depth gives a non-empty language (recursion the schema
+requires), the exact grammar constraint of :func:`ctrlg.dfa.json_schema` is returned instead
+(eager; ``recursion_depth=None`` always).
 """
 
 from __future__ import annotations
 
 import warnings
 
+from ctrlg.dfa.cfg.grammar_ir import reduce
+from ctrlg.dfa.cfg.lazy_nesting import lazy_nesting_subset
 from ctrlg.dfa.grammar import grammar
 from ctrlg.dfa.json_schema import WHITESPACE, _compile_fitting
 from ctrlg.dfa.json_schema.frag import Alt, Ref, Rep, Seq, alt, rep, seq, to_grammar
-from ctrlg.dfa.lazy import LazyTokenDFA, lazy_regex
-from ctrlg.errors import RegexError, UnsupportedSchemaError
+from ctrlg.dfa.lazy import DEAD, LazyTokenDFA, lazy_regex
+from ctrlg.dfa.vocab_trie import vocab_trie
+from ctrlg.errors import GrammarError, RegexError, UnsupportedSchemaError
 
-__all__ = ["lazy_json_schema", "unroll", "RECURSION_DEPTHS", "MAX_UNROLLED_CHARS"]
+__all__ = ["lazy_json_schema", "unroll", "RECURSION_DEPTHS", "MAX_UNROLLED_CHARS",
+           "GRAMMAR_LEVELS_PER_DEPTH"]
 
-#: recursion depths tried in turn for a recursive schema (the first whose regex fits wins)
+#: recursion depths tried in turn for a recursive schema (the first with a document wins: its
+#: unrolled regex when that fits MAX_UNROLLED_CHARS, else the grammar nested on demand)
 RECURSION_DEPTHS = (2, 1)
 #: the largest unrolled regex accepted (characters)
 MAX_UNROLLED_CHARS = 1_000_000
+#: grammar nesting levels per recursion depth when a schema nests on demand: a recursive value
+#: sits inside its container's brackets and the container inside its parent's (an array of
+#: nodes in a node: two self-embedded levels per level of the document); on a tree of nodes
+#: this accepts the same documents as unrolling ``depth`` references deep (tests/test_lazy_dfa.py)
+GRAMMAR_LEVELS_PER_DEPTH = 2
 
 
 class _TooBig(Exception):
     pass
 
 
-def unroll(frag, definitions: dict, depth: int, max_chars: int = MAX_UNROLLED_CHARS) -> str | None:
+def unroll(frag, definitions: dict, depth: int, max_chars: int | None = None) -> str | None:
     """Regex text of the documents of ``frag`` whose recursive references nest at most
     ``depth`` deep (module docstring); ``None`` when that language is empty. Raises
-    UnsupportedSchemaError when the text would exceed ``max_chars``."""
+    UnsupportedSchemaError when the text would exceed ``max_chars`` (default
+    :data:`MAX_UNROLLED_CHARS`)."""
     memo: dict = {}
+    if max_chars is None:
+        max_chars = MAX_UNROLLED_CHARS
 
     def go(f, d):
         if isinstance(f, str):
@@ -78,6 +96,23 @@ def unroll(frag, definitions: dict, depth: int, max_chars: int = MAX_UNROLLED_CH
                                      f"more than {max_chars:,} characters") from None
 
 
+def _nesting_on_demand(frag, definitions: dict, depth: int, tokenizer, kwargs: dict):
+    """The documents of the schema's grammar (:func:`~ctrlg.dfa.json_schema.frag.to_grammar`)
+    whose self-embedded references nest at most ``GRAMMAR_LEVELS_PER_DEPTH · depth`` levels, as
+    a lazy automaton whose NFA is unrolled as the subset construction reaches it
+    (:func:`~ctrlg.dfa.cfg.lazy_nesting.lazy_nesting_subset`); None when no document nests
+    within them."""
+    try:
+        g = reduce(to_grammar(frag, definitions))
+    except GrammarError:
+        return None
+    rows = lazy_nesting_subset(g, GRAMMAR_LEVELS_PER_DEPTH * depth)
+    if rows.initial == DEAD:
+        return None
+    return LazyTokenDFA(rows, vocab_trie(tokenizer), what="schema",
+                        **{k: v for k, v in kwargs.items() if k in ("eos_token_id", "vocab_size")})
+
+
 def lazy_json_schema(schema, tokenizer, *, whitespace: str = WHITESPACE, max_nesting: int = 2,
                      warn: bool = True, recursion_depth=RECURSION_DEPTHS, **kwargs
                      ) -> LazyTokenDFA:
@@ -99,8 +134,16 @@ def lazy_json_schema(schema, tokenizer, *, whitespace: str = WHITESPACE, max_nes
         for depth in depths:
             try:
                 text = unroll(frag, defs, int(depth))
-            except UnsupportedSchemaError:
-                continue
+            except UnsupportedSchemaError:        # the regex doubles per level: on demand
+                d = _nesting_on_demand(frag, defs, int(depth), tokenizer, kwargs)
+                if d is None:
+                    continue
+                if warn:
+                    warnings.warn(f"JSON Schema: recursive '$ref' nesting at most "
+                                  f"{GRAMMAR_LEVELS_PER_DEPTH * depth} grammar levels deep, "
+                                  f"built on demand (a subset of the valid documents)",
+                                  stacklevel=2)
+                return d
             if text is None:
                 break            # deeper never helps less: the recursion is required
             try:
