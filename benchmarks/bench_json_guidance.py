@@ -235,11 +235,11 @@ def main(argv=None) -> None:
                 row[e] = run_forked(lambda emit, e=e: RUNNERS[e](schema, ctx, args, i, emit),
                                     args.timeout)
         rows.append(row)
-    for server in servers.values():
-        server.stop()
         if (i + 1) % 100 == 0:
             print(f"{i + 1}/{len(schemas)} schemas, {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)
+    for server in servers.values():
+        server.stop()
     summary = summarise(rows, args.engines)
     result = {"command": "python -m benchmarks.bench_json_guidance " + " ".join(
                   f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}"
