@@ -161,19 +161,14 @@ TREE = {"$defs": {"node": {"type": "object", "properties": {
             "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
 
 
-def test_recursive_schema_unrolls_to_valid_documents(tiny):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        lazy = dfa.lazy_json_schema(TREE, tiny, whitespace="")
-    assert isinstance(lazy, LazyTokenDFA)
-    ids = lambda s: tiny.encode(s, add_special_tokens=False)  # noqa: E731
-    assert lazy.accepts(ids('{"v":1,"kids":[{"v":2,"kids":[]},{"v":3}]}'))
-    assert not lazy.accepts(ids('{"v":1,"x":2}'))
+def _valid_walks(lazy: LazyTokenDFA, tiny, seed: int, walks: int) -> int:
+    """Uniform random walks over ``lazy``'s masks (200 tokens at most); every one that ends
+    with EOS must spell a document TREE's validator accepts. Returns how many ended."""
     validator = jsonschema.Draft202012Validator(TREE)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     tb = vocab_trie(tiny).token_bytes
     done = 0
-    for _ in range(40):
+    for _ in range(walks):
         q, toks = lazy.initial, []
         for _ in range(200):
             allowed = lazy.allowed_tokens(q)
@@ -186,7 +181,18 @@ def test_recursive_schema_unrolls_to_valid_documents(tiny):
             continue
         validator.validate(json.loads(b"".join(tb[t] for t in toks).decode()))
         done += 1
-    assert done >= 10
+    return done
+
+
+def test_recursive_schema_unrolls_to_valid_documents(tiny):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lazy = dfa.lazy_json_schema(TREE, tiny, whitespace="")
+    assert isinstance(lazy, LazyTokenDFA)
+    ids = lambda s: tiny.encode(s, add_special_tokens=False)  # noqa: E731
+    assert lazy.accepts(ids('{"v":1,"kids":[{"v":2,"kids":[]},{"v":3}]}'))
+    assert not lazy.accepts(ids('{"v":1,"x":2}'))
+    assert _valid_walks(lazy, tiny, seed=0, walks=40) >= 10
 
 
 def _nest(depth: int) -> str:
@@ -224,24 +230,7 @@ def test_a_recursive_schema_too_large_to_unroll_is_nested_on_demand(tiny, monkey
     assert got == [minimal.accepts(ids(doc)) for doc in docs]       # the nesting subset
     assert got == [unrolled.accepts(ids(doc)) for doc in docs]      # what unrolling accepts
     assert got == [True, True, False, False, False, True, False, False, False, True]
-    validator = jsonschema.Draft202012Validator(TREE)
-    rng = np.random.default_rng(1)
-    tb = vocab_trie(tiny).token_bytes
-    done = 0
-    for _ in range(30):
-        q, toks = lazy.initial, []
-        for _ in range(200):
-            allowed = lazy.allowed_tokens(q)
-            t = int(allowed[rng.integers(len(allowed))])
-            if t == lazy.eos_token_id:
-                break
-            toks.append(t)
-            q = lazy.step(q, t)
-        else:
-            continue
-        validator.validate(json.loads(b"".join(tb[t] for t in toks).decode()))
-        done += 1
-    assert done >= 10
+    assert _valid_walks(lazy, tiny, seed=1, walks=30) >= 10
 
 
 def test_unroll_drops_required_recursion():
