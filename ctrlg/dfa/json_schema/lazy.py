@@ -17,9 +17,9 @@ subset** — the documents whose recursive values nest at most ``k`` levels — 
 ``max_nesting``. Where that regex passes :data:`MAX_UNROLLED_CHARS` (a language that doubles
 per level), the schema's grammar is unrolled on demand instead: the documents whose
 self-embedded references nest at most :data:`GRAMMAR_LEVELS_PER_DEPTH` · ``k`` grammar levels
-(:mod:`ctrlg.dfa.cfg.lazy_nesting`; the NFA
-of a level is built when the subset construction first reaches it, so the compile costs
-milliseconds at any size). Where no depth gives a non-empty language (recursion the schema
+(:mod:`ctrlg.dfa.cfg.lazy_nesting`; the NFA of a level is built when the subset construction
+first reaches it, so nesting adds nothing built up front: the compile is the schema compiler's
+and the parse of the grammar's regex pieces). Where no depth gives a non-empty language (recursion the schema
 requires), the exact grammar constraint of :func:`ctrlg.dfa.json_schema` is returned instead
 (eager; ``recursion_depth=None`` always).
 """
