@@ -171,11 +171,10 @@ class EngineServer:
         os.close(out_w)
         self.pid, self.task_w, self.out_r, self.buf = pid, task_w, out_r, b""
 
-    def run(self, k: int, cat: str, name: str, **task) -> dict:
+    def run(self, k: int, cat: str, name: str) -> dict:
         if self.pid is None:
             self._start()
-        task = {"k": k, "cat": cat, "name": name, **task}
-        os.write(self.task_w, (json.dumps(task) + "\n").encode())
+        os.write(self.task_w, (json.dumps({"k": k, "cat": cat, "name": name}) + "\n").encode())
         deadline = time.monotonic() + self.timeout
         merged: dict = {}
         timed_out = False

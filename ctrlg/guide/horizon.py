@@ -446,7 +446,6 @@ class HorizonGuide:
         p = prior.reshape(-1).float()
         weighted = p * region.w_hat                                 # [n, h]
         log_joint = torch.full((self.vocab_size,), -math.inf, dtype=torch.float64)
-        marginal = torch.zeros(self.vocab_size, dtype=torch.float64)
         finite = np.isfinite(region.log_scale.numpy())
         dense = [j for j, tokens in enumerate(members) if len(tokens) >= DENSE_GROUP and finite[j]]
         small = [j for j, tokens in enumerate(members) if len(tokens) < DENSE_GROUP and finite[j]]
@@ -460,6 +459,8 @@ class HorizonGuide:
             for row, j in enumerate(dense, start=1):
                 tokens = torch.from_numpy(members[j])
                 log_joint[tokens] = prod[row][tokens].clamp_min(0).log().double() + region.log_scale[j]
+        else:                # p · B[:, v] filled in from the gathered columns below
+            marginal = torch.zeros(self.vocab_size, dtype=torch.float64)
         if small:            # the other groups' columns, gathered in blocks of GATHER_BLOCK
             tokens_all = torch.from_numpy(np.concatenate([members[j] for j in small]))
             group_all = torch.repeat_interleave(torch.tensor(small), torch.tensor(sizes))

@@ -300,9 +300,10 @@ class Unroller:
 
     def lang(self, a: int, left: int, run: int = 0) -> ByteDFA:
         """``a``'s language (:meth:`key`) as a minimal byte DFA. Every key reachable from it is
-        counted (:meth:`_count`); one referenced exactly once is expanded in place
-        (a :class:`~ctrlg.dfa.lazy_nfa.Reference`) into the automaton that refers to it, every other one compiled once
-        and embedded, those it needs first, by a work stack (no Python recursion)."""
+        counted (:meth:`_count`); one referenced exactly once is expanded in place (a
+        :class:`~ctrlg.dfa.lazy_nfa.Reference`) into the automaton that refers to it, every
+        other one compiled once and embedded, those it needs first, by a work stack (no Python
+        recursion)."""
         root = self.key(a, left, run)
         if root in self.memo:
             return self.memo[root]
