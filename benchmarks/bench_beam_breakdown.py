@@ -6,7 +6,7 @@ broken down by manual timers, beside the LM-only floor, measured in one process.
     python -m benchmarks.bench_beam_breakdown --variants before dense after   # all three codes
     python -m benchmarks.bench_beam_breakdown --variants after kept   # keep_top against all scores
     python -m benchmarks.bench_beam_breakdown --variants kept_dense_pick kept   # the search's pick
-    python -m benchmarks.bench_beam_breakdown --tables-only --repeats 5   # the tables alone
+    python -m benchmarks.bench_beam_breakdown --tables-only --items 40 --repeats 3   # the tables alone
     python -m benchmarks.bench_beam_breakdown --beams 128 --lift 4        # the cost at h = 2,048
 
 Setting: ``pipeline=adapted`` with its defaults (the embedded SmolLM2-135M-Instruct + the
@@ -327,24 +327,36 @@ def set_variant(cfg, variant: str):
                                                  "score_kept_only": variant.startswith("kept")}})
 
 
-def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int) -> dict:
-    """Median seconds of building the ``ctrlg`` processor's tables for ``items`` (the
-    ``guide_tables`` part alone), variants alternating, ``repeats`` times."""
+def tables_only(cfg, tokenizer, hmm, items, variants, repeats: int, batch: int) -> dict:
+    """Median seconds per item of building the ``ctrlg`` processor's tables for ``items`` (the
+    ``guide_tables`` part alone: the budget restriction, the feasibility and the HMM tables), in
+    batches of ``batch`` items as the main job builds them, in the products' precision of
+    ``generation.precision``; variants alternating, ``repeats`` times over all the items, after
+    one untimed batch per variant."""
+    from ctrlg.guide.tables import resolve_precision
     from ctrlg.sampler import ConstraintLogitsProcessor
     cg = _commongen()
 
     eos = [tokenizer.eos_token_id]
     ready = cg.prepare_batch(items, cfg, tokenizer, hmm.vocab_size, eos, lambda r: None)
     constraints = [c for _, c, _ in ready]
+    precision = resolve_precision(cfg.generation.precision)
+    build = lambda part: ConstraintLogitsProcessor(  # noqa: E731
+        hmm, part, max_new_tokens=32, min_new_tokens=5, eos_token_id=eos, precision=precision)
+    for variant in variants:
+        with variant_code(variant):
+            build(constraints[:batch])
     seconds = {v: [] for v in variants}
     for _ in range(repeats):
         for variant in variants:
             with variant_code(variant):
-                start = time.perf_counter()
-                ConstraintLogitsProcessor(hmm, constraints, max_new_tokens=32, min_new_tokens=5,
-                                          eos_token_id=eos, precision="float32")
-                seconds[variant].append((time.perf_counter() - start) / len(items))
-    return {v: statistics.median(t) for v, t in seconds.items()}
+                for start in range(0, len(constraints), batch):
+                    part = constraints[start:start + batch]
+                    begin = time.perf_counter()
+                    build(part)
+                    seconds[variant].append((time.perf_counter() - begin) / len(part))
+    return {v: {"median_s_per_item": statistics.median(t), "mean_s_per_item": statistics.fmean(t),
+                "batches": len(t), "precision": precision} for v, t in seconds.items()}
 
 
 def format_rows(results: list[dict]) -> str:
@@ -388,6 +400,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--out", default=None)
     parser.add_argument("--tables-only", action="store_true",
                         help="time only the guide tables of --items items (variants alternating)")
+    parser.add_argument("--tables-batch", type=int, default=4,
+                        help="with --tables-only: items whose tables are built together")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -400,8 +414,13 @@ def main(argv=None) -> list[dict]:
     n_max = max(args.items, args.items_128)
     examples = cg.select_items(compose([f"data.offset={args.offset}", f"data.limit={n_max}"]))
     if args.tables_only:
-        medians = tables_only(cfg, tokenizer, hmm, examples[:args.items], args.variants, args.repeats)
-        print("guide tables, seconds per item (median of", args.repeats, "):", medians)
+        medians = tables_only(cfg, tokenizer, hmm, examples[:args.items], args.variants, args.repeats,
+                              args.tables_batch)
+        print("guide tables, seconds per item:", medians)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"tables_only": medians, "items": args.items,
+                                                  "offset": args.offset, "cpu_threads": 1,
+                                                  "hidden_size": hmm.hidden_size}, indent=1))
         return [medians]
     from ctrlg.guide.emission_operands import emission_operands
     from ctrlg.guide.tables import PRECISIONS, resolve_precision

@@ -293,6 +293,19 @@ def test_restrict_to_budget_keeps_the_language_up_to_the_budget(d, budget):
     assert restricted.num_states <= d.num_states + 1
 
 
+def test_restrict_to_budget_returns_the_automaton_when_only_its_dead_state_is_left_out():
+    """A restriction that would only rebuild the dead state is the automaton itself (no copy);
+    one that leaves out a live state too is a new, smaller automaton with the same language."""
+    from ctrlg.dfa.ops import restrict_to_budget
+
+    d = dfa.length(1, 2, vocab_size=4)
+    assert (~d.live_states()).sum() == 1                   # counts 0, 1, 2 and the dead state
+    assert restrict_to_budget(d, 2) is d
+    smaller = restrict_to_budget(d, 1)
+    assert smaller is not d and smaller.num_states < d.num_states
+    assert np.array_equal(language(smaller, 1), language(d, 1))
+
+
 def test_restrict_to_budget_drops_unreachable_counter_states():
     from ctrlg.dfa.ops import restrict_to_budget
 

@@ -389,11 +389,23 @@ def min_tokens_to_accept(dfa: TokenDFA) -> int | None:
     return int(lengths.min()) if lengths.size else None
 
 
+def _only_the_dead_state(dfa: TokenDFA, dropped: np.ndarray) -> bool:
+    """Whether ``dropped`` is one non-accepting state whose every token leads back to it: the
+    dead state the restriction would build anyway (then the restriction is ``dfa`` itself)."""
+    states = np.flatnonzero(dropped)
+    if len(states) != 1:
+        return False
+    d = int(states[0])
+    return (not dfa.accepting[d] and int(dfa.default[d]) == d
+            and bool(np.all(dfa.letter_next[dfa.letter_ptr[d]:dfa.letter_ptr[d + 1]] == d)))
+
+
 def restrict_to_budget(dfa: TokenDFA, max_tokens: int) -> TokenDFA:
     """A DFA that agrees with ``dfa`` on every sequence of at most ``max_tokens`` tokens, keeping
     only the states such a sequence can pass through on its way to acceptance: state s is kept
     iff dist(initial → s) + dist(s → accepting) ≤ ``max_tokens`` (two breadth-first searches);
-    every other transition goes to one dead state. Guide tables over the result cost
+    every other transition goes to one dead state (``dfa`` itself when the only state left out is
+    already such a dead state: a CommonGen constraint's). Guide tables over the result cost
     O(kept states) instead of O(all states) (e.g. ``length(0, 10**5)`` with a budget of 8 keeps
     9 states). Raises UnsatisfiableConstraintError when no sequence within the budget is accepted.
     """
@@ -406,7 +418,7 @@ def restrict_to_budget(dfa: TokenDFA, max_tokens: int) -> TokenDFA:
         raise UnsatisfiableConstraintError(
             f"the constraint accepts no token sequence of at most {max_tokens} tokens "
             f"(its shortest accepted sequence is longer); raise the token budget")
-    if keep.all():
+    if keep.all() or _only_the_dead_state(dfa, ~keep):
         return dfa
     classes = (TokenClasses.from_labels(dfa.letter_of_token) if dfa.has_letters
                else token_classes(dfa))

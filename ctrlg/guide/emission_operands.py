@@ -9,7 +9,10 @@ emission B [h, V] that depend on the HMM alone:
   term, when the emission's other columns share one profile (``topk8-K`` checkpoints;
   :mod:`ctrlg.guide.factored_emission`);
 * min_v B[z, v] [h] — the underflow bound of :mod:`ctrlg.guide.token_weights`;
-* rowsum(B) [h] in float64 — the non-exception mass M_s of the backward recurrence.
+* rowsum(B) [h] in float64 — the non-exception mass M_s of the backward recurrence;
+* the sums of B's columns over large letters (token classes) that tables have needed
+  (:class:`ctrlg.guide.letter_sums.LargeLetterSums`), so the next table's similar letter is a
+  difference instead of a sum over ≈ 16,000 columns.
 
 Building them reads and writes all h·V entries several times (≈ 0.5 s at h = 512, V = 49,152 on
 one CPU core) and holds two h·V copies; a table per DFA used to build its own, so a batch of ten
@@ -21,11 +24,12 @@ and version counter, so an emission changed in place (EM) or replaced builds the
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ctrlg.guide.factored_emission import FactoredProduct, emission_product
+from ctrlg.guide.letter_sums import LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear
 
 __all__ = ["EmissionOperands", "emission_operands"]
@@ -43,6 +47,11 @@ class EmissionOperands:
     product: PackedLinear | FactoredProduct   # x ↦ x · B, packed once (factored: a rank-1 tail)
     emission_min: torch.Tensor     # min_v B[z, v] [h] float32
     row_sum: torch.Tensor          # Σ_v B[z, v] [h] float64
+    large_letters: LargeLetterSums = field(default=None)  # sums of large letters (tables)
+
+    def __post_init__(self):
+        if self.large_letters is None:
+            object.__setattr__(self, "large_letters", LargeLetterSums(self.emission_t))
 
 
 def _version_key(emission: torch.Tensor) -> tuple:

@@ -47,7 +47,10 @@ So W_n sums p_hmm(y σ) over every accepted middle y (of every admissible length
 
 Letters (token classes, ``TokenDFA.letter_of_token``). Exceptions may be stored per letter a (a
 set of tokens that behave alike). The recurrence then uses B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], so
-a step costs O(S·h² + E_letters·h).
+a step costs O(S·h² + E_letters·h). The sums of large letters come from the HMM's shared
+:class:`~ctrlg.guide.letter_sums.LargeLetterSums` (a CommonGen item's word-continuing letter is
+the previous item's up to a few dozen tokens: a difference instead of a sum over ≈ 16,000
+columns).
 
 Reachable band. A generation is in DFA state s with r tokens left only if s can be reached from
 the initial state in exactly t = n − r tokens (EOS is terminal, so never on such a path):
@@ -77,6 +80,7 @@ from ctrlg.errors import ConstraintError, VocabularyMismatchError
 from ctrlg.guide.feasibility import Feasibility, as_token_list, renamed_budget
 from ctrlg.guide.emission_operands import emission_operands
 from ctrlg.guide.entry_weights import EntryWeights
+from ctrlg.guide.letter_sums import LARGE_LETTER, LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
 from ctrlg.kernels.backward_table_cpu import compiled, recurrence_step_cpu
 from ctrlg.kernels.reference import backward_step_reference
@@ -269,6 +273,7 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
         self._emission_min = shared.emission_min                          # min_v B[z, v], [h]
         self._emission_product = shared.product
         self._row_sum = shared.row_sum                                    # Σ_v B[z, v], float64
+        self._large_letters = shared.large_letters                        # sums of large letters
         self.block_letter = np.diff(self.members_ptr) >= BLOCK_LETTER
         self._members_t = torch.as_tensor(self.members, device=B.device)
         self._letter_products = LetterProducts(emission, self._members_t, self.members_ptr)
@@ -284,7 +289,7 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
         self._exc_tok_t = tensor(exc.tok)
         if dfa.has_letters:  # B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], float64 [A, h]
             rows = letter_emission_sums(self._emission_t, self._row_sum, self.members_ptr,
-                                        self.members, self.eos_ids)
+                                        self.members, self.eos_ids, self._large_letters)
             self._emission_rows = rows.float()
         else:
             rows = self._emission_rows = self._emission_t                       # [V, h]
@@ -466,17 +471,28 @@ def grouped_sums(group: np.ndarray, member: np.ndarray, rows: torch.Tensor,
 
 
 def letter_emission_sums(emission_t: torch.Tensor, row_sum: torch.Tensor, members_ptr: np.ndarray,
-                         members: np.ndarray, eos_ids: Sequence[int]) -> torch.Tensor:
+                         members: np.ndarray, eos_ids: Sequence[int],
+                         large: LargeLetterSums | None = None) -> torch.Tensor:
     """B̄ᵀ [A, h] float64, B̄[:, a] = Σ_{v ∈ a, v ∉ EOS} B[:, v], for letters given as ``members``
-    sorted by letter with offsets ``members_ptr`` [A + 1]. Every letter but the largest is one
-    row of a sparse 0/1 [A, V] matrix times Bᵀ (only their members' rows of Bᵀ are read); the
-    largest, usually most of the vocabulary, is rowsum(B) − Σ_EOS B[:, e] − the others, in
-    float64 and clamped at 0."""
+    sorted by letter with offsets ``members_ptr`` [A + 1]. The largest letter, usually most of the
+    vocabulary, is rowsum(B) − Σ_EOS B[:, e] − the others, in float64 and clamped at 0. With
+    ``large`` (the HMM's :class:`ctrlg.guide.letter_sums.LargeLetterSums`), the other letters of
+    ≥ ``LARGE_LETTER`` members come from its store, as differences from a set it has summed
+    before; the rest are one row each of a sparse 0/1 [A, V] matrix times Bᵀ (only their
+    members' rows of Bᵀ are read)."""
     sizes = np.diff(members_ptr)
     largest = int(np.argmax(sizes))
     letter = np.repeat(np.arange(len(sizes)), sizes)
     keep = (letter != largest) & ~np.isin(members, np.asarray(eos_ids, dtype=np.int64))
-    sums = grouped_sums(letter[keep], members[keep], emission_t, len(sizes)).double()
+    stored = np.zeros(len(sizes), dtype=bool)
+    if large is not None:
+        kept_sizes = np.bincount(letter[keep], minlength=len(sizes))
+        stored = kept_sizes >= LARGE_LETTER
+        stored[largest] = False
+    sums = grouped_sums(letter[keep & ~stored[letter]], members[keep & ~stored[letter]],
+                        emission_t, len(sizes)).double()
+    for a in np.flatnonzero(stored):
+        sums[a] = large.sum(members[keep & (letter == a)])
     rest = row_sum - sums.sum(0)
     if len(eos_ids):
         rest -= emission_t[list(eos_ids)].double().sum(0)

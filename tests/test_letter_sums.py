@@ -1,0 +1,59 @@
+"""The shared sums of large letters (ctrlg.guide.letter_sums) against direct float64 sums."""
+
+import numpy as np
+import torch
+
+from ctrlg.guide.letter_sums import LargeLetterSums
+from ctrlg.guide.tables import letter_emission_sums
+
+
+def _brute(emission_t, members):
+    return emission_t.double()[torch.as_tensor(np.asarray(members, dtype=np.int64))].sum(0)
+
+
+def test_near_sets_come_from_a_kept_sum_and_far_sets_are_summed_and_kept():
+    rng = np.random.default_rng(0)
+    V, h = 500, 7
+    emission_t = torch.rand(V, h) ** 3
+    store = LargeLetterSums(emission_t, capacity=2, max_difference=0.25)
+    base = rng.choice(V, 200, replace=False)
+    torch.testing.assert_close(store.sum(base), _brute(emission_t, base), rtol=1e-12, atol=1e-12)
+    assert len(store._kept) == 1
+    near = np.concatenate([rng.permutation(base)[:190], np.setdiff1d(np.arange(V), base)[:20]])
+    torch.testing.assert_close(store.sum(near), _brute(emission_t, near), rtol=1e-12, atol=1e-12)
+    assert len(store._kept) == 1                    # a difference from the kept set
+    far = np.setdiff1d(np.arange(V), base)[:200]
+    torch.testing.assert_close(store.sum(far), _brute(emission_t, far), rtol=1e-12, atol=1e-12)
+    assert len(store._kept) == 2
+    third = np.arange(0, V, 2)[:200]
+    store.sum(third)
+    assert len(store._kept) == 2                    # capacity: the least recently used is dropped
+    assert any(np.array_equal(k, np.sort(third)) for k, _ in store._kept)
+    assert store.sum(np.array([], dtype=np.int64)).abs().sum() == 0
+
+
+def test_letter_sums_with_the_store_equal_brute_force(monkeypatch):
+    """B̄[:, a] with large letters through the store (a threshold of 10 members here), over several
+    tables whose large letters overlap, EOS excluded, the largest letter by complement."""
+    import ctrlg.guide.tables as tables_module
+
+    monkeypatch.setattr(tables_module, "LARGE_LETTER", 10)
+    rng = np.random.default_rng(2)
+    V, h, A = 120, 5, 6
+    B = torch.rand(h, V, dtype=torch.float64) ** 3
+    emission_t = B.T.float().contiguous()
+    store = LargeLetterSums(emission_t)
+    base = rng.integers(0, A, V)
+    for table in range(4):
+        letter_of = base.copy()
+        flip = rng.choice(V, 5, replace=False)
+        letter_of[flip] = rng.integers(0, A, 5)
+        letter_of[:40] = 0                                       # letter 0 is the largest
+        order = np.argsort(letter_of, kind="stable")
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(letter_of, minlength=A))])
+        eos = [int(order[-1])]
+        got = letter_emission_sums(emission_t, B.sum(1), ptr, order, eos, store)
+        for a in range(A):
+            tokens = [v for v in range(V) if letter_of[v] == a and v not in eos]
+            torch.testing.assert_close(got[a], B[:, tokens].sum(1), rtol=1e-5, atol=1e-6)
+    assert store._kept                                           # the store was used
