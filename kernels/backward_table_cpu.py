@@ -17,8 +17,9 @@ recurrence does). A feasible row whose maximum is 0 or not finite (underflow) ge
 scale m_s + log(float32 tiny), an over-estimate instead of an exact 0; infeasible ones stay 0 with
 scale −inf.
 
-:func:`_build_g` builds G in one pass: each pair reads one row of Ŵ_{r−1} (cache-resident) and one
-row of Ē (streamed) and adds into G's row in place. The torch recurrence
+:func:`_build_g` builds G in one pass: the products Ŵ_{r−1}[dst] ⊙ Ē that several pairs share
+first (once per step), then each pair adds its product, scaled, into G's row in place.
+:func:`_normalise` takes the rows' maxima from numpy's vectorised reduction. The torch recurrence
 (``GuideTables._recurrence_step`` with ``ctrlg.kernels.reference.backward_step_reference``) does
 the same arithmetic in the same order with a gather, two multiplications and an ``index_add_``
 per chunk of pairs (whose CPU kernel dispatches row by row), plus a few dozen small ops per step
@@ -36,15 +37,34 @@ import torch
 
 from ctrlg.kernels.cpu_loops import compiled_loop
 
-__all__ = ["recurrence_step_cpu", "compiled"]
+__all__ = ["recurrence_step_cpu", "shared_products", "compiled"]
 
 TINY = float(np.finfo(np.float32).tiny)
 
 
 def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row,
-                pair_emission, eos_term, eos_live, eos_log, eos_ok, g, m_out):
-    """G (module docstring) into ``g`` [len(rows), h]; each row's m_s into ``m_out``."""
+                pair_emission, pair_product, product_dst, product_row, products, needed,
+                eos_term, eos_live, eos_log, eos_ok, g, m_out):
+    """G (module docstring) into ``g`` [len(rows), h]; each row's m_s into ``m_out``.
+
+    Pairs with the same successor and the same emission row (``pair_product[p]``, a CommonGen
+    table: ≈ 4 pairs each) share the product Ŵ[dst_p] ⊙ Ē_p, computed once per step into
+    ``products`` [K, h] for the products the band's live pairs need (``needed`` [K], scratch);
+    each pair then adds product · e^{c(dst_p) − m_s}: the same float operations in the same order
+    as (Ŵ[dst_p] ⊙ Ē_p) · e^{…} per pair."""
     h = g.shape[1]
+    needed[:] = 0
+    for i in range(rows.shape[0]):
+        s = rows[i]
+        for p in range(pair_ptr[s], pair_ptr[s + 1]):
+            if c_prev[pair_dst[p]] != -np.inf:
+                needed[pair_product[p]] = 1
+    for k in range(products.shape[0]):
+        if needed[k]:
+            t = product_dst[k]
+            e = product_row[k]
+            for z in range(h):
+                products[k, z] = w_prev[t, z] * pair_emission[e, z]
     for i in range(rows.shape[0]):
         s = rows[i]
         d = default[s]
@@ -61,28 +81,26 @@ def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair
         for z in range(h):
             g[i, z] = (w_prev[d, z] * coef) * mass[s, z]
         for p in range(pair_ptr[s], pair_ptr[s + 1]):
-            t = pair_dst[p]
-            e = pair_row[p]
-            coef = np.float32(np.exp(c_prev[t] - m_safe))
+            coef = np.float32(np.exp(c_prev[pair_dst[p]] - m_safe))
             if coef == 0.0:       # the successor is dead (or negligible): exact zeros
                 continue
+            k = pair_product[p]
             for z in range(h):
-                g[i, z] += (w_prev[t, z] * pair_emission[e, z]) * coef
+                g[i, z] += products[k, z] * coef
         if live:
             coef = np.float32(np.exp(eos_log - m_safe))
             for z in range(h):
                 g[i, z] += eos_term[s, z] * coef
 
 
-def _normalise_py(raw, m, rows, feasible, w_out, c_out, tiny):
-    """Ŵ_r and c_r of the band rows from ``raw`` = G · Aᵀ (module docstring), written at their
-    states in ``w_out`` [S, h] (zeros) and ``c_out`` [S] (−inf)."""
+def _normalise_py(raw, row_max, m, rows, feasible, w_out, c_out, tiny):
+    """Ŵ_r and c_r of the band rows from ``raw`` = G · Aᵀ and its row maxima ``row_max``
+    (module docstring), written at their states in ``w_out`` [S, h] (zeros) and ``c_out`` [S]
+    (−inf)."""
     h = raw.shape[1]
     for i in range(rows.shape[0]):
         s = rows[i]
-        mx = np.float32(0.0)
-        for z in range(h):
-            mx = max(mx, raw[i, z])
+        mx = max(np.float32(0.0), row_max[i])
         m_safe = m[i] if np.isfinite(m[i]) else 0.0
         if mx > 0 and np.isfinite(m[i]) and np.isfinite(mx):
             for z in range(h):
@@ -103,21 +121,40 @@ def compiled() -> bool:
     return _build_g is not None
 
 
+def shared_products(pair_dst: np.ndarray, pair_row: np.ndarray, hidden: int):
+    """The products Ŵ[dst] ⊙ Ē_row that pairs share (:func:`_build_g_py`): each pair's product
+    index [P], each product's successor and emission row [K], a [K, h] float32 buffer and a [K]
+    scratch flag array; fixed per table."""
+    key = pair_dst.astype(np.int64) * (int(pair_row.max(initial=0)) + 1) + pair_row
+    unique, pair_product = np.unique(key, return_inverse=True)
+    first = np.unique(pair_product, return_index=True)[1]
+    return dict(pair_product=pair_product.reshape(-1).astype(np.int64),
+                product_dst=np.ascontiguousarray(pair_dst[first], dtype=np.int64),
+                product_row=np.ascontiguousarray(pair_row[first], dtype=np.int64),
+                products=np.empty((len(unique), hidden), dtype=np.float32),
+                needed=np.zeros(len(unique), dtype=np.uint8))
+
+
 def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray,
                         default: np.ndarray, has_default: np.ndarray, mass: np.ndarray,
                         pair_ptr: np.ndarray, pair_dst: np.ndarray, pair_row: np.ndarray,
                         pair_emission: np.ndarray,
                         eos_term: np.ndarray, eos_live: np.ndarray, eos_log: float, eos_ok: bool,
                         feasible: np.ndarray, transition_t: torch.Tensor,
-                        w_out: np.ndarray, c_out: np.ndarray) -> None:
+                        w_out: np.ndarray, c_out: np.ndarray, shared: dict | None = None) -> None:
     """One step (module docstring) for the states ``rows``, written into ``w_out`` [S, h]
     float32 (zeros) and ``c_out`` [S] float64 (−inf): numpy arrays (views of the tables);
     ``transition_t`` is Aᵀ, float32 or bfloat16 (then G is rounded to bfloat16 for the product,
-    which accumulates in float32: the guide's ``precision``)."""
+    which accumulates in float32: the guide's ``precision``). ``shared``: the table's
+    :func:`shared_products` (built here when not given)."""
+    if shared is None:
+        shared = shared_products(pair_dst, pair_row, w_prev.shape[1])
     g = np.empty((len(rows), w_prev.shape[1]), dtype=np.float32)
     m = np.empty(len(rows), dtype=np.float64)
     _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row,
-             pair_emission, eos_term, eos_live, float(eos_log) if eos_ok else -math.inf,
-             bool(eos_ok), g, m)
+             pair_emission, shared["pair_product"], shared["product_dst"], shared["product_row"],
+             shared["products"], shared["needed"], eos_term, eos_live,
+             float(eos_log) if eos_ok else -math.inf, bool(eos_ok), g, m)
     raw = (torch.from_numpy(g).to(transition_t.dtype) @ transition_t).float().numpy()
-    _normalise(raw, m, rows, feasible, w_out, c_out, TINY)
+    row_max = raw.max(axis=1) if len(rows) else np.zeros(0, dtype=np.float32)
+    _normalise(raw, row_max, m, rows, feasible, w_out, c_out, TINY)

@@ -82,7 +82,7 @@ from ctrlg.guide.emission_operands import emission_operands
 from ctrlg.guide.entry_weights import EntryWeights
 from ctrlg.guide.letter_sums import LARGE_LETTER, LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear, native_bfloat16
-from ctrlg.kernels.backward_table_cpu import compiled, recurrence_step_cpu
+from ctrlg.kernels.backward_table_cpu import compiled, recurrence_step_cpu, shared_products
 from ctrlg.kernels.reference import backward_step_reference
 from ctrlg.memory import check_tables_fit
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP, TokenWeights
@@ -241,6 +241,7 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
                      transition_t=A.T)
         if self.precision != "float32":                     # G·Aᵀ with bfloat16 inputs
             fixed["transition_t"] = A.T.to(PRECISIONS[self.precision])
+        fixed["shared"] = shared_products(self._pair_dst, self._pair_row, self.hmm.hidden_size)
         w_np, c_np = w_hat.numpy(), log_scale.numpy()
         for r in steps:
             recurrence_step_cpu(w_np[r - 1], c_np[r - 1], np.flatnonzero(self.band[r]),
