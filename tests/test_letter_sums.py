@@ -57,3 +57,21 @@ def test_letter_sums_with_the_store_equal_brute_force(monkeypatch):
             tokens = [v for v in range(V) if letter_of[v] == a and v not in eos]
             torch.testing.assert_close(got[a], B[:, tokens].sum(1), rtol=1e-5, atol=1e-6)
     assert store._kept                                           # the store was used
+
+
+def test_sums_from_several_threads_stay_exact():
+    """Tables of one HMM built from several threads share the store; every sum stays exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(3)
+    V, h = 400, 6
+    emission_t = torch.rand(V, h) ** 3
+    store = LargeLetterSums(emission_t, capacity=3)
+    base = [rng.choice(V, 150, replace=False) for _ in range(4)]
+    sets = [np.concatenate([b[rng.permutation(150)[:140]], rng.integers(0, V, 5)])
+            for b in base for _ in range(10)]
+    sets = [np.unique(s) for s in sets]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(store.sum, sets))
+    for s, g in zip(sets, got):
+        torch.testing.assert_close(g, _brute(emission_t, s), rtol=1e-12, atol=1e-12)

@@ -19,6 +19,8 @@ float64 rounding; the sparse product of the smaller letters accumulates in float
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -39,6 +41,7 @@ class LargeLetterSums:
         self.capacity = capacity
         self.max_difference = max_difference
         self._kept: list[tuple[np.ndarray, torch.Tensor]] = []   # (sorted members, sum)
+        self._lock = threading.Lock()     # tables of one HMM may be built from several threads
 
     def _direct(self, members: np.ndarray) -> torch.Tensor:
         """Σ of ``members``' rows of Bᵀ, accumulated in float64 over blocks of rows."""
@@ -53,6 +56,10 @@ class LargeLetterSums:
     def sum(self, members: np.ndarray) -> torch.Tensor:
         """Σ_{v ∈ members} Bᵀ[v] in float64 (``members``: distinct token ids, any order)."""
         members = np.sort(np.asarray(members, dtype=np.int64))
+        with self._lock:
+            return self._sum_sorted(members)
+
+    def _sum_sorted(self, members: np.ndarray) -> torch.Tensor:
         best, best_size = None, self.max_difference * len(members)
         for k, (kept, _) in enumerate(self._kept):
             if abs(len(kept) - len(members)) > best_size:
