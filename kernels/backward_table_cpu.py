@@ -19,7 +19,7 @@ scale −inf.
 
 :func:`_build_g` builds G in one pass: the products Ŵ_{r−1}[dst] ⊙ Ē that several pairs share
 first (once per step), then each pair adds its product, scaled, into G's row in place.
-:func:`_normalise` takes the rows' maxima from numpy's vectorised reduction. The torch recurrence
+:func:`_normalise` takes the rows' maxima from torch's vectorised reduction. The torch recurrence
 (``GuideTables._recurrence_step`` with ``ctrlg.kernels.reference.backward_step_reference``) does
 the same arithmetic in the same order with a gather, two multiplications and an ``index_add_``
 per chunk of pairs (whose CPU kernel dispatches row by row), plus a few dozen small ops per step
@@ -155,6 +155,7 @@ def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray
              pair_emission, shared["pair_product"], shared["product_dst"], shared["product_row"],
              shared["products"], shared["needed"], eos_term, eos_live,
              float(eos_log) if eos_ok else -math.inf, bool(eos_ok), g, m)
-    raw = (torch.from_numpy(g).to(transition_t.dtype) @ transition_t).float().numpy()
-    row_max = raw.max(axis=1) if len(rows) else np.zeros(0, dtype=np.float32)
+    raw_t = (torch.from_numpy(g).to(transition_t.dtype) @ transition_t).float()
+    row_max = raw_t.amax(1).numpy() if len(rows) else np.zeros(0, dtype=np.float32)
+    raw = raw_t.numpy()
     _normalise(raw, row_max, m, rows, feasible, w_out, c_out, TINY)
