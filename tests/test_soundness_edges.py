@@ -19,7 +19,7 @@ import jsonschema
 import lark
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ctrlg import dfa
@@ -428,6 +428,9 @@ def test_a_quotient_that_overflows_is_checked_exactly():
 
 
 @settings(max_examples=60, deadline=None)
+@example("number", {"maximum": "1e400", "exclusiveMaximum": "1e400"})     # found by this test:
+@example("number", {"minimum": "-1e400", "exclusiveMinimum": "-1e400"})   # the bound was dropped
+@example("integer", {"maximum": "1e400", "exclusiveMaximum": "1e400"})
 @given(st.sampled_from(["integer", "number"]),
        st.dictionaries(st.sampled_from(["minimum", "maximum", "exclusiveMinimum",
                                         "exclusiveMaximum", "multipleOf"]),

@@ -83,7 +83,9 @@ def _finite_bounds(s: dict, path: str) -> dict:
     SchemaError — nothing satisfies it; one that every finite number meets
     (``minimum: -inf``, ``maximum: inf``) is no bound; an exclusive one (``exclusiveMaximum:
     inf``) becomes ``maximum: 10^308`` (:data:`FINITE_LIMIT`), since a document such as
-    ``1e400`` would read as infinity and fail it: a subset. ``NaN`` (not a JSON number; Python's
+    ``1e400`` would read as infinity and fail it: a subset (unless the inclusive bound is also
+    given and finite: it decides; an infinite inclusive one, ``maximum: inf`` beside
+    ``exclusiveMaximum: inf``, gives way to it). ``NaN`` (not a JSON number; Python's
     comparisons with it are all false) raises SchemaError for every numeric keyword."""
     for key in _NUMBER_KEYS:
         v = s.get(key)
@@ -102,12 +104,20 @@ def _finite_bounds(s: dict, path: str) -> dict:
                     f"generated for the schema")
             if k.startswith("exclusive"):    # x < inf: a finite x, below 10^308 (a subset)
                 k, v = ("minimum", -FINITE_LIMIT) if lower else ("maximum", FINITE_LIMIT)
-                if k in s:
-                    continue
+                if _finite_number(s.get(k)):
+                    continue                     # the inclusive bound is finite: it decides
+                out[k] = v                       # (an infinite one is dropped: this replaces it)
+                continue
             else:
                 continue                                 # -inf below / +inf above: no bound
         out[k] = v
     return out
+
+
+def _finite_number(value) -> bool:
+    """Whether ``value`` is a number (not a bool) that is not ±infinity or NaN."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def _check_json_value(value, path: str) -> None:
