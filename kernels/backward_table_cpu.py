@@ -126,13 +126,12 @@ def shared_products(pair_dst: np.ndarray, pair_row: np.ndarray, hidden: int):
     index [P], each product's successor and emission row [K], a [K, h] float32 buffer and a [K]
     scratch flag array; fixed per table."""
     key = pair_dst.astype(np.int64) * (int(pair_row.max(initial=0)) + 1) + pair_row
-    unique, pair_product = np.unique(key, return_inverse=True)
-    first = np.unique(pair_product, return_index=True)[1]
+    _, first, pair_product = np.unique(key, return_index=True, return_inverse=True)
     return dict(pair_product=pair_product.reshape(-1).astype(np.int64),
                 product_dst=np.ascontiguousarray(pair_dst[first], dtype=np.int64),
                 product_row=np.ascontiguousarray(pair_row[first], dtype=np.int64),
-                products=np.empty((len(unique), hidden), dtype=np.float32),
-                needed=np.zeros(len(unique), dtype=np.uint8))
+                products=np.empty((len(first), hidden), dtype=np.float32),
+                needed=np.zeros(len(first), dtype=np.uint8))
 
 
 def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray,

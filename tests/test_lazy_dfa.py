@@ -210,7 +210,6 @@ def test_a_recursive_schema_too_large_to_unroll_is_nested_on_demand(tiny, monkey
     from ctrlg.dfa.json_schema import _compile
     from ctrlg.dfa.json_schema.frag import to_grammar
 
-    # the package's name in ctrlg.dfa is the json_schema function: the module from sys.modules
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         unrolled = dfa.lazy_json_schema(TREE, tiny, whitespace="", recursion_depth=2)

@@ -24,7 +24,7 @@ and version counter, so an emission changed in place (EM) or replaced builds the
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -47,11 +47,7 @@ class EmissionOperands:
     product: PackedLinear | FactoredProduct   # x ↦ x · B, packed once (factored: a rank-1 tail)
     emission_min: torch.Tensor     # min_v B[z, v] [h] float32
     row_sum: torch.Tensor          # Σ_v B[z, v] [h] float64
-    large_letters: LargeLetterSums = field(default=None)  # sums of large letters (tables)
-
-    def __post_init__(self):
-        if self.large_letters is None:
-            object.__setattr__(self, "large_letters", LargeLetterSums(self.emission_t))
+    large_letters: LargeLetterSums  # sums of large letters (tables), filled as tables need them
 
 
 def _version_key(emission: torch.Tensor) -> tuple:
@@ -65,7 +61,8 @@ def _build(emission: torch.Tensor, dtype: torch.dtype) -> EmissionOperands:
     low = emission_t.to(dtype)
     return EmissionOperands(emission_t=emission_t, emission_low=low,
                             product=emission_product(low, emission_t),
-                            emission_min=low.float().amin(0), row_sum=B.double().sum(1))
+                            emission_min=low.float().amin(0), row_sum=B.double().sum(1),
+                            large_letters=LargeLetterSums(emission_t))
 
 
 def emission_operands(hmm, dtype: torch.dtype) -> EmissionOperands:

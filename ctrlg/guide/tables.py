@@ -490,8 +490,8 @@ def letter_emission_sums(emission_t: torch.Tensor, row_sum: torch.Tensor, member
         kept_sizes = np.bincount(letter[keep], minlength=len(sizes))
         stored = kept_sizes >= LARGE_LETTER
         stored[largest] = False
-    sums = grouped_sums(letter[keep & ~stored[letter]], members[keep & ~stored[letter]],
-                        emission_t, len(sizes)).double()
+    summed_here = keep & ~stored[letter]
+    sums = grouped_sums(letter[summed_here], members[summed_here], emission_t, len(sizes)).double()
     for a in np.flatnonzero(stored):
         sums[a] = large.sum(members[keep & (letter == a)])
     rest = row_sum - sums.sum(0)
