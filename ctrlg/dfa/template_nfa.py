@@ -322,9 +322,28 @@ def _renamed_edges(edges: list, base: int, start: int, end: int) -> list:
     return [(lo, hi, base + t if t > 1 else end if t else start) for lo, hi, t in edges]
 
 
+#: item -> its class, by object identity (the entry holds the item, so its id stays its own);
+#: emptied when full. A lazy NFA asks again for every copy of a repetition it expands, and a
+#: grammar's item may hold hundreds of ranges to merge.
+_ITEM_CLASSES: dict[int, tuple[Node, "CharSet | None"]] = {}
+MAX_ITEM_CLASSES = 512
+
+
 def _item_class(item: Node) -> CharSet | None:
     """The union of the char-set alternatives of a repeated item (the item itself when it is a
-    char set; ``(?:[^"\\]|\\.)`` gives ``[^"\\]``), or None when it has none."""
+    char set; ``(?:[^"\\]|\\.)`` gives ``[^"\\]``), or None when it has none. Memoised
+    per item object (:data:`_ITEM_CLASSES`)."""
+    hit = _ITEM_CLASSES.get(id(item))
+    if hit is not None and hit[0] is item:
+        return hit[1]
+    cls = _merged_class(item)
+    if len(_ITEM_CLASSES) >= MAX_ITEM_CLASSES:
+        _ITEM_CLASSES.clear()
+    _ITEM_CLASSES[id(item)] = (item, cls)
+    return cls
+
+
+def _merged_class(item: Node) -> CharSet | None:
     alts = item.items if isinstance(item, Alternation) else (item,)
     ranges = sorted(r for a in alts if isinstance(a, CharSet) for r in a.ranges)
     if not ranges:
