@@ -36,6 +36,7 @@ ctrlg[bench]``): without it only ctrlg's columns are filled.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -191,6 +192,10 @@ def main() -> None:
     parser.add_argument("--grammars", nargs="+", default=list(EXAMPLES))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_grammar.json")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() once everything is loaded, as a serving process does "
+                             "(python -m ctrlg.app): the loaded objects leave later full "
+                             "collections")
     args = parser.parse_args()
     tok = load_tokenizer()
     vocab_trie(tok)                                    # built once, before any timing
@@ -205,6 +210,10 @@ def main() -> None:
         ll, ll_tok = llguidance, llguidance.hf.from_tokenizer(tok)
     except Exception as exc:  # noqa: BLE001
         notes.append(f"llguidance unavailable: {exc.__class__.__name__}: {exc}")
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+        notes.append("gc.freeze() after loading")
     rows = [bench_grammar(name, tok, ll, ll_tok, args.repeats) for name in args.grammars]
     for r in rows:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))

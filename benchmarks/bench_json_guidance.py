@@ -34,6 +34,7 @@ timeouts over those not refused) and prints the summary table (markdown).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -214,6 +215,9 @@ def main(argv=None) -> None:
                    help="fork: every (schema, engine) in a fresh forked child (cold); server: "
                         "each engine in one long-lived child that takes schema after schema "
                         "(caches warm, as a serving process), restarted after a timeout")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="gc.freeze() once the tokenizer and HMM are loaded and warm, before any "
+                        "child is forked, as a serving process does (python -m ctrlg.app)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_json_guidance.json")
     args = p.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
@@ -221,6 +225,9 @@ def main(argv=None) -> None:
     if unknown:
         p.error(f"unknown engines {unknown}; choose from {ENGINES}")
     ctx, warm_s = _setup(args)
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
     schemas = _schemas(args)
     rows, start = [], time.perf_counter()
     servers = {e: EngineServer(e, args.timeout, work=lambda task, emit, e=e: RUNNERS[e](
@@ -243,8 +250,9 @@ def main(argv=None) -> None:
         server.stop()
     summary = summarise(rows, args.engines)
     result = {"command": "python -m benchmarks.bench_json_guidance " + " ".join(
+                  f"--{k.replace('_', '-')}" if v is True else
                   f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}"
-                  for k, v in vars(args).items() if k not in ("data", "out")),
+                  for k, v in vars(args).items() if k not in ("data", "out") and v is not False),
               "wall_s": time.perf_counter() - start, "warmup_s": warm_s,
               "machine": {"cpu": platform.processor() or platform.machine(),
                           "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS")},
