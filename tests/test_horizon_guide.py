@@ -364,14 +364,18 @@ def test_the_processor_names_what_horizon_does_not_support():
         ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=0)
 
 
-@pytest.mark.parametrize("gather_sums", [0, 512])
-def test_pair_sums_are_the_groups_column_sums(gather_sums, monkeypatch):
+@pytest.mark.parametrize("gather_sums, large_letter", [(0, None), (512, None), (0, 2)])
+def test_pair_sums_are_the_groups_column_sums(gather_sums, large_letter, monkeypatch):
     """Ē_{s,t} against a direct sum of B's columns, for every group of every state met along a
     walk of a JSON schema's lazy automaton, a group of more than half the vocabulary (the
-    complement path) included; by the sparse product (``GATHER_SUMS`` 0) and the gather."""
+    complement path) included; by the sparse product (``GATHER_SUMS`` 0) and the gather, and
+    with every group of two tokens or more (short of half the vocabulary) from the HMM's store
+    of large sums (``LARGE_LETTER`` 2; the complement then adds the stored sums back)."""
     import ctrlg.guide.horizon as horizon
 
     monkeypatch.setattr(horizon, "GATHER_SUMS", gather_sums)
+    if large_letter is not None:
+        monkeypatch.setattr(horizon, "LARGE_LETTER", large_letter)
     tok = tiny_bpe_tokenizer()
     lazy = dfa.lazy_json_schema({"type": "object", "properties": {"note": {"type": "string"}}},
                                 tok, whitespace="")
@@ -386,11 +390,15 @@ def test_pair_sums_are_the_groups_column_sums(gather_sums, monkeypatch):
         if not len(allowed):
             break
         walk.append(lazy.step(walk[-1], int(allowed[-1])))
+    stored_groups = 0
     for s in walk:
         _, members = guide.feasibility.groups(s)
         got = guide.pair_sums(s).double()
         for j, tokens in enumerate(members):
             big_groups += len(tokens) > lazy.vocab_size // 2
+            stored_groups += large_letter is not None and \
+                large_letter <= len(tokens) <= lazy.vocab_size // 2
             np.testing.assert_allclose(got[j].numpy(), B[:, tokens].sum(1).numpy(), rtol=1e-5,
                                        atol=1e-7)
     assert big_groups > 0
+    assert (stored_groups > 0) == (large_letter is not None)

@@ -75,3 +75,54 @@ def test_sums_from_several_threads_stay_exact():
         got = list(pool.map(store.sum, sets))
     for s, g in zip(sets, got):
         torch.testing.assert_close(g, _brute(emission_t, s), rtol=1e-12, atol=1e-12)
+
+
+def test_group_sums_memo_keys_and_capacity():
+    """Equal groups in the same order share a key; a different order, a moved token or a
+    different split does not; the least recently used result goes first."""
+    from ctrlg.guide.letter_sums import GroupSumsMemo
+
+    a, b = np.array([1, 5, 9]), np.array([2, 3])
+    key = GroupSumsMemo.key([a, b])
+    assert key == GroupSumsMemo.key([a.copy(), b.copy()])
+    assert len({key, GroupSumsMemo.key([b, a]), GroupSumsMemo.key([np.array([1, 5]), np.array([9, 2, 3])]),
+                GroupSumsMemo.key([np.array([1, 5, 8]), b])}) == 4
+    memo = GroupSumsMemo(capacity=2)
+    for k in range(3):
+        memo.put(bytes([k]), torch.full((1, 2), float(k)))
+        memo.get(bytes([0]))                 # 0 stays the most recently used
+    assert memo.get(bytes([1])) is None
+    assert memo.get(bytes([0])) is not None and memo.get(bytes([2])) is not None
+
+
+def test_a_second_guide_reads_the_pair_sums_back(monkeypatch):
+    """Two lazy guides of one HMM over the same schema: the second reads the first's pair sums
+    from the HMM's memo (the same tensors), and they are the groups' column sums; a guide over
+    another schema with other groups gets its own."""
+    import ctrlg.guide.horizon as horizon
+    from ctrlg import dfa
+    from ctrlg.guide.horizon import HorizonGuide
+    from helpers import random_hmm
+    from tiny_bpe import tiny_bpe_tokenizer
+
+    monkeypatch.setattr(horizon, "GATHER_SUMS", 0)        # every state's sums are kept
+    tok = tiny_bpe_tokenizer()
+    schema = {"type": "object", "properties": {"note": {"type": "string"}}}
+    first = dfa.lazy_json_schema(schema, tok, whitespace="")
+    hmm = random_hmm(4, first.vocab_size, seed=5)
+    B = hmm.emission.double()
+    one = HorizonGuide(first, hmm, 12, horizon=3)
+    two = HorizonGuide(dfa.lazy_json_schema(schema, tok, whitespace=""), hmm, 12, horizon=3)
+    other = HorizonGuide(dfa.lazy_json_schema({"type": "array", "items": {"type": "integer"}},
+                                              tok, whitespace=""), hmm, 12, horizon=3)
+    s1, s2 = one.dfa.initial, two.dfa.initial
+    assert two.pair_sums(s2) is one.pair_sums(s1)
+    _, members = two.feasibility.groups(s2)
+    for j, tokens in enumerate(members):
+        np.testing.assert_allclose(two.pair_sums(s2)[j].double().numpy(),
+                                   B[:, tokens].sum(1).numpy(), rtol=1e-5, atol=1e-7)
+    got = other.pair_sums(other.dfa.initial)
+    assert got is not one.pair_sums(s1)
+    for j, tokens in enumerate(other.feasibility.groups(other.dfa.initial)[1]):
+        np.testing.assert_allclose(got[j].double().numpy(), B[:, tokens].sum(1).numpy(),
+                                   rtol=1e-5, atol=1e-7)

@@ -12,7 +12,9 @@ emission B [h, V] that depend on the HMM alone:
 * rowsum(B) [h] in float64 — the non-exception mass M_s of the backward recurrence;
 * the sums of B's columns over large letters (token classes) that tables have needed
   (:class:`ctrlg.guide.letter_sums.LargeLetterSums`), so the next table's similar letter is a
-  difference instead of a sum over ≈ 16,000 columns.
+  difference instead of a sum over ≈ 16,000 columns;
+* the lazy guide's pair sums of the token groups it has met
+  (:class:`ctrlg.guide.letter_sums.GroupSumsMemo`), which recur schema after schema.
 
 Building them reads and writes all h·V entries several times (≈ 0.5 s at h = 512, V = 49,152 on
 one CPU core) and holds two h·V copies; a table per DFA used to build its own, so a batch of ten
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ctrlg.guide.factored_emission import FactoredProduct, emission_product
-from ctrlg.guide.letter_sums import LargeLetterSums
+from ctrlg.guide.letter_sums import GroupSumsMemo, LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear
 
 __all__ = ["EmissionOperands", "emission_operands"]
@@ -48,6 +50,7 @@ class EmissionOperands:
     emission_min: torch.Tensor     # min_v B[z, v] [h] float32
     row_sum: torch.Tensor          # Σ_v B[z, v] [h] float64
     large_letters: LargeLetterSums  # sums of large letters (tables), filled as tables need them
+    group_sums: GroupSumsMemo       # the lazy guide's pair sums, by their groups
 
 
 def _version_key(emission: torch.Tensor) -> tuple:
@@ -62,7 +65,8 @@ def _build(emission: torch.Tensor, dtype: torch.dtype) -> EmissionOperands:
     return EmissionOperands(emission_t=emission_t, emission_low=low,
                             product=emission_product(low, emission_t),
                             emission_min=low.float().amin(0), row_sum=B.double().sum(1),
-                            large_letters=LargeLetterSums(emission_t))
+                            large_letters=LargeLetterSums(emission_t),
+                            group_sums=GroupSumsMemo())
 
 
 def emission_operands(hmm, dtype: torch.dtype) -> EmissionOperands:

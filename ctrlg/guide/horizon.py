@@ -66,6 +66,7 @@ from scipy.sparse.csgraph import dijkstra
 from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide.emission_operands import emission_operands
+from ctrlg.guide.letter_sums import LARGE_LETTER, GroupSumsMemo
 from ctrlg.guide.tables import PRECISIONS, forward_update, grouped_sums, resolve_precision
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
 
@@ -413,6 +414,8 @@ class HorizonGuide:
             self._emission_t = ops.emission_t                      # Bᵀ [V, h] float32
             self._product = ops.product                            # x ↦ x · B
             self._row_sum = ops.row_sum                            # Σ_v B[:, v], float64
+            self._large_letters = ops.large_letters                # sums of large token sets
+            self._group_sums = ops.group_sums                      # pair sums met before
             self._transition = hmm.transition.float()
             self._transition_t = self._transition.T.contiguous()
             self._transition_np = self._transition.cpu().numpy()  # β's products (numpy)
@@ -570,7 +573,14 @@ class HorizonGuide:
         columns in all are gathered and summed per group instead (numpy: no sparse set-up). A
         group of more than half the vocabulary is the row sum minus every other column (its
         complement: the other groups, dead tokens and EOS, one more row of that matrix), in
-        float64."""
+        float64. A group of ``LARGE_LETTER`` tokens or more (short of that half) is summed by
+        the HMM's shared store (:class:`ctrlg.guide.letter_sums.LargeLetterSums`, float64): the
+        same token sets recur across states and schemas (the digits that continue a number, the
+        characters of a string), and the store gives a set it has seen, or one close to it, for
+        the cost of the difference. A result over more than ``GATHER_SUMS`` tokens is kept by
+        the HMM's :class:`ctrlg.guide.letter_sums.GroupSumsMemo` under a digest of the groups
+        (the whole result is read back when another guide meets the same groups); it must not
+        be written to."""
         got = self._pair_sums.get(s)
         if got is not None:
             return got
@@ -578,6 +588,13 @@ class HorizonGuide:
         n = len(targets)
         sizes = np.fromiter(map(len, members), dtype=np.int64, count=n)
         total = int(sizes.sum())
+        key = None
+        if total > GATHER_SUMS:              # worth a digest: kept across guides of this HMM
+            key = GroupSumsMemo.key(members)
+            got = self._group_sums.get(key)
+            if got is not None:
+                self._pair_sums[s] = got
+                return got
         if not n:
             out = torch.zeros(0, self.hmm.hidden_size)
         elif total <= GATHER_SUMS:           # a few columns (no big group): gathered, summed
@@ -586,19 +603,33 @@ class HorizonGuide:
                                                    starts, axis=0))
         else:
             big = int(np.argmax(sizes)) if sizes.max() > self.vocab_size // 2 else -1
+            stored = sizes >= LARGE_LETTER       # summed by the HMM's store of large sums
+            if big >= 0:
+                stored[big] = False
+            summed = ~stored
+            if big >= 0:
+                summed[big] = False
             group = np.repeat(np.arange(n), sizes)
-            tokens = np.concatenate(members)
+            keep = summed[group]
+            group, tokens = group[keep], np.concatenate(members)[keep]
             if big >= 0:                     # row n: the complement of the big group
                 rest = np.ones(self.vocab_size, dtype=bool)
-                rest[members[big]] = False
-                keep = group != big
+                for g in np.flatnonzero(~summed):   # the big group; the stored ones, added below
+                    rest[members[g]] = False
                 rest_tokens = np.flatnonzero(rest)
-                group = np.concatenate([group[keep], np.full(len(rest_tokens), n)])
-                tokens = np.concatenate([tokens[keep], rest_tokens])
+                group = np.concatenate([group, np.full(len(rest_tokens), n)])
+                tokens = np.concatenate([tokens, rest_tokens])
             sums = grouped_sums(group, tokens, self._emission_t, n + 1)
             out = sums[:n].contiguous()
+            complement = sums[n].double()
+            for g in np.flatnonzero(stored):
+                large = self._large_letters.sum(members[g])
+                out[g] = large.float()
+                complement += large
             if big >= 0:
-                out[big] = (self._row_sum - sums[n].double()).clamp_min(0).float()
+                out[big] = (self._row_sum - complement).clamp_min(0).float()
+        if key is not None:
+            self._group_sums.put(key, out)
         self._pair_sums[s] = out
         return out
 
