@@ -71,31 +71,3 @@ def test_the_editor_weight_format(monkeypatch):
     assert editor.weight_format("float32") == "float32"
     with pytest.raises(ValueError, match="weights='fp8'"):
         editor.weight_format("fp8")
-
-
-def test_the_editor_freezes_what_it_loaded_before_serving(monkeypatch):
-    """``python -m ctrlg.app`` moves the objects it loaded out of the collector's generations
-    (``gc.freeze``) before it serves, so no full collection scans them during a request."""
-    import gc
-
-    import ctrlg.app.__main__ as editor
-
-    seen = {}
-
-    class FakeCompute:
-        def __init__(self, threads):
-            pass
-
-        def run(self, function, *args):
-            return "model", "tokenizer", None, "header", "description"
-
-    monkeypatch.setattr(editor, "ComputeThread", FakeCompute)
-    monkeypatch.setattr(editor, "create_app", lambda *args, **kwargs: "app")
-    monkeypatch.setattr(editor.uvicorn, "run",
-                        lambda app, **kwargs: seen.setdefault("frozen", gc.get_freeze_count()))
-    gc.unfreeze()
-    try:
-        editor.main([])
-    finally:
-        gc.unfreeze()
-    assert seen["frozen"] > 0

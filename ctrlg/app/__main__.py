@@ -21,7 +21,6 @@ host or to loopback names (``--allowed-hosts`` adds others).
 from __future__ import annotations
 
 import argparse
-import gc
 import ipaddress
 import sys
 from pathlib import Path
@@ -126,11 +125,6 @@ def main(argv=None) -> None:
     print("loading the LM and the HMM ...", file=sys.stderr)
     model, tokenizer, hmm, header, description = compute.run(load_editor, args.model, args.adapter,
                                                              args.hmm, args.weights)
-    # The loaded LM, tokenizer and HMM (≈ 478,000 tracked objects with transformers imported)
-    # leave the collector's generations: a full collection no longer scans them in the middle of
-    # a request (docs/app.md, "Full garbage collections").
-    gc.collect()
-    gc.freeze()
     allowed = (*LOOPBACK_HOSTS, args.host, *args.allowed_hosts)
     app = create_app(model, tokenizer, hmm, limits=Limits(time_budget_s=args.time_budget),
                      model_name=description, prompt_header=header, allowed_hosts=allowed,
