@@ -193,9 +193,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_grammar.json")
     parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() once everything is loaded, as a serving process does "
-                             "(python -m ctrlg.app): the loaded objects leave later full "
-                             "collections")
+                        help="gc.freeze() once everything is loaded: the loaded objects "
+                             "(transformers, the tokenizer) leave later full collections, which "
+                             "then come more often (docs/grammar.md)")
     args = parser.parse_args()
     tok = load_tokenizer()
     vocab_trie(tok)                                    # built once, before any timing

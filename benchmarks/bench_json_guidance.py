@@ -217,7 +217,8 @@ def main(argv=None) -> None:
                         "(caches warm, as a serving process), restarted after a timeout")
     p.add_argument("--gc-freeze", action="store_true",
                    help="gc.freeze() once the tokenizer and HMM are loaded and warm, before any "
-                        "child is forked, as a serving process does (python -m ctrlg.app)")
+                        "child is forked: the loaded objects leave later full collections, "
+                        "which then come more often (docs/regex.md)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_json_guidance.json")
     args = p.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
