@@ -18,7 +18,10 @@ Thompson ε-NFA (:class:`~ctrlg.dfa.bytes_dfa.ByteNFA`) and builds, on demand:
   (:func:`_walk`). A branch is cut as soon as the byte DFA dies, so the cost is the number of
   live (trie node, state) pairs. A walk that meets a state whose row is not built yet records
   the (node, state) pair and skips the branch; the rows are built and the walk resumed from
-  those pairs (each trie node is visited once per state in all).
+  those pairs (each trie node is visited once per state in all). A child entered in a state
+  whose loop bytes (below) cover every byte of its subtrie is not descended: the trie's nodes are
+  in pre-order, so its tokens are one contiguous range, all leading back to that state
+  (*loop subtries*, :func:`_subtrees`).
 * **loop slices** (:func:`loop_slice`): a state ``q`` whose *loop bytes* ``L = {b : δ(q, b) = q}``
   admit many tokens (the body of a JSON string) maps every token spelled by bytes of ``L`` alone to
   itself. Those tokens, and the trie edges that leave them (by a byte outside ``L``), are found
