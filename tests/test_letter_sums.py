@@ -79,7 +79,7 @@ def test_sums_from_several_threads_stay_exact():
 
 def test_group_sums_memo_keys_and_capacity():
     """Equal groups in the same order share a key; a different order, a moved token or a
-    different split does not; the least recently used result goes first."""
+    different split does not; past ``max_bytes`` the least recently used result goes first."""
     from ctrlg.guide.letter_sums import GroupSumsMemo
 
     a, b = np.array([1, 5, 9]), np.array([2, 3])
@@ -87,12 +87,16 @@ def test_group_sums_memo_keys_and_capacity():
     assert key == GroupSumsMemo.key([a.copy(), b.copy()])
     assert len({key, GroupSumsMemo.key([b, a]), GroupSumsMemo.key([np.array([1, 5]), np.array([9, 2, 3])]),
                 GroupSumsMemo.key([np.array([1, 5, 8]), b])}) == 4
-    memo = GroupSumsMemo(capacity=2)
+    memo = GroupSumsMemo(max_bytes=2 * 8)      # two results of two float32 values
     for k in range(3):
         memo.put(bytes([k]), torch.full((1, 2), float(k)))
         memo.get(bytes([0]))                 # 0 stays the most recently used
     assert memo.get(bytes([1])) is None
     assert memo.get(bytes([0])) is not None and memo.get(bytes([2])) is not None
+    memo.put(bytes([2]), torch.full((1, 2), 5.0))   # the same key again: replaced, not counted twice
+    assert memo.get(bytes([0])) is not None and memo.get(bytes([2]))[0, 0] == 5.0
+    memo.put(bytes([3]), torch.zeros(1, 5))           # larger than the whole memo: not kept
+    assert memo.get(bytes([3])) is None and memo.get(bytes([0])) is not None
 
 
 def test_a_second_guide_reads_the_pair_sums_back(monkeypatch):
