@@ -42,7 +42,7 @@ __all__ = ["recurrence_step_cpu", "shared_products", "compiled"]
 TINY = float(np.finfo(np.float32).tiny)
 
 
-def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row,
+def _build_g_py(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst,
                 pair_emission, pair_product, product_dst, product_row, products, needed,
                 eos_term, eos_live, eos_log, eos_ok, g, m_out):
     """G (module docstring) into ``g`` [len(rows), h]; each row's m_s into ``m_out``.
@@ -150,7 +150,7 @@ def recurrence_step_cpu(w_prev: np.ndarray, c_prev: np.ndarray, rows: np.ndarray
         shared = shared_products(pair_dst, pair_row, w_prev.shape[1])
     g = np.empty((len(rows), w_prev.shape[1]), dtype=np.float32)
     m = np.empty(len(rows), dtype=np.float64)
-    _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst, pair_row,
+    _build_g(w_prev, c_prev, rows, default, has_default, mass, pair_ptr, pair_dst,
              pair_emission, shared["pair_product"], shared["product_dst"], shared["product_row"],
              shared["products"], shared["needed"], eos_term, eos_live,
              float(eos_log) if eos_ok else -math.inf, bool(eos_ok), g, m)
