@@ -604,11 +604,9 @@ class HorizonGuide:
         else:
             big = int(np.argmax(sizes)) if sizes.max() > self.vocab_size // 2 else -1
             stored = sizes >= LARGE_LETTER       # summed by the HMM's store of large sums
-            if big >= 0:
-                stored[big] = False
-            summed = ~stored
-            if big >= 0:
-                summed[big] = False
+            summed = ~stored                     # summed here, by the sparse product
+            if big >= 0:                         # neither: the complement
+                stored[big] = summed[big] = False
             group = np.repeat(np.arange(n), sizes)
             keep = summed[group]
             group, tokens = group[keep], np.concatenate(members)[keep]
