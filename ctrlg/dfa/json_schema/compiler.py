@@ -104,12 +104,9 @@ def _finite_bounds(s: dict, path: str) -> dict:
                     f"generated for the schema")
             if k.startswith("exclusive"):    # x < inf: a finite x, below 10^308 (a subset)
                 k, v = ("minimum", -FINITE_LIMIT) if lower else ("maximum", FINITE_LIMIT)
-                if _finite_number(s.get(k)):
-                    continue                     # the inclusive bound is finite: it decides
-                out[k] = v                       # (an infinite one is dropped: this replaces it)
-                continue
-            else:
-                continue                                 # -inf below / +inf above: no bound
+                if not _finite_number(s.get(k)):     # a finite inclusive bound decides; an
+                    out[k] = v                       # infinite one is dropped: this replaces it
+            continue              # an infinite inclusive bound (-inf below, +inf above) is no bound
         out[k] = v
     return out
 
