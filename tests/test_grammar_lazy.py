@@ -1,7 +1,9 @@
 """dfa.lazy_grammar: a grammar whose language is regular as written becomes a lazy token
 automaton with exactly the eager constraint's language (every state's mask against the eager
 token DFA's live successors, by a walk over the product of the two automata), whose sampled and
-guided outputs parse with ``lark``; a self-embedding grammar keeps the eager constraint."""
+guided outputs parse with ``lark``; a self-embedding grammar gets the Earley-driven constraint
+(superset R_1, token index runs on first use; its masks are checked against brute force in
+test_grammar_masks), or the eager superset's when ``depth`` is given."""
 
 import numpy as np
 import pytest
@@ -82,9 +84,50 @@ def test_gbnf_goes_through_the_same_lazy_path(tiny):
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "lists", "json"])
-def test_a_self_embedding_grammar_keeps_the_eager_constraint(tiny, name):
+def test_a_self_embedding_grammar_with_a_depth_gets_that_superset(tiny, name):
     g = dfa.lazy_grammar(EXAMPLES[name], tiny, depth=2)
     assert isinstance(g, GrammarConstraint) and g.depth == 2 and not g.exact
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "lists", "json"])
+def test_a_self_embedding_grammar_is_earley_driven_with_runs_on_first_use(tiny, name):
+    """The default: superset R_1, no terminal run over the vocabulary before the first mask;
+    the first mask computes the runs it needs (those of the terminals a sentence starts with),
+    and the constraint's language is the eager one's (the same Earley recogniser; every token
+    sequence of up to 2 tokens over the sample sentence's tokens and a few others)."""
+    import itertools
+
+    from ctrlg.dfa.cfg.examples import SAMPLES
+    from ctrlg.guide.feasibility import Feasibility
+    from ctrlg.guide.masks import token_mask
+
+    g = dfa.lazy_grammar(EXAMPLES[name], tiny)
+    eager = dfa.grammar(EXAMPLES[name], tiny)
+    assert isinstance(g, GrammarConstraint) and (g.depth, g.exact) == (1, False)
+    assert not g.index._start_runs and not g.index._state_runs
+    assert g.index.vocabulary is eager.index.vocabulary         # built once per vocabulary
+    assert all(a is b for a, b in zip(g.recogniser.dfas, eager.recogniser.dfas))
+    eos = tiny.eos_token_id
+    masks = token_mask(g, Feasibility(g.dfa, 8, eos_token_id=eos))
+    first = masks.allowed(masks.start(), g.dfa.initial, 8)
+    eager_masks = token_mask(eager, Feasibility(eager.dfa, 8, eos_token_id=eos))
+    assert first.tolist() == eager_masks.allowed(eager_masks.start(), eager.dfa.initial, 8).tolist()
+    assert 0 < len(g.index._start_runs) <= len(g.recogniser.dfas)
+    sample = tiny.encode(SAMPLES[name][0], add_special_tokens=False)
+    tokens = sorted(set(sample) | set(range(12)) | {eos})
+    assert g.accepts(sample) and g.accepts(sample + [eos])
+    for seq in itertools.chain(((t,) for t in tokens), itertools.product(tokens, repeat=2)):
+        assert g.accepts(list(seq)) == eager.accepts(list(seq)), seq
+
+
+@pytest.mark.parametrize("mode", ["logical", "ctrlg"])
+def test_guided_outputs_of_the_earley_driven_grammar_parse_with_lark(tiny, mode):
+    g = dfa.lazy_grammar(EXAMPLES["arithmetic"], tiny)
+    V, eos = len(tiny), tiny.eos_token_id
+    out = generate(_lm(2, V, eos), tiny, [0], g, hmm=random_hmm(4, V, 1) if mode == "ctrlg" else None,
+                   mode=mode, max_new_tokens=14, num_samples=6, seed=3, rank_by_lm=False)
+    assert out and all(g.accepts(x.token_ids) for x in out)
+    assert_parses(EXAMPLES["arithmetic"], [x.text for x in out])
 
 
 @pytest.mark.parametrize("mode", ["logical", "ctrlg"])

@@ -2,7 +2,9 @@
 boundaries: ``1)``, ``+(``, ``",``, ...) every token sequence up to the budget is enumerated and
 checked with the ``lark`` library itself (Earley, ``lexer="dynamic_complete"``: every split into
 terminals, the semantics of ctrlg's grammars); the exact mask of every reachable prefix under
-every remaining budget must equal the brute-force one, and so must the satisfiability verdict."""
+every remaining budget must equal the brute-force one, and so must the satisfiability verdict.
+Each self-embedding case runs twice: over ``dfa.grammar``'s constraint and over
+``dfa.lazy_grammar``'s (superset R_1, the token index's runs computed on first use)."""
 
 import functools
 import itertools
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 from ctrlg import dfa
+from ctrlg.dfa.cfg.constraint import GrammarConstraint
 from ctrlg.dfa.vocab_trie import VocabTrie
 from ctrlg.errors import UnsatisfiableConstraintError
 from ctrlg.guide.feasibility import Feasibility
@@ -46,10 +49,19 @@ CASES = {
 }
 
 
-def _constraint(case, **kw):
+#: (case, how the constraint is built): the regular SQL case has no lazy grammar constraint
+BUILDS = [(case, build) for case in sorted(CASES) for build in ("eager", "lazy")
+          if (case, build) != ("sql", "lazy")]
+
+
+def _constraint(case, build="eager", **kw):
     text, tokens, _ = CASES[case]
     trie = VocabTrie.from_token_bytes(tokens + [b""], eos_token_id=len(tokens))
-    return dfa.grammar(text, trie, **kw), len(tokens)
+    if build == "eager":
+        return dfa.grammar(text, trie, **kw), len(tokens)
+    g = dfa.lazy_grammar(text, trie, **kw)
+    assert isinstance(g, GrammarConstraint) and (g.depth, g.exact) == (1, False)
+    return g, len(tokens)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,9 +99,9 @@ def _brute_mask(case, prefix, remaining, eos):
     return mask
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_masks_equal_brute_force(case):
-    g, eos = _constraint(case)
+@pytest.mark.parametrize("case,build", BUILDS)
+def test_masks_equal_brute_force(case, build):
+    g, eos = _constraint(case, build)
     n = CASES[case][2]
     table = Feasibility(g.dfa, n, eos_token_id=eos)
     masks = token_mask(g, table)
@@ -112,9 +124,9 @@ def test_masks_equal_brute_force(case):
     assert checked > 10
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_accepts_equals_lark(case):
-    g, eos = _constraint(case)
+@pytest.mark.parametrize("case,build", BUILDS)
+def test_accepts_equals_lark(case, build):
+    g, eos = _constraint(case, build)
     _, tokens, n = CASES[case]
     accepted, _ = _oracle(case)
     for k in range(1, 4):
@@ -123,9 +135,9 @@ def test_accepts_equals_lark(case):
             assert g.accepts(list(seq) + [eos]) == (seq in accepted), seq
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_satisfiability_equals_brute_force(case):
-    g, eos = _constraint(case)
+@pytest.mark.parametrize("case,build", BUILDS)
+def test_satisfiability_equals_brute_force(case, build):
+    g, eos = _constraint(case, build)
     accepted, _ = _oracle(case)
     shortest = min(len(s) for s in accepted)
     for n in range(1, CASES[case][2] + 1):

@@ -15,11 +15,16 @@ regular as written (its only recursion is loops: ``x*``, ``x+``, ``a: a "," b | 
 self-embedding such as parentheses inside parentheses), a
 :class:`~ctrlg.dfa.lazy.LazyTokenDFA` over the grammar's minimal byte DFA: no token automaton is
 built before the first mask, each state's mask is one walk of the vocabulary trie on first use
-(what ``dfa.lazy_json_schema`` does for a schema). Other grammars get :func:`grammar`'s
-constraint, or, with ``max_nesting=n``, the lazy automaton of the sentences nesting at most n
-levels deep (a subset of the language, with a warning: what ``lazy_json_schema`` does for a
-recursive ``$ref``), built on demand too (:mod:`ctrlg.dfa.cfg.lazy_nesting`: the unrolled
-grammar's references expanded when the subset construction first reaches them).
+(what ``dfa.lazy_json_schema`` does for a schema). A self-embedding grammar gets the
+Earley-driven constraint: a :class:`~ctrlg.dfa.cfg.constraint.GrammarConstraint` of the same
+language as :func:`grammar`'s, whose regular superset is the one-level ``R_1`` that the
+regularity test has already built (unless ``depth`` is given) and whose token index computes
+each terminal's runs when a mask first needs them — a compile in tens of milliseconds, the
+exact masks from the Earley recogniser. With ``max_nesting=n`` it gets instead the lazy
+automaton of the sentences nesting at most n levels deep (a subset of the language, with a
+warning: what ``lazy_json_schema`` does for a recursive ``$ref``), built on demand too
+(:mod:`ctrlg.dfa.cfg.lazy_nesting`: the unrolled grammar's references expanded when the subset
+construction first reaches them).
 """
 
 from __future__ import annotations
@@ -82,8 +87,12 @@ def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start:
     (module docstring): a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` of the same token sequences
     (every encoding of every sentence, then EOS), whose masks are computed on first use.
 
-    A self-embedding grammar gets :func:`grammar`'s :class:`GrammarConstraint` (``depth`` is its
-    superset's), unless ``max_nesting`` = n ≥ 0 is given: then the lazy automaton of its
+    A self-embedding grammar gets a :class:`GrammarConstraint` of :func:`grammar`'s language
+    (exact masks from the Earley recogniser) built lazily: its regular superset, which carries
+    Ctrl-G's look-ahead, is ``R_1`` (the grammar unrolled one level, already built to test
+    regularity) unless ``depth`` is an int, and its token index runs each terminal over the
+    vocabulary when a mask first needs it (module docstring). Unless ``max_nesting`` = n ≥ 0
+    is given: then the lazy automaton of its
     sentences with at most n self-embedded levels (parentheses n deep in the arithmetic example;
     :func:`~ctrlg.dfa.cfg.approximation.nesting_subset`), a subset of the language, announced
     by a warning unless ``warn=False``. ``nesting_automaton``: ``"on_demand"`` (default) builds
@@ -108,8 +117,9 @@ def lazy_grammar(text: str | Grammar, tokenizer, *, syntax: str = "lark", start:
         return LazyTokenDFA(LazyByteDFA.complete(byte_dfa), trie, eos_token_id=eos_token_id,
                             vocab_size=vocab_size, what=what)
     if max_nesting is None:
-        return GrammarConstraint(g, trie, eos_token_id=eos_token_id, vocab_size=vocab_size,
-                                 depth=depth, what=what)
+        superset = (byte_dfa, 1, exact) if depth == "auto" else regular_superset(bnf, depth)
+        return GrammarConstraint.over_superset(g, bnf, superset, trie, eos_token_id=eos_token_id,
+                                               vocab_size=vocab_size, what=what)
     if warn:
         warnings.warn(f"{what}: sentences nesting more than {max_nesting} levels deep are "
                       f"refused (max_nesting={max_nesting}: a subset of the language)",

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctrlg.dfa.cfg.grammar_ir import Grammar, terminal_of
+from ctrlg.dfa.cfg.earley import terminal_dfa
 from ctrlg.dfa.bytes_dfa import (AutomatonTooLarge, Budget, ByteDFA, ByteNFA, determinize,
                                   minimize)
 from ctrlg.dfa.lazy_nfa import Reference
@@ -242,6 +243,11 @@ class Unroller:
         self.uses: dict[tuple, int] = {}
         self.embeds: dict[tuple, list[tuple]] = {}
 
+    def terminal(self, t: int) -> Embedded:
+        """Terminal t as its compiled minimal DFA (:func:`~ctrlg.dfa.cfg.earley.terminal_dfa`,
+        shared with the recogniser), embedded where a rule reads it."""
+        return Embedded(terminal_dfa(self.g.terminals[t].node))
+
     def _cut_free(self) -> list[bool]:
         """Nonterminals whose unrolling never reaches a cut: a non-recursive one, or a linear
         loop alone in its component (``W → ε | W i``: exact at any depth), that refers only
@@ -430,7 +436,7 @@ class Unroller:
         items = []
         for k, x in enumerate(rhs):
             if x < 0:
-                items.append(self.g.terminals[terminal_of(x)].node)
+                items.append(self.terminal(terminal_of(x)))
                 continue
             ref = self._ref(x, k, rhs, a, left, run)
             items.append(Reference(ref) if self._inlined(ref) else Embedded(self.memo[ref]))
@@ -449,7 +455,8 @@ class Unroller:
             return top, True
         nfa = _NFA()
         start, accept, escape = nfa.add_state(), nfa.add_state(), nfa.add_state()
-        anything = Repeat(Alternation(tuple(t.node for t in self.g.terminals)), 0, None)
+        anything = Repeat(Alternation(tuple(self.terminal(t) for t in range(len(self.g.terminals)))),
+                          0, None)
         nfa.build(anything, escape, accept)
         nfa.embed(top, start, accept, cut_to=escape)
         return minimize(determinize(nfa, start, accept, self.budget)), False

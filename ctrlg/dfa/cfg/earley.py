@@ -29,7 +29,26 @@ import numpy as np
 from ctrlg.dfa.cfg.grammar_ir import Grammar, derives, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
 
-__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect"]
+__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect", "terminal_dfa"]
+
+#: compiled terminal DFAs kept by :func:`terminal_dfa` (emptied when full)
+MAX_TERMINAL_DFAS = 1024
+_TERMINAL_DFAS: dict = {}
+
+
+def terminal_dfa(node) -> ByteDFA:
+    """The minimal byte DFA of a terminal's regex AST (:func:`~ctrlg.dfa.bytes_dfa.compile_ast`),
+    memoised by the AST's value: grammars that share terminals (every JSON-like grammar reads
+    strings and numbers) compile each once per process. Its table is read-only."""
+    got = _TERMINAL_DFAS.get(node)
+    if got is None:
+        got = compile_ast(node)
+        got.table.setflags(write=False)
+        got.accepting.setflags(write=False)
+        if len(_TERMINAL_DFAS) >= MAX_TERMINAL_DFAS:
+            _TERMINAL_DFAS.clear()
+        _TERMINAL_DFAS[node] = got
+    return got
 
 
 class EarleySet:
@@ -66,7 +85,7 @@ class Recogniser:
         self.rhs = [rhs for _, rhs in grammar.rules]
         self.rules_of = grammar.rules_of()
         self.nullable = derives(grammar, empty=True)
-        self.dfas: list[ByteDFA] = [compile_ast(t.node) for t in grammar.terminals]
+        self.dfas: list[ByteDFA] = [terminal_dfa(t.node) for t in grammar.terminals]
         self.tables = [d.table for d in self.dfas]
         self.accepting = [d.accepting for d in self.dfas]
         self.initial = [d.initial for d in self.dfas]

@@ -33,7 +33,7 @@ import numpy as np
 from ctrlg.dfa.cfg.earley import Recogniser, single_byte_weights
 from ctrlg.dfa.core import ragged_indices
 
-__all__ = ["TokenIndex", "Run", "INF"]
+__all__ = ["TokenIndex", "Suffixes", "Run", "INF"]
 
 INF = np.iinfo(np.int64).max // 4
 #: Terminals with at most this many DFA states get every state's run at compile time (the
@@ -57,24 +57,71 @@ class Run:
         return np.repeat(np.arange(len(entries)), counts), self.dst[ragged_indices(lo, counts)]
 
 
+@dataclass(frozen=True, eq=False)
+class Suffixes:
+    """What a vocabulary contributes to every grammar's index, built once per vocabulary
+    (:meth:`of`): the token bytes laid end to end (``flat``; token v starts at ``base[v]`` and has
+    ``length[v]`` bytes; ``suffix_left[i]``: the bytes left from suffix i to the end of its
+    token), the single-byte weights ``w`` of the byte costs, and the set of distinct token
+    strings with their lengths (:meth:`TokenIndex.min_tokens`)."""
+
+    token_bytes: tuple
+    length: np.ndarray
+    base: np.ndarray
+    flat: np.ndarray
+    suffix_left: np.ndarray
+    weight: np.ndarray
+    tokens: frozenset
+    token_lengths: tuple
+
+    @property
+    def num_suffixes(self) -> int:
+        return int(self.base[-1])
+
+    @classmethod
+    def of(cls, token_bytes) -> "Suffixes":
+        token_bytes = tuple(bytes(t) for t in token_bytes)
+        length = np.fromiter(map(len, token_bytes), dtype=np.int64, count=len(token_bytes))
+        base = np.zeros(len(length) + 1, dtype=np.int64)
+        np.cumsum(length, out=base[1:])
+        flat = np.frombuffer(b"".join(token_bytes), dtype=np.uint8).astype(np.int64)
+        owner = np.repeat(np.arange(len(length)), length)
+        suffix_left = base[owner + 1] - np.arange(int(base[-1]))
+        tokens = frozenset(token_bytes) - {b""}
+        weight = single_byte_weights(token_bytes)
+        for shared in (length, base, flat, suffix_left, weight):
+            shared.setflags(write=False)
+        return cls(token_bytes, length, base, flat, suffix_left,
+                   weight, tokens,
+                   tuple(sorted({len(t) for t in tokens})))
+
+
 class TokenIndex:
     """Suffix runs and byte costs of ``recogniser``'s grammar over ``token_bytes`` (module
-    docstring)."""
+    docstring).
 
-    def __init__(self, recogniser: Recogniser, token_bytes):
+    Args:
+        recogniser: the grammar's Earley recogniser (its terminals' DFAs).
+        token_bytes: the bytes of every token id, or their :class:`Suffixes` (shared by every
+            grammar over the same vocabulary).
+        precompute: compute every terminal's run over all suffixes, and the runs of the small
+            terminals' states, now (``True``), or each on first use (``False``: a compile in
+            milliseconds, the first masks that need a run pay for it).
+    """
+
+    def __init__(self, recogniser: Recogniser, token_bytes, *, precompute: bool = True):
         self.recogniser = recogniser
-        self.token_bytes = [bytes(t) for t in token_bytes]
-        lengths = np.array([len(t) for t in self.token_bytes], dtype=np.int64)
-        self.length = lengths
-        self.base = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.base[1:])
-        self.flat = np.frombuffer(b"".join(self.token_bytes), dtype=np.uint8).astype(np.int64)
-        self.num_suffixes = int(self.base[-1])
-        owner = np.repeat(np.arange(len(lengths)), lengths)
-        self.suffix_left = self.base[owner + 1] - np.arange(self.num_suffixes)   # bytes left
+        vocabulary = token_bytes if isinstance(token_bytes, Suffixes) else Suffixes.of(token_bytes)
+        self.vocabulary = vocabulary
+        self.token_bytes = vocabulary.token_bytes
+        self.length, self.base, self.flat = vocabulary.length, vocabulary.base, vocabulary.flat
+        self.num_suffixes = vocabulary.num_suffixes
+        self.suffix_left = vocabulary.suffix_left
         self._start_runs: dict[int, Run] = {}
         self._state_runs: dict[tuple[int, int], Run] = {}
-        self._costs(single_byte_weights(self.token_bytes))
+        self._costs(vocabulary.weight)
+        if not precompute:
+            return
         for t, d in enumerate(recogniser.dfas):      # every terminal starts inside some token
             self.start_run(t)
             if d.num_states <= PRECOMPUTED_STATES:     # and rows stop inside small ones
@@ -104,8 +151,8 @@ class TokenIndex:
         self._weight = weight
         self._strings: dict[int, bytes] = {}
         self.best_rule = self._best_rules(term_len)
-        self._tokens = set(t for t in self.token_bytes if t)
-        self._token_lengths = sorted({len(t) for t in self._tokens})
+        self._tokens = self.vocabulary.tokens
+        self._token_lengths = self.vocabulary.token_lengths
 
     # ------------------------------------------------------------------ cheapest strings
     def _best_rules(self, term_len) -> list[int]:
