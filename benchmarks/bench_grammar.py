@@ -15,7 +15,15 @@ without a budget as llguidance, and the mean of compile + the walk's masks (``*_
 The SQL subset is regular as written (``lazy_kind: exact``); the self-embedding grammars get
 ``max_nesting`` = the least number of levels their sample sentences need (``lazy_kind: nesting ≤
 n``: a subset of the language), with the nesting-bounded automaton built on demand (``lazy_*``,
-the default) and as a minimal DFA compiled first (``lazy_minimal_*``).
+the default) and as a minimal DFA compiled first (``lazy_minimal_*``). Columns ``earley_*``: the
+same grammars' default ``dfa.lazy_grammar`` constraint, the Earley-driven one of the whole
+language (superset R_1, the token index's runs on first use): compile, the processor's
+feasibility table and the exact masks with the loose budget along each walk, one fresh
+constraint per walk, and the mean of compile + table + the walk's masks
+(``earley_walk_total_ms``). ``earley_*``: with the terminal DFAs' memo and the vocabulary's
+shared terminal runs emptied before each walk (terminals the process has not seen: every run's
+first use inside the walk); ``earley_warm_*``: with both kept (a process that has served the
+grammar, or grammars with the same terminals, before).
 The vocabulary trie and numba's compiled walk are built once before any timing (as llguidance's
 tokenizer is).
 
@@ -58,9 +66,11 @@ def walks_of(tok, name: str) -> list[list[int]]:
     return [tok.encode(s, add_special_tokens=False) + [tok.eos_token_id] for s in SAMPLES[name]]
 
 
-def ctrlg_masks(constraint, walk: list[int], n: int, eos: int) -> tuple[list[float], list]:
-    """Seconds per step (mask + advance) and the masks, along ``walk`` with budget ``n``."""
-    table = Feasibility(constraint.dfa, n, eos_token_id=eos)
+def ctrlg_masks(constraint, walk: list[int], n: int, eos: int, table=None
+                ) -> tuple[list[float], list]:
+    """Seconds per step (mask + advance) and the masks, along ``walk`` with budget ``n``
+    (``table``: the feasibility table, when already built)."""
+    table = table if table is not None else Feasibility(constraint.dfa, n, eos_token_id=eos)
     mask = token_mask(constraint, table)
     UNDECIDED.append(mask)
     cursor, q, times, masks = mask.start(), constraint.dfa.initial, [], []
@@ -102,6 +112,30 @@ def lazy_masks(text: str, tok, walk: list[int], levels: int | None,
         if not allowed[t]:
             raise AssertionError(f"the lazy mask refuses token {t} of a valid walk")
     return compile_s, times
+
+
+def earley_masks(text: str, tok, walk: list[int], eos: int, cold: bool
+                 ) -> tuple[float, float, list[float]]:
+    """(compile seconds, table seconds, seconds per step) of a fresh default
+    ``dfa.lazy_grammar`` of a self-embedding grammar (the Earley-driven constraint), loose
+    budget; ``cold``: the terminal DFAs' memo emptied first."""
+    from ctrlg.dfa.cfg import constraint as grammar_constraint, earley
+
+    if cold:
+        earley._TERMINAL_DFAS.clear()
+        for per_size in grammar_constraint._SUFFIXES.values():
+            for vocabulary in per_size.values():
+                vocabulary.forget_runs()
+    t0 = time.perf_counter()
+    constraint = dfa.lazy_grammar(text, tok)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    n = 4 * len(walk)
+    table = Feasibility(constraint.dfa, n, eos_token_id=eos)
+    token_mask(constraint, table)
+    table_s = time.perf_counter() - t0
+    times, _ = ctrlg_masks(constraint, walk, n, eos, table=table)
+    return compile_s, table_s, times
 
 
 def llguidance_masks(ll, ll_tok, grammar, walk: list[int]) -> tuple[list[float], list]:
@@ -148,6 +182,22 @@ def bench_grammar(name: str, tok, ll, ll_tok, repeats: int) -> dict:
             row[f"{prefix}_mask_p50_ms"] = 1e3 * float(np.median(times))
             row[f"{prefix}_mask_p99_ms"] = 1e3 * float(np.percentile(times, 99))
             row[f"{prefix}_walk_total_ms"] = 1e3 * (float(np.median(compiles))
+                                                    + sum(times) / (repeats * len(walks)))
+    if not exact:
+        for prefix, cold in (("earley", True), ("earley_warm", False)):
+            compiles, tables, times = [], [], []
+            for _ in range(repeats):
+                for walk in walks:
+                    c, b, t = earley_masks(EXAMPLES[name], tok, walk, eos, cold=cold)
+                    compiles.append(c)
+                    tables.append(b)
+                    times += t
+            row[f"{prefix}_compile_p50_s"] = float(np.median(compiles))
+            row[f"{prefix}_table_p50_s"] = float(np.median(tables))
+            row[f"{prefix}_mask_p50_ms"] = 1e3 * float(np.median(times))
+            row[f"{prefix}_mask_p99_ms"] = 1e3 * float(np.percentile(times, 99))
+            row[f"{prefix}_walk_total_ms"] = 1e3 * (float(np.median(compiles))
+                                                    + float(np.median(tables))
                                                     + sum(times) / (repeats * len(walks)))
     for budget in ("loose", "tight"):
         times, agree, steps = [], 0, 0

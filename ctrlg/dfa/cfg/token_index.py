@@ -26,7 +26,7 @@ and :meth:`TokenIndex.min_tokens` spells a string with the fewest tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +39,8 @@ INF = np.iinfo(np.int64).max // 4
 #: Terminals with at most this many DFA states get every state's run at compile time (the
 #: others on first use).
 PRECOMPUTED_STATES = 64
+#: bytes of terminal runs one vocabulary keeps for all grammars (:meth:`Suffixes.shared_run`)
+MAX_SHARED_RUN_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,35 @@ class Suffixes:
     weight: np.ndarray
     tokens: frozenset
     token_lengths: tuple
+    #: terminal runs over this vocabulary, by (terminal AST, start state or None for the run
+    #: from the initial state over every suffix): shared by every grammar that has the terminal
+    runs: dict = field(default_factory=dict)
+    runs_bytes: list = field(default_factory=lambda: [0])
 
     @property
     def num_suffixes(self) -> int:
         return int(self.base[-1])
+
+    def forget_runs(self) -> None:
+        """Drop the shared runs (a benchmark's cold start)."""
+        self.runs.clear()
+        self.runs_bytes[0] = 0
+
+    def shared_run(self, key, compute) -> "Run":
+        """The run stored under ``key``, or ``compute()`` stored (its arrays read-only; the
+        oldest runs dropped first beyond :data:`MAX_SHARED_RUN_BYTES`)."""
+        got = self.runs.get(key)
+        if got is None:
+            got = compute()
+            for a in (got.final, got.ptr, got.dst):
+                a.setflags(write=False)
+            size = got.final.nbytes + got.ptr.nbytes + got.dst.nbytes
+            while self.runs and self.runs_bytes[0] + size > MAX_SHARED_RUN_BYTES:
+                old = self.runs.pop(next(iter(self.runs)))
+                self.runs_bytes[0] -= old.final.nbytes + old.ptr.nbytes + old.dst.nbytes
+            self.runs[key] = got
+            self.runs_bytes[0] += size
+        return got
 
     @classmethod
     def of(cls, token_bytes) -> "Suffixes":
@@ -208,18 +235,24 @@ class TokenIndex:
 
     # ------------------------------------------------------------------ runs
     def start_run(self, t: int) -> Run:
-        """Terminal t's run from its initial state over every suffix."""
+        """Terminal t's run from its initial state over every suffix (shared through the
+        vocabulary's :meth:`Suffixes.shared_run` with every grammar that has the terminal)."""
         got = self._start_runs.get(t)
         if got is None:
-            got = self._start_runs[t] = self._run(t, self.recogniser.initial[t],
-                                                  np.arange(self.num_suffixes), self.suffix_left)
+            got = self._start_runs[t] = self.vocabulary.shared_run(
+                (self.recogniser.grammar.terminals[t].node, None),
+                lambda: self._run(t, self.recogniser.initial[t], np.arange(self.num_suffixes),
+                                  self.suffix_left))
         return got
 
     def state_run(self, t: int, q: int) -> Run:
-        """Terminal t's run from state q over whole tokens (entries are token ids)."""
+        """Terminal t's run from state q over whole tokens (entries are token ids; shared as
+        :meth:`start_run`'s)."""
         got = self._state_runs.get((t, q))
         if got is None:
-            got = self._state_runs[(t, q)] = self._run(t, q, self.base[:-1], self.length)
+            got = self._state_runs[(t, q)] = self.vocabulary.shared_run(
+                (self.recogniser.grammar.terminals[t].node, int(q)),
+                lambda: self._run(t, q, self.base[:-1], self.length))
         return got
 
     def _run(self, t: int, q: int, starts: np.ndarray, left: np.ndarray) -> Run:
