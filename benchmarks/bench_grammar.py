@@ -20,10 +20,10 @@ same grammars' default ``dfa.lazy_grammar`` constraint, the Earley-driven one of
 language (superset R_1, the token index's runs on first use): compile, the processor's
 feasibility table and the exact masks with the loose budget along each walk, one fresh
 constraint per walk, and the mean of compile + table + the walk's masks
-(``earley_walk_total_ms``). ``earley_*``: with the terminal DFAs' memo and the vocabulary's
-shared terminal runs emptied before each walk (terminals the process has not seen: every run's
-first use inside the walk); ``earley_warm_*``: with both kept (a process that has served the
-grammar, or grammars with the same terminals, before).
+(``earley_walk_total_ms``). ``earley_*``: with the grammars read from Lark text, the terminal
+DFAs' memo and the vocabulary's shared terminal runs emptied before each walk (a grammar and
+terminals the process has not seen: every run's first use inside the walk); ``earley_warm_*``:
+with all three kept (a process that has served the grammar before).
 The vocabulary trie and numba's compiled walk are built once before any timing (as llguidance's
 tokenizer is).
 
@@ -119,10 +119,11 @@ def earley_masks(text: str, tok, walk: list[int], eos: int, cold: bool
     """(compile seconds, table seconds, seconds per step) of a fresh default
     ``dfa.lazy_grammar`` of a self-embedding grammar (the Earley-driven constraint), loose
     budget; ``cold``: the terminal DFAs' memo emptied first."""
-    from ctrlg.dfa.cfg import constraint as grammar_constraint, earley
+    from ctrlg.dfa.cfg import constraint as grammar_constraint, earley, lark_syntax
 
     if cold:
         earley._TERMINAL_DFAS.clear()
+        lark_syntax._read_lark.cache_clear()
         for per_size in grammar_constraint._SUFFIXES.values():
             for vocabulary in per_size.values():
                 vocabulary.forget_runs()

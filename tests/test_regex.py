@@ -389,6 +389,33 @@ def test_minimize_live_and_columns_against_brute_force(num_states, num_columns, 
                                                      and bool(live[dfa_in.run(bytes(word))]))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 90), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_small_automata_minimise_as_the_worklist_does(num_states, num_columns, seed):
+    """The whole-table path for automata of at most SMALL_DFA_STATES states gives the same
+    minimal DFA, numbering included, as the worklist path (forced by a threshold of 0), and
+    its liveness is the fixed point's; sizes on both sides of the threshold."""
+    from ctrlg.dfa import bytes_dfa as bd
+
+    rng = np.random.default_rng(seed)
+    table = np.zeros((num_states, 256), dtype=np.int32)
+    used = rng.choice(256, size=num_columns, replace=False)
+    table[1:, used] = rng.integers(0, num_states, size=(num_states - 1, num_columns))
+    accepting = rng.random(num_states) < 0.3
+    accepting[0] = False
+    dfa_in = bd.ByteDFA(table=table, accepting=accepting, initial=1)
+    assert np.array_equal(bd._small_live(table, accepting), _fixed_point_live(table, accepting))
+    got = bd.minimize(dfa_in)
+    threshold = bd.SMALL_DFA_STATES
+    bd.SMALL_DFA_STATES = 0
+    try:
+        want = bd.minimize(dfa_in)
+    finally:
+        bd.SMALL_DFA_STATES = threshold
+    assert np.array_equal(got.table, want.table) and got.initial == want.initial
+    assert np.array_equal(got.accepting, want.accepting)
+
+
 def test_minimize_survives_hash_collisions(monkeypatch):
     """With every hash weight 1 (collisions everywhere) the checks fall back to exact
     comparisons and the result is unchanged."""
@@ -403,6 +430,7 @@ def test_minimize_survives_hash_collisions(monkeypatch):
 
     for pattern in ["(ab|ba)*c", "[a-c]{2,4}|x+", r'"([^"\\]|\\.)*"']:
         expected = compile_bytes_dfa(pattern)
+        monkeypatch.setattr(bd, "SMALL_DFA_STATES", 0)       # the worklist path at every size
         monkeypatch.setattr(bd, "_hash_weights", lambda n, seed: np.ones(n, dtype=np.uint64))
         monkeypatch.setattr(bd, "_refine_exact", counted)
         got = compile_bytes_dfa(pattern)

@@ -320,17 +320,27 @@ def determinize(nfa: ByteNFA, start: int, accept: int, budget: Budget | None = N
     return ByteDFA(table=table, accepting=accepting, initial=1)
 
 
+#: automata with at most this many states are minimised by :func:`_small_partition` (whole-table
+#: rounds: fewer numpy calls than the worklist's bookkeeping, which costs ~0.7 ms however small)
+SMALL_DFA_STATES = 64
+
+
 def minimize(dfa: ByteDFA) -> ByteDFA:
     """Moore's partition refinement, then renumbering in BFS order from the initial state
     (dead state first, id 0). Unreachable states are dropped; all dead states merge into 0."""
-    live = dfa.live()
+    if dfa.num_states <= SMALL_DFA_STATES:
+        live = _small_live(dfa.table, dfa.accepting)
+    else:
+        live = dfa.live()
     table = np.where(live[dfa.table], dfa.table, DEAD)
     table[~live] = DEAD
-    # bytes that act identically in every state form one column (byte class)
-    compact = table[:, _distinct_columns(table)]
     # initial partition: dead / live-accepting / live-rejecting
     block = np.where(~live, 0, np.where(dfa.accepting, 1, 2)).astype(np.int64)
-    block = _refine(block, compact)
+    if dfa.num_states <= SMALL_DFA_STATES:
+        block = _small_partition(block, table)
+    else:
+        # bytes that act identically in every state form one column (byte class)
+        block = _refine(block, table[:, _distinct_columns(table)])
     # BFS renumbering (level by level, each level in the order a sequential BFS over the blocks'
     # rows, byte by byte, discovers it); the dead block gets id 0
     num_blocks = int(block.max()) + 1
@@ -360,6 +370,36 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     accepting = np.zeros(count, dtype=bool)
     accepting[new_id[reached]] = dfa.accepting[rep[reached]] & live[rep[reached]]
     return ByteDFA(table=new_table, accepting=accepting, initial=int(new_id[initial_block]))
+
+
+def _small_live(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """:func:`_live` for a small automaton: the fixed point of "accepting, or some byte leads
+    to a live state" over the whole table (at most Q rounds of one [Q, 256] gather)."""
+    live = np.asarray(accepting, dtype=bool).copy()
+    live[DEAD] = False
+    while True:
+        grown = live | live[table].any(1)
+        grown[DEAD] = False
+        if (grown == live).all():
+            return live
+        live = grown
+
+
+def _small_partition(block: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Moore's refinement for a small automaton: each round splits every block by its states'
+    rows of successor blocks (one dictionary of the [Q, 257] keys' bytes) until no block
+    splits. The coarsest stable partition is unique, so it is :func:`_refine`'s; block ids
+    here are in order of first appearance (state 0 first)."""
+    Q = len(block)
+    count = len(np.unique(block))
+    while True:
+        keys = np.ascontiguousarray(np.concatenate([block[:, None], block[table]], axis=1))
+        ids: dict = {}
+        block = np.fromiter((ids.setdefault(row.tobytes(), len(ids)) for row in keys),
+                            dtype=np.int64, count=Q)
+        if len(ids) == count:
+            return block
+        count = len(ids)
 
 
 def _first_members(block: np.ndarray) -> np.ndarray:
