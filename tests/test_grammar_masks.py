@@ -122,6 +122,9 @@ def test_masks_equal_brute_force(case, build):
                     nxt.append((prefix + (v,), masks.advance(cursor, v), g.dfa.step(q, v)))
         frontier = nxt
     assert checked > 10
+    # prefixes that reach one parse configuration share their costs (memoised), and those
+    # masks were checked above like the others
+    assert masks.masks.memo_hits > 0
 
 
 @pytest.mark.parametrize("case,build", BUILDS)
@@ -147,3 +150,54 @@ def test_satisfiability_equals_brute_force(case, build):
         else:
             with pytest.raises(UnsatisfiableConstraintError, match="no sentence of at most"):
                 masks.check_satisfiable()
+
+
+STRICT_ESCAPES = r"""
+start: value
+?value: object | array | STRING | NUMBER
+array: "[" [value ("," value)*] "]"
+object: "{" [pair ("," pair)*] "}"
+pair: STRING ":" value
+STRING: /"([^"\\]|\\[n"])*"/
+NUMBER: /-?[0-9]+/
+"""
+ESCAPES = (STRICT_ESCAPES, [b"{", b"}", b"[", b"]", b'"', b"a", b":", b",", b"1", b"\\", b'\\"',
+                            b'"a', b'a"', b"n", b"na", b"[1", b"1]", b'":', b'"}', b"]}", b'n"'])
+
+
+@pytest.mark.parametrize("build", ["eager", "lazy"])
+def test_memoised_costs_give_the_masks_computed_afresh(build, monkeypatch):
+    """Random walks over a vocabulary with string escapes (only ``\\n`` and ``\\"``), each
+    run to its budget of 10 tokens (EOS only when nothing else is allowed) from one start set,
+    all through one mask provider whose costs are memoised by parse configuration: every mask
+    equals the one a
+    provider without the memo computes for the same cursor. Configurations that share a memo
+    entry (the inside of a string, the next member) have the same masks; ones that must not
+    (after a backslash, the budget's last tokens with fewer candidates) do not share one."""
+    from ctrlg.guide import grammar_masks
+
+    text, tokens = ESCAPES
+    trie = VocabTrie.from_token_bytes(tokens + [b""], eos_token_id=len(tokens))
+    g = dfa.grammar(text, trie) if build == "eager" else dfa.lazy_grammar(text, trie)
+    eos, n = len(tokens), 10
+    monkeypatch.setattr(grammar_masks, "MAX_MEMOISED_COSTS", 10_000)
+    memo = token_mask(g, Feasibility(g.dfa, n, eos_token_id=eos))
+    rng = np.random.default_rng(5)
+    checked = 0
+    start = memo.start()           # shared by every walk, as by the rows of one prompt
+    for _ in range(30):
+        cursor, q = start, g.dfa.initial
+        for k in range(n):
+            got = memo.allowed(cursor, q, n - k)
+            monkeypatch.setattr(grammar_masks, "MAX_MEMOISED_COSTS", 0)
+            fresh = token_mask(g, Feasibility(g.dfa, n, eos_token_id=eos))
+            want = fresh.allowed(cursor, q, n - k)
+            monkeypatch.setattr(grammar_masks, "MAX_MEMOISED_COSTS", 10_000)   # nothing evicted
+            assert got.tolist() == want.tolist(), (k, np.flatnonzero(got ^ want))
+            checked += 1
+            choices = np.flatnonzero(got[:eos])
+            if not len(choices):
+                break
+            v = int(rng.choice(choices))
+            cursor, q = memo.advance(cursor, v), g.dfa.step(q, v)
+    assert checked > 200 and memo.masks.memo_hits > 20

@@ -39,6 +39,7 @@ the byte-by-byte step of the chosen token (O(items) per byte) to advance the cur
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 import numpy as np
@@ -53,6 +54,9 @@ __all__ = ["GrammarFeasibility", "ENDED", "signature"]
 
 #: The cursor of a row that emitted EOS.
 ENDED = EarleySet()
+#: per-configuration costs kept by :meth:`GrammarFeasibility.candidate_costs` (each ≈ 14 bytes
+#: per candidate token: 0.7 MB for 49,152)
+MAX_MEMOISED_COSTS = 64
 
 
 class _SearchTooLong(Exception):
@@ -97,6 +101,8 @@ class GrammarFeasibility:
         self._expanded = 0
         self.undecided = 0
         self._completed: dict = {}
+        self._costs_memo: dict = {}
+        self.memo_hits = 0
         F = table.feasible                          # A's distance to acceptance, in tokens
         self._distance = np.where(F.any(0), F.argmax(0), np.iinfo(np.int64).max // 4)
 
@@ -141,10 +147,9 @@ class GrammarFeasibility:
             return out
         base = self.table.token_feasible(np.array([q]), np.array([remaining])).numpy()[0]
         out[self.eos] = base[self.eos] & s.accepting
-        ids = np.flatnonzero(base & self.has_bytes)
+        ids, viable, cost, finals, paired = self.candidate_costs(s, base & self.has_bytes)
         if not len(ids):
             return out
-        viable, cost, finals, paired = self.costs(s, ids, detail=True)
         fits = self._fits(cost, remaining - 1)
         out[ids[viable & fits]] = True
         gap = np.flatnonzero(viable & ~fits)
@@ -241,10 +246,9 @@ class GrammarFeasibility:
         if self._expanded > self.max_expansions:
             raise _SearchTooLong(k)
         base = self.table.token_feasible(np.array([q]), np.array([k])).numpy()[0]
-        ids = np.flatnonzero(base & self.has_bytes)
+        ids, viable, cost, finals, paired = self.candidate_costs(s, base & self.has_bytes)
         if not len(ids):
             return False
-        viable, cost, finals, paired = self.costs(s, ids, detail=True)
         if (viable & self._fits(cost, k - 1)).any():
             return True
         if k == 1 or not viable.any():
@@ -254,6 +258,31 @@ class GrammarFeasibility:
                                       decided, cost[keep], first_true=True).any())
 
     # ------------------------------------------------------------------ viability and costs
+    def candidate_costs(self, s: EarleySet, candidates: np.ndarray):
+        """``(ids, viable, cost, finals, paired)``: :meth:`costs` with ``detail`` of the tokens
+        ``ids`` where the bool mask ``candidates`` holds, memoised by the set's
+        :func:`signature` and the candidates (a digest of the mask). Sets with one signature
+        have the same future, so the same costs: a generation that comes back to a
+        configuration (the inside of a JSON string, the next member of an object) computes its
+        costs once. The memo keeps each entry's set, and so the origin sets whose ids the
+        signature holds, alive; it holds :data:`MAX_MEMOISED_COSTS` entries, oldest out first."""
+        key = (signature(s), hashlib.blake2b(np.packbits(candidates).tobytes(),
+                                             digest_size=16).digest())
+        got = self._costs_memo.get(key)
+        if got is None:
+            ids = np.flatnonzero(candidates)
+            got = (s, ids, *(self.costs(s, ids, detail=True) if len(ids) else (None,) * 4))
+            for a in got[1:]:
+                if a is not None:
+                    a.setflags(write=False)
+            if MAX_MEMOISED_COSTS > 0:
+                if len(self._costs_memo) >= MAX_MEMOISED_COSTS:
+                    del self._costs_memo[next(iter(self._costs_memo))]
+                self._costs_memo[key] = got
+        else:
+            self.memo_hits += 1
+        return got[1:]
+
     def costs(self, s: EarleySet, tokens: np.ndarray, detail: bool = False):
         """(viable bool, cost int64) of each of ``tokens`` after the set ``s`` (module
         docstring); with ``detail`` also each thread's final state per token ([threads, n]) and
