@@ -130,7 +130,7 @@ MAX_READ_GRAMMARS = 64
 def from_lark(text: str, start: str = "start") -> Grammar:
     """The BNF grammar of Lark text ``text`` with start rule ``start`` (module docstring).
     The last :data:`MAX_READ_GRAMMARS` texts read are kept (the :class:`Grammar` is immutable):
-    Lark's own reading, its ``%import``\ ed modules included, is most of a small grammar's
+    Lark's own reading, the modules it imports included, is most of a small grammar's
     compile (≈ 13 ms of the JSON example's).
 
     Raises GrammarError (syntax, unknown start, nothing generated) or UnsupportedGrammarError.
