@@ -10,7 +10,7 @@ Earley parser), the LM log-likelihood per token, sampling and beam search, and t
 the logits processor against the rest of ``generate`` (the LM, in the same process).
 
     python -m benchmarks.demo_grammar [--samples 4] [--max-new-tokens 48] [--beams 4]
-        [--constraint lazy_grammar]
+        [--constraint lazy_grammar] [--prompts FILE] [--modes ctrlg]
 
 ``--constraint lazy_grammar`` compiles with ``dfa.lazy_grammar`` instead: the SQL subset becomes
 a lazy automaton, the self-embedding grammars the Earley-driven constraint over the one-level
@@ -69,7 +69,7 @@ def run_mode(ctx, name, constraint, mode, args) -> dict:
     parser = lark.Lark(ctx.examples[name], parser="earley")
     rows, t0 = [], time.perf_counter()
     with ProcessorClock(ctrlg.sampler.ConstraintLogitsProcessor) as clock:
-        for prompt_text in PROMPTS[name]:
+        for prompt_text in ctx.prompts[name]:
             messages = [{"role": "user", "content": prompt_text}]
             prompt = ctx.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             for search, kw in (("sampling", dict(num_samples=args.samples)),
@@ -106,6 +106,10 @@ def main(argv=None):
     parser.add_argument("--grammars", nargs="+", default=list(PROMPTS))
     parser.add_argument("--constraint", choices=("grammar", "lazy_grammar"), default="grammar",
                         help="compile with dfa.grammar (default) or dfa.lazy_grammar")
+    parser.add_argument("--prompts", type=Path, default=None,
+                        help="a JSON file {grammar: [prompt, ...]} instead of the built-in prompts")
+    parser.add_argument("--modes", nargs="+", choices=("ctrlg", "logical"),
+                        default=["ctrlg", "logical"])
     parser.add_argument("--out", default="benchmarks/results/demo_grammar.json")
     args = parser.parse_args(argv)
 
@@ -120,8 +124,10 @@ def main(argv=None):
 
     tok = load_tokenizer()
     ctx = SimpleNamespace(tok=tok, model=load_model().eval(), hmm=load_default_hmm(tokenizer=tok),
-                          examples=EXAMPLES)
-    report = {"constraint": args.constraint, "max_new_tokens": args.max_new_tokens,
+                          examples=EXAMPLES,
+                          prompts=json.loads(args.prompts.read_text()) if args.prompts else PROMPTS)
+    report = {"constraint": args.constraint, "prompts": str(args.prompts or "built-in"),
+              "max_new_tokens": args.max_new_tokens,
               "samples": args.samples,
               "beams": args.beams, "torch_threads": torch.get_num_threads(), "grammars": {}}
     for name in args.grammars:
@@ -130,7 +136,7 @@ def main(argv=None):
         constraint = compile_fn(EXAMPLES[name], tok, vocab_size=ctx.hmm.vocab_size)
         entry = {"constraint": repr(constraint), "compile_s": time.perf_counter() - t0,
                  "modes": {}}
-        for mode in ("ctrlg", "logical"):
+        for mode in args.modes:
             entry["modes"][mode] = run_mode(ctx, name, constraint, mode, args)
             s = entry["modes"][mode]["summary"]
             print(f"== {name} / {mode}: {json.dumps({k: round(v, 3) for k, v in s.items()})}")
