@@ -54,9 +54,9 @@ __all__ = ["GrammarFeasibility", "ENDED", "signature"]
 
 #: The cursor of a row that emitted EOS.
 ENDED = EarleySet()
-#: per-configuration costs kept by :meth:`GrammarFeasibility.candidate_costs` (each ≈ 14 bytes
-#: per candidate token: 0.7 MB for 49,152)
-MAX_MEMOISED_COSTS = 64
+#: per-configuration costs kept by :meth:`GrammarFeasibility.candidate_costs`, each 10 + 4 ×
+#: (the set's threads) bytes per candidate token: ≈ 1.3 MB for 49,152 candidates and 5 threads
+MAX_MEMOISED_COSTS = 32
 
 
 class _SearchTooLong(Exception):
@@ -268,10 +268,10 @@ class GrammarFeasibility:
         signature holds, alive; it holds :data:`MAX_MEMOISED_COSTS` entries, oldest out first."""
         key = (signature(s), hashlib.blake2b(np.packbits(candidates).tobytes(),
                                              digest_size=16).digest())
+        ids = np.flatnonzero(candidates)
         got = self._costs_memo.get(key)
         if got is None:
-            ids = np.flatnonzero(candidates)
-            got = (s, ids, *(self.costs(s, ids, detail=True) if len(ids) else (None,) * 4))
+            got = (s, *(self.costs(s, ids, detail=True) if len(ids) else (None,) * 4))
             for a in got[1:]:
                 if a is not None:
                     a.setflags(write=False)
@@ -281,7 +281,7 @@ class GrammarFeasibility:
                 self._costs_memo[key] = got
         else:
             self.memo_hits += 1
-        return got[1:]
+        return (ids, *got[1:])
 
     def costs(self, s: EarleySet, tokens: np.ndarray, detail: bool = False):
         """(viable bool, cost int64) of each of ``tokens`` after the set ``s`` (module
