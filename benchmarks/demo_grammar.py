@@ -8,6 +8,8 @@ grammar's regular superset and the exact grammar mask is applied after (docs/gra
 Reported per grammar and mode: the share of outputs that the ``lark`` library parses (its default
 Earley parser), the LM log-likelihood per token, sampling and beam search, and the time spent in
 the logits processor against the rest of ``generate`` (the LM, in the same process).
+Also counted: the generations whose masks left a token undecided (an exact search past
+``max_expansions``, :mod:`ctrlg.guide.grammar_masks`; the mask stays sound).
 
     python -m benchmarks.demo_grammar [--samples 4] [--max-new-tokens 48] [--beams 4]
         [--constraint lazy_grammar] [--prompts FILE] [--modes ctrlg]
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from pathlib import Path
 
 PROMPTS = {
@@ -68,7 +71,9 @@ def run_mode(ctx, name, constraint, mode, args) -> dict:
 
     parser = lark.Lark(ctx.examples[name], parser="earley")
     rows, t0 = [], time.perf_counter()
-    with ProcessorClock(ctrlg.sampler.ConstraintLogitsProcessor) as clock:
+    with ProcessorClock(ctrlg.sampler.ConstraintLogitsProcessor) as clock, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for prompt_text in ctx.prompts[name]:
             messages = [{"role": "user", "content": prompt_text}]
             prompt = ctx.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -93,6 +98,8 @@ def run_mode(ctx, name, constraint, mode, args) -> dict:
                "mean_lm_log_likelihood_per_token":
                    sum(r["lm_log_likelihood_per_token"] for r in rows) / n,
                "seconds": elapsed, "processor_seconds": clock.seconds,
+               "generations_with_undecided_tokens": sum("max_expansions" in str(w.message)
+                                                        for w in caught),
                "processor_over_rest": clock.seconds / max(elapsed - clock.seconds, 1e-9)}
     return {"summary": summary, "results": rows}
 

@@ -29,10 +29,13 @@ does not fit (only in the last tokens of a budget) is decided exactly: first A's
 completion from ``δ_A(q, v)`` is tried as a witness (walked through the recogniser: when A is
 exact there, as it is within the unrolled depth, it parses), then, if it does not parse, a
 depth-first search for a completion within ``r − 1`` tokens with A's table pruning and the bound
-accepting early (:meth:`GrammarFeasibility.feasible`). A search that expands more than
-``max_expansions`` sets is abandoned and the token left out of the mask (counted in
-``undecided``, with one warning): the mask then stays sound — every token it keeps has a
-completion — but may miss a token that had one; at the start of a generation it is an error. Cost per mask: one gather per thread and
+accepting early (:meth:`GrammarFeasibility.feasible`). The searches of one mask expand at most
+``max_expansions`` sets in all (each expansion computes the costs of every candidate token, so
+the bound is what one mask may spend: over a coarse superset such as R_1 the table prunes little
+and the undecided tokens of a budget's last steps can be hundreds of searches); past it a search
+is abandoned and its token left out of the mask (counted in ``undecided``, with one warning):
+the mask then stays sound — every token it keeps has a completion — but may miss a token that
+had one; at the start of a generation it is an error. Cost per mask: one gather per thread and
 candidate plus the completion pairs of the threads' terminals — O(threads · V) vectorised — and
 the byte-by-byte step of the chosen token (O(items) per byte) to advance the cursor.
 """
@@ -83,7 +86,7 @@ class GrammarFeasibility:
     Args:
         table: A's table; ``table.dfa`` is A restricted to the budget.
         constraint: the grammar constraint.
-        max_expansions: bound on the sets one exact search may expand.
+        max_expansions: bound on the sets the exact searches of one mask may expand in all.
     """
 
     def __init__(self, table: Feasibility, constraint: GrammarConstraint, *,
@@ -154,6 +157,7 @@ class GrammarFeasibility:
         out[ids[viable & fits]] = True
         gap = np.flatnonzero(viable & ~fits)
         if len(gap):
+            self._expanded = 0
             out[ids[gap]] = self._decide_gaps(s, q, ids[gap], finals[:, gap], paired[gap],
                                               remaining - 1, cost=cost[gap])
         return out
@@ -193,8 +197,7 @@ class GrammarFeasibility:
                 decided[key] = self.string_witness(s2, k) or \
                     self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
                 return decided[key]
-            self._expanded = 0
-            try:
+            try:                     # the mask's searches share one budget (token_mask)
                 decided[key] = self.string_witness(s2, k) or \
                     self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
             except _SearchTooLong:
