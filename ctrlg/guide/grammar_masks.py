@@ -30,10 +30,10 @@ completion from ``δ_A(q, v)`` is tried as a witness (walked through the recogni
 exact there, as it is within the unrolled depth, it parses), then, if it does not parse, a
 depth-first search for a completion within ``r − 1`` tokens with A's table pruning and the bound
 accepting early (:meth:`GrammarFeasibility.feasible`). The searches of one mask expand at most
-``max_expansions`` sets in all (each expansion computes the costs of every candidate token, so
-the bound is what one mask may spend: over a coarse superset such as R_1 the table prunes little
-and the undecided tokens of a budget's last steps can be hundreds of searches); past it a search
-is abandoned and its token left out of the mask (counted in ``undecided``, with one warning):
+``max_expansions`` sets and cost at most ``max_search_work`` candidate tokens in all: each
+expansion computes the costs of every token A's table still allows, so over a coarse superset
+such as R_1, which prunes little, one expansion costs the whole vocabulary and a budget's last
+masks would run hundreds of them. Past either bound a search is abandoned and its token left out of the mask (counted in ``undecided``, with one warning):
 the mask then stays sound — every token it keeps has a completion — but may miss a token that
 had one; at the start of a generation it is an error. Cost per mask: one gather per thread and
 candidate plus the completion pairs of the threads' terminals — O(threads · V) vectorised — and
@@ -57,6 +57,9 @@ __all__ = ["GrammarFeasibility", "ENDED", "signature"]
 
 #: The cursor of a row that emitted EOS.
 ENDED = EarleySet()
+#: candidate tokens the exact searches of one mask may cost in all (:class:`GrammarFeasibility`):
+#: about five expansions over SmolLM2's whole vocabulary, where a coarse superset prunes nothing
+MAX_SEARCH_WORK = 262_144
 #: per-configuration costs kept by :meth:`GrammarFeasibility.candidate_costs`, each 10 + 4 ×
 #: (the set's threads) bytes per candidate token: ≈ 1.3 MB for 49,152 candidates and 5 threads
 MAX_MEMOISED_COSTS = 32
@@ -87,10 +90,12 @@ class GrammarFeasibility:
         table: A's table; ``table.dfa`` is A restricted to the budget.
         constraint: the grammar constraint.
         max_expansions: bound on the sets the exact searches of one mask may expand in all.
+        max_search_work: bound on the candidate tokens those expansions may cost in all (each
+            expansion computes the costs of every token the table still allows).
     """
 
     def __init__(self, table: Feasibility, constraint: GrammarConstraint, *,
-                 max_expansions: int = 256):
+                 max_expansions: int = 256, max_search_work: int = MAX_SEARCH_WORK):
         if not table.eos_ids:
             raise ConstraintError(
                 f"the {constraint.what} needs an EOS token: a sentence ends where EOS is emitted "
@@ -101,7 +106,8 @@ class GrammarFeasibility:
         self.has_bytes = self.index.length > 0
         self.has_bytes[self.eos] = False
         self.max_expansions = int(max_expansions)
-        self._expanded = 0
+        self.max_search_work = int(max_search_work)
+        self._expanded = self._work = 0
         self.undecided = 0
         self._completed: dict = {}
         self._costs_memo: dict = {}
@@ -127,7 +133,7 @@ class GrammarFeasibility:
     def check_satisfiable(self) -> None:
         """Raise UnsatisfiableConstraintError unless a sentence fits the budget."""
         n = self.table.max_new_tokens
-        self._expanded = 0
+        self._expanded = self._work = 0
         try:
             ok = self.string_witness(self.start(), n) or \
                 self.feasible(self.start(), self.table.dfa.initial, n, {})
@@ -157,7 +163,7 @@ class GrammarFeasibility:
         out[ids[viable & fits]] = True
         gap = np.flatnonzero(viable & ~fits)
         if len(gap):
-            self._expanded = 0
+            self._expanded = self._work = 0
             out[ids[gap]] = self._decide_gaps(s, q, ids[gap], finals[:, gap], paired[gap],
                                               remaining - 1, cost=cost[gap])
         return out
@@ -246,10 +252,12 @@ class GrammarFeasibility:
         if k == 0 or not self.table.feasible[k, q]:
             return False
         self._expanded += 1
-        if self._expanded > self.max_expansions:
-            raise _SearchTooLong(k)
         base = self.table.token_feasible(np.array([q]), np.array([k])).numpy()[0]
-        ids, viable, cost, finals, paired = self.candidate_costs(s, base & self.has_bytes)
+        candidates = base & self.has_bytes
+        self._work += int(candidates.sum())
+        if self._expanded > self.max_expansions or self._work > self.max_search_work:
+            raise _SearchTooLong(k)
+        ids, viable, cost, finals, paired = self.candidate_costs(s, candidates)
         if not len(ids):
             return False
         if (viable & self._fits(cost, k - 1)).any():
