@@ -60,6 +60,10 @@ ENDED = EarleySet()
 #: candidate tokens the exact searches of one mask may cost in all (:class:`GrammarFeasibility`):
 #: about five expansions over SmolLM2's whole vocabulary, where a coarse superset prunes nothing
 MAX_SEARCH_WORK = 262_144
+#: what deciding one group of tokens costs against that bound before any expansion (its
+#: representative's bytes through the parser and the two witnesses: ≈ 0.3 ms, as ~1,000
+#: candidates' costs)
+DECISION_WORK = 1024
 #: per-configuration costs kept by :meth:`GrammarFeasibility.candidate_costs`, each 10 + 4 ×
 #: (the set's threads) bytes per candidate token: ≈ 1.3 MB for 49,152 candidates and 5 threads
 MAX_MEMOISED_COSTS = 32
@@ -141,7 +145,8 @@ class GrammarFeasibility:
             raise ConstraintError(
                 f"deciding whether the {self.constraint.what} has a sentence of at most "
                 f"max_new_tokens={n} tokens took more than max_expansions={self.max_expansions} "
-                f"parser states; raise max_new_tokens") from None
+                f"parser states or max_search_work={self.max_search_work} candidate tokens; "
+                f"raise max_new_tokens") from None
         if not ok:
             raise UnsatisfiableConstraintError(
                 f"the {self.constraint.what} has no sentence of at most max_new_tokens={n} "
@@ -196,6 +201,12 @@ class GrammarFeasibility:
         return out
 
     def _decide(self, s: EarleySet, v: int, q2: int, k: int, decided: dict, top: bool) -> bool:
+        if self._work >= self.max_search_work:       # the mask's search budget is spent
+            if not top:
+                raise _SearchTooLong(k)
+            self._leave_out(k)
+            return False
+        self._work += DECISION_WORK                   # the token's bytes through the parser
         s2 = self.advance(s, v)
         key = (signature(s2), q2, k)
         if key not in decided:
@@ -208,14 +219,18 @@ class GrammarFeasibility:
                     self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
             except _SearchTooLong:
                 decided[key] = False
-                self.undecided += 1
-                if self.undecided == 1:
-                    warnings.warn(f"the {self.constraint.what}: deciding whether some tokens can "
-                                  f"still end within {k} tokens took more than max_expansions="
-                                  f"{self.max_expansions} parser states; they are left out of "
-                                  f"the mask (sound, possibly not exact)", RuntimeWarning,
-                                  stacklevel=2)
+                self._leave_out(k)
         return decided[key]
+
+    def _leave_out(self, k: int) -> None:
+        """Count a token left out undecided (warned once)."""
+        self.undecided += 1
+        if self.undecided == 1:
+            warnings.warn(f"the {self.constraint.what}: deciding whether some tokens can still "
+                          f"end within {k} tokens took more than max_expansions="
+                          f"{self.max_expansions} parser states or max_search_work="
+                          f"{self.max_search_work} candidate tokens; they are left out of the "
+                          f"mask (sound, possibly not exact)", RuntimeWarning, stacklevel=3)
 
     def automaton_witness(self, s: EarleySet, q: int, k: int) -> bool:
         """Whether A's shortest completion from ``q`` (ties: the first token) parses from ``s``
