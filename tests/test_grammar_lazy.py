@@ -121,23 +121,15 @@ def test_a_self_embedding_grammar_is_earley_driven_with_runs_on_first_use(tiny, 
 
 
 @pytest.mark.parametrize("mode", ["logical", "ctrlg"])
-def test_guided_outputs_of_the_earley_driven_grammar_parse_with_lark(tiny, mode):
-    g = dfa.lazy_grammar(EXAMPLES["arithmetic"], tiny)
+@pytest.mark.parametrize("text, budget", [(REGULAR["left loop"], 12),      # a lazy automaton
+                                          (EXAMPLES["arithmetic"], 14)])   # Earley-driven
+def test_guided_outputs_of_the_lazy_grammar_parse_with_lark(tiny, mode, text, budget):
+    g = dfa.lazy_grammar(text, tiny)
     V, eos = len(tiny), tiny.eos_token_id
     out = generate(_lm(2, V, eos), tiny, [0], g, hmm=random_hmm(4, V, 1) if mode == "ctrlg" else None,
-                   mode=mode, max_new_tokens=14, num_samples=6, seed=3, rank_by_lm=False)
+                   mode=mode, max_new_tokens=budget, num_samples=6, seed=3, rank_by_lm=False)
     assert out and all(g.accepts(x.token_ids) for x in out)
-    assert_parses(EXAMPLES["arithmetic"], [x.text for x in out])
-
-
-@pytest.mark.parametrize("mode", ["logical", "ctrlg"])
-def test_guided_outputs_of_the_lazy_grammar_parse_with_lark(tiny, mode):
-    g = dfa.lazy_grammar(REGULAR["left loop"], tiny)
-    V, eos = len(tiny), tiny.eos_token_id
-    out = generate(_lm(2, V, eos), tiny, [0], g, hmm=random_hmm(4, V, 1) if mode == "ctrlg" else None,
-                   mode=mode, max_new_tokens=12, num_samples=6, seed=3, rank_by_lm=False)
-    assert out and all(g.accepts(x.token_ids) for x in out)
-    assert_parses(REGULAR["left loop"], [x.text for x in out])
+    assert_parses(text, [x.text for x in out])
 
 
 def test_bad_input_is_the_eager_path_s_error(tiny):

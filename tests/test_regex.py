@@ -349,6 +349,18 @@ def _fixed_point_live(table, accepting):
         live = new
 
 
+def _random_byte_table(num_states: int, num_columns: int, seed: int):
+    """(table, accepting, used bytes) of a random byte DFA: state 0 dead, ``num_columns``
+    bytes used, about 30 % of the states accepting."""
+    rng = np.random.default_rng(seed)
+    table = np.zeros((num_states, 256), dtype=np.int32)
+    used = rng.choice(256, size=num_columns, replace=False)
+    table[1:, used] = rng.integers(0, num_states, size=(num_states - 1, num_columns))
+    accepting = rng.random(num_states) < 0.3
+    accepting[0] = False
+    return table, accepting, used
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 40), st.integers(1, 6), st.integers(0, 2**32 - 1))
 def test_minimize_live_and_columns_against_brute_force(num_states, num_columns, seed):
@@ -357,12 +369,7 @@ def test_minimize_live_and_columns_against_brute_force(num_states, num_columns, 
     minimised DFA has the same language (all byte strings up to length 4 over the used bytes)."""
     from ctrlg.dfa import bytes_dfa as bd
 
-    rng = np.random.default_rng(seed)
-    table = np.zeros((num_states, 256), dtype=np.int32)
-    used = rng.choice(256, size=num_columns, replace=False)
-    table[1:, used] = rng.integers(0, num_states, size=(num_states - 1, num_columns))
-    accepting = rng.random(num_states) < 0.3
-    accepting[0] = False
+    table, accepting, used = _random_byte_table(num_states, num_columns, seed)
     assert np.array_equal(bd._live(table, accepting), _fixed_point_live(table, accepting))
     assert np.array_equal(bd._distinct_columns(table),
                           np.sort(np.unique(table.T, axis=0, return_index=True)[1]))
@@ -397,12 +404,7 @@ def test_small_automata_minimise_as_the_worklist_does(num_states, num_columns, s
     its liveness is the fixed point's; sizes on both sides of the threshold."""
     from ctrlg.dfa import bytes_dfa as bd
 
-    rng = np.random.default_rng(seed)
-    table = np.zeros((num_states, 256), dtype=np.int32)
-    used = rng.choice(256, size=num_columns, replace=False)
-    table[1:, used] = rng.integers(0, num_states, size=(num_states - 1, num_columns))
-    accepting = rng.random(num_states) < 0.3
-    accepting[0] = False
+    table, accepting, used = _random_byte_table(num_states, num_columns, seed)
     dfa_in = bd.ByteDFA(table=table, accepting=accepting, initial=1)
     assert np.array_equal(bd._small_live(table, accepting), _fixed_point_live(table, accepting))
     got = bd.minimize(dfa_in)
