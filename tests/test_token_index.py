@@ -62,11 +62,11 @@ def test_grammars_over_one_vocabulary_share_a_terminal_s_runs(trie, monkeypatch)
     # a bound of one run's bytes: storing another drops the oldest
     vocabulary = a.index.vocabulary
     vocabulary.forget_runs()
-    size = run.final.nbytes + run.ptr.nbytes + run.dst.nbytes
+    size = run.nbytes
     monkeypatch.setattr(token_index, "MAX_SHARED_RUN_BYTES", size)
     first = vocabulary.shared_run("x", lambda: a.index._run(num(a), 1, np.arange(vocabulary.num_suffixes),
                                                             vocabulary.suffix_left))
     vocabulary.shared_run("y", lambda: a.index._run(num(a), 1, np.arange(vocabulary.num_suffixes),
                                                     vocabulary.suffix_left))
-    assert list(vocabulary.runs) == ["y"] and vocabulary.runs_bytes[0] == size
+    assert list(vocabulary.runs) == ["y"] and sum(r.nbytes for r in vocabulary.runs.values()) == size
     assert first.final.tolist() == vocabulary.runs["y"].final.tolist()

@@ -328,15 +328,13 @@ SMALL_DFA_STATES = 64
 def minimize(dfa: ByteDFA) -> ByteDFA:
     """Moore's partition refinement, then renumbering in BFS order from the initial state
     (dead state first, id 0). Unreachable states are dropped; all dead states merge into 0."""
-    if dfa.num_states <= SMALL_DFA_STATES:
-        live = _small_live(dfa.table, dfa.accepting)
-    else:
-        live = dfa.live()
+    small = dfa.num_states <= SMALL_DFA_STATES
+    live = _small_live(dfa.table, dfa.accepting) if small else dfa.live()
     table = np.where(live[dfa.table], dfa.table, DEAD)
     table[~live] = DEAD
     # initial partition: dead / live-accepting / live-rejecting
     block = np.where(~live, 0, np.where(dfa.accepting, 1, 2)).astype(np.int64)
-    if dfa.num_states <= SMALL_DFA_STATES:
+    if small:
         block = _small_partition(block, table)
     else:
         # bytes that act identically in every state form one column (byte class)

@@ -210,14 +210,12 @@ class GrammarFeasibility:
         s2 = self.advance(s, v)
         key = (signature(s2), q2, k)
         if key not in decided:
-            if not top:
-                decided[key] = self.string_witness(s2, k) or \
-                    self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
-                return decided[key]
             try:                     # the mask's searches share one budget (token_mask)
                 decided[key] = self.string_witness(s2, k) or \
                     self.automaton_witness(s2, q2, k) or self.feasible(s2, q2, k, decided)
             except _SearchTooLong:
+                if not top:          # the search above this one is abandoned with it
+                    raise
                 decided[key] = False
                 self._leave_out(k)
         return decided[key]

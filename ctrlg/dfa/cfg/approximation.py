@@ -242,11 +242,16 @@ class Unroller:
         #: references to each key from the keys reachable from the last root (:meth:`_count`)
         self.uses: dict[tuple, int] = {}
         self.embeds: dict[tuple, list[tuple]] = {}
+        self._terminals: dict[int, Embedded] = {}
 
     def terminal(self, t: int) -> Embedded:
         """Terminal t as its compiled minimal DFA (:func:`~ctrlg.dfa.cfg.earley.terminal_dfa`,
-        shared with the recogniser), embedded where a rule reads it."""
-        return Embedded(terminal_dfa(self.g.terminals[t].node))
+        shared with the recogniser), embedded where a rule reads it (looked up once per
+        unrolling: the memo's key is the terminal's whole AST)."""
+        got = self._terminals.get(t)
+        if got is None:
+            got = self._terminals[t] = Embedded(terminal_dfa(self.g.terminals[t].node))
+        return got
 
     def _cut_free(self) -> list[bool]:
         """Nonterminals whose unrolling never reaches a cut: a non-recursive one, or a linear

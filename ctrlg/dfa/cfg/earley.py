@@ -28,6 +28,7 @@ import numpy as np
 
 from ctrlg.dfa.cfg.grammar_ir import Grammar, derives, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
+from ctrlg.dfa.lazy import _bounded_put
 
 __all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect", "terminal_dfa"]
 
@@ -45,9 +46,7 @@ def terminal_dfa(node) -> ByteDFA:
         got = compile_ast(node)
         got.table.setflags(write=False)
         got.accepting.setflags(write=False)
-        if len(_TERMINAL_DFAS) >= MAX_TERMINAL_DFAS:
-            _TERMINAL_DFAS.clear()
-        _TERMINAL_DFAS[node] = got
+        _bounded_put(_TERMINAL_DFAS, node, got, MAX_TERMINAL_DFAS)
     return got
 
 

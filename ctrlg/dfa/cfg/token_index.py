@@ -26,6 +26,7 @@ and :meth:`TokenIndex.min_tokens` spells a string with the fewest tokens.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,10 @@ class Run:
     final: np.ndarray
     ptr: np.ndarray
     dst: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.final.nbytes + self.ptr.nbytes + self.dst.nbytes
 
     def pairs(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in ``entries``, destination suffix) of every completion pair of ``entries``."""
@@ -78,7 +83,7 @@ class Suffixes:
     #: terminal runs over this vocabulary, by (terminal AST, start state or None for the run
     #: from the initial state over every suffix): shared by every grammar that has the terminal
     runs: dict = field(default_factory=dict)
-    runs_bytes: list = field(default_factory=lambda: [0])
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def num_suffixes(self) -> int:
@@ -86,23 +91,22 @@ class Suffixes:
 
     def forget_runs(self) -> None:
         """Drop the shared runs (a benchmark's cold start)."""
-        self.runs.clear()
-        self.runs_bytes[0] = 0
+        with self._lock:
+            self.runs.clear()
 
     def shared_run(self, key, compute) -> "Run":
         """The run stored under ``key``, or ``compute()`` stored (its arrays read-only; the
-        oldest runs dropped first beyond :data:`MAX_SHARED_RUN_BYTES`)."""
+        oldest runs dropped first beyond :data:`MAX_SHARED_RUN_BYTES` in all)."""
         got = self.runs.get(key)
         if got is None:
             got = compute()
             for a in (got.final, got.ptr, got.dst):
                 a.setflags(write=False)
-            size = got.final.nbytes + got.ptr.nbytes + got.dst.nbytes
-            while self.runs and self.runs_bytes[0] + size > MAX_SHARED_RUN_BYTES:
-                old = self.runs.pop(next(iter(self.runs)))
-                self.runs_bytes[0] -= old.final.nbytes + old.ptr.nbytes + old.dst.nbytes
-            self.runs[key] = got
-            self.runs_bytes[0] += size
+            with self._lock:
+                total = sum(run.nbytes for run in self.runs.values())
+                while self.runs and total + got.nbytes > MAX_SHARED_RUN_BYTES:
+                    total -= self.runs.pop(next(iter(self.runs))).nbytes
+                self.runs[key] = got
         return got
 
     @classmethod
