@@ -201,3 +201,43 @@ def test_memoised_costs_give_the_masks_computed_afresh(build, monkeypatch):
             v = int(rng.choice(choices))
             cursor, q = memo.advance(cursor, v), g.dfa.step(q, v)
     assert checked > 200 and memo.masks.memo_hits > 20
+
+
+@pytest.mark.parametrize("build", ["eager", "lazy"])
+def test_costs_memo_tells_apart_candidates_and_thread_states(build):
+    """The costs memo, called directly: one Earley set with two candidate masks, then two sets
+    that differ only in a thread's terminal state (inside a string, and right after a backslash
+    in it), each answer against :meth:`GrammarFeasibility.costs` computed afresh. The random walks
+    above meet neither collision: there, one signature always came with one candidate mask."""
+    text, tokens = ESCAPES
+    trie = VocabTrie.from_token_bytes(tokens + [b""], eos_token_id=len(tokens))
+    g = dfa.grammar(text, trie) if build == "eager" else dfa.lazy_grammar(text, trie)
+    masks = token_mask(g, Feasibility(g.dfa, 6, eos_token_id=len(tokens))).masks
+    ids_of = {t: i for i, t in enumerate(tokens)}
+    inside = masks.advance(masks.advance(masks.start(), ids_of[b"{"]), ids_of[b'"a'])
+    escaped = masks.advance(inside, ids_of[b"\\"])
+    assert [(t, o) for t, _, o in inside.threads] == [(t, o) for t, _, o in escaped.threads]
+    assert [q for _, q, _ in inside.threads] != [q for _, q, _ in escaped.threads]
+
+    def fresh(s, candidates):
+        ids = np.flatnonzero(candidates)
+        return (ids, *masks.costs(s, ids, detail=True))
+
+    every = np.ones(len(tokens), dtype=bool)
+    some = every.copy()
+    some[[ids_of[b"a"], ids_of[b"n"], ids_of[b'a"']]] = False
+    calls = [(inside, every), (inside, some), (escaped, every), (escaped, some)]
+    answers = []
+    for s, candidates in calls:
+        got, want = masks.candidate_costs(s, candidates), fresh(s, candidates)
+        assert len(got) == len(want) == 5
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+        answers.append(want)
+    # the two sets' costs differ (after a backslash only `n` and `"` continue the string), so a
+    # memo that confused them would fail above
+    assert answers[0][1].tolist() != answers[2][1].tolist()
+    assert masks.memo_hits == 0
+    for s, candidates in calls:                     # asked again: every answer from the memo
+        masks.candidate_costs(s, candidates)
+    assert masks.memo_hits == len(calls)
