@@ -119,14 +119,10 @@ def earley_masks(text: str, tok, walk: list[int], eos: int, cold: bool
     """(compile seconds, table seconds, seconds per step) of a fresh default
     ``dfa.lazy_grammar`` of a self-embedding grammar (the Earley-driven constraint), loose
     budget; ``cold``: the terminal DFAs' memo emptied first."""
-    from ctrlg.dfa.cfg import constraint as grammar_constraint, earley, lark_syntax
+    from ctrlg.dfa.cfg.constraint import clear_shared_caches
 
     if cold:
-        earley._TERMINAL_DFAS.clear()
-        lark_syntax._read_lark.cache_clear()
-        for per_size in grammar_constraint._SUFFIXES.values():
-            for vocabulary in per_size.values():
-                vocabulary.forget_runs()
+        clear_shared_caches()
     t0 = time.perf_counter()
     constraint = dfa.lazy_grammar(text, tok)
     compile_s = time.perf_counter() - t0

@@ -70,3 +70,34 @@ def test_grammars_over_one_vocabulary_share_a_terminal_s_runs(trie, monkeypatch)
                                                     vocabulary.suffix_left))
     assert list(vocabulary.runs) == ["y"] and sum(r.nbytes for r in vocabulary.runs.values()) == size
     assert first.final.tolist() == vocabulary.runs["y"].final.tolist()
+
+
+def test_clearing_the_shared_caches_empties_them_and_keeps_the_masks(trie):
+    """``clear_shared_caches`` empties the terminal runs, the terminal DFAs and the Lark texts
+    read; a constraint built before keeps answering, and one built after gives the same masks."""
+    from ctrlg.dfa.cfg import earley, lark_syntax
+    from ctrlg.dfa.cfg.constraint import clear_shared_caches
+    from ctrlg.guide.feasibility import Feasibility
+    from ctrlg.guide.masks import token_mask
+
+    eos, n = len(TOKENS), 5
+
+    def masks_along(g, walk):
+        provider = token_mask(g, Feasibility(g.dfa, n, eos_token_id=eos))
+        cursor, q, out = provider.start(), g.dfa.initial, []
+        for k, v in enumerate(walk):
+            out.append(provider.allowed(cursor, q, n - k).tolist())
+            cursor, q = provider.advance(cursor, v), g.dfa.step(q, v)
+        return out
+
+    walk = [TOKENS.index(t) for t in (b"(", b"1+", b"12", b")")]
+    before = dfa.lazy_grammar(ARITH, trie)
+    want = masks_along(before, walk)
+    vocabulary = before.index.vocabulary
+    assert vocabulary.runs and earley._TERMINAL_DFAS and lark_syntax._read_lark.cache_info().currsize
+    clear_shared_caches()
+    assert not vocabulary.runs and not earley._TERMINAL_DFAS
+    assert lark_syntax._read_lark.cache_info().currsize == 0
+    assert masks_along(before, walk) == want
+    after = dfa.lazy_grammar(ARITH, trie)
+    assert after.index.vocabulary is vocabulary and masks_along(after, walk) == want

@@ -26,8 +26,9 @@ from typing import Sequence
 
 from ctrlg.dfa.cfg.approximation import check_grammar_size, regular_superset
 from ctrlg.dfa.cfg.anchors import resolve_anchors
-from ctrlg.dfa.cfg.earley import DEAD, Recogniser
+from ctrlg.dfa.cfg.earley import DEAD, Recogniser, forget_terminal_dfas
 from ctrlg.dfa.cfg.grammar_ir import Grammar, reduce, with_ignored
+from ctrlg.dfa.cfg.lark_syntax import forget_read_grammars
 from ctrlg.dfa.cfg.token_index import Suffixes, TokenIndex
 from ctrlg.dfa.core import TokenDFA, WrapsTokenDFA
 from ctrlg.dfa.minimize import minimize
@@ -35,7 +36,7 @@ from ctrlg.dfa.regex_index import resolve_eos, resolve_vocab_size, token_dfa_fro
 from ctrlg.dfa.vocab_trie import VocabTrie
 from ctrlg.errors import ConstraintError, GrammarError
 
-__all__ = ["GrammarConstraint", "prepared_bnf", "vocabulary_suffixes"]
+__all__ = ["GrammarConstraint", "prepared_bnf", "vocabulary_suffixes", "clear_shared_caches"]
 
 #: per vocabulary trie, its :class:`~ctrlg.dfa.cfg.token_index.Suffixes` by (size, EOS ids)
 _SUFFIXES: "weakref.WeakKeyDictionary[VocabTrie, dict]" = weakref.WeakKeyDictionary()
@@ -54,6 +55,20 @@ def vocabulary_suffixes(trie: VocabTrie, size: int, eos_token_ids: tuple) -> Suf
             token_bytes[e] = b""
         got = per_trie[key] = Suffixes.of(token_bytes)
     return got
+
+
+def clear_shared_caches() -> None:
+    """Empty what grammars share within a process: the terminal runs over every vocabulary
+    (:meth:`~ctrlg.dfa.cfg.token_index.Suffixes.forget_runs`; the vocabulary arrays stay), the
+    compiled terminal DFAs (:func:`ctrlg.dfa.cfg.earley.terminal_dfa`) and the grammars read from
+    Lark text. Each is bounded on its own (``MAX_SHARED_RUN_BYTES``, ``MAX_TERMINAL_DFAS``,
+    ``MAX_READ_GRAMMARS``); this is for a benchmark's cold start, or a server that wants the memory
+    back. Constraints built before keep working: they hold their own references."""
+    forget_terminal_dfas()
+    forget_read_grammars()
+    for per_size in list(_SUFFIXES.values()):
+        for vocabulary in list(per_size.values()):
+            vocabulary.forget_runs()
 
 
 def prepared_bnf(grammar: Grammar, what: str = "grammar") -> Grammar:

@@ -30,7 +30,7 @@ from ctrlg.dfa.cfg.grammar_ir import Grammar, derives, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
 from ctrlg.dfa.lazy import _bounded_put
 
-__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect", "terminal_dfa"]
+__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect", "terminal_dfa", "forget_terminal_dfas"]
 
 #: compiled terminal DFAs kept by :func:`terminal_dfa` (emptied when full)
 MAX_TERMINAL_DFAS = 1024
@@ -48,6 +48,11 @@ def terminal_dfa(node) -> ByteDFA:
         got.accepting.setflags(write=False)
         _bounded_put(_TERMINAL_DFAS, node, got, MAX_TERMINAL_DFAS)
     return got
+
+
+def forget_terminal_dfas() -> None:
+    """Empty :func:`terminal_dfa`'s memo (``ctrlg.dfa.cfg.constraint.clear_shared_caches``)."""
+    _TERMINAL_DFAS.clear()
 
 
 class EarleySet:

@@ -31,7 +31,7 @@ from ctrlg.dfa.regex_syntax import (Alternation, CharSet, Concat, Node, ignore_c
                                     matches_empty, normalize_ranges, parse)
 from ctrlg.errors import GrammarError, RegexError, UnsupportedGrammarError
 
-__all__ = ["from_lark", "line_of"]
+__all__ = ["from_lark", "forget_read_grammars", "line_of"]
 
 try:                     # Lark measures a terminal's width with the `regex` module when present
     import regex as _regex_module
@@ -143,6 +143,11 @@ def from_lark(text: str, start: str = "start") -> Grammar:
 @functools.lru_cache(maxsize=MAX_READ_GRAMMARS)
 def _read_lark(text: str, start: str) -> Grammar:
     return _from_lark(text, start)
+
+
+def forget_read_grammars() -> None:
+    """Empty :func:`from_lark`'s memo (``ctrlg.dfa.cfg.constraint.clear_shared_caches``)."""
+    _read_lark.cache_clear()
 
 
 def _from_lark(text: str, start: str) -> Grammar:
