@@ -118,7 +118,7 @@ def earley_masks(text: str, tok, walk: list[int], eos: int, cold: bool
                  ) -> tuple[float, float, list[float]]:
     """(compile seconds, table seconds, seconds per step) of a fresh default
     ``dfa.lazy_grammar`` of a self-embedding grammar (the Earley-driven constraint), loose
-    budget; ``cold``: the terminal DFAs' memo emptied first."""
+    budget; ``cold``: the per-process grammar caches emptied first (``clear_shared_caches``)."""
     from ctrlg.dfa.cfg.constraint import clear_shared_caches
 
     if cold:

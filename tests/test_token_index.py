@@ -94,7 +94,8 @@ def test_clearing_the_shared_caches_empties_them_and_keeps_the_masks(trie):
     before = dfa.lazy_grammar(ARITH, trie)
     want = masks_along(before, walk)
     vocabulary = before.index.vocabulary
-    assert vocabulary.runs and earley._TERMINAL_DFAS and lark_syntax._read_lark.cache_info().currsize
+    assert vocabulary.runs and earley._TERMINAL_DFAS
+    assert lark_syntax._read_lark.cache_info().currsize
     clear_shared_caches()
     assert not vocabulary.runs and not earley._TERMINAL_DFAS
     assert lark_syntax._read_lark.cache_info().currsize == 0

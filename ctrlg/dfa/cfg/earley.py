@@ -30,7 +30,8 @@ from ctrlg.dfa.cfg.grammar_ir import Grammar, derives, terminal_of
 from ctrlg.dfa.bytes_dfa import ByteDFA, compile_ast
 from ctrlg.dfa.lazy import _bounded_put
 
-__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect", "terminal_dfa", "forget_terminal_dfas"]
+__all__ = ["Recogniser", "EarleySet", "DEAD", "completion_effect", "terminal_dfa",
+           "forget_terminal_dfas"]
 
 #: compiled terminal DFAs kept by :func:`terminal_dfa` (emptied when full)
 MAX_TERMINAL_DFAS = 1024
