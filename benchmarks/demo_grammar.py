@@ -137,9 +137,9 @@ def main(argv=None):
               "max_new_tokens": args.max_new_tokens,
               "samples": args.samples,
               "beams": args.beams, "torch_threads": torch.get_num_threads(), "grammars": {}}
+    compile_fn = dfa.grammar if args.constraint == "grammar" else dfa.lazy_grammar
     for name in args.grammars:
         t0 = time.perf_counter()
-        compile_fn = dfa.grammar if args.constraint == "grammar" else dfa.lazy_grammar
         constraint = compile_fn(EXAMPLES[name], tok, vocab_size=ctx.hmm.vocab_size)
         entry = {"constraint": repr(constraint), "compile_s": time.perf_counter() - t0,
                  "modes": {}}

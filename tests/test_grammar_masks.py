@@ -170,10 +170,10 @@ def test_memoised_costs_give_the_masks_computed_afresh(build, monkeypatch):
     """Random walks over a vocabulary with string escapes (only ``\\n`` and ``\\"``), each
     run to its budget of 10 tokens (EOS only when nothing else is allowed) from one start set,
     all through one mask provider whose costs are memoised by parse configuration: every mask
-    equals the one a
-    provider without the memo computes for the same cursor. Configurations that share a memo
-    entry (the inside of a string, the next member) have the same masks; ones that must not
-    (after a backslash, the budget's last tokens with fewer candidates) do not share one."""
+    equals the one a provider without the memo computes for the same cursor. Configurations
+    that share a memo entry (the inside of a string, the next member) have the same masks; ones
+    that must not (after a backslash, the budget's last tokens with fewer candidates) do not
+    share one."""
     from ctrlg.guide import grammar_masks
 
     text, tokens = ESCAPES

@@ -33,11 +33,12 @@ accepting early (:meth:`GrammarFeasibility.feasible`). The searches of one mask 
 ``max_expansions`` sets and cost at most ``max_search_work`` candidate tokens in all: each
 expansion computes the costs of every token A's table still allows, so over a coarse superset
 such as R_1, which prunes little, one expansion costs the whole vocabulary and a budget's last
-masks would run hundreds of them. Past either bound a search is abandoned and its token left out of the mask (counted in ``undecided``, with one warning):
-the mask then stays sound — every token it keeps has a completion — but may miss a token that
-had one; at the start of a generation it is an error. Cost per mask: one gather per thread and
-candidate plus the completion pairs of the threads' terminals — O(threads · V) vectorised — and
-the byte-by-byte step of the chosen token (O(items) per byte) to advance the cursor.
+masks would run hundreds of them. Past either bound a search is abandoned and its token left out
+of the mask (counted in ``undecided``, with one warning): the mask then stays sound — every
+token it keeps has a completion — but may miss a token that had one; at the start of a
+generation it is an error. Cost per mask: one gather per thread and candidate plus the
+completion pairs of the threads' terminals — O(threads · V) vectorised — and the byte-by-byte
+step of the chosen token (O(items) per byte) to advance the cursor.
 """
 
 from __future__ import annotations
