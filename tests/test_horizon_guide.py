@@ -9,6 +9,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import dijkstra
 from helpers import random_hmm
 from tiny_bpe import tiny_bpe_tokenizer
 
@@ -17,7 +21,9 @@ from ctrlg.dfa.lazy import DEAD, ENDED, lazy_regex
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
 from ctrlg.guide import GuideTables
 from ctrlg.guide.guidance import guidance_log_ratio
-from ctrlg.guide.horizon import HorizonGuide, LazyFeasibility
+from ctrlg.guide.horizon import (HorizonGuide, LazyFeasibility, _descent, _descent_py,
+                                 _rarity_order,
+                                 _rarity_order_py, _unit_distances, _unit_distances_py)
 
 # single bytes, pairs, a triple and a token without a single-byte spelling of its own ("d" only
 # inside "dd"); the last token is EOS
@@ -402,3 +408,59 @@ def test_pair_sums_are_the_groups_column_sums(gather_sums, large_letter, monkeyp
                                        atol=1e-7)
     assert big_groups > 0
     assert (stored_groups > 0) == (large_letter is not None)
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=64), st.integers(0, 2**32 - 1))
+def test_the_rarity_order_is_unique_then_a_stable_sort_by_count(values, seed):
+    """The compiled rarity order of the explorer's successors against numpy's unique + stable
+    argsort (its definition) and against its own Python source, on random rows and masks."""
+    row = np.asarray(values, dtype=np.int32)
+    single = np.random.default_rng(seed).random(len(row)) < 0.8
+    targets, counts = np.unique(row[single], return_counts=True)
+    keep = targets != DEAD
+    expected = targets[keep][np.argsort(counts[keep], kind="stable")].tolist()
+    assert _rarity_order(row, single, DEAD).tolist() == expected
+    assert _rarity_order_py(row, single, DEAD).tolist() == expected
+
+
+@given(st.integers(1, 12), st.lists(st.tuples(st.integers(0, 11), st.integers(0, 11)),
+                                    max_size=40), st.lists(st.integers(0, 11), max_size=3))
+def test_unit_distances_are_a_multi_source_shortest_path(n, edges, sources):
+    """The compiled breadth-first distances against scipy's unit-weight Dijkstra (and against
+    their Python source) on random graphs, duplicate edges and self-loops included."""
+    edges = [(a % n, b % n) for a, b in edges]
+    sources = np.asarray(sorted({s % n for s in sources}), dtype=np.int64)
+    heads = np.asarray([a for a, _ in edges], dtype=np.int64)
+    tails = np.asarray([b for _, b in edges], dtype=np.int64)
+    if len(sources):
+        graph = csr_matrix((np.ones(len(heads)), (heads, tails)), shape=(n, n))
+        expected = dijkstra(graph, directed=True, indices=sources, min_only=True,
+                            unweighted=True)
+    else:
+        expected = np.full(n, np.inf)
+    np.testing.assert_array_equal(_unit_distances(heads, tails, n, sources), expected)
+    np.testing.assert_array_equal(_unit_distances_py(heads, tails, n, sources), expected)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_compiled_descent_is_its_python_source(pattern):
+    """The completion path read off the byte distances, compiled and in Python, from every
+    state with a finite distance once the automaton is explored from every token state."""
+    d = _lazy(pattern)
+    feas = LazyFeasibility(d)
+    for prefix in [(), (0,), (2,), (0, 1), (3,), (4,), (6,)]:
+        q = d.run(prefix)
+        if q != DEAD:
+            feas.upper_bound(q)
+    dist = feas._byte_distances()
+    finite = [q for q in range(len(dist)) if np.isfinite(dist[q]) and dist[q] > 0]
+    assert finite
+    for q in finite:
+        got = _descent(d.bdfa.table, dist, feas._single, q)
+        want = _descent_py(d.bdfa.table, dist, feas._single, q)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+        assert len(got[0]) == int(dist[q])
+        end = q
+        for byte in got[1].tolist():
+            end = int(d.bdfa.table[end, byte])
+        assert d.bdfa.accepting[end]
