@@ -709,56 +709,65 @@ class HorizonGuide:
     def _build_region(self, q: int, order: list, depth: dict, k: int, flags: tuple,
                       left_after: int) -> _Region:
         """Ŵ_{k−1}, c_{k−1} of q's successors by the module docstring's recurrence over the
-        states of ``order`` (depth ≤ k)."""
+        states of ``order`` (depth ≤ k). The small per-state arithmetic is numpy's (tens of
+        states: torch's per-call cost would be most of it); the products by A are torch's."""
         feas, h = self.feasibility, self.hmm.hidden_size
         S = len(order)
         local = {s: i for i, s in enumerate(order)}
-        w = torch.zeros(S, h)
-        c = torch.full((S,), -math.inf, dtype=torch.float64)
+        w = np.zeros((S, h), dtype=np.float32)
+        c = np.full(S, -math.inf)
         for s in flags:                  # W_0: the states whose bound proves they finish in time
             if left_after == 0:          # the budget ends at the horizon: [s accepting], exact
                 w[local[s]], c[local[s]] = 1.0, 0.0
             else:                        # what finishing costs from s: β(s) (module docstring)
                 vec, c[local[s]] = self.completion_weight(s)
-                w[local[s]] = torch.from_numpy(vec)
+                w[local[s]] = vec
         # (source, successor) pairs of the states with rows: depth ≤ k − 1 (a state first met at
-        # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth ≤ k − r')
+        # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth ≤ k − r');
+        # sources come in the order of ``order``, so each state's pairs are contiguous
         src, dst, sums = [], [], []
         for s in order:
             if depth[s] <= k - 1:
                 targets = feas.successors(s)
                 src.extend([local[s]] * len(targets))
                 dst.extend(local[t] for t in targets.tolist())
-                sums.append(self.pair_sums(s))
-        depth_t = torch.tensor([depth[s] for s in order])
-        accepting = torch.tensor([self.dfa.is_accepting(s) for s in order]) & bool(self.eos_ids)
-        src_t, dst_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
-        pair_e = torch.cat(sums) if sums else torch.zeros(0, h)
+                sums.append(self.pair_sums(s).numpy())
+        depth_a = np.fromiter((depth[s] for s in order), dtype=np.int64, count=S)
+        accepting = self.dfa.bdfa.accepting[np.asarray(order)] & bool(self.eos_ids)
+        if self.eos_ids:
+            accepting[np.asarray(order) == ENDED] = True
+        src_a, dst_a = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        pair_e = np.concatenate(sums) if sums else np.zeros((0, h), dtype=np.float32)
+        eos_column = self._eos_column.numpy()
         for r in range(1, k):
             # W_r is read at the rows of depth ≤ k − r only: the pairs and products of those
-            rows = torch.nonzero(depth_t <= k - r)[:, 0]
-            use = torch.nonzero(depth_t[src_t] <= k - r)[:, 0]
-            at = torch.full((S,), -1, dtype=torch.long)
-            at[rows] = torch.arange(len(rows))
-            src_r, dst_r = at[src_t[use]], dst_t[use]                 # row index, local state
-            m = torch.full((len(rows),), -math.inf, dtype=torch.float64)
-            m.scatter_reduce_(0, src_r, c[dst_r], reduce="amax")
+            rows = np.flatnonzero(depth_a <= k - r)
+            use = np.flatnonzero(depth_a[src_a] <= k - r)
+            at = np.full(S, -1, dtype=np.int64)
+            at[rows] = np.arange(len(rows))
+            src_r, dst_r = at[src_a[use]], dst_a[use]                 # row index, local state
+            m = np.full(len(rows), -math.inf)
+            np.maximum.at(m, src_r, c[dst_r])
             eos_live = accepting[rows]
-            m = torch.where(eos_live, torch.clamp_min(m, 0.0), m)
-            m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            coef = torch.exp(c[dst_r] - m_safe[src_r]).float()
-            g = torch.zeros(len(rows), h)
-            g.index_add_(0, src_r, pair_e[use] * w[dst_r] * coef[:, None])
-            g += (eos_live * torch.exp(-m_safe)).float()[:, None] * self._eos_column
-            raw = g @ self._transition_t
-            mx = raw.amax(1)
-            ok = (mx > 0) & torch.isfinite(m)
-            w = torch.zeros(S, h)
-            c = torch.full((S,), -math.inf, dtype=torch.float64)
-            w[rows] = torch.where(ok[:, None], raw / torch.where(ok, mx, 1.0)[:, None], 0.0)
-            c[rows] = torch.where(ok, m_safe + torch.log(torch.where(ok, mx, 1.0).double()), -math.inf)
+            m = np.where(eos_live, np.maximum(m, 0.0), m)
+            m_safe = np.where(np.isfinite(m), m, 0.0)
+            coef = np.exp(c[dst_r] - m_safe[src_r]).astype(np.float32)
+            g = np.zeros((len(rows), h), dtype=np.float32)
+            if len(use):                 # sums over each row's pairs (contiguous, in order)
+                first = np.flatnonzero(np.diff(src_r, prepend=-1))
+                g[src_r[first]] = np.add.reduceat(pair_e[use] * w[dst_r] * coef[:, None],
+                                                  first, axis=0)
+            g += (eos_live * np.exp(-m_safe)).astype(np.float32)[:, None] * eos_column
+            raw = (torch.from_numpy(g) @ self._transition_t).numpy()
+            mx = raw.max(1) if len(rows) else np.zeros(0, dtype=np.float32)
+            ok = (mx > 0) & np.isfinite(m)
+            w = np.zeros((S, h), dtype=np.float32)
+            c = np.full(S, -math.inf)
+            w[rows] = np.where(ok[:, None], raw / np.where(ok, mx, 1.0)[:, None], 0.0)
+            c[rows] = np.where(ok, m_safe + np.log(np.where(ok, mx, 1.0).astype(np.float64)),
+                               -math.inf)
         mine = [local[t] for t in feas.successors(q).tolist()]
-        return _Region(w[mine], c[mine])
+        return _Region(torch.from_numpy(w[mine]), torch.from_numpy(c[mine]))
 
 
 class HorizonRows:
