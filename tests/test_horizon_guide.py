@@ -464,3 +464,30 @@ def test_the_compiled_descent_is_its_python_source(pattern):
         for byte in got[1].tolist():
             end = int(d.bdfa.table[end, byte])
         assert d.bdfa.accepting[end]
+
+
+def _log_hmm_prob(hmm, seq):
+    """log P_hmm(seq) by the forward recurrence in log space (long sequences underflow)."""
+    log_pi, log_a, log_b = (x.double().log() for x in (hmm.initial, hmm.transition,
+                                                         hmm.emission))
+    alpha = log_pi + log_b[:, seq[0]]
+    for t in seq[1:]:
+        alpha = torch.logsumexp(alpha[:, None] + log_a, 0) + log_b[:, t]
+    return float(torch.logsumexp(alpha, 0))
+
+
+def test_an_estimate_far_below_float64s_range_is_kept():
+    """Every completion from the first token's successors has log probability below −709 (400
+    forced tokens, then EOS): the region's scales must carry it, and the ratio of each first
+    token is P(v, its completion) / P(v), by the log-space forward recurrence."""
+    d = _lazy(r"(a|b)c{400}")
+    hmm = random_hmm(3, V, seed=3)
+    guide = HorizonGuide(d, hmm, 410, horizon=2)
+    got = guide.log_ratio(d.initial, guide.initial_prior(), 410).double().numpy()
+    a, b, c = 0, 1, 2
+    for v in (a, b):
+        tail = [v] + [c] * 400 + [EOS]
+        assert _log_hmm_prob(hmm, tail) < -709
+        want = _log_hmm_prob(hmm, tail) - _log_hmm_prob(hmm, [v])
+        assert got[v] == pytest.approx(want, rel=1e-5)
+    assert np.isinf(np.delete(got, [a, b])).all()

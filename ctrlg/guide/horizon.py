@@ -757,7 +757,12 @@ class HorizonGuide:
                 first = np.flatnonzero(np.diff(src_r, prepend=-1))
                 g[src_r[first]] = np.add.reduceat(pair_e[use] * w[dst_r] * coef[:, None],
                                                   first, axis=0)
-            g += (eos_live * np.exp(-m_safe)).astype(np.float32)[:, None] * eos_column
+            # EOS's term, e^{−m} ≤ 1 where EOS is live (m ≥ 0 there); nothing elsewhere: a row
+            # whose successors all finish at a log scale below −709 must not read e^{−m} = inf
+            # (0 · inf is nan, and the row would read as unable to finish)
+            eos_scale = np.zeros(len(rows))
+            eos_scale[eos_live] = np.exp(-m_safe[eos_live])
+            g += eos_scale.astype(np.float32)[:, None] * eos_column
             raw = (torch.from_numpy(g) @ self._transition_t).numpy()
             mx = raw.max(1) if len(rows) else np.zeros(0, dtype=np.float32)
             ok = (mx > 0) & np.isfinite(m)
