@@ -117,3 +117,21 @@ def test_pairs_group_exceptions_by_source_and_successor():
                                    rtol=1e-6, atol=1e-7)
     assert len(src) == len({(int(s), int(t)) for s, t in zip(tables.exc.src, tables.exc.dst)})
     assert math.isfinite(tables.log_prob_accept())
+
+
+def test_both_recurrences_keep_scales_far_below_float64s_range(monkeypatch):
+    """Rows whose every completion has log probability below −709 (400 forced tokens before
+    EOS): the torch recurrence must not read e^{eos_log − m} = inf at rows where EOS is not
+    live (0 · inf is nan, and the row fell to the underflow over-estimate)."""
+    from ctrlg import dfa as dfa_module
+
+    tokens = [b"a", b"b", b"c", b"\x00"]
+    constraint = dfa_module.regex(r"(a|b)c{400}", tokens, eos_token_id=3)
+    hmm = random_hmm(3, len(tokens), 4)
+    fast, slow = _both(monkeypatch, constraint, hmm, 410, eos_token_id=[3])
+    assert float(fast.log_scale[fast.log_scale > -math.inf].min()) < -709
+    torch.testing.assert_close(fast.w_hat, slow.w_hat, rtol=1e-5, atol=1e-6)
+    finite = torch.isfinite(slow.log_scale)
+    assert torch.equal(torch.isfinite(fast.log_scale), finite)
+    torch.testing.assert_close(fast.log_scale[finite], slow.log_scale[finite], rtol=1e-9,
+                               atol=1e-6)

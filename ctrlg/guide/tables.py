@@ -366,8 +366,10 @@ class GuideTables(TokenWeights, EntryWeights, Feasibility):
         m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         coef_default = torch.exp(c_default - m_safe).float()
         coef_pair = torch.exp(c[self._pair_dst_t] - m_safe[self._pair_src_t]).float()
-        coef_eos = (torch.exp(self._eos_log - m_safe) * self._eos_live).float() if eos_ok \
-            else torch.zeros(S, device=device)
+        # e^{eos_log − m} ≤ 1 where EOS is live; elsewhere it may overflow (m far below 0) and
+        # must read 0, not 0 · inf = nan (the compiled loop skips those rows alike)
+        coef_eos = torch.where(self._eos_live, torch.exp(self._eos_log - m_safe), 0.0).float() \
+            if eos_ok else torch.zeros(S, device=device)
         if rows is None:
             raw = step(w_prev, self._default_t, coef_default, self._nonexc_mass, self._pair_src_t,
                        self._pair_dst_t, self._pair_row_t, self._pair_emission, coef_pair,
