@@ -491,3 +491,17 @@ def test_an_estimate_far_below_float64s_range_is_kept():
         want = _log_hmm_prob(hmm, tail) - _log_hmm_prob(hmm, [v])
         assert got[v] == pytest.approx(want, rel=1e-5)
     assert np.isinf(np.delete(got, [a, b])).all()
+
+
+def test_guides_of_one_hmm_share_the_transposed_transition_until_it_changes():
+    """Aᵀ is built once per HMM (not per guide) and again after an in-place change of A."""
+    d = _lazy(PATTERNS[0])
+    hmm = random_hmm(3, V, seed=4)
+    first, second = HorizonGuide(d, hmm, 6), HorizonGuide(d, hmm, 6)
+    assert second._transition_t is first._transition_t
+    assert torch.equal(first._transition_t, hmm.transition.float().T)
+    with torch.no_grad():
+        hmm.transition.mul_(0.5)
+    third = HorizonGuide(d, hmm, 6)
+    assert third._transition_t is not first._transition_t
+    assert torch.equal(third._transition_t, hmm.transition.float().T)

@@ -89,6 +89,26 @@ GREEDY_MATCH = 16
 
 
 _TOKEN_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TRANSITIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _transition_operands(hmm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A, Aᵀ)`` of ``hmm`` in float32, Aᵀ contiguous: built once per HMM (a copy of h²
+    entries, ~0.5 ms at h = 512, that every guide of a serving process used to pay), again when
+    the transition is replaced or changed in place (its version counter); an HMM that cannot
+    be weakly referenced gets them built every time."""
+    A = hmm.transition
+    key = (A.data_ptr(), tuple(A.shape), A.dtype, str(A.device), A._version)
+    try:
+        got = _TRANSITIONS.get(hmm)
+    except TypeError:                 # not weak-referenceable: no cache
+        got, hmm = None, None
+    if got is None or got[0] != key:
+        a = A.float()
+        got = (key, a, a.T.contiguous())
+        if hmm is not None:
+            _TRANSITIONS[hmm] = got
+    return got[1], got[2]
 
 
 def _rarity_order_py(row: np.ndarray, single: np.ndarray, dead: int) -> np.ndarray:
@@ -491,8 +511,7 @@ class HorizonGuide:
             self._row_sum = ops.row_sum                            # Σ_v B[:, v], float64
             self._large_letters = ops.large_letters                # sums of large token sets
             self._group_sums = ops.group_sums                      # pair sums met before
-            self._transition = hmm.transition.float()
-            self._transition_t = self._transition.T.contiguous()
+            self._transition, self._transition_t = _transition_operands(hmm)   # A, Aᵀ
             self._transition_np = self._transition.cpu().numpy()  # β's products (numpy)
             self._emission_np = self._emission_t.cpu().numpy()
             self._eos_column = self._emission_t[self.eos_ids].sum(0) if self.eos_ids \
