@@ -505,3 +505,13 @@ def test_guides_of_one_hmm_share_the_transposed_transition_until_it_changes():
     third = HorizonGuide(d, hmm, 6)
     assert third._transition_t is not first._transition_t
     assert torch.equal(third._transition_t, hmm.transition.float().T)
+
+
+@pytest.mark.parametrize("descent", [_descent, _descent_py])
+def test_a_stale_distance_is_an_error_not_a_made_up_path(descent):
+    """A state whose distance no row descends from (here: a row of zeros, the dead state)
+    raises instead of returning bytes that were never read."""
+    table = np.zeros((3, 256), dtype=np.int32)
+    dist = np.array([np.inf, np.inf, 2.0])
+    with pytest.raises(RuntimeError, match="do not descend"):
+        descent(table, dist, np.ones(256, dtype=bool), 2)

@@ -181,11 +181,15 @@ def _descent_py(table: np.ndarray, dist: np.ndarray, single: np.ndarray,
     for i in range(n):
         states[i] = q
         want = dist[q] - 1.0
+        found = False
         for byte in range(256):
             if single[byte] and dist[table[q, byte]] == want:
                 data[i] = byte
                 q = table[q, byte]
+                found = True
                 break
+        if not found:     # a distance without the row that gave it: the graph is stale
+            raise RuntimeError("the byte distances do not descend from this state")
     return states, data
 
 
