@@ -259,12 +259,36 @@ def test_literal_runs_parse_as_single_characters(parts, anchors):
 @given(st.text(alphabet="()[]^\\ab", min_size=0, max_size=400))
 def test_compiled_paren_scan_matches_the_python_one(text):
     from ctrlg.dfa import lazy
-    saved = lazy._COMPILED_SCAN_CHARS
-    lazy._COMPILED_SCAN_CHARS = 0                          # every pattern: the compiled scan
+    saved = lazy._COMPILED_SCAN_CHARS, lazy._SMALL_SCAN_CHARS
+    lazy._COMPILED_SCAN_CHARS = lazy._SMALL_SCAN_CHARS = 0   # every pattern: the compiled scan
     try:
         assert _matching_parens(text) == _matching_parens_py(text)
     finally:
-        lazy._COMPILED_SCAN_CHARS = saved
+        lazy._COMPILED_SCAN_CHARS, lazy._SMALL_SCAN_CHARS = saved
+
+
+def test_the_compiled_scan_takes_over_once_python_scans_have_paid_for_it(monkeypatch):
+    """Short patterns stay with the Python scan until this process has scanned
+    ``_COMPILED_SCAN_CHARS`` characters in Python; then every pattern but the shortest goes to
+    the compiled one (whose first call loads it), with the same pairs."""
+    from ctrlg.dfa import lazy
+
+    calls = []
+
+    class Spy:
+        signatures: list = []
+
+        def __call__(self, *args):
+            calls.append(len(args[0]))
+            return lazy._paren_pairs_py(*args)
+
+    monkeypatch.setattr(lazy, "_paren_pairs", Spy())
+    monkeypatch.setattr(lazy, "_python_scanned", [0])
+    pattern = "(a(b)[()]c)" * 40                            # 440 characters
+    assert _matching_parens(pattern) == _matching_parens_py(pattern) and not calls
+    lazy._python_scanned[0] = lazy._COMPILED_SCAN_CHARS
+    assert _matching_parens(pattern) == _matching_parens_py(pattern) and calls == [440]
+    assert _matching_parens("(a)") == {0: 2} and calls == [440]     # the shortest: Python
 
 
 def _eager_product_finds(a, b, inside_b):

@@ -197,14 +197,22 @@ except ImportError:  # pragma: no cover - numba is a dependency
 
 
 #: patterns at least this long are scanned by the compiled loop (its first call in a process
-#: loads it from numba's cache, ~20 ms: the Python scan of 100,000 characters takes ~15 ms)
+#: loads it from numba's cache, ~20 ms: the Python scan of 100,000 characters takes ~15 ms);
+#: so are the patterns of at least ``_SMALL_SCAN_CHARS`` once the process has scanned that many
+#: characters in Python in all (the load has then paid for itself), or once it is loaded
 _COMPILED_SCAN_CHARS = 100_000
+_SMALL_SCAN_CHARS = 256
+_python_scanned = [0]
 
 
 def _matching_parens(p: str) -> dict[int, int] | None:
     """:func:`_matching_parens_py`, by the compiled scan :func:`_paren_pairs` for a pattern of
-    hundreds of thousands of characters."""
-    if _paren_pairs is None or len(p) < _COMPILED_SCAN_CHARS:
+    hundreds of thousands of characters, and for any but the shortest once the Python scans of
+    this process have read as many characters (a serving process, schema after schema)."""
+    if _paren_pairs is None or len(p) < _SMALL_SCAN_CHARS or (
+            len(p) < _COMPILED_SCAN_CHARS and _python_scanned[0] < _COMPILED_SCAN_CHARS
+            and not _paren_pairs.signatures):
+        _python_scanned[0] += len(p)
         return _matching_parens_py(p)
     code = np.frombuffer(p.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     opens = np.empty(len(p) // 2 + 1, dtype=np.int64)
