@@ -11,8 +11,7 @@ a time:
 * The first time the subset construction asks for the edges of a state ``s`` (``edges_of`` /
   ``eps_of``), every fragment deferred at ``s`` is expanded by one level of Thompson's
   construction — a concatenation ``x·rest`` into ``x`` deferred at ``s`` and ``rest`` at a fresh
-  state (a run of char sets, a literal's characters, wired at once along fresh states, up to
-  ``LITERAL_RUN`` of them); an alternation into a fresh ``(a_i, b_i)`` pair per branch (``s →ε a_i``,
+  state; an alternation into a fresh ``(a_i, b_i)`` pair per branch (``s →ε a_i``,
   ``b_i →ε end``); ``x{m,n}`` into one copy of ``x`` and ``x{m-1,n-1}`` (or the optional copy and
   ``ε``, or the loop of ``x*``); a char set into its shared UTF-8 byte-range template — until
   no fragment is deferred at ``s``.
@@ -46,10 +45,6 @@ from ctrlg.dfa.regex_syntax import EMPTY, Alternation, CharSet, Concat, Node, Re
 from ctrlg.errors import RegexError
 
 __all__ = ["LazyThompsonNFA", "Reference", "lazy_thompson", "prune_empty", "has_empty_charset"]
-
-#: consecutive char sets of a concatenation wired at once when the construction reaches the
-#: first (a literal's characters: a property name, a keyword)
-LITERAL_RUN = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,16 +204,6 @@ class LazyThompsonNFA(TemplateNFA):
                     eps_s.append(end)
                 elif i == len(items) - 1:
                     todo.append((items[i], end))
-                elif isinstance(items[i], CharSet):
-                    # a run of char sets (a literal's characters) is wired now, up to
-                    # LITERAL_RUN of them, the last item never: one level per character would
-                    # defer each at a fresh state, for the next row to expand (the same edges)
-                    cur, stop = s, min(len(items) - 1, i + LITERAL_RUN)
-                    while i < stop and isinstance(items[i], CharSet):
-                        t = self.add_state()
-                        self._class(items[i], cur, t)
-                        cur, i = t, i + 1
-                    self._defer(cur, _Tail(items, i), end)
                 else:
                     t = self.add_state()
                     todo.append((items[i], t))
