@@ -49,6 +49,8 @@ PATTERNS = [
     rf"a{EMPTY_CLASS}|ab",
     rf"(?:{EMPTY_CLASS})*c|x(?:{EMPTY_CLASS}){{0,2}}y|z{EMPTY_CLASS}{{1,2}}",
     rf"(?:q|{EMPTY_CLASS}w)+e",
+    "k" * 150 + r"(?:y|zz)mn",                      # a long literal
+    r"pré(?:fix|é[a-c]ñ)pöst[0-9]",                 # literals through UTF-8 char sets
 ]
 
 # a definition referred to many times, nested definitions, a recursive one (unrolled)
