@@ -21,6 +21,8 @@ one CPU core) and holds two h·V copies; a table per DFA used to build its own, 
 CommonGen items built and held ten. They are now kept per (HMM, precision): weakly on the HMM
 (a dropped HMM frees them) and keyed on the emission tensor's storage, shape, dtype, device
 and version counter, so an emission changed in place (EM) or replaced builds them again.
+:func:`transition_operands` keeps the transition's float32 copy and contiguous transpose the same
+way (the lazy guide's products; a guide per schema used to copy Aᵀ).
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from ctrlg.guide.factored_emission import FactoredProduct, emission_product
 from ctrlg.guide.letter_sums import GroupSumsMemo, LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear
 
-__all__ = ["EmissionOperands", "emission_operands"]
+__all__ = ["EmissionOperands", "emission_operands", "transition_operands"]
 
 # HMM → {key: EmissionOperands}; only the entries of the emission's current version are kept
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# HMM → (the transition's version key, A float32, Aᵀ contiguous)
+_TRANSITIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,9 @@ class EmissionOperands:
     group_sums: GroupSumsMemo       # the lazy guide's pair sums, by their groups
 
 
-def _version_key(emission: torch.Tensor) -> tuple:
-    return (emission.data_ptr(), tuple(emission.shape), emission.dtype, str(emission.device),
-            emission._version)
+def _version_key(tensor: torch.Tensor) -> tuple:
+    return (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype, str(tensor.device),
+            tensor._version)
 
 
 def _build(emission: torch.Tensor, dtype: torch.dtype) -> EmissionOperands:
@@ -84,3 +88,22 @@ def emission_operands(hmm, dtype: torch.dtype) -> EmissionOperands:
     if key not in per_hmm:
         per_hmm[key] = _build(emission, dtype)
     return per_hmm[key]
+
+
+def transition_operands(hmm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A, Aᵀ)`` of ``hmm`` in float32, Aᵀ contiguous (the lazy guide's products): built once
+    per HMM and again when the transition is replaced or changed in place (the same version key
+    as the emission's operands); an HMM that cannot be weakly referenced gets them built every
+    time."""
+    A = hmm.transition
+    version = _version_key(A)
+    try:
+        got = _TRANSITIONS.get(hmm)
+    except TypeError:                 # not weak-referenceable: no cache
+        got, hmm = None, None
+    if got is None or got[0] != version:
+        a = A.float()
+        got = (version, a, a.T.contiguous())
+        if hmm is not None:
+            _TRANSITIONS[hmm] = got
+    return got[1], got[2]

@@ -63,7 +63,7 @@ import torch
 
 from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.guide.emission_operands import emission_operands
+from ctrlg.guide.emission_operands import emission_operands, transition_operands
 from ctrlg.guide.letter_sums import LARGE_LETTER, GroupSumsMemo
 from ctrlg.guide.tables import PRECISIONS, forward_update, grouped_sums, resolve_precision
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
@@ -89,28 +89,6 @@ GREEDY_MATCH = 16
 
 
 _TOKEN_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_TRANSITIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _transition_operands(hmm) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(A, Aᵀ)`` of ``hmm`` in float32, Aᵀ contiguous: built once per HMM (a copy of h²
-    entries, ~0.5 ms at h = 512, that every guide of a serving process used to pay), again when
-    the transition is replaced or changed in place (its version counter); an HMM that cannot
-    be weakly referenced gets them built every time."""
-    A = hmm.transition
-    key = (A.data_ptr(), tuple(A.shape), A.dtype, str(A.device), A._version)
-    try:
-        got = _TRANSITIONS.get(hmm)
-    except TypeError:                 # not weak-referenceable: no cache
-        got, hmm = None, None
-    if got is None or got[0] != key:
-        a = A.float()
-        got = (key, a, a.T.contiguous())
-        if hmm is not None:
-            _TRANSITIONS[hmm] = got
-    return got[1], got[2]
-
-
 def _rarity_order_py(row: np.ndarray, single: np.ndarray, dead: int) -> np.ndarray:
     """The distinct values of ``row[single]`` other than ``dead``, by how often they occur
     (fewest first; ties by value): the order of ``np.unique(..., return_counts=True)`` then a
@@ -515,7 +493,7 @@ class HorizonGuide:
             self._row_sum = ops.row_sum                            # Σ_v B[:, v], float64
             self._large_letters = ops.large_letters                # sums of large token sets
             self._group_sums = ops.group_sums                      # pair sums met before
-            self._transition, self._transition_t = _transition_operands(hmm)   # A, Aᵀ
+            self._transition, self._transition_t = transition_operands(hmm)    # A, Aᵀ
             self._transition_np = self._transition.cpu().numpy()  # β's products (numpy)
             self._emission_np = self._emission_t.cpu().numpy()
             self._eos_column = self._emission_t[self.eos_ids].sum(0) if self.eos_ids \
@@ -746,8 +724,8 @@ class HorizonGuide:
                 vec, c[local[s]] = self.completion_weight(s)
                 w[local[s]] = vec
         # (source, successor) pairs of the states with rows: depth ≤ k − 1 (a state first met at
-        # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth ≤ k − r');
-        # sources come in the order of ``order``, so each state's pairs are contiguous
+        # depth d is read at r' ≤ k − d tokens left, so step r' computes the rows of depth
+        # ≤ k − r'); sources come in the order of ``order``, so each state's pairs are contiguous
         src, dst, sums = [], [], []
         for s in order:
             if depth[s] <= k - 1:
@@ -756,9 +734,10 @@ class HorizonGuide:
                 dst.extend(local[t] for t in targets.tolist())
                 sums.append(self.pair_sums(s).numpy())
         depth_a = np.fromiter((depth[s] for s in order), dtype=np.int64, count=S)
-        accepting = self.dfa.bdfa.accepting[np.asarray(order)] & bool(self.eos_ids)
+        order_a = np.asarray(order)
+        accepting = self.dfa.bdfa.accepting[order_a] & bool(self.eos_ids)
         if self.eos_ids:
-            accepting[np.asarray(order) == ENDED] = True
+            accepting[order_a == ENDED] = True
         src_a, dst_a = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
         pair_e = np.concatenate(sums) if sums else np.zeros((0, h), dtype=np.float32)
         eos_column = self._eos_column.numpy()
@@ -787,7 +766,7 @@ class HorizonGuide:
             eos_scale[eos_live] = np.exp(-m_safe[eos_live])
             g += eos_scale.astype(np.float32)[:, None] * eos_column
             raw = (torch.from_numpy(g) @ self._transition_t).numpy()
-            mx = raw.max(1) if len(rows) else np.zeros(0, dtype=np.float32)
+            mx = raw.max(1)                 # rows holds q at least (depth 0)
             ok = (mx > 0) & np.isfinite(m)
             w = np.zeros((S, h), dtype=np.float32)
             c = np.full(S, -math.inf)
