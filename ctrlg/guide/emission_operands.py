@@ -22,7 +22,9 @@ CommonGen items built and held ten. They are now kept per (HMM, precision): weak
 (a dropped HMM frees them) and keyed on the emission tensor's storage, shape, dtype, device
 and version counter, so an emission changed in place (EM) or replaced builds them again.
 :func:`transition_operands` keeps the transition's float32 copy and contiguous transpose the same
-way (the lazy guide's products; a guide per schema used to copy Aᵀ).
+way (the lazy guide's products; a guide per schema used to copy Aᵀ), and
+:func:`completion_memo` the lazy guide's completion weights β
+(:class:`ctrlg.guide.completion_memo.CompletionMemo`), which depend on both A and B.
 """
 
 from __future__ import annotations
@@ -30,18 +32,22 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ctrlg.guide.completion_memo import CompletionMemo
 from ctrlg.guide.factored_emission import FactoredProduct, emission_product
 from ctrlg.guide.letter_sums import GroupSumsMemo, LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear
 
-__all__ = ["EmissionOperands", "emission_operands", "transition_operands"]
+__all__ = ["EmissionOperands", "completion_memo", "emission_operands", "transition_operands"]
 
 # HMM → {key: EmissionOperands}; only the entries of the emission's current version are kept
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # HMM → (the transition's version key, A float32, Aᵀ contiguous)
 _TRANSITIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# HMM → (the transition's and the emission's version keys, CompletionMemo)
+_COMPLETIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -107,3 +113,19 @@ def transition_operands(hmm) -> tuple[torch.Tensor, torch.Tensor]:
         if hmm is not None:
             _TRANSITIONS[hmm] = got
     return got[1], got[2]
+
+
+def completion_memo(hmm, transition: np.ndarray, emission_t: np.ndarray) -> CompletionMemo:
+    """The lazy guides' shared memo of completion weights for ``hmm``, computing with
+    ``transition`` (A [h, h]) and ``emission_t`` (Bᵀ [V, h]), float32 numpy arrays of ``hmm``'s
+    current A and B: one memo per HMM, emptied when either is replaced or changed in place (the
+    version keys above); an HMM that cannot be weakly referenced gets a new memo every time."""
+    version = (_version_key(hmm.transition), _version_key(hmm.emission))
+    try:
+        got = _COMPLETIONS.get(hmm)
+    except TypeError:                 # not weak-referenceable: no sharing
+        return CompletionMemo(transition, emission_t)
+    if got is None or got[0] != version:
+        got = (version, CompletionMemo(transition, emission_t))
+        _COMPLETIONS[hmm] = got
+    return got[1]

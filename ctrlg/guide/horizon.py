@@ -63,7 +63,8 @@ import torch
 
 from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.guide.emission_operands import emission_operands, transition_operands
+from ctrlg.guide.emission_operands import (completion_memo, emission_operands,
+                                           transition_operands)
 from ctrlg.guide.letter_sums import LARGE_LETTER, GroupSumsMemo
 from ctrlg.guide.tables import PRECISIONS, forward_update, grouped_sums, resolve_precision
 from ctrlg.guide.token_weights import RATIO_FLOOR_GAP
@@ -496,6 +497,7 @@ class HorizonGuide:
             self._transition, self._transition_t = transition_operands(hmm)    # A, Aᵀ
             self._transition_np = self._transition.cpu().numpy()  # β's products (numpy)
             self._emission_np = self._emission_t.cpu().numpy()
+            self._completions = completion_memo(hmm, self._transition_np, self._emission_np)
             self._eos_column = self._emission_t[self.eos_ids].sum(0) if self.eos_ids \
                 else torch.zeros(hmm.hidden_size)
         self._pair_sums: dict[int, torch.Tensor] = {}
@@ -605,8 +607,10 @@ class HorizonGuide:
         token just emitted, as (float32 vector with max 1 [h], log scale): y(s) the token
         completion behind u(s) (:meth:`LazyFeasibility.completion_step`), so β(s) ≤ W_∞(s), the
         probability of finishing from s by any path. β(s) = A · (B[:, y_1] ⊙ β(δ(s, y_1))),
-        β(accepting) = A · Σ_e B[:, e]; memoised per state (O(h²) per token of each new
-        completion, in numpy: one matrix-vector product a token, without torch's per-call cost)."""
+        β(accepting) = A · Σ_e B[:, e]; memoised per state, and per token sequence by the HMM's
+        :class:`~ctrlg.guide.completion_memo.CompletionMemo` (shared by its guides: a sequence
+        met before costs a dict probe, a new one O(h²), one matrix-vector product in numpy).
+        The vectors are shared and must not be written to."""
         chain, q = [], s
         while q not in self._completion:
             step = self.feasibility.completion_step(q)
@@ -614,33 +618,20 @@ class HorizonGuide:
                 break
             chain.append((q, step[0]))
             q = step[1]
-        A, columns = self._transition_np, self._emission_np
         if q in self._completion:
-            vec, scale = self._completion[q]
-        elif self.feasibility.dfa.is_accepting(q) and self.eos_ids:
-            vec, scale = self._normalise(A @ self._eos_column.numpy())
-            self._completion[q] = (vec, scale)
+            node, vec, scale = self._completion[q]
         elif self.feasibility.dfa.is_accepting(q):
-            vec, scale = np.ones(self.hmm.hidden_size, dtype=np.float32), 0.0
-            self._completion[q] = (vec, scale)
+            node, vec, scale = self._completions.base(tuple(self.eos_ids),
+                                                      self._eos_column.numpy())
+            self._completion[q] = (node, vec, scale)
         else:                                      # no completion explored: nothing to say
-            vec, scale = np.zeros(self.hmm.hidden_size, dtype=np.float32), -math.inf
+            node, vec, scale = None, np.zeros(self.hmm.hidden_size, dtype=np.float32), -math.inf
         for state, token in reversed(chain):
-            if scale == -math.inf:
-                self._completion[state] = (vec, scale)
-                continue
-            vec, extra = self._normalise(A @ (columns[token] * vec))
-            scale += extra
-            self._completion[state] = (vec, scale)
-        return self._completion.get(s, (vec, scale))
-
-    @staticmethod
-    def _normalise(vec: np.ndarray) -> tuple[np.ndarray, float]:
-        top = float(vec.max())
-        if not top > 0:
-            return np.zeros_like(vec), -math.inf
-        vec *= 1.0 / top
-        return vec, math.log(top)
+            if node is not None:
+                node, vec, scale = self._completions.extend(node, vec, scale, token)
+            self._completion[state] = (node, vec, scale)
+        got = self._completion.get(s)
+        return (vec, scale) if got is None else (got[1], got[2])
 
     def pair_sums(self, s: int) -> torch.Tensor:
         """Ē_{s,t} = Σ_{v: δ(s, v) = t} B[:, v] for the successors t of :meth:`LazyFeasibility.groups`
