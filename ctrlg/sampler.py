@@ -150,6 +150,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         max_region_states: with ``horizon``, the states of one lookahead region at most (the
             horizon shrinks where more would be needed; default
             :data:`ctrlg.guide.horizon.MAX_REGION_STATES`).
+        first_horizon: with ``horizon``, the first token's horizon (None: ``horizon``); a
+            shorter one cuts the time to the first token (:class:`ctrlg.guide.horizon.HorizonGuide`).
         keep_top: beam search with ``beam_score="lookahead"`` only (ConstraintError
             otherwise), the processor being the last one: the number K of continuations the
             search keeps per input (transformers: max(2, 1 + #EOS) · num_beams; a larger K is
@@ -183,7 +185,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                  progress: bool | None = None, prior=None, precision: str = "auto",
                  strength: float = 1.0, beam_score: str = "guided", keep_top: int | None = None,
                  horizon: int | None = None, max_region_states: int = MAX_REGION_STATES,
-                 **old_names):
+                 first_horizon: int | None = None, **old_names):
         constraint = _renamed(old_names, "dfa", "constraint", constraint, "ConstraintLogitsProcessor")
         if constraint is None:
             raise ConstraintError("ConstraintLogitsProcessor needs a constraint (a TokenDFA or a "
@@ -218,8 +220,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.prompt_length = self._fixed_prompt_length
         resolve_precision(precision)      # a bad value is an error in logical mode too
         self.horizon_rows = None
+        if first_horizon is not None and horizon is None:
+            raise ConstraintError("first_horizon needs horizon= (the lazy guide); the tables over "
+                                  "the budget look ahead to its end")
         if horizon is not None:
-            self._build_horizon_guides(horizon, prior, precision, max_region_states)
+            self._build_horizon_guides(horizon, prior, precision, max_region_states, first_horizon)
             return
         self.tables, self._table_of_dfa = self._build_tables(use_kernel, progress, precision)
         if self.hmm is not None and prior is None:
@@ -259,9 +264,12 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             table_of_dfa.append(built[id(original)])
         return tables, np.asarray(table_of_dfa, dtype=np.int64)
 
-    def _build_horizon_guides(self, horizon, prior, precision, max_region_states) -> None:
+    def _build_horizon_guides(self, horizon, prior, precision, max_region_states,
+                              first_horizon=None) -> None:
         """One :class:`~ctrlg.guide.horizon.HorizonGuide` per distinct lazy constraint."""
         horizon = check_count("horizon", horizon, minimum=1)
+        if first_horizon is not None:
+            first_horizon = check_count("first_horizon", first_horizon, minimum=1)
         for i, d in enumerate(self.dfas):
             if not isinstance(d, LazyTokenDFA):
                 raise ConstraintError(f"horizon= guides lazy automata (dfa.lazy_regex, "
@@ -279,7 +287,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 built[id(d)] = len(guides)
                 guides.append(HorizonGuide(d, self.hmm, self.max_new_tokens, horizon=horizon,
                                            precision=precision,
-                                           max_region_states=max_region_states))
+                                           max_region_states=max_region_states,
+                                           first_horizon=first_horizon))
             of_dfa.append(built[id(d)])
         self.tables, self._table_of_dfa = guides, np.asarray(of_dfa, dtype=np.int64)
         self.horizon_rows = HorizonRows(guides)
@@ -698,7 +707,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
              mode: str = "ctrlg", suffix=None, num_beams: int = 1, do_sample: bool | None = None,
              eos_token_id=None, prior_head="auto", strength: float = 1.0, precision: str = "auto",
              contexts: ContextCache | None = None, horizon: int | None = None,
-             max_region_states: int = MAX_REGION_STATES, **generate_kwargs) -> list[Generation]:
+             max_region_states: int = MAX_REGION_STATES, first_horizon: int | None = None,
+             **generate_kwargs) -> list[Generation]:
     """Generate with Ctrl-G guidance and return the accepted outputs (distinct token sequences),
     best LM log-likelihood first when ``rank_by_lm`` (else in generation order; the old keyword
     ``rerank=`` still works, deprecated: it shadowed :func:`rerank`).
@@ -721,8 +731,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
     :class:`ctrlg.lm.shared_context.ContextCache` where the prompt's encoding is looked up and kept
     (sampling and the rerank then share it, and so do later calls with the same prompt).
     ``horizon``: guide a lazy constraint (``dfa.lazy_json_schema``, ``dfa.lazy_regex``) without
-    tables over the budget (:class:`ConstraintLogitsProcessor`, with ``max_region_states``; the
-    HMM's filtering prior is used, ``prior_head`` is ignored).
+    tables over the budget (:class:`ConstraintLogitsProcessor`, with ``max_region_states`` and
+    ``first_horizon``; the HMM's filtering prior is used, ``prior_head`` is ignored).
     """
     if "rerank" in generate_kwargs:
         rank_by_lm = bool(_renamed({"rerank": generate_kwargs.pop("rerank")}, "rerank",
@@ -761,7 +771,8 @@ def generate(model, tokenizer, prompt, constraint: TokenDFA, *, hmm=None, max_ne
                                          min_new_tokens=min_new_tokens, eos_token_id=eos_ids or None,
                                          mode=mode, suffix_ids=suffix_ids, prior=head_prior,
                                          strength=strength, precision=precision, horizon=horizon,
-                                         max_region_states=max_region_states)
+                                         max_region_states=max_region_states,
+                                         first_horizon=first_horizon)
         recorder = None
         if rank_by_lm and suffix_ids is None and records_lm_log_probs(
                 model.generation_config, dict(generate_kwargs, num_beams=num_beams,

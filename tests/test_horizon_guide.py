@@ -515,3 +515,98 @@ def test_a_stale_distance_is_an_error_not_a_made_up_path(descent):
     dist = np.array([np.inf, np.inf, 2.0])
     with pytest.raises(RuntimeError, match="do not descend"):
         descent(table, dist, np.ones(256, dtype=bool), 2)
+
+
+def test_a_device_hmm_is_read_through_one_shared_cpu_copy(monkeypatch):
+    """The guide computes on the CPU: an HMM whose parameters are elsewhere (a GPU) is read
+    through its host copy, built once per HMM (the guides share it, and its caches) and again
+    after an in-place change; the copy gives the HMM's own ratios along a walk."""
+    import ctrlg.guide.emission_operands as operands
+
+    d = _lazy(PATTERNS[1])
+    hmm = random_hmm(3, V, seed=6)
+    assert operands.host_copy(hmm) is hmm                  # already in CPU memory
+    direct = HorizonGuide(d, hmm, 8, horizon=2)
+    monkeypatch.setattr(operands, "_in_host_memory", lambda tensors: False)
+    first, second = HorizonGuide(d, hmm, 8, horizon=2), HorizonGuide(d, hmm, 8, horizon=2)
+    assert isinstance(first.hmm, operands.HostHMM) and second.hmm is first.hmm
+    assert first._completions is second._completions
+    for name in ("initial", "transition", "emission"):
+        assert torch.equal(getattr(first.hmm, name), getattr(hmm, name))
+        assert getattr(first.hmm, name).data_ptr() != getattr(hmm, name).data_ptr()
+    q, left, priors = d.initial, 8, [direct.initial_prior(), first.initial_prior()]
+    for token in (0, 1, 2):                              # a, b, c
+        ratios = [g.log_ratio(q, p, left) for g, p in zip((direct, first), priors)]
+        assert torch.equal(ratios[0], ratios[1]) and ratios[1].device.type == "cpu"
+        priors = [g.advance_prior(p, token) for g, p in zip((direct, first), priors)]
+        q, left = d.step(q, token), left - 1
+    with torch.no_grad():
+        hmm.emission.mul_(1.0)                 # an in-place write: a new version of B
+    assert HorizonGuide(d, hmm, 8, horizon=2).hmm is not first.hmm
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_first_horizon_looks_that_far_at_the_first_token_only(pattern):
+    """first_horizon=F: the first token's ratios are a horizon-F guide's, every later token's
+    the horizon-H guide's (same state, prior and tokens left); the masks are the same."""
+    d = _lazy(pattern)
+    hmm = random_hmm(3, V, seed=7)
+    n = 6
+    mixed = HorizonGuide(d, hmm, n, horizon=3, first_horizon=1)
+    short, long_ = HorizonGuide(d, hmm, n, horizon=1), HorizonGuide(d, hmm, n, horizon=3)
+    q, prior = d.initial, mixed.initial_prior()
+    first = mixed.log_ratio(q, prior, n)
+    assert torch.equal(first, short.log_ratio(q, prior, n))
+    g = torch.Generator().manual_seed(1)
+    left = n
+    ratio = first
+    while left > 1:
+        v = int(torch.multinomial(torch.softmax(ratio, 0), 1, generator=g))
+        if v == EOS:
+            break
+        q, prior, left = d.step(q, v), mixed.advance_prior(prior, v), left - 1
+        ratio = mixed.log_ratio(q, prior, left)
+        assert torch.equal(ratio, long_.log_ratio(q, prior, left))
+
+
+def test_first_horizon_is_checked_and_needs_horizon():
+    from ctrlg.sampler import ConstraintLogitsProcessor
+
+    tok = tiny_bpe_tokenizer()
+    eager, lazy = _schema_constraints(tok)
+    hmm = random_hmm(2, eager.vocab_size, seed=0)
+    eos = tok.eos_token_id
+    with pytest.raises(ConstraintError, match="first_horizon needs horizon"):
+        ConstraintLogitsProcessor(hmm, eager, max_new_tokens=8, eos_token_id=eos, first_horizon=1)
+    with pytest.raises(ConstraintError, match="first_horizon"):
+        ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4,
+                                  first_horizon=0)
+    with pytest.raises(ConstraintError, match="first_horizon"):
+        HorizonGuide(_lazy(PATTERNS[0]), None, 4, first_horizon=0)
+    proc = ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4,
+                                     first_horizon=1)
+    assert [(g.horizon, g.first_horizon) for g in proc.horizon_rows.guides] == [(4, 1)]
+
+
+def test_generate_passes_first_horizon_and_keeps_every_output_accepted(monkeypatch):
+    from helpers import tiny_llama
+
+    import ctrlg.sampler as sampler
+
+    tok = tiny_bpe_tokenizer()
+    _, lazy = _schema_constraints(tok)
+    model = tiny_llama(lazy.vocab_size, seed=1)
+    hmm = random_hmm(6, lazy.vocab_size, seed=6)
+    seen = []
+    real = sampler.HorizonGuide
+
+    def spy(*args, **kwargs):
+        guide = real(*args, **kwargs)
+        seen.append((guide.horizon, guide.first_horizon))
+        return guide
+
+    monkeypatch.setattr(sampler, "HorizonGuide", spy)
+    out = sampler.generate(model, tok, [0], lazy, hmm=hmm, max_new_tokens=14, num_samples=4,
+                           seed=0, eos_token_id=tok.eos_token_id, horizon=3, first_horizon=1)
+    assert seen == [(3, 1)]
+    assert out and all(lazy.accepts(gen.token_ids) for gen in out)

@@ -25,6 +25,8 @@ and version counter, so an emission changed in place (EM) or replaced builds the
 way (the lazy guide's products; a guide per schema used to copy Aᵀ), and
 :func:`completion_memo` the lazy guide's completion weights β
 (:class:`ctrlg.guide.completion_memo.CompletionMemo`), which depend on both A and B.
+:func:`host_copy` gives the lazy guide, which computes on the CPU, a CPU copy of an HMM that
+lives on a GPU (once per HMM and version, so guides of one HMM share it and its caches).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from ctrlg.guide.factored_emission import FactoredProduct, emission_product
 from ctrlg.guide.letter_sums import GroupSumsMemo, LargeLetterSums
 from ctrlg.kernels.packed_linear import PackedLinear
 
-__all__ = ["EmissionOperands", "completion_memo", "emission_operands", "transition_operands"]
+__all__ = ["EmissionOperands", "HostHMM", "completion_memo", "emission_operands", "host_copy",
+           "transition_operands"]
 
 # HMM → {key: EmissionOperands}; only the entries of the emission's current version are kept
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -48,6 +51,8 @@ _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _TRANSITIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # HMM → (the transition's and the emission's version keys, CompletionMemo)
 _COMPLETIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# HMM → (its three parameters' version keys, HostHMM)
+_HOST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -128,4 +133,43 @@ def completion_memo(hmm, transition: np.ndarray, emission_t: np.ndarray) -> Comp
     if got is None or got[0] != version:
         got = (version, CompletionMemo(transition, emission_t))
         _COMPLETIONS[hmm] = got
+    return got[1]
+
+
+class HostHMM:
+    """π [h], A [h, h] and B [h, V] of an HMM copied to CPU memory: what a guide that computes
+    on the CPU reads (:func:`host_copy`)."""
+
+    def __init__(self, hmm):
+        self.initial, self.transition, self.emission = (
+            t.detach().to("cpu", copy=True) for t in (hmm.initial, hmm.transition, hmm.emission))
+
+    @property
+    def hidden_size(self) -> int:
+        return self.transition.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.emission.shape[1]
+
+
+def _in_host_memory(tensors) -> bool:
+    return all(t.device.type == "cpu" for t in tensors)
+
+
+def host_copy(hmm):
+    """``hmm`` itself when π, A and B are in CPU memory; else its :class:`HostHMM`, built once
+    per HMM and again when a parameter is replaced or changed in place (the version keys above),
+    so the guides of one GPU HMM share the copy and the caches keyed on it."""
+    params = (hmm.initial, hmm.transition, hmm.emission)
+    if _in_host_memory(params):
+        return hmm
+    version = tuple(_version_key(t) for t in params)
+    try:
+        got = _HOST.get(hmm)
+    except TypeError:                 # not weak-referenceable: a copy every time
+        return HostHMM(hmm)
+    if got is None or got[0] != version:
+        got = (version, HostHMM(hmm))
+        _HOST[hmm] = got
     return got[1]

@@ -63,7 +63,7 @@ import torch
 
 from ctrlg.dfa.lazy import DEAD, ENDED, LazyTokenDFA
 from ctrlg.errors import ConstraintError, UnsatisfiableConstraintError, VocabularyMismatchError
-from ctrlg.guide.emission_operands import (completion_memo, emission_operands,
+from ctrlg.guide.emission_operands import (completion_memo, emission_operands, host_copy,
                                            transition_operands)
 from ctrlg.guide.letter_sums import LARGE_LETTER, GroupSumsMemo
 from ctrlg.guide.tables import PRECISIONS, forward_update, grouped_sums, resolve_precision
@@ -455,10 +455,15 @@ class HorizonGuide:
 
     Args:
         dfa: a :class:`~ctrlg.dfa.lazy.LazyTokenDFA` (e.g. :func:`ctrlg.dfa.lazy_json_schema`).
-        hmm: a :class:`ctrlg.HMM` over the same vocabulary, or None (exact masks only).
+        hmm: a :class:`ctrlg.HMM` over the same vocabulary, or None (exact masks only). The
+            guide computes on the CPU: an HMM on a GPU is read through a CPU copy
+            (:func:`~ctrlg.guide.emission_operands.host_copy`), and the ratios are CPU tensors.
         max_new_tokens: the budget n.
         horizon: H ≥ 1 tokens of lookahead (H ≥ n: Ctrl-G's exact guidance).
         max_region_states: states in a lookahead region at most.
+        first_horizon: the horizon of the first token only (the whole budget left), or None
+            (``horizon``): a shorter first lookahead cuts the time to the first token, since
+            the first region is built from nothing; the later tokens keep ``horizon``.
         precision: of the per-token product p · B ("float32", "bfloat16" or "auto").
 
     Raises UnsatisfiableConstraintError when no accepted generation fits the budget.
@@ -466,7 +471,7 @@ class HorizonGuide:
 
     def __init__(self, dfa: LazyTokenDFA, hmm=None, max_new_tokens: int = 32, *,
                  horizon: int = DEFAULT_HORIZON, max_region_states: int = MAX_REGION_STATES,
-                 precision: str = "float32"):
+                 precision: str = "float32", first_horizon: int | None = None):
         self.feasibility = LazyFeasibility(dfa)
         self.dfa = dfa
         self.vocab_size = dfa.vocab_size
@@ -476,9 +481,13 @@ class HorizonGuide:
         self.horizon = int(horizon)
         if self.horizon < 1:
             raise ConstraintError(f"horizon must be ≥ 1, got {horizon}")
+        self.first_horizon = self.horizon if first_horizon is None else int(first_horizon)
+        if self.first_horizon < 1:
+            raise ConstraintError(f"first_horizon must be ≥ 1, got {first_horizon}")
         self.max_region_states = int(max_region_states)
         if self.max_region_states < 2:
             raise ConstraintError(f"max_region_states must be ≥ 2, got {max_region_states}")
+        hmm = None if hmm is None else host_copy(hmm)
         self.hmm = hmm
         self.eos_ids = [] if dfa.eos_token_id is None else [int(dfa.eos_token_id)]
         self.precision = "float32"
@@ -521,7 +530,8 @@ class HorizonGuide:
         allowed = torch.from_numpy(self.mask(state, remaining))
         if self.hmm is None or prior is None or state == ENDED or not bool(allowed.any()):
             return torch.where(allowed, 0.0, -math.inf)
-        k = min(self.horizon, remaining)
+        k = min(self.first_horizon if remaining == self.max_new_tokens else self.horizon,
+                remaining)
         region = self._region(state, remaining, k)
         _, members = self.feasibility.groups(state)
         p = prior.reshape(-1).float()
