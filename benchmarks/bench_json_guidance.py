@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_json_guidance --data /path/to/jsonschemabench/data \\
         [--sample-of benchmarks/results/bench_jsonschemabench_2049.json] [--limit N] [--seed 0]
-        [--engines horizon,tables] [--budget 256] [--horizon 4] [--timeout 20] [--steps 16]
+        [--engines horizon,tables] [--budget 256] [--horizon 4] [--first-horizon 1]
+        [--timeout 20] [--steps 16]
         [--hmm stories-h512] [--precision auto] [--isolation fork|server]
         [--out benchmarks/results/bench_json_guidance.json]
 
@@ -77,7 +78,8 @@ def run_horizon(schema, ctx, args, seed, emit):
     d = _compile(schema, ctx)
     t1 = time.perf_counter()
     guide = HorizonGuide(d, ctx.hmm, args.budget, horizon=args.horizon,
-                         max_region_states=args.region_states, precision=args.precision)
+                         max_region_states=args.region_states, precision=args.precision,
+                         first_horizon=getattr(args, "first_horizon", None))
     t2 = time.perf_counter()
     prior = guide.initial_prior()
     ratio = guide.log_ratio(d.initial, prior, args.budget)
@@ -206,6 +208,8 @@ def main(argv=None) -> None:
     p.add_argument("--engines", default="horizon,tables")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON)
+    p.add_argument("--first-horizon", type=int, default=None,
+                   help="the first token's horizon (HorizonGuide's first_horizon; default: --horizon)")
     p.add_argument("--region-states", type=int, default=MAX_REGION_STATES)
     p.add_argument("--precision", default="auto")
     p.add_argument("--hmm", default="stories-h512")

@@ -3,8 +3,9 @@ documents each produces, with the lazy guide's horizon as the only approximation
 
     python -m benchmarks.json_guidance_quality --data /path/to/jsonschemabench/data \\
         [--category Glaiveai2K] [--schemas 30] [--seed 0] [--samples 4] [--max-new-tokens 128]
-        [--modes logical,tables,h4,h8,h8r32] [--hmm default]
+        [--modes logical,tables,h4,h8,h8r32] [--hmm default] [--reference h4]
         [--out benchmarks/results/json_guidance_quality.json]
+    python -m benchmarks.json_guidance_quality --rescore SAVED.json --reference h4 --out OUT.json
 
 A seeded sample of ``--schemas`` schemas of one JSONSchemaBench category (those the lazy compiler
 takes, whose text fits ``--max-schema-chars``). Each is a chat prompt to the embedded
@@ -17,8 +18,9 @@ under the lazy automaton (:func:`ctrlg.dfa.lazy_json_schema`, exact budget masks
   before the first token);
 * **tables**: Ctrl-G exactly, the tables over every state the budget reaches (the processor
   without ``horizon``);
-* **hH** / **hHrM**: Ctrl-G with the lazy guide's horizon H (:mod:`ctrlg.guide.horizon`) and
-  regions of at most M states (default :data:`ctrlg.guide.horizon.MAX_REGION_STATES`).
+* **hH** / **hHrM** / **hHfF** / **hHrMfF**: Ctrl-G with the lazy guide's horizon H
+  (:mod:`ctrlg.guide.horizon`), regions of at most M states (default
+  :data:`ctrlg.guide.horizon.MAX_REGION_STATES`) and a first token's horizon F (default H).
 
 Ctrl-G modes use the HMM ``--hmm`` (an embedded name, ``default``, or a checkpoint folder).
 
@@ -31,7 +33,9 @@ schemas that the evaluation samples of ``--exclude-seeds`` pick.
 Per document: log p_lm(y | prompt) (EOS included, as :func:`ctrlg.generate` reranks), its
 tokens, whether it ended with EOS before the budget (a budget-forced ending closes whatever was
 open), and ``jsonschema`` validity. Per mode: the means over schemas of the per-schema means,
-and paired bootstrap intervals (schemas resampled) of each ctrlg mode minus logical.
+and paired bootstrap intervals (schemas resampled) of each ctrlg mode minus logical, and with
+``--reference MODE`` minus that mode too. ``--rescore`` summarises a saved run again (its rows;
+nothing is generated).
 """
 
 from __future__ import annotations
@@ -110,9 +114,11 @@ def _mode_options(mode: str, hmm) -> dict:
         return {"hmm": hmm}
     if not mode.startswith("h"):
         raise ValueError(f"unknown mode {mode!r}")
-    horizon, _, states = mode[1:].partition("r")
+    rest, _, first = mode[1:].partition("f")
+    horizon, _, states = rest.partition("r")
     return {"hmm": hmm, "horizon": int(horizon),
-            "max_region_states": int(states) if states else MAX_REGION_STATES}
+            "max_region_states": int(states) if states else MAX_REGION_STATES,
+            "first_horizon": int(first) if first else None}
 
 
 def _bootstrap(diffs: np.ndarray, resamples: int, seed: int) -> list[float]:
@@ -121,9 +127,69 @@ def _bootstrap(diffs: np.ndarray, resamples: int, seed: int) -> list[float]:
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
+def _print_summary(summary: dict, reference: str | None) -> None:
+    ref = reference if reference and reference != "logical" else None
+    print("| mode | schemas | log p_lm per token | minus logical (95 % CI) | "
+          + (f"minus {ref} (95 % CI) | " if ref else "") + "ended by EOS | tokens | valid | "
+          "s per schema |")
+    print("|---" * (8 + bool(ref)) + "|")
+    for m, s in summary.items():
+        cells = []
+        for base in ["logical"] + ([ref] if ref else []):
+            key = f"loglik_per_token_minus_{base}"
+            cells.append("" if key not in s else f"{s[key]:+.3f} [{s[key + '_ci95'][0]:+.3f}, "
+                                                 f"{s[key + '_ci95'][1]:+.3f}]")
+        print(f"| {m} | {s['schemas']} | {s['loglik_per_token']:.3f} | " + " | ".join(cells)
+              + f" | {100 * s['ended']:.0f} % | {s['tokens']:.1f} | {100 * s['valid']:.0f} % | "
+              f"{s['seconds_per_schema']:.1f} |")
+
+
+def _rescore(args) -> None:
+    """--rescore: the saved run's rows summarised again (with --reference), nothing generated."""
+    saved = json.loads(args.rescore.read_text())
+    modes = [m for m in saved["rows"][0] if m != "file"]
+    saved["summary"] = summarise(saved["rows"], modes, args.reference, args.resamples, args.seed)
+    saved["rescored"] = f"--rescore --reference {args.reference}"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(saved, indent=1, ensure_ascii=False))
+    _print_summary(saved["summary"], args.reference)
+
+
+def summarise(rows: list[dict], modes: list[str], reference: str | None, resamples: int,
+              seed: int) -> dict:
+    """Per mode: means over schemas of the per-schema means, and paired bootstrap intervals
+    (schemas resampled) of each mode minus logical masking and, with ``reference``, minus that
+    mode (log p_lm per token and the share ended by EOS)."""
+    summary, per_schema = {}, {}
+    for m in modes:
+        keep = [r for r in rows if r[m]["docs"]]
+        per_schema[m] = {r["file"]: {
+            "loglik_per_token": float(np.mean([x["loglik"] / x["tokens"] for x in r[m]["docs"]])),
+            "loglik": float(np.mean([x["loglik"] for x in r[m]["docs"]])),
+            "tokens": float(np.mean([x["tokens"] for x in r[m]["docs"]])),
+            "ended": float(np.mean([x["ended"] for x in r[m]["docs"]])),
+            "valid": float(np.mean([x["valid"] for x in r[m]["docs"]]))} for r in keep}
+        vals = per_schema[m].values()
+        summary[m] = {k: float(np.mean([v[k] for v in vals])) for k in
+                      ("loglik_per_token", "loglik", "tokens", "ended", "valid")}
+        summary[m]["schemas"] = len(keep)
+        summary[m]["seconds_per_schema"] = float(np.mean([r[m]["seconds"] for r in rows]))
+    baselines = ["logical"] + ([reference] if reference and reference != "logical" else [])
+    for base in baselines:
+        for m in modes:
+            if m in ("logical", base):
+                continue
+            both = sorted(set(per_schema[m]) & set(per_schema[base]))
+            for k in ("loglik_per_token", "ended"):
+                diffs = np.array([per_schema[m][f][k] - per_schema[base][f][k] for f in both])
+                summary[m][f"{k}_minus_{base}"] = float(diffs.mean())
+                summary[m][f"{k}_minus_{base}_ci95"] = _bootstrap(diffs, resamples, seed)
+    return summary
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=None, help="JSONSchemaBench's data folder")
     p.add_argument("--category", default="Glaiveai2K")
     p.add_argument("--schemas", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
@@ -137,7 +203,16 @@ def main(argv=None) -> None:
     p.add_argument("--write-prompts", type=Path, default=None)
     p.add_argument("--prompt-limit", type=int, default=4096)
     p.add_argument("--exclude-seeds", default="0,1")
+    p.add_argument("--reference", default=None,
+                   help="a mode: also intervals of each other mode minus this one")
+    p.add_argument("--rescore", type=Path, default=None,
+                   help="recompute the summary of a saved run (its rows) and write it to --out")
     args = p.parse_args(argv)
+    if args.rescore is not None:
+        _rescore(args)
+        return
+    if args.data is None:
+        p.error("--data is required (JSONSchemaBench's data folder)")
     if args.write_prompts is not None:
         _write_prompts(args)
         return
@@ -187,43 +262,13 @@ def main(argv=None) -> None:
         print(f"{name}: " + "  ".join(
             f"{m} {np.mean([x['loglik'] / x['tokens'] for x in row[m]['docs']]):.2f}/tok"
             for m in modes if row[m]["docs"]), flush=True)
-    summary = {}
-    per_schema = {}
-    for m in modes:
-        keep = [r for r in rows if r[m]["docs"]]
-        per_schema[m] = {r["file"]: {
-            "loglik_per_token": float(np.mean([x["loglik"] / x["tokens"] for x in r[m]["docs"]])),
-            "loglik": float(np.mean([x["loglik"] for x in r[m]["docs"]])),
-            "tokens": float(np.mean([x["tokens"] for x in r[m]["docs"]])),
-            "ended": float(np.mean([x["ended"] for x in r[m]["docs"]])),
-            "valid": float(np.mean([x["valid"] for x in r[m]["docs"]]))} for r in keep}
-        vals = per_schema[m].values()
-        summary[m] = {k: float(np.mean([v[k] for v in vals])) for k in
-                      ("loglik_per_token", "loglik", "tokens", "ended", "valid")}
-        summary[m]["schemas"] = len(keep)
-        summary[m]["seconds_per_schema"] = float(np.mean([r[m]["seconds"] for r in rows]))
-    for m in modes[1:]:
-        both = sorted(set(per_schema[m]) & set(per_schema["logical"]))
-        for k in ("loglik_per_token", "ended"):
-            diffs = np.array([per_schema[m][f][k] - per_schema["logical"][f][k] for f in both])
-            summary[m][f"{k}_minus_logical"] = float(diffs.mean())
-            summary[m][f"{k}_minus_logical_ci95"] = _bootstrap(diffs, args.resamples, args.seed)
+    summary = summarise(rows, modes, args.reference, args.resamples, args.seed)
     out = {"command": "python -m benchmarks.json_guidance_quality " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("data", "out")),
            "wall_s": time.perf_counter() - start, "summary": summary, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, ensure_ascii=False))
-    print("| mode | schemas | log p_lm per token | minus logical (95 % CI) | ended by EOS | "
-          "tokens | valid | s per schema |")
-    print("|---|---|---|---|---|---|---|---|")
-    for m, s in summary.items():
-        diff = "" if m == "logical" else (f"{s['loglik_per_token_minus_logical']:+.3f} "
-                                         f"[{s['loglik_per_token_minus_logical_ci95'][0]:+.3f}, "
-                                         f"{s['loglik_per_token_minus_logical_ci95'][1]:+.3f}]")
-        print(f"| {m} | {s['schemas']} | {s['loglik_per_token']:.3f} | {diff} | "
-              f"{100 * s['ended']:.0f} % | {s['tokens']:.1f} | {100 * s['valid']:.0f} % | "
-              f"{s['seconds_per_schema']:.1f} |")
-
+    _print_summary(summary, args.reference)
 
 if __name__ == "__main__":
     main()
