@@ -209,7 +209,8 @@ def main(argv=None) -> None:
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON)
     p.add_argument("--first-horizon", type=int, default=None,
-                   help="the first token's horizon (HorizonGuide's first_horizon; default: --horizon)")
+                   help="the first token's horizon (HorizonGuide's first_horizon; "
+                        "default: --horizon)")
     p.add_argument("--region-states", type=int, default=MAX_REGION_STATES)
     p.add_argument("--precision", default="auto")
     p.add_argument("--hmm", default="stories-h512")

@@ -151,7 +151,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             horizon shrinks where more would be needed; default
             :data:`ctrlg.guide.horizon.MAX_REGION_STATES`).
         first_horizon: with ``horizon``, the first token's horizon (None: ``horizon``); a
-            shorter one cuts the time to the first token (:class:`ctrlg.guide.horizon.HorizonGuide`).
+            shorter one cuts the time to the first token
+            (:class:`ctrlg.guide.horizon.HorizonGuide`).
         keep_top: beam search with ``beam_score="lookahead"`` only (ConstraintError
             otherwise), the processor being the last one: the number K of continuations the
             search keeps per input (transformers: max(2, 1 + #EOS) · num_beams; a larger K is

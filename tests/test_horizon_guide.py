@@ -353,7 +353,7 @@ def test_a_short_horizon_keeps_every_generation_accepted():
         assert gen.token_ids[-1] == tok.eos_token_id or len(gen.token_ids) == 14
 
 
-def test_the_processor_names_what_horizon_does_not_support():
+def test_the_processor_names_what_horizon_does_not_support_and_checks_first_horizon():
     from ctrlg.sampler import ConstraintLogitsProcessor
 
     tok = tiny_bpe_tokenizer()
@@ -368,6 +368,16 @@ def test_the_processor_names_what_horizon_does_not_support():
             ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4, **kwargs)
     with pytest.raises(ConstraintError, match="horizon"):
         ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=0)
+    with pytest.raises(ConstraintError, match="first_horizon needs horizon"):
+        ConstraintLogitsProcessor(hmm, eager, max_new_tokens=8, eos_token_id=eos, first_horizon=1)
+    with pytest.raises(ConstraintError, match="first_horizon"):
+        ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4,
+                                  first_horizon=0)
+    with pytest.raises(ConstraintError, match="first_horizon"):
+        HorizonGuide(_lazy(PATTERNS[0]), None, 4, first_horizon=0)
+    proc = ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4,
+                                     first_horizon=1)
+    assert [(g.horizon, g.first_horizon) for g in proc.horizon_rows.guides] == [(4, 1)]
 
 
 @pytest.mark.parametrize("gather_sums, large_letter", [(0, None), (512, None), (0, 2)])
@@ -567,25 +577,6 @@ def test_a_first_horizon_looks_that_far_at_the_first_token_only(pattern):
         q, prior, left = d.step(q, v), mixed.advance_prior(prior, v), left - 1
         ratio = mixed.log_ratio(q, prior, left)
         assert torch.equal(ratio, long_.log_ratio(q, prior, left))
-
-
-def test_first_horizon_is_checked_and_needs_horizon():
-    from ctrlg.sampler import ConstraintLogitsProcessor
-
-    tok = tiny_bpe_tokenizer()
-    eager, lazy = _schema_constraints(tok)
-    hmm = random_hmm(2, eager.vocab_size, seed=0)
-    eos = tok.eos_token_id
-    with pytest.raises(ConstraintError, match="first_horizon needs horizon"):
-        ConstraintLogitsProcessor(hmm, eager, max_new_tokens=8, eos_token_id=eos, first_horizon=1)
-    with pytest.raises(ConstraintError, match="first_horizon"):
-        ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4,
-                                  first_horizon=0)
-    with pytest.raises(ConstraintError, match="first_horizon"):
-        HorizonGuide(_lazy(PATTERNS[0]), None, 4, first_horizon=0)
-    proc = ConstraintLogitsProcessor(hmm, lazy, max_new_tokens=8, eos_token_id=eos, horizon=4,
-                                     first_horizon=1)
-    assert [(g.horizon, g.first_horizon) for g in proc.horizon_rows.guides] == [(4, 1)]
 
 
 def test_generate_passes_first_horizon_and_keeps_every_output_accepted(monkeypatch):
