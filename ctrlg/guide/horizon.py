@@ -34,13 +34,15 @@ the next token (the HMM's filtering posterior, :mod:`ctrlg.guide.priors`),
 
     p_hmm(α_k | x≤t, v) = (p ⊙ W_{k−1}(δ(q, v))) · B[:, v]  /  p · B[:, v]
 
-(EOS: [q accepting]). When H ≥ r this is exactly Ctrl-G's quantity (W_0 = [s accepting] there:
-u(s) ≤ 0 iff s accepts); with H < r it is a named approximation: it looks H tokens ahead and
-trusts the feasibility bound beyond. A region holds at most ``max_region_states`` states: the
-breadth-first search stops at the last depth that fits (k shrinks; at least one step). Exactly
-feasible tokens whose estimate is 0 (their region path was cut or their bound unproven) get the
-row's smallest positive ratio · e^−``RATIO_FLOOR_GAP`` (:mod:`ctrlg.guide.token_weights`), so the
-mask, not the estimate, decides what is allowed.
+(EOS: [q accepting]). When H ≥ r this is exactly Ctrl-G's quantity (W_0 = [s accepting] there: u(s)
+≤ 0 iff s accepts); with H < r it is a named approximation: it looks H tokens ahead and trusts the
+feasibility bound beyond. ``first_horizon`` F replaces H at the first token only (r = n), whose
+region is built from nothing: the time to the first token, traded for one token's lookahead. A
+region holds at most ``max_region_states`` states: the breadth-first search stops at the last depth
+that fits (k shrinks; at least one step). Exactly feasible tokens whose estimate is 0 (their region
+path was cut or their bound unproven) get the row's smallest positive ratio ·
+e^−``RATIO_FLOOR_GAP`` (:mod:`ctrlg.guide.token_weights`), so the mask, not the estimate, decides
+what is allowed.
 
 Costs per distinct (q, k, W_0): the region's states' token rows (the lazy automaton's walks,
 memoised), Σ over its (source, successor) pairs of |tokens|·h for Ē (a loop slice's sum is kept
