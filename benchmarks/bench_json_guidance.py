@@ -79,7 +79,7 @@ def run_horizon(schema, ctx, args, seed, emit):
     t1 = time.perf_counter()
     guide = HorizonGuide(d, ctx.hmm, args.budget, horizon=args.horizon,
                          max_region_states=args.region_states, precision=args.precision,
-                         first_horizon=getattr(args, "first_horizon", None))
+                         first_horizon=args.first_horizon)
     t2 = time.perf_counter()
     prior = guide.initial_prior()
     ratio = guide.log_ratio(d.initial, prior, args.budget)

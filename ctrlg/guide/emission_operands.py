@@ -47,7 +47,7 @@ __all__ = ["EmissionOperands", "HostHMM", "completion_memo", "emission_operands"
 
 # HMM → {key: EmissionOperands}; only the entries of the emission's current version are kept
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# HMM → (the transition's version key, A float32, Aᵀ contiguous)
+# HMM → (the transition's version key, (A float32, Aᵀ contiguous))
 _TRANSITIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # HMM → (the transition's and the emission's version keys, CompletionMemo)
 _COMPLETIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -101,23 +101,31 @@ def emission_operands(hmm, dtype: torch.dtype) -> EmissionOperands:
     return per_hmm[key]
 
 
+def _kept_per_hmm(cache: "weakref.WeakKeyDictionary", hmm, version: tuple, build):
+    """``build()``, kept weakly per HMM in ``cache`` under ``version`` and built again when the
+    version changes; an HMM that cannot be weakly referenced gets ``build()`` every time."""
+    try:
+        got = cache.get(hmm)
+    except TypeError:                 # not weak-referenceable: no cache
+        return build()
+    if got is None or got[0] != version:
+        got = (version, build())
+        cache[hmm] = got
+    return got[1]
+
+
 def transition_operands(hmm) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A, Aᵀ)`` of ``hmm`` in float32, Aᵀ contiguous (the lazy guide's products): built once
     per HMM and again when the transition is replaced or changed in place (the same version key
     as the emission's operands); an HMM that cannot be weakly referenced gets them built every
     time."""
     A = hmm.transition
-    version = _version_key(A)
-    try:
-        got = _TRANSITIONS.get(hmm)
-    except TypeError:                 # not weak-referenceable: no cache
-        got, hmm = None, None
-    if got is None or got[0] != version:
+
+    def build():
         a = A.float()
-        got = (version, a, a.T.contiguous())
-        if hmm is not None:
-            _TRANSITIONS[hmm] = got
-    return got[1], got[2]
+        return a, a.T.contiguous()
+
+    return _kept_per_hmm(_TRANSITIONS, hmm, _version_key(A), build)
 
 
 def completion_memo(hmm, transition: np.ndarray, emission_t: np.ndarray) -> CompletionMemo:
@@ -126,14 +134,8 @@ def completion_memo(hmm, transition: np.ndarray, emission_t: np.ndarray) -> Comp
     current A and B: one memo per HMM, emptied when either is replaced or changed in place (the
     version keys above); an HMM that cannot be weakly referenced gets a new memo every time."""
     version = (_version_key(hmm.transition), _version_key(hmm.emission))
-    try:
-        got = _COMPLETIONS.get(hmm)
-    except TypeError:                 # not weak-referenceable: no sharing
-        return CompletionMemo(transition, emission_t)
-    if got is None or got[0] != version:
-        got = (version, CompletionMemo(transition, emission_t))
-        _COMPLETIONS[hmm] = got
-    return got[1]
+    return _kept_per_hmm(_COMPLETIONS, hmm, version,
+                         lambda: CompletionMemo(transition, emission_t))
 
 
 class HostHMM:
@@ -165,11 +167,4 @@ def host_copy(hmm):
     if _in_host_memory(params):
         return hmm
     version = tuple(_version_key(t) for t in params)
-    try:
-        got = _HOST.get(hmm)
-    except TypeError:                 # not weak-referenceable: a copy every time
-        return HostHMM(hmm)
-    if got is None or got[0] != version:
-        got = (version, HostHMM(hmm))
-        _HOST[hmm] = got
-    return got[1]
+    return _kept_per_hmm(_HOST, hmm, version, lambda: HostHMM(hmm))
