@@ -123,6 +123,30 @@ def test_nothing_is_built_before_the_first_row_and_depth_costs_nothing_up_front(
             assert bool(lazy.accepting[q]) == bool(eager.accepting[r]) == (depth <= levels + 1)
 
 
+def test_the_states_built_on_demand_leave_the_garbage_collector_nothing_to_scan():
+    """A walk adds thousands of NFA states; each one's edges and ε-targets are tuples of
+    numbers (untracked once the collector has seen them), and a deferred fragment costs no
+    container, so the walk adds a small fraction of its states in tracked objects (lists were
+    two per state, whose full collections took hundreds of milliseconds a step)."""
+    import gc
+
+    lazy = lazy_nesting_subset(_bnf(EXAMPLES["json"]), 6)
+    gc.collect()
+    before = len(gc.get_objects())
+    q = lazy.run_bytes(lazy.initial, b'{"a": [1, {"b": [true, null, "x"]}], "c": {"d": 2.5}}')
+    assert lazy.accepting[q]
+    gc.collect()
+    gc.collect()            # a tuple of tuples is untracked once its items are
+    added = len(gc.get_objects()) - before
+    nfa = lazy._nfa
+    built = [s for s in range(len(nfa.edges)) if nfa.edges[s] is not None]
+    assert len(built) > 1000
+    for s in built:
+        assert type(nfa.edges[s]) is tuple and type(nfa.eps[s]) is tuple, s
+        assert not gc.is_tracked(nfa.edges[s]) and not gc.is_tracked(nfa.eps[s]), s
+    assert added < len(built) / 2, (added, len(built))
+
+
 def test_an_automaton_past_the_state_bound_names_max_nesting(monkeypatch):
     monkeypatch.setattr(lazy_module, "MAX_LAZY_STATES", 6)
     lazy = lazy_nesting_subset(_bnf(EXAMPLES["json"]), 4)

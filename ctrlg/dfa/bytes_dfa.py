@@ -88,8 +88,11 @@ def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
 
 # ---------------------------------------------------------------------- Thompson NFA
 class ByteNFA:
-    """ε-NFA with byte-range edges. ``edges[s]`` = list of ``(lo, hi, target)``,
-    ``eps[s]`` = list of ε-targets."""
+    """ε-NFA with byte-range edges. ``edges[s]`` = sequence of ``(lo, hi, target)``,
+    ``eps[s]`` = sequence of ε-targets. The construction adds to them with ``+=`` and a tuple,
+    so a subclass may store a state's edges as tuples: the lazy NFA does
+    (:class:`~ctrlg.dfa.lazy_nfa.LazyThompsonNFA`), as the garbage collector stops tracking
+    tuples of numbers."""
 
     def __init__(self):
         self.edges: list[list[tuple[int, int, int]]] = []
@@ -109,7 +112,7 @@ class ByteNFA:
             self._charset(node, start, end)
         elif isinstance(node, Concat):
             if not node.items:
-                self.eps[start].append(end)
+                self.eps[start] += (end,)
                 return
             cur = start
             for k, item in enumerate(node.items):
@@ -119,9 +122,9 @@ class ByteNFA:
         elif isinstance(node, Alternation):
             for item in node.items:
                 s, e = self.add_state(), self.add_state()
-                self.eps[start].append(s)
+                self.eps[start] += (s,)
                 self.build(item, s, e)
-                self.eps[e].append(end)
+                self.eps[e] += (end,)
         elif isinstance(node, Repeat):
             self._repeat(node, start, end, lambda s, e: self.build(node.item, s, e))
         else:  # pragma: no cover - parser produces only the node types above
@@ -139,17 +142,17 @@ class ByteNFA:
             cur = nxt
         if node.max is None:
             loop_s, loop_e = self.add_state(), self.add_state()
-            self.eps[cur].append(loop_s)
+            self.eps[cur] += (loop_s,)
             item(loop_s, loop_e)
-            self.eps[loop_e].append(loop_s)
-            self.eps[loop_s].append(end)
+            self.eps[loop_e] += (loop_s,)
+            self.eps[loop_s] += (end,)
         else:
             for _ in range(node.max - node.min):
-                self.eps[cur].append(end)
+                self.eps[cur] += (end,)
                 nxt = self.add_state()
                 item(cur, nxt)
                 cur = nxt
-            self.eps[cur].append(end)
+            self.eps[cur] += (end,)
 
     def _charset(self, node: CharSet, start: int, end: int) -> None:
         # share intermediate states by byte-prefix (a trie of byte-range sequences)
@@ -159,11 +162,11 @@ class ByteNFA:
                 for k in range(len(seq)):
                     key = tuple(seq[:k + 1])
                     if k == len(seq) - 1:
-                        self.edges[trie[tuple(seq[:k])]].append((seq[k][0], seq[k][1], end))
+                        self.edges[trie[tuple(seq[:k])]] += ((seq[k][0], seq[k][1], end),)
                     elif key not in trie:
                         t = self.add_state()
                         trie[key] = t
-                        self.edges[trie[tuple(seq[:k])]].append((seq[k][0], seq[k][1], t))
+                        self.edges[trie[tuple(seq[:k])]] += ((seq[k][0], seq[k][1], t),)
 
 
 # ---------------------------------------------------------------------- DFA

@@ -144,17 +144,25 @@ class LazyThompsonNFA(TemplateNFA):
 
     def __init__(self, resolve=None):
         super().__init__()
-        self._pending: dict[int, list] = {}
+        # the fragment deferred at a state: its node and its end state, in two dicts so that
+        # a deferred state adds no container the garbage collector would track; further
+        # fragments deferred at the same state (none today) wait in ``_more``
+        self._pending: dict[int, object] = {}
+        self._pending_end: dict[int, int] = {}
+        self._more: dict[int, list] = {}
         self.resolve = resolve      # key -> Node, for the Reference nodes of the AST
 
     def add_state(self) -> int:
-        """A fresh state (no bound here: :func:`lazy_thompson` bounds the pattern's size)."""
-        self.edges.append([])
-        self.eps.append([])
+        """A fresh state (no bound here: :func:`lazy_thompson` bounds the pattern's size). Its
+        edges and ε-targets are tuples, added to by concatenation (a state has few): a walk
+        over a grammar adds tens of thousands of states, and lists would be tracked by the
+        garbage collector, whose full collections then cost hundreds of milliseconds a step."""
+        self.edges.append(())
+        self.eps.append(())
         return len(self.edges) - 1
 
     def build(self, node, start: int, end: int) -> None:
-        self._pending.setdefault(start, []).append((node, end))
+        self._defer(start, node, end)
 
     def _block_starts(self) -> list:
         """The first inner state of each template copy, extended as copies are added (they
@@ -190,8 +198,9 @@ class LazyThompsonNFA(TemplateNFA):
 
     def _expand(self, s: int) -> None:
         """Expand the fragments deferred at ``s`` until none is left (module docstring)."""
-        todo = self._pending.pop(s)
-        eps_s = self.eps[s]
+        todo = self._deferred_at(s)
+        eps_s = self.eps[s] = list(self.eps[s])    # a list while s is expanded (alternations
+        #                                            may add thousands), then a tuple again
         while todo:
             node, end = todo.pop()
             if isinstance(node, CharSet):
@@ -213,7 +222,7 @@ class LazyThompsonNFA(TemplateNFA):
                     a, b = self.add_state(), self.add_state()
                     eps_s.append(a)
                     self._defer(a, item, b)
-                    self.eps[b].append(end)
+                    self.eps[b] += (end,)
             elif isinstance(node, Repeat) and _counter_of_small_item(node):
                 TemplateNFA.build(self, node, s, end)   # copies of one template at a fixed
                 #                                         stride: counted slices + translated masks
@@ -226,8 +235,8 @@ class LazyThompsonNFA(TemplateNFA):
                     self._defer(a, node.item, b)
                     if cls is not None:             # a copy starts at a, unboundedly many follow
                         self.counted.setdefault(a, []).append((cls, None))
-                    self.eps[b].append(a)
-                    self.eps[a].append(end)
+                    self.eps[b] += (a,)
+                    self.eps[a] += (end,)
                 elif hi == 0:
                     eps_s.append(end)
                 else:                               # one copy of x, then x{lo-1,hi-1}
@@ -239,21 +248,25 @@ class LazyThompsonNFA(TemplateNFA):
                     todo.append((node.item, t))
                     rest = Repeat(node.item, max(lo - 1, 0), None if hi is None else hi - 1)
                     if rest.max == 0:
-                        self.eps[t].append(end)
+                        self.eps[t] += (end,)
                     else:
                         self._defer(t, rest, end)
             else:  # pragma: no cover - the parser produces only the node types above
                 raise TypeError(f"unknown regex node {node!r}")
-            more = self._pending.pop(s, None)     # a fragment deferred at s again (none today)
-            if more:
-                todo.extend(more)
+            if s in self._pending:                # a fragment deferred at s again (none today)
+                todo.extend(self._deferred_at(s))
+        self.eps[s] = tuple(eps_s)
 
     def _defer(self, s: int, node, end: int) -> None:
-        got = self._pending.get(s)
-        if got is None:
-            self._pending[s] = [(node, end)]
+        if s in self._pending:
+            self._more.setdefault(s, []).append((node, end))
         else:
-            got.append((node, end))
+            self._pending[s] = node
+            self._pending_end[s] = end
+
+    def _deferred_at(self, s: int) -> list:
+        """The fragments ``(node, end)`` deferred at ``s``, no longer deferred."""
+        return [(self._pending.pop(s), self._pending_end.pop(s)), *self._more.pop(s, ())]
 
 
 #: a bounded repetition of an item of at most this many character positions, with 3 copies or

@@ -84,7 +84,7 @@ class TemplateNFA(ByteNFA):
         """A char set between ``start`` and ``end``: an ASCII class as one byte edge per range
         (all its template would hold), any other from its UTF-8 template."""
         if node.ranges and node.ranges[-1][1] < 0x80:
-            self.edges[start].extend([(lo, hi, end) for lo, hi in node.ranges])
+            self.edges[start] += tuple((lo, hi, end) for lo, hi in node.ranges)
         else:
             self._instantiate(self._template(node), start, end)
 
@@ -145,9 +145,9 @@ class TemplateNFA(ByteNFA):
 
         for x, y in ((0, start), (1, end)):
             if edges[x]:
-                self.edges[y].extend(_renamed_edges(edges[x], base, start, end))
+                self.edges[y] += _renamed_edges(edges[x], base, start, end)
             if eps[x]:
-                self.eps[y].extend(_renamed(eps[x], base, start, end))
+                self.eps[y] += _renamed(eps[x], base, start, end)
         if notes:
             for x, y in ((0, start), (1, end)):
                 if x in notes:
@@ -311,15 +311,16 @@ class TemplateNFA(ByteNFA):
                 self._resolve(s)
 
 
-def _renamed(targets: list, base: int, start: int, end: int) -> list:
+def _renamed(targets, base: int, start: int, end: int) -> tuple:
     """Template-local state ids as a copy's: 0 → ``start``, 1 → ``end``, x → ``base + x``
-    (written out inline: it runs once per edge of every state the subset construction meets)."""
-    return [base + t if t > 1 else end if t else start for t in targets]
+    (written out inline: it runs once per edge of every state the subset construction meets).
+    A tuple: the garbage collector stops tracking it (a walk reads tens of thousands)."""
+    return tuple([base + t if t > 1 else end if t else start for t in targets])
 
 
-def _renamed_edges(edges: list, base: int, start: int, end: int) -> list:
+def _renamed_edges(edges, base: int, start: int, end: int) -> tuple:
     """:func:`_renamed` on the targets of ``(lo, hi, target)`` edges."""
-    return [(lo, hi, base + t if t > 1 else end if t else start) for lo, hi, t in edges]
+    return tuple([(lo, hi, base + t if t > 1 else end if t else start) for lo, hi, t in edges])
 
 
 #: item -> its class, by object identity (the entry holds the item, so its id stays its own);
