@@ -84,7 +84,7 @@ class TemplateNFA(ByteNFA):
         """A char set between ``start`` and ``end``: an ASCII class as one byte edge per range
         (all its template would hold), any other from its UTF-8 template."""
         if node.ranges and node.ranges[-1][1] < 0x80:
-            self.edges[start] += tuple((lo, hi, end) for lo, hi in node.ranges)
+            self.edges[start] += tuple([(lo, hi, end) for lo, hi in node.ranges])
         else:
             self._instantiate(self._template(node), start, end)
 
