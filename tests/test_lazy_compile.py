@@ -11,6 +11,7 @@ product search of :mod:`ctrlg.dfa.json_schema.strings`) against the construction
   against the Python one, and the lazy product search against the product of eager DFAs.
 """
 
+import itertools
 import re
 import warnings
 
@@ -146,6 +147,41 @@ def test_on_demand_nfa_gives_the_same_byte_language(name, pattern):
     for _ in range(300):
         data = bytes(rng.choice(alphabet, size=int(rng.integers(0, 12))).tolist())
         assert _run_bytes(old, data) == _run_bytes(new, data), data
+
+
+def _random_regex(draw, depth: int) -> str:
+    """A regex over ``a``, ``b``: alternations (empty branches included) nested in loops,
+    counters and concatenations, where branches that share their start and end state would
+    go wrong if a branch could re-enter its start."""
+    if depth == 0:
+        return draw(st.sampled_from(["a", "b", "[ab]", ""]))
+    kind = draw(st.sampled_from(["alt", "alt", "cat", "star", "plus", "opt", "count", "leaf"]))
+    if kind == "leaf":
+        return _random_regex(draw, 0)
+    if kind in ("alt", "cat"):
+        items = [_random_regex(draw, depth - 1) for _ in range(draw(st.integers(2, 3)))]
+        return "(?:" + ("|" if kind == "alt" else "").join(
+            items if kind == "alt" else [f"(?:{x})" for x in items]) + ")"
+    inner = f"(?:{_random_regex(draw, depth - 1)})"
+    if kind == "count":
+        lo = draw(st.integers(0, 2))
+        return inner + f"{{{lo},{lo + draw(st.integers(0, 2))}}}"
+    return inner + {"star": "*", "plus": "+", "opt": "?"}[kind]
+
+
+ALL_SHORT_STRINGS = [bytes(p) for n in range(6) for p in itertools.product(b"ab", repeat=n)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_on_demand_nfa_accepts_what_python_re_accepts(data):
+    """Brute force: the NFA built on demand (alternation branches sharing their start and end
+    states) accepts exactly the strings over {a, b} of length ≤ 5 that ``re.fullmatch`` does."""
+    pattern = f"(?:{_random_regex(data.draw, data.draw(st.integers(1, 4)))})"
+    nfa, s, a = lazy_thompson(parse(pattern))
+    d = LazyByteDFA(nfa, s, a)
+    for text in ALL_SHORT_STRINGS:
+        assert _run_bytes(d, text) == bool(re.fullmatch(pattern, text.decode())), (pattern, text)
 
 
 @pytest.mark.parametrize("name,pattern", ALL, ids=[n[:40] for n, _ in ALL])
