@@ -127,8 +127,13 @@ def _bootstrap(diffs: np.ndarray, resamples: int, seed: int) -> list[float]:
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
+def _other_reference(reference: str | None) -> str | None:
+    """The ``--reference`` mode when it is not logical masking (always a baseline)."""
+    return reference if reference and reference != "logical" else None
+
+
 def _print_summary(summary: dict, reference: str | None) -> None:
-    ref = reference if reference and reference != "logical" else None
+    ref = _other_reference(reference)
     print("| mode | schemas | log p_lm per token | minus logical (95 % CI) | "
           + (f"minus {ref} (95 % CI) | " if ref else "") + "ended by EOS | tokens | valid | "
           "s per schema |")
@@ -174,7 +179,8 @@ def summarise(rows: list[dict], modes: list[str], reference: str | None, resampl
                       ("loglik_per_token", "loglik", "tokens", "ended", "valid")}
         summary[m]["schemas"] = len(keep)
         summary[m]["seconds_per_schema"] = float(np.mean([r[m]["seconds"] for r in rows]))
-    baselines = ["logical"] + ([reference] if reference and reference != "logical" else [])
+    ref = _other_reference(reference)
+    baselines = ["logical"] + ([ref] if ref else [])
     for base in baselines:
         for m in modes:
             if m in ("logical", base):

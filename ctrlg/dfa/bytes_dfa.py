@@ -15,6 +15,7 @@ can be used without bounds checks: ``table[0, :] == 0``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,8 +96,8 @@ class ByteNFA:
     tuples of numbers."""
 
     def __init__(self):
-        self.edges: list[list[tuple[int, int, int]]] = []
-        self.eps: list[list[int]] = []
+        self.edges: list[Sequence[tuple[int, int, int]]] = []
+        self.eps: list[Sequence[int]] = []
 
     def add_state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:

@@ -42,6 +42,7 @@ as non-empty here), so the invariant above holds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctrlg.dfa.template_nfa import MAX_LAZY_NFA_STATES, TemplateNFA, _item_class
@@ -176,7 +177,7 @@ class LazyThompsonNFA(TemplateNFA):
             st.extend(b[0] for b in self._blocks[len(st):])
         return st
 
-    def edges_of(self, s: int) -> list:
+    def edges_of(self, s: int) -> Sequence[tuple[int, int, int]]:
         if s in self._pending:
             self._expand(s)
         e = self.edges[s]
@@ -185,7 +186,7 @@ class LazyThompsonNFA(TemplateNFA):
             e = self.edges[s]
         return e
 
-    def eps_of(self, s: int) -> list:
+    def eps_of(self, s: int) -> Sequence[int]:
         if s in self._pending:
             self._expand(s)
         e = self.eps[s]

@@ -10,6 +10,7 @@ demand.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 from ctrlg.dfa.bytes_dfa import ByteNFA
 from ctrlg.dfa.regex_syntax import Alternation, CharSet, Node, Repeat
@@ -294,12 +295,12 @@ class TemplateNFA(ByteNFA):
         i = self._block_index(s)
         return None if i is None else self._blocks[i]
 
-    def edges_of(self, s: int) -> list:
+    def edges_of(self, s: int) -> Sequence[tuple[int, int, int]]:
         if self.edges[s] is None:
             self._resolve(s)
         return self.edges[s]
 
-    def eps_of(self, s: int) -> list:
+    def eps_of(self, s: int) -> Sequence[int]:
         if self.eps[s] is None:
             self._resolve(s)
         return self.eps[s]
