@@ -4,6 +4,8 @@ vocabulary: the same run object for the same terminal, the oldest dropped beyond
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctrlg import dfa
 from ctrlg.dfa.cfg import token_index
@@ -102,3 +104,52 @@ def test_clearing_the_shared_caches_empties_them_and_keeps_the_masks(trie):
     assert masks_along(before, walk) == want
     after = dfa.lazy_grammar(ARITH, trie)
     assert after.index.vocabulary is vocabulary and masks_along(after, walk) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.integers(0, 2**32 - 1),
+       st.lists(st.binary(min_size=0, max_size=6).map(lambda b: bytes(x % 4 for x in b)),
+                min_size=1, max_size=12))
+def test_the_compiled_run_equals_the_numpy_columns_and_a_byte_by_byte_run(states, seed, tokens):
+    """``terminal_run`` (the compiled loop) and ``terminal_run_columns`` (numpy) give one run,
+    and both the byte-by-byte one, on random DFAs over bytes 0-3 (state 0 dead), from every
+    state, over every suffix of random tokens (empty ones included)."""
+    rng = np.random.default_rng(seed)
+    table = np.zeros((states, 256), dtype=np.int32)
+    table[1:, :4] = rng.integers(0, states, size=(states - 1, 4))
+    accepting = rng.random(states) < 0.5
+    accepting[0] = False
+    Dfa = type("Dfa", (), {})
+    d = Dfa()
+    d.table, d.accepting = table, accepting
+    vocabulary = token_index.Suffixes.of(tokens)
+    flat = bytes(vocabulary.flat.astype(np.uint8))
+    for q in range(1, states):
+        for starts, left in ((np.arange(vocabulary.num_suffixes), vocabulary.suffix_left),
+                             (vocabulary.base[:-1], vocabulary.length)):
+            a = token_index.terminal_run(table, accepting, vocabulary.flat, starts, left, q)
+            b = token_index.terminal_run_columns(table, accepting, vocabulary.flat, starts, left, q)
+            assert a.final.tolist() == b.final.tolist()
+            assert a.ptr.tolist() == b.ptr.tolist() and a.dst.tolist() == b.dst.tolist()
+            for i, (s, n) in enumerate(zip(starts.tolist(), left.tolist())):
+                final, ends = _brute(d, q, flat[s:s + n]) if n else (0, [])
+                assert int(a.final[i]) == final
+                assert a.dst[a.ptr[i]:a.ptr[i + 1]].tolist() == [s + k for k in ends]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 50), max_size=3), min_size=1, max_size=12),
+       st.lists(st.integers(0, 11), max_size=20), st.booleans())
+def test_pairs_equal_the_per_entry_definition(lists, picks, ordered):
+    """``Run.pairs`` (a compiled loop) gives every (position, destination) of the entries, in
+    order, repeats and unordered entries included, as the per-entry definition does."""
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in lists], out=ptr[1:])
+    dst = np.array([d for x in lists for d in x], dtype=np.int64)
+    run = token_index.Run(final=np.zeros(len(lists), dtype=np.int32), ptr=ptr, dst=dst)
+    entries = np.array([p % len(lists) for p in picks], dtype=np.int64)
+    if ordered:
+        entries = np.sort(entries)
+    expected = [(i, d) for i, e in enumerate(entries.tolist()) for d in lists[e]]
+    where, got = run.pairs(entries)
+    assert list(zip(where.tolist(), got.tolist())) == expected

@@ -3,8 +3,9 @@ and the byte costs of completing a rule — the tables behind the grammar's toke
 
 Suffixes. The bytes of all tokens are laid end to end; suffix id ``i`` is the tail of its token
 that starts at byte ``i`` (so token v's full bytes are suffix ``base[v]``, and the suffix
-``k`` bytes further is ``i + k``). For a terminal t and a start state q, one vectorised run over
-a set of suffixes (one column of bytes at a time, dropping suffixes whose DFA died) gives
+``k`` bytes further is ``i + k``). For a terminal t and a start state q, one run over a set of
+suffixes (:func:`terminal_run`: a compiled loop over the suffixes whose first byte leaves q
+alive, each read until t's DFA dies) gives
 
 * ``final[i]``: t's DFA state after the whole suffix (0: it died), and
 * the *completion pairs* ``(i, i + k)``: t's DFA is accepting after the suffix's first k bytes
@@ -13,7 +14,8 @@ a set of suffixes (one column of bytes at a time, dropping suffixes whose DFA di
 Runs from t's initial state cover every suffix (a terminal starts wherever another ended inside
 a token); runs from other states — a row stopped inside a terminal — only whole tokens, built
 on first use. Cost of a run: the number of (suffix, byte) pairs that stay alive in t's DFA,
-i.e. about the tokens that can continue t; memory: two int32 arrays per run.
+i.e. about the tokens that can continue t, plus laying out one entry per suffix; memory: an
+int32 and an int64 array per suffix, and the pairs.
 
 Byte costs. ``w(b) = 1`` for bytes that are tokens on their own (∞ otherwise): a completion of
 c such bytes can always be spelled with c tokens. ``dist[t][q]`` is the cheapest way to finish
@@ -34,7 +36,8 @@ import numpy as np
 from ctrlg.dfa.cfg.earley import Recogniser, single_byte_weights
 from ctrlg.dfa.core import ragged_indices
 
-__all__ = ["TokenIndex", "Suffixes", "Run", "INF"]
+__all__ = ["TokenIndex", "Suffixes", "Run", "INF", "terminal_run", "terminal_run_columns",
+           "by_first_byte"]
 
 INF = np.iinfo(np.int64).max // 4
 #: Terminals with at most this many DFA states get every state's run at compile time (the
@@ -58,10 +61,23 @@ class Run:
         return self.final.nbytes + self.ptr.nbytes + self.dst.nbytes
 
     def pairs(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(position in ``entries``, destination suffix) of every completion pair of ``entries``."""
-        lo, hi = self.ptr[entries], self.ptr[entries + 1]
-        counts = hi - lo
-        return np.repeat(np.arange(len(entries)), counts), self.dst[ragged_indices(lo, counts)]
+        """(position in ``entries``, destination suffix) of every completion pair of
+        ``entries``, by position, then in the run's order: a compiled loop over the entries
+        (their pair counts, then the pairs) when numba is installed, else numpy gathers."""
+        entries = np.asarray(entries, dtype=np.int64)
+        if _pairs_of is None:  # pragma: no cover - numba is a dependency
+            lo = self.ptr[entries]
+            counts = self.ptr[entries + 1] - lo
+            return (np.repeat(np.arange(len(entries)), counts),
+                    self.dst[ragged_indices(lo, counts)])
+        ptr, dst = _read_only(self.ptr, np.int64), _read_only(self.dst, np.int64)
+        entries = _read_only(entries, np.int64)
+        total = _pair_count(ptr, entries)
+        where = np.empty(total, dtype=np.int64)
+        out = np.empty(total, dtype=np.int64)
+        if total:
+            _pairs_of(ptr, dst, entries, where, out)
+        return where, out
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,10 +100,26 @@ class Suffixes:
     #: from the initial state over every suffix): shared by every grammar that has the terminal
     runs: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _groups: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_suffixes(self) -> int:
         return int(self.base[-1])
+
+    def suffix_groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every suffix by its first byte (:func:`by_first_byte`), built on first use."""
+        got = self._groups.get("suffixes")
+        if got is None:
+            got = self._groups["suffixes"] = by_first_byte(
+                self.flat, np.arange(self.num_suffixes), self.suffix_left)
+        return got
+
+    def token_groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every non-empty token by its first byte (:func:`by_first_byte`), built on first use."""
+        got = self._groups.get("tokens")
+        if got is None:
+            got = self._groups["tokens"] = by_first_byte(self.flat, self.base[:-1], self.length)
+        return got
 
     def forget_runs(self) -> None:
         """Drop the shared runs (a benchmark's cold start)."""
@@ -246,7 +278,7 @@ class TokenIndex:
             got = self._start_runs[t] = self.vocabulary.shared_run(
                 (self.recogniser.grammar.terminals[t].node, None),
                 lambda: self._run(t, self.recogniser.initial[t], np.arange(self.num_suffixes),
-                                  self.suffix_left))
+                                  self.suffix_left, self.vocabulary.suffix_groups()))
         return got
 
     def state_run(self, t: int, q: int) -> Run:
@@ -256,38 +288,159 @@ class TokenIndex:
         if got is None:
             got = self._state_runs[(t, q)] = self.vocabulary.shared_run(
                 (self.recogniser.grammar.terminals[t].node, int(q)),
-                lambda: self._run(t, q, self.base[:-1], self.length))
+                lambda: self._run(t, q, self.base[:-1], self.length,
+                                  self.vocabulary.token_groups()))
         return got
 
-    def _run(self, t: int, q: int, starts: np.ndarray, left: np.ndarray) -> Run:
+    def _run(self, t: int, q: int, starts: np.ndarray, left: np.ndarray,
+             groups: tuple[np.ndarray, np.ndarray] | None = None) -> Run:
         """The run of module docstring over the suffixes ``starts`` (entries in that order) of
-        ``left`` bytes each."""
+        ``left`` bytes each (:func:`terminal_run`; ``groups``: those entries by first byte)."""
         dfa = self.recogniser.dfas[t]
-        table, accepting = dfa.table, dfa.accepting
-        n = len(starts)
-        final = np.zeros(n, dtype=np.int32)
-        idx = np.flatnonzero(left > 0)
-        state = np.full(len(idx), q, dtype=np.int64)
-        src, dst = [], []
-        column = 0
-        while len(idx):
-            state = table[state, self.flat[starts[idx] + column]]
-            live = state != 0
-            idx, state = idx[live], state[live]
-            done = left[idx] == column + 1
-            final[idx[done]] = state[done]
-            more = ~done
-            idx, state = idx[more], state[more]
-            acc = accepting[state]
-            src.append(idx[acc])
-            dst.append(starts[idx[acc]] + column + 1)
-            column += 1
-        src = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
-        dst = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
-        order = np.argsort(src, kind="stable")
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-        return Run(final=final, ptr=ptr, dst=dst[order].astype(np.int64))
+        return terminal_run(dfa.table, dfa.accepting, self.flat, starts, left, q, groups)
+
+
+def by_first_byte(flat: np.ndarray, starts: np.ndarray, left: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, offsets)``: the non-empty entries of ``starts`` / ``left`` grouped by their
+    first byte ``flat[starts[i]]`` (a stable counting sort): entries starting with byte b are
+    ``order[offsets[b]:offsets[b + 1]]``, in increasing order."""
+    entries = np.flatnonzero(np.asarray(left) > 0)
+    first = np.asarray(flat)[np.asarray(starts)[entries]].astype(np.uint8)
+    order = entries[np.argsort(first, kind="stable")]
+    offsets = np.zeros(257, dtype=np.int64)
+    np.cumsum(np.bincount(first, minlength=256), out=offsets[1:])
+    return order.astype(np.int64), offsets
+
+
+def terminal_run(table: np.ndarray, accepting: np.ndarray, flat: np.ndarray, starts: np.ndarray,
+                 left: np.ndarray, q: int,
+                 groups: tuple[np.ndarray, np.ndarray] | None = None) -> Run:
+    """A terminal DFA's :class:`Run` from state ``q`` over the byte strings
+    ``flat[starts[i]:starts[i] + left[i]]``: each entry's final state (0 where the DFA died or
+    the entry is empty) and its completion pairs ``(i, starts[i] + k)`` for every ``k <
+    left[i]`` after which the DFA accepts. ``groups``: the entries by first byte
+    (:func:`by_first_byte`, computed here when None), so that only the entries whose first
+    byte leaves ``q`` alive are read. Cost: O(entries) to lay out the result, plus the
+    (entry, byte) pairs the DFA reads before it dies, one table look-up each, in a compiled
+    loop of two passes (final states and pair counts, then the pairs) when numba is installed;
+    otherwise :func:`terminal_run_columns`."""
+    if _run_entries is None:  # pragma: no cover - numba is a dependency
+        return terminal_run_columns(table, accepting, flat, starts, left, q)
+    order, offsets = by_first_byte(flat, starts, left) if groups is None else groups
+    # read-only views of the inputs, so that one compiled signature serves them all
+    table, accepting, flat, starts, left, order, offsets = (
+        _read_only(a, dtype) for a, dtype in ((table, np.int32), (accepting, np.bool_),
+                                              (flat, np.int64), (starts, np.int64),
+                                              (left, np.int64), (order, np.int64),
+                                              (offsets, np.int64)))
+    n = len(starts)
+    final = np.zeros(n, dtype=np.int32)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    _run_entries(table, accepting, flat, starts, left, order, offsets, int(q), final, ptr,
+                 ptr, False)                                      # pair counts in ptr[1:]
+    np.cumsum(ptr, out=ptr)
+    dst = np.empty(int(ptr[-1]), dtype=np.int64)
+    if len(dst):
+        _run_entries(table, accepting, flat, starts, left, order, offsets, int(q), final, ptr,
+                     dst, True)
+    return Run(final=final, ptr=ptr, dst=dst)
+
+
+def _read_only(a: np.ndarray, dtype) -> np.ndarray:
+    view = np.ascontiguousarray(a, dtype=dtype).view()
+    view.setflags(write=False)
+    return view
+
+
+def _run_entries_py(table, accepting, flat, starts, left, order, offsets, q, final, ptr, out,
+                    fill):
+    """The loop of :func:`terminal_run` over the entries whose first byte leaves ``q`` alive:
+    with ``fill`` false, writes ``final`` and each entry's pair count into ``ptr[i + 1]``
+    (``out`` unused); with ``fill`` true, writes the pairs' destinations into ``out`` from
+    ``ptr[i]`` on (``ptr`` the counts' prefix sums)."""
+    for byte in range(256):
+        if table[q, byte] == 0:
+            continue
+        for j in range(offsets[byte], offsets[byte + 1]):
+            i = order[j]
+            s = q
+            b = starts[i]
+            n = left[i]
+            k = ptr[i] if fill else 0
+            for c in range(n):
+                s = table[s, flat[b + c]]
+                if s == 0:
+                    break
+                if c + 1 == n:
+                    if not fill:
+                        final[i] = s
+                elif accepting[s]:
+                    if fill:
+                        out[k] = b + c + 1
+                    k += 1
+            if not fill:
+                ptr[i + 1] = k
+
+
+def _pair_count_py(ptr, entries):
+    """The number of completion pairs of ``entries`` (:meth:`Run.pairs`)."""
+    total = 0
+    for e in entries:
+        total += ptr[e + 1] - ptr[e]
+    return total
+
+
+def _pairs_of_py(ptr, dst, entries, where, out):
+    """:meth:`Run.pairs` into ``where`` / ``out`` (sized by :func:`_pair_count_py`)."""
+    k = 0
+    for i in range(entries.shape[0]):
+        e = entries[i]
+        for j in range(ptr[e], ptr[e + 1]):
+            where[k] = i
+            out[k] = dst[j]
+            k += 1
+
+
+try:   # compiled loops when numba is installed; numpy otherwise
+    import numba as _numba
+    _run_entries = _numba.njit(cache=True, nogil=True)(_run_entries_py)
+    _pair_count = _numba.njit(cache=True, nogil=True)(_pair_count_py)
+    _pairs_of = _numba.njit(cache=True, nogil=True)(_pairs_of_py)
+except ImportError:  # pragma: no cover - numba is a dependency; kept for odd platforms
+    _run_entries = _pair_count = _pairs_of = None
+
+
+def terminal_run_columns(table: np.ndarray, accepting: np.ndarray, flat: np.ndarray,
+                         starts: np.ndarray, left: np.ndarray, q: int) -> Run:
+    """:func:`terminal_run` in numpy, one byte column of every live entry at a time (entries
+    whose DFA died dropped): the reference of the compiled loop, and its stand-in without
+    numba. Each column is a few passes over the entries still alive; the first one reads
+    every entry."""
+    n = len(starts)
+    final = np.zeros(n, dtype=np.int32)
+    idx = np.flatnonzero(left > 0)
+    state = np.full(len(idx), q, dtype=np.int64)
+    src, dst = [], []
+    column = 0
+    while len(idx):
+        state = table[state, flat[starts[idx] + column]]
+        live = state != 0
+        idx, state = idx[live], state[live]
+        done = left[idx] == column + 1
+        final[idx[done]] = state[done]
+        more = ~done
+        idx, state = idx[more], state[more]
+        acc = accepting[state]
+        src.append(idx[acc])
+        dst.append(starts[idx[acc]] + column + 1)
+        column += 1
+    src = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
+    dst = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
+    order = np.argsort(src, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    return Run(final=final, ptr=ptr, dst=dst[order].astype(np.int64))
 
 
 def _distance_to_accept(table: np.ndarray, accepting: np.ndarray, weight: np.ndarray) -> np.ndarray:
