@@ -12,6 +12,8 @@ import itertools
 import lark
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctrlg import dfa
 from ctrlg.dfa.cfg.constraint import GrammarConstraint
@@ -241,3 +243,40 @@ def test_costs_memo_tells_apart_candidates_and_thread_states(build):
     for s, candidates in calls:                     # asked again: every answer from the memo
         masks.candidate_costs(s, candidates)
     assert masks.memo_hits == len(calls)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_the_compiled_folds_equal_numpy_s_unbuffered_updates(size, data):
+    """``fold`` equals ``np.logical_or.at`` + ``np.minimum.at``; ``fold_shorter_first`` equals
+    those updates applied one suffix length at a time, shortest first, for pairs that point
+    to strictly shorter suffixes (as completion pairs do), repeated targets included."""
+    from ctrlg.guide.grammar_masks import fold, fold_shorter_first
+
+    length = np.array(data.draw(st.lists(st.integers(0, 5), min_size=size, max_size=size)))
+    viable = np.array(data.draw(st.lists(st.booleans(), min_size=size, max_size=size)))
+    cost = np.array(data.draw(st.lists(st.integers(0, 9), min_size=size, max_size=size)),
+                    dtype=np.int64)
+    n = data.draw(st.integers(0, 15))
+    where = np.array(data.draw(st.lists(st.integers(0, size - 1), min_size=n, max_size=n)),
+                     dtype=np.int64)
+    sub_viable = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    sub_cost = np.array(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)),
+                        dtype=np.int64)
+    v1, c1, v2, c2 = viable.copy(), cost.copy(), viable.copy(), cost.copy()
+    fold(where, sub_viable, sub_cost, v1, c1)
+    np.logical_or.at(v2, where, sub_viable)
+    np.minimum.at(c2, where, sub_cost)
+    assert v1.tolist() == v2.tolist() and c1.tolist() == c2.tolist()
+    # pairs from a suffix to a strictly shorter one
+    pairs = [(w, d) for w in range(size) for d in range(size) if length[d] < length[w]]
+    chosen = data.draw(st.lists(st.sampled_from(pairs), max_size=12)) if pairs else []
+    src = np.array([w for w, _ in chosen], dtype=np.int64)
+    dst = np.array([d for _, d in chosen], dtype=np.int64)
+    v1, c1, v2, c2 = viable.copy(), cost.copy(), viable.copy(), cost.copy()
+    fold_shorter_first(src, dst, length[src].astype(np.int64), v1, c1)
+    for L in sorted(set(length[src].tolist())):
+        k = length[src] == L
+        np.logical_or.at(v2, src[k], v2[dst[k]])
+        np.minimum.at(c2, src[k], c2[dst[k]])
+    assert v1.tolist() == v2.tolist() and c1.tolist() == c2.tolist()

@@ -368,13 +368,7 @@ class GrammarFeasibility:
         pairs = [run.pairs(every) for run in runs]
         where = np.concatenate([w for w, _ in pairs])
         dst = np.searchsorted(every, np.concatenate([d for _, d in pairs]))
-        length = self.index.suffix_left[every[where]]
-        order = np.argsort(length, kind="stable")
-        where, dst, length = where[order], dst[order], length[order]
-        bounds = np.flatnonzero(np.diff(length)) + 1
-        for w, d in zip(np.split(where, bounds), np.split(dst, bounds)):
-            np.logical_or.at(viable, w, viable[d])
-            np.minimum.at(cost, w, cost[d])
+        fold_shorter_first(where, dst, self.index.suffix_left[every[where]], viable, cost)
         at = np.searchsorted(every, suffixes)
         return viable[at], cost[at]
 
@@ -387,8 +381,7 @@ class GrammarFeasibility:
         if len(where):
             nxt = self.completed(t, origin)
             sub_viable, sub_cost = self._suffix_costs(nxt, dst)
-            np.logical_or.at(viable, where, sub_viable)
-            np.minimum.at(cost, where, sub_cost)
+            fold(where, sub_viable, sub_cost, viable, cost)
             where = where[sub_viable]
         return final, where
 
@@ -497,3 +490,53 @@ class GrammarFeasibility:
         if data is None:
             return False
         return bool(self._fits(np.array([self.index.min_tokens(data)]), k)[0])
+
+
+# ---------------------------------------------------------------------- folds (compiled)
+def _fold_py(where, sub_viable, sub_cost, viable, cost):
+    """``viable[where[k]] |= sub_viable[k]`` and ``cost[where[k]] = min(cost[where[k]],
+    sub_cost[k])`` for every k (``np.logical_or.at`` / ``np.minimum.at`` in one loop)."""
+    for k in range(where.shape[0]):
+        w = where[k]
+        if sub_viable[k]:
+            viable[w] = True
+        if sub_cost[k] < cost[w]:
+            cost[w] = sub_cost[k]
+
+
+def _fold_shorter_first_py(where, dst, length, viable, cost):
+    """For every pair k, in increasing ``length[k]`` (a counting sort): ``viable[where[k]] |=
+    viable[dst[k]]`` and ``cost[where[k]] = min(cost[where[k]], cost[dst[k]])``. Each pair
+    points from a suffix of ``length[k]`` bytes to a strictly shorter one, so a suffix's value
+    is final before a longer one reads it: the per-length passes of ``ufunc.at`` in one loop."""
+    n = where.shape[0]
+    if n == 0:
+        return
+    top = 0
+    for k in range(n):
+        if length[k] > top:
+            top = length[k]
+    start = np.zeros(top + 2, dtype=np.int64)
+    for k in range(n):
+        start[length[k] + 1] += 1
+    for L in range(top + 1):
+        start[L + 1] += start[L]
+    order = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        order[start[length[k]]] = k
+        start[length[k]] += 1
+    for j in range(n):
+        k = order[j]
+        w, d = where[k], dst[k]
+        if viable[d]:
+            viable[w] = True
+        if cost[d] < cost[w]:
+            cost[w] = cost[d]
+
+
+try:   # compiled loops when numba is installed; the same functions in Python otherwise
+    import numba as _numba
+    fold = _numba.njit(cache=True, nogil=True)(_fold_py)
+    fold_shorter_first = _numba.njit(cache=True, nogil=True)(_fold_shorter_first_py)
+except ImportError:  # pragma: no cover - numba is a dependency; kept for odd platforms
+    fold, fold_shorter_first = _fold_py, _fold_shorter_first_py
