@@ -103,12 +103,14 @@ def timed_step(t0: float, gc0: float) -> Step:
 
 def mask_percentiles(key: str, times: list) -> dict:
     """``<key>p50_ms`` / ``<key>p99_ms`` over the steps, ``<key>p99_without_full_gc_ms`` with
-    the full collections' seconds taken out of each step, and ``<key>steps_with_full_gc``."""
+    the full collections' seconds taken out of each step, ``<key>steps_with_full_gc`` and
+    ``<key>full_gc_ms`` (their milliseconds in all)."""
     net = [t - getattr(t, "gc", 0.0) for t in times]
     return {f"{key}p50_ms": 1e3 * float(np.median(times)),
             f"{key}p99_ms": 1e3 * float(np.percentile(times, 99)),
             f"{key}p99_without_full_gc_ms": 1e3 * float(np.percentile(net, 99)),
-            f"{key}steps_with_full_gc": int(sum(getattr(t, "gc", 0.0) > 0 for t in times))}
+            f"{key}steps_with_full_gc": int(sum(getattr(t, "gc", 0.0) > 0 for t in times)),
+            f"{key}full_gc_ms": 1e3 * float(sum(getattr(t, "gc", 0.0) for t in times))}
 
 
 def walks_of(tok, name: str) -> list[list[int]]:
